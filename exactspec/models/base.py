@@ -1,0 +1,62 @@
+"""The one interface every model implements, toy or real.
+
+A model answers a single question: "given these token histories, what are the
+next-token logits at their last few positions?". Everything else (KV caches,
+rollback of rejected draft tokens, batching with padding) is the model's own
+business and stays behind this method, so the decoding engine never needs to
+know which kind of model it drives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class LanguageModel(Protocol):
+    """A causal language model seen as a function of token histories.
+
+    Implementations: `exactspec.toy.TabularModel` (any Python function of the
+    history), `exactspec.models.hf.HFLanguageModel` (Hugging Face, with a KV
+    cache). A test can implement it in a few lines.
+    """
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of rows of the logits (V); token ids are 0..V-1."""
+        ...
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Every id that ends generation (EOS, chat end-of-turn tokens, ...)."""
+        ...
+
+    def logits(
+        self,
+        histories: Sequence[Sequence[int]],
+        num_positions: int = 1,
+        rows: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        """Next-token logits at the last `num_positions` positions of each history.
+
+        Args:
+            histories: B token-id sequences (prompt plus everything after it);
+                lengths may differ; each has at least `num_positions` tokens.
+            num_positions: k, how many trailing positions to score.
+            rows: stable ids (one per history) of the rows of the current
+                generation, default 0..B-1. A model with a KV cache keeps one
+                cache per row id and reuses the longest prefix of the history
+                that it has already seen for that row (that is how rejected
+                draft tokens are rolled back: by bookkeeping). A stateless
+                model ignores it.
+
+        Returns:
+            [B, k, V] float logits; entry [b, j] scores the token that follows
+            histories[b][: len(histories[b]) - k + 1 + j]. For example with
+            history [a, b, c] and k = 2, entry 0 scores what follows [a, b]
+            and entry 1 what follows [a, b, c].
+        """
+        ...
