@@ -1,0 +1,50 @@
+"""The drafter role: propose tokens and report the exact q each was drawn from (SPEC.md 2.1, 2.7)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from exactspec.sampler import Sampler
+from exactspec.settings import SamplingSettings
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """Draft tokens for one round.
+
+    Attributes:
+        tokens: [B, gamma] long, X_1..X_gamma per row; entries at or past
+            lengths[b] are padding (any valid id).
+        q: [B, gamma, V] the distributions the tokens were drawn from, over the
+            *target's* vocabulary (ids the draft lacks have q = 0); rows at or
+            past lengths[b] are unused.
+        lengths: [B] long, how many tokens row b proposes (a draft that
+            proposes EOS stops there: nothing after EOS can be output).
+    """
+
+    tokens: torch.Tensor
+    q: torch.Tensor
+    lengths: torch.Tensor
+
+    def row_tokens(self, row: int) -> list[int]:
+        return self.tokens[row, : int(self.lengths[row])].tolist()
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """Proposes up to `max_tokens[b]` tokens after each history."""
+
+    def propose(
+        self,
+        histories: Sequence[Sequence[int]],
+        max_tokens: Sequence[int],
+        settings: SamplingSettings,
+        sampler: Sampler,
+        rows: Sequence[int],
+    ) -> Proposal:
+        """Draw the draft block for each row (each row uses its own random stream, rows[b])."""
+        ...

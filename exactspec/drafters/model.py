@@ -1,0 +1,88 @@
+"""A smaller language model as the drafter."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from exactspec.drafters.base import Proposal
+from exactspec.models.base import LanguageModel
+from exactspec.sampler import Sampler
+from exactspec.settings import SamplingSettings
+from exactspec.transforms import probabilities
+
+
+class ModelDrafter:
+    """Samples gamma tokens autoregressively from the draft model's q.
+
+    q is built by the same `probabilities` function, with the same settings and
+    each position's real history, as the target's p, and the returned q is
+    exactly the tensor the token was drawn from (SPEC.md 2.7).
+
+    A draft vocabulary smaller than the target's (Qwen2.5: 151936 vs 152064
+    rows) is padded with -inf logits, i.e. q = 0 on the ids the draft lacks:
+    those ids are never proposed, which is exact.
+
+    The draft model's own cache follows the accepted prefix by itself: the
+    next round's histories share their prefix with what it has seen, and
+    `LanguageModel.logits` rolls back the rest (including the bonus-token
+    case, where the draft has not yet seen the last accepted draft token).
+    """
+
+    def __init__(self, model: LanguageModel, target_vocab_size: int) -> None:
+        if model.vocab_size > target_vocab_size:
+            raise ValueError(
+                f"the draft vocabulary ({model.vocab_size}) is larger than the target's "
+                f"({target_vocab_size}); the draft's ids must be a prefix of the target's"
+            )
+        self.model = model
+        self.target_vocab_size = target_vocab_size
+
+    def propose(
+        self,
+        histories: Sequence[Sequence[int]],
+        max_tokens: Sequence[int],
+        settings: SamplingSettings,
+        sampler: Sampler,
+        rows: Sequence[int],
+    ) -> Proposal:
+        batch_size = len(histories)
+        gamma = max(max_tokens, default=0)
+        tokens = torch.zeros(batch_size, gamma, dtype=torch.long)  # [B, gamma]
+        q: torch.Tensor | None = None  # [B, gamma, V], allocated once the dtype is known
+        lengths = torch.zeros(batch_size, dtype=torch.long)  # [B]
+        drafted: list[list[int]] = [[] for _ in range(batch_size)]
+        eos = self.model.eos_token_ids
+        live = [b for b in range(batch_size) if max_tokens[b] > 0]
+        for step in range(gamma):
+            if not live:
+                break
+            contexts = [[*histories[b], *drafted[b]] for b in live]
+            logits = self.model.logits(contexts, 1, rows=[rows[b] for b in live])[:, 0]  # [A, V_draft]
+            logits = _pad_vocab(logits, self.target_vocab_size)  # [A, V]
+            q_step = probabilities(logits, settings, contexts)  # [A, V]
+            drawn = sampler.categorical(q_step, [rows[b] for b in live])  # [A]
+            if q is None:
+                q = torch.zeros(batch_size, gamma, self.target_vocab_size, dtype=q_step.dtype)
+            index = torch.tensor(live)
+            q[index, step] = q_step
+            tokens[index, step] = drawn
+            lengths[index] += 1
+            still_live = []
+            for b, token in zip(live, drawn.tolist(), strict=True):
+                drafted[b].append(token)
+                if token not in eos and step + 1 < max_tokens[b]:
+                    still_live.append(b)
+            live = still_live
+        if q is None:
+            q = torch.zeros(batch_size, gamma, self.target_vocab_size)
+        return Proposal(tokens=tokens, q=q, lengths=lengths)
+
+
+def _pad_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[N, V_draft] -> [N, V] with -inf (q = 0) on the ids the draft lacks."""
+    missing = vocab_size - logits.shape[-1]
+    if missing == 0:
+        return logits
+    return torch.nn.functional.pad(logits, (0, missing), value=float("-inf"))

@@ -1,0 +1,151 @@
+"""Toy language models: any Python function of the history, exactly enumerable.
+
+They implement the same `LanguageModel` protocol as real models, so the exact
+check (`exactspec.exact`) drives the production decoding engine with them.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Callable, Collection, Sequence
+
+import torch
+
+Distribution = Callable[[tuple[int, ...]], Sequence[float] | torch.Tensor]
+
+
+class TabularModel:
+    """A language model defined by a function `history -> next-token probabilities`.
+
+    Logits are log-probabilities in float64 (log 0 = -inf), so after the
+    identity transform the model's p is exactly the function's output.
+
+    >>> model = TabularModel(lambda history: [0.25, 0.75], vocab_size=2, eos_token_ids={0})
+    >>> model.logits([[1, 1]], num_positions=1).exp().tolist()
+    [[[0.25, 0.75]]]
+    """
+
+    def __init__(self, distribution: Distribution, vocab_size: int, eos_token_ids: Collection[int]) -> None:
+        if vocab_size < 1:
+            raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+        if any(not 0 <= t < vocab_size for t in eos_token_ids):
+            raise ValueError(f"EOS ids {sorted(eos_token_ids)} must lie in 0..{vocab_size - 1}")
+        self._distribution = distribution
+        self._vocab_size = vocab_size
+        self._eos_token_ids = frozenset(eos_token_ids)
+        self._memo: dict[tuple[int, ...], torch.Tensor] = {}
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self._eos_token_ids
+
+    def next_token_log_probs(self, history: Sequence[int]) -> torch.Tensor:
+        """[V] float64 log-probabilities of the token after `history` (memoised: the function is pure)."""
+        key = tuple(history)
+        cached = self._memo.get(key)
+        if cached is None:
+            probs = torch.as_tensor(self._distribution(key), dtype=torch.float64)
+            if probs.shape != (self._vocab_size,):
+                raise ValueError(
+                    f"distribution returned shape {tuple(probs.shape)}, expected ({self._vocab_size},)"
+                )
+            if not torch.isfinite(probs).all() or (probs < 0).any() or abs(float(probs.sum()) - 1.0) > 1e-12:
+                raise ValueError(
+                    f"distribution for history {key} is not a probability vector: {probs.tolist()}"
+                )
+            cached = probs.log()
+            self._memo[key] = cached
+        return cached
+
+    def logits(
+        self,
+        histories: Sequence[Sequence[int]],
+        num_positions: int = 1,
+        rows: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        del rows  # stateless: nothing to cache per row
+        out = torch.empty(len(histories), num_positions, self._vocab_size, dtype=torch.float64)  # [B, k, V]
+        for b, history in enumerate(histories):
+            if len(history) < num_positions:
+                raise ValueError(f"history of length {len(history)} cannot give {num_positions} positions")
+            start = len(history) - num_positions + 1
+            for j in range(num_positions):
+                out[b, j] = self.next_token_log_probs(history[: start + j])
+        return out
+
+
+def random_tabular_model(
+    vocab_size: int,
+    seed: int,
+    *,
+    eos_token_id: int | None = 0,
+    concentration: float = 1.0,
+    zero_ids: Collection[int] = (),
+    one_hot: bool = False,
+) -> TabularModel:
+    """A random model: each history gets its own Dirichlet(concentration) distribution.
+
+    The distribution of a history depends only on (seed, history), through a
+    stable hash, so the model is reproducible across processes.
+
+    Args:
+        vocab_size: V.
+        seed: chooses the model.
+        eos_token_id: the EOS id (None: no EOS).
+        concentration: Dirichlet parameter; small values give peaked rows.
+        zero_ids: ids that get probability 0 in every row (a support that
+            misses tokens); at least one id must remain.
+        one_hot: put all the mass on one random id per history (a
+            deterministic model).
+    """
+    allowed = [t for t in range(vocab_size) if t not in set(zero_ids)]
+    if not allowed:
+        raise ValueError("zero_ids removes every token; at least one must keep probability")
+
+    def distribution(history: tuple[int, ...]) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(_stable_hash(seed, history))
+        probs = torch.zeros(vocab_size, dtype=torch.float64)
+        if one_hot:
+            probs[allowed[int(torch.randint(len(allowed), (), generator=generator))]] = 1.0
+            return probs
+        # Dirichlet via normalised Gamma draws, from our own generator (torch's Dirichlet takes none).
+        gammas = _gamma_draws(len(allowed), concentration, generator)
+        probs[allowed] = gammas / gammas.sum()
+        return probs
+
+    eos = set() if eos_token_id is None else {eos_token_id}
+    return TabularModel(distribution, vocab_size, eos)
+
+
+def _stable_hash(seed: int, history: tuple[int, ...]) -> int:
+    return zlib.crc32(repr((seed, history)).encode()) | (seed & 0xFFFF) << 32
+
+
+def _gamma_draws(count: int, shape: float, generator: torch.Generator) -> torch.Tensor:
+    # Sum of -log(U) is Gamma(k) for integer k; for other shapes use Marsaglia-Tsang with our generator.
+    draws = []
+    for _ in range(count):
+        draws.append(_one_gamma(shape, generator))
+    values = torch.tensor(draws, dtype=torch.float64)
+    return values.clamp(min=1e-300)
+
+
+def _one_gamma(shape: float, generator: torch.Generator) -> float:
+    if shape < 1.0:
+        u = float(torch.rand((), generator=generator, dtype=torch.float64))
+        return _one_gamma(shape + 1.0, generator) * u ** (1.0 / shape)
+    d = shape - 1.0 / 3.0
+    c = 1.0 / math.sqrt(9.0 * d)
+    while True:
+        x = float(torch.randn((), generator=generator, dtype=torch.float64))
+        v = (1.0 + c * x) ** 3
+        if v <= 0:
+            continue
+        u = float(torch.rand((), generator=generator, dtype=torch.float64))
+        if u > 0 and math.log(u) < 0.5 * x * x + d - d * v + d * math.log(v):
+            return d * v
