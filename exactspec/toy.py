@@ -6,7 +6,6 @@ check (`exactspec.exact`) drives the production decoding engine with them.
 
 from __future__ import annotations
 
-import math
 import zlib
 from collections.abc import Callable, Collection, Sequence
 
@@ -84,11 +83,11 @@ def random_tabular_model(
     seed: int,
     *,
     eos_token_id: int | None = 0,
-    concentration: float = 1.0,
+    sharpness: float = 1.0,
     zero_ids: Collection[int] = (),
     one_hot: bool = False,
 ) -> TabularModel:
-    """A random model: each history gets its own Dirichlet(concentration) distribution.
+    """A random model: each history gets its own distribution softmax(sharpness * N(0, 1) logits).
 
     The distribution of a history depends only on (seed, history), through a
     stable hash, so the model is reproducible across processes.
@@ -97,14 +96,14 @@ def random_tabular_model(
         vocab_size: V.
         seed: chooses the model.
         eos_token_id: the EOS id (None: no EOS).
-        concentration: Dirichlet parameter; small values give peaked rows.
+        sharpness: scale of the random logits; larger values give peaked rows.
         zero_ids: ids that get probability 0 in every row (a support that
             misses tokens); at least one id must remain.
         one_hot: put all the mass on one random id per history (a
             deterministic model).
     """
-    allowed = [t for t in range(vocab_size) if t not in set(zero_ids)]
-    if not allowed:
+    allowed = torch.tensor([t for t in range(vocab_size) if t not in set(zero_ids)], dtype=torch.long)
+    if allowed.numel() == 0:
         raise ValueError("zero_ids removes every token; at least one must keep probability")
 
     def distribution(history: tuple[int, ...]) -> torch.Tensor:
@@ -113,9 +112,8 @@ def random_tabular_model(
         if one_hot:
             probs[allowed[int(torch.randint(len(allowed), (), generator=generator))]] = 1.0
             return probs
-        # Dirichlet via normalised Gamma draws, from our own generator (torch's Dirichlet takes none).
-        gammas = _gamma_draws(len(allowed), concentration, generator)
-        probs[allowed] = gammas / gammas.sum()
+        logits = sharpness * torch.randn(len(allowed), generator=generator, dtype=torch.float64)
+        probs[allowed] = torch.softmax(logits, dim=0)
         return probs
 
     eos = set() if eos_token_id is None else {eos_token_id}
@@ -123,29 +121,5 @@ def random_tabular_model(
 
 
 def _stable_hash(seed: int, history: tuple[int, ...]) -> int:
+    """A seed for torch.Generator from (seed, history) that is the same in every process (unlike hash())."""
     return zlib.crc32(repr((seed, history)).encode()) | (seed & 0xFFFF) << 32
-
-
-def _gamma_draws(count: int, shape: float, generator: torch.Generator) -> torch.Tensor:
-    # Sum of -log(U) is Gamma(k) for integer k; for other shapes use Marsaglia-Tsang with our generator.
-    draws = []
-    for _ in range(count):
-        draws.append(_one_gamma(shape, generator))
-    values = torch.tensor(draws, dtype=torch.float64)
-    return values.clamp(min=1e-300)
-
-
-def _one_gamma(shape: float, generator: torch.Generator) -> float:
-    if shape < 1.0:
-        u = float(torch.rand((), generator=generator, dtype=torch.float64))
-        return _one_gamma(shape + 1.0, generator) * u ** (1.0 / shape)
-    d = shape - 1.0 / 3.0
-    c = 1.0 / math.sqrt(9.0 * d)
-    while True:
-        x = float(torch.randn((), generator=generator, dtype=torch.float64))
-        v = (1.0 + c * x) ** 3
-        if v <= 0:
-            continue
-        u = float(torch.rand((), generator=generator, dtype=torch.float64))
-        if u > 0 and math.log(u) < 0.5 * x * x + d - d * v + d * math.log(v):
-            return d * v

@@ -1,0 +1,17 @@
+# The two quick-start commands (README): `make run` and `make test`.
+.PHONY: setup run test lint slow
+
+setup:
+	bash scripts/setup.sh
+
+# The main job: speculative generation on the built-in default pair (first run fetches the models).
+run: setup
+	.venv/bin/exactspec verify
+
+test: setup
+	.venv/bin/ruff check exactspec tests
+	.venv/bin/python -m pytest -q
+
+# Opt-in real-model tests on the default pair (slow: fetches and converts the models on first use).
+slow: setup
+	.venv/bin/python -m pytest -q -m slow
