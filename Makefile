@@ -6,7 +6,8 @@ setup:
 
 # The main job: speculative generation on the built-in default pair (first run fetches the models).
 run: setup
-	.venv/bin/exactspec verify
+	.venv/bin/exactspec generate --chat --max-new-tokens 200 \
+	  "Write a Python function is_prime(n) with a docstring, then a short example of using it."
 
 test: setup
 	.venv/bin/ruff check exactspec tests
