@@ -262,6 +262,11 @@ class SpeculativeEngine:
             reason: FinishReason | None = "eos" if bool(hit_eos[b]) else None
             if stop is not None:
                 keep = stop(row, state.generated)
+                if keep is not None and not before <= keep <= len(state.generated):
+                    raise ValueError(
+                        f"stop condition kept {keep} tokens of row {row}; it may only cut this round's "
+                        f"tokens ({before}..{len(state.generated)})"
+                    )
                 if keep is not None:
                     del state.generated[keep:]
                     reason = "stop"

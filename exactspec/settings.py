@@ -62,6 +62,12 @@ class SamplingSettings:
                 raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
             if not isinstance(value, int | float) or math.isnan(value):
                 raise ValueError(f"logit_bias[{token}] must be a number, got {value!r}")
+            if value == math.inf:
+                # +inf would make every other token impossible (and NaN next to a second +inf);
+                # -inf stays allowed: it bans the token.
+                raise ValueError(
+                    f"logit_bias[{token}] must not be +inf (use a large finite bias; -inf bans a token)"
+                )
             bias[token] = float(value)
         # Frozen all the way down: a shared settings object must not change under a running request.
         object.__setattr__(self, "logit_bias", MappingProxyType(bias))
