@@ -1,0 +1,326 @@
+"""A Hugging Face causal LM behind the `LanguageModel` protocol, with a KV cache per row.
+
+The decoding engine only ever hands over token histories. This adapter finds,
+for each row, how much of the history its KV cache already holds and feeds the
+rest; rejected draft tokens are rolled back by marking their cache slots
+invalid (bookkeeping), never by recomputing the prompt.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable, Sequence
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
+
+# Token written into padding slots. Its value never matters: padding slots are
+# masked out of every attention, so any valid id will do.
+_PAD_TOKEN_ID = 0
+
+
+class HFLanguageModel:
+    """A `transformers` causal LM as a `LanguageModel`, with one KV cache row per row id.
+
+    Cache layout. The cache is one `DynamicCache` whose batch index b holds one
+    row id (any order) and whose S slots are shared by all rows. A slot
+    is either valid for its row (it holds the K/V of one real token of that
+    row's history) or a hole (left padding, or a rolled-back draft token). The
+    adapter keeps, per row, the real tokens and the slot of each, and passes the
+    model an explicit 2D attention mask over the slots (1 = valid) and explicit
+    position ids (number of real tokens before the slot in that row), so a row
+    computes exactly what it would compute alone with a hole-free cache.
+
+    Example: rows [a b c] and [d e] are prefilled (row 1 is left-padded so both
+    last tokens sit in the last slot), then score the drafts [x y] and [u v];
+    row 0 rejects y and outputs z, row 1 accepts both and adds the bonus w. The
+    next call, with histories [a b c x z] and [d e u v w] and k = 1, keeps the
+    longest cached prefix of each row (4 tokens each), marks y's slot as a hole
+    and feeds one new token per row:
+
+        slot        0  1  2  3  4  5
+        row 0       a  b  c  x  y  z      mask 1 1 1 1 0 1   positions 0 1 2 3 . 4
+        row 1       .  d  e  u  v  w      mask 0 1 1 1 1 1   positions . 0 1 2 3 4
+
+    Slots that are holes in every row at the end of the cache are cropped away
+    (with one row there are therefore never holes: rollback is a crop). When
+    compaction would free more than a fraction `max_hole_fraction` of the slots,
+    the cache is compacted: each row's valid slots are gathered, in order,
+    right-aligned in a cache as long as the longest row. The default 0.5 keeps
+    attention over holes within 2x of the hole-free cost and copies the whole
+    cache only after the holes have grown as long as the longest row.
+
+    Only plain full-attention `DynamicLayer` caches are supported: sliding
+    window and linear-attention layers index by slot, and holes would break them.
+    The model is put in eval mode (dropout off): the target forward pass must be
+    deterministic given its input (SPEC 2.6).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        *,
+        eos_token_ids: Iterable[int] | None = None,
+        vocab_size: int | None = None,
+        max_hole_fraction: float = 0.5,
+    ) -> None:
+        """
+        Args:
+            model: a causal LM whose forward accepts `attention_mask`, `position_ids`
+                and a `DynamicCache`.
+            eos_token_ids: ids that end generation; default the union of the
+                model's generation config and config `eos_token_id`.
+            vocab_size: V, the number of logits rows returned; default the rows of
+                the model's output layer. A smaller V drops the trailing rows
+                (padding rows of an enlarged embedding matrix).
+            max_hole_fraction: compact the cache when more than this fraction of
+                its slots could be freed by compaction (0 compacts whenever
+                possible, 1 never compacts).
+        """
+        if not 0.0 <= max_hole_fraction <= 1.0:
+            raise ValueError(f"max_hole_fraction must lie in [0, 1], got {max_hole_fraction}")
+        output_rows = _output_rows(model)
+        if vocab_size is None:
+            vocab_size = output_rows
+        if not 1 <= vocab_size <= output_rows:
+            raise ValueError(
+                f"vocab_size must lie in 1..{output_rows} (the model's logits rows), got {vocab_size}"
+            )
+        eos = frozenset(int(t) for t in eos_token_ids) if eos_token_ids is not None else _default_eos(model)
+        if not eos:
+            raise ValueError(
+                "no EOS id known: the model's config and generation config have no eos_token_id; "
+                "pass eos_token_ids explicitly"
+            )
+        if any(not 0 <= t < vocab_size for t in eos):
+            raise ValueError(f"EOS ids {sorted(eos)} must lie in 0..{vocab_size - 1}")
+        unsupported = {type(layer).__name__ for layer in DynamicCache(config=model.config).layers} - {
+            DynamicLayer.__name__
+        }
+        if unsupported:
+            raise NotImplementedError(
+                f"cache layers {sorted(unsupported)} are not supported: only full-attention DynamicLayer "
+                "caches can hold holes"
+            )
+
+        self._model = model.eval()
+        self._vocab_size = vocab_size
+        self._eos_token_ids = eos
+        self._max_hole_fraction = max_hole_fraction
+        self._device = next(model.parameters()).device
+        parameters = inspect.signature(model.forward).parameters
+        # transformers renamed `past_key_values` to `cache` during 5.x; accept both.
+        self._cache_kwarg = "cache" if "cache" in parameters else "past_key_values"
+        self._has_logits_to_keep = "logits_to_keep" in parameters
+        self.clear_cache()
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self._eos_token_ids
+
+    def clear_cache(self) -> None:
+        """Drop every cached row (the next call prefills from scratch)."""
+        self._cache: DynamicCache | None = None  # None exactly when the cache has no slots
+        self._row_ids: list[int] = []  # row id of each batch index of the cache
+        self._tokens: list[list[int]] = []  # per batch index, the real tokens held (in order)
+        self._slots: list[torch.Tensor] = []  # per batch index, [n_b] int64 slot of each real token
+        self._valid = torch.zeros(0, 0, dtype=torch.bool)  # [B, S] True where a slot holds a real token
+
+    def cached_kv(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, (keys, values) of the real tokens of `row`, each [H_kv, n, D] (tests, debugging)."""
+        if row not in self._row_ids:
+            raise KeyError(f"row {row} is not cached")
+        b = self._row_ids.index(row)
+        if self._cache is None:
+            return []
+        slots = self._slots[b].to(self._device)  # [n]
+        return [(keys[b][:, slots], values[b][:, slots]) for keys, values, *_ in self._cache]
+
+    def logits(
+        self,
+        histories: Sequence[Sequence[int]],
+        num_positions: int = 1,
+        rows: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        """[B, k, V] float32 logits at the last k = `num_positions` positions (see `LanguageModel.logits`)."""
+        k = num_positions
+        row_ids = list(range(len(histories))) if rows is None else [int(r) for r in rows]
+        history_lists = [h.tolist() if isinstance(h, torch.Tensor) else list(h) for h in histories]
+        self._check_inputs(history_lists, k, row_ids)
+        with torch.inference_mode():
+            try:
+                return self._logits(history_lists, k, row_ids)
+            except BaseException:
+                # A failure half-way (e.g. out of memory) leaves the bookkeeping out of step
+                # with the cache; start again from scratch next time rather than trust it.
+                self.clear_cache()
+                raise
+
+    # ---------------------------------------------------------------- internals
+
+    def _logits(self, history_lists: list[list[int]], k: int, row_ids: list[int]) -> torch.Tensor:
+        self._select_rows(row_ids)
+        # Keep the longest cached prefix, but always feed at least k tokens: the
+        # logits of cached positions were not stored, so they are recomputed.
+        keeps = [
+            min(_common_prefix_length(cached, history), len(history) - k)
+            for cached, history in zip(self._tokens, history_lists, strict=True)
+        ]
+        for b, keep in enumerate(keeps):
+            self._roll_back(b, keep)
+        self._crop_trailing_holes()
+        self._maybe_compact()
+        logits = self._forward([h[keep:] for h, keep in zip(history_lists, keeps, strict=True)], k)
+        self._tokens = history_lists
+        return logits
+
+    def _check_inputs(self, histories: list[list[int]], k: int, row_ids: list[int]) -> None:
+        if not histories:
+            raise ValueError("histories is empty: give at least one history")
+        if k < 1:
+            raise ValueError(f"num_positions must be >= 1, got {k}")
+        if len(row_ids) != len(histories):
+            raise ValueError(f"got {len(row_ids)} row ids for {len(histories)} histories")
+        if len(set(row_ids)) != len(row_ids):
+            raise ValueError(f"row ids must be distinct, got {row_ids}")
+        for b, history in enumerate(histories):
+            if not history:
+                raise ValueError(f"history {b} is empty")
+            if k > len(history):
+                raise ValueError(f"history {b} has {len(history)} tokens, cannot give {k} positions")
+            low, high = min(history), max(history)
+            if low < 0 or high >= self._vocab_size:
+                raise ValueError(
+                    f"history {b} has token ids outside 0..{self._vocab_size - 1}: min {low}, max {high}"
+                )
+
+    def _select_rows(self, row_ids: list[int]) -> None:
+        """Make batch index b of the cache hold row `row_ids[b]`."""
+        if row_ids == self._row_ids:
+            return
+        if self._cache is None or not set(row_ids) <= set(self._row_ids):
+            # An unknown row: rebuild from scratch (rows are normally all new at the
+            # start of a generation, so nothing worth keeping is lost).
+            self._cache = None
+            self._row_ids = list(row_ids)
+            self._tokens = [[] for _ in row_ids]
+            self._slots = [torch.zeros(0, dtype=torch.long) for _ in row_ids]
+            self._valid = torch.zeros(len(row_ids), 0, dtype=torch.bool)
+            return
+        index = [self._row_ids.index(r) for r in row_ids]
+        self._cache.batch_select_indices(torch.tensor(index, device=self._device))
+        self._row_ids = list(row_ids)
+        self._tokens = [self._tokens[i] for i in index]
+        self._slots = [self._slots[i] for i in index]
+        self._valid = self._valid[index]
+
+    def _roll_back(self, b: int, keep: int) -> None:
+        """Keep only the first `keep` real tokens of batch index b; later slots become holes."""
+        self._valid[b, self._slots[b][keep:]] = False
+        self._slots[b] = self._slots[b][:keep]
+        self._tokens[b] = self._tokens[b][:keep]
+
+    def _crop_trailing_holes(self) -> None:
+        num_slots = self._valid.shape[1]
+        needed = max((int(s[-1]) + 1 for s in self._slots if len(s)), default=0)
+        if needed == 0:
+            self._cache = None
+        elif needed < num_slots:
+            self._cache.crop(needed - num_slots)
+        self._valid = self._valid[:, :needed]
+
+    def _maybe_compact(self) -> None:
+        """Gather each row's valid slots, right-aligned, when that frees enough slots."""
+        num_slots = self._valid.shape[1]
+        longest = max(len(s) for s in self._slots)
+        if self._cache is None or num_slots - longest <= self._max_hole_fraction * num_slots:
+            return
+        batch = len(self._slots)
+        # index[b, j]: old slot moved to new slot j; left padding copies slot 0 (masked anyway).
+        index = torch.zeros(batch, longest, dtype=torch.long)  # [B, L]
+        for b, slots in enumerate(self._slots):
+            index[b, longest - len(slots) :] = slots
+            self._slots[b] = torch.arange(longest - len(slots), longest)
+        self._valid = torch.arange(longest)[None, :] >= (longest - self._lengths())[:, None]  # [B, L]
+        index = index.to(self._device)
+        compacted = []
+        for keys, values, *_ in self._cache:  # each [B, H_kv, S, D]
+            gather = index[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[3])  # [B, H_kv, L, D]
+            compacted.append((keys.gather(2, gather), values.gather(2, gather)))
+        # `ddp_cache_data` is DynamicCache's public way to build a cache from tensors.
+        self._cache = DynamicCache(ddp_cache_data=compacted)
+
+    def _lengths(self) -> torch.Tensor:
+        return torch.tensor([len(s) for s in self._slots], dtype=torch.long)  # [B]
+
+    def _forward(self, feeds: list[list[int]], k: int) -> torch.Tensor:
+        """One batched forward over the new tokens of every row; returns [B, k, V] float32."""
+        width = max(len(f) for f in feeds)
+        num_slots = self._valid.shape[1]
+        fed = torch.tensor([len(f) for f in feeds], dtype=torch.long)  # [B]
+        # Left-pad every row's block so its last token sits in the last slot. A padding
+        # query with no real slot before it attends to nothing: torch >= 2.5 SDPA then
+        # returns zeros (eager: a finite average), as in HF's own left-padded batching,
+        # so the masked K/V it leaves in the cache are finite and never poison a row.
+        offset = torch.arange(width)[None, :] - (width - fed)[:, None]  # [B, W], < 0 on padding
+        new_valid = offset >= 0  # [B, W]
+        position_ids = self._lengths()[:, None] + offset.clamp(min=0)  # [B, W]
+        input_ids = torch.tensor([[_PAD_TOKEN_ID] * (width - len(f)) + f for f in feeds])  # [B, W]
+        attention_mask = torch.cat([self._valid, new_valid], dim=1)  # [B, S + W]
+        if self._cache is None:
+            self._cache = DynamicCache(config=self._model.config)
+        extra = {"logits_to_keep": k} if self._has_logits_to_keep else {}
+        out = self._model(
+            input_ids=input_ids.to(self._device),
+            attention_mask=attention_mask.to(self._device, torch.long),
+            position_ids=position_ids.to(self._device),
+            use_cache=True,
+            **{self._cache_kwarg: self._cache},
+            **extra,
+        )
+        end = num_slots + width
+        for b, f in enumerate(fed.tolist()):
+            self._slots[b] = torch.cat([self._slots[b], torch.arange(end - f, end)])
+        self._valid = attention_mask.bool()
+        # Every row fed at least k tokens, so the last k slots are real for every row.
+        return out.logits[:, -k:, : self._vocab_size].float()  # [B, k, V]
+
+
+def _common_prefix_length(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the usual case: one extends the other
+        return n
+    # Binary search on prefix equality: list comparison runs in C, a token loop would not.
+    low, high = 0, n  # a[:low] == b[:low] and a[:high] != b[:high]
+    while high - low > 1:
+        mid = (low + high) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid
+    return low
+
+
+def _output_rows(model: PreTrainedModel) -> int:
+    """Rows of the model's logits: the output layer's size, else the config's vocab_size."""
+    head = model.get_output_embeddings()
+    weight = getattr(head, "weight", None)
+    if weight is not None:
+        return int(weight.shape[0])
+    return int(model.config.get_text_config().vocab_size)
+
+
+def _default_eos(model: PreTrainedModel) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config.get_text_config()):
+        value = getattr(source, "eos_token_id", None)
+        if value is None:
+            continue
+        ids.update([value] if isinstance(value, int) else value)
+    return frozenset(int(t) for t in ids)

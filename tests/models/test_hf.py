@@ -1,0 +1,301 @@
+"""HFLanguageModel: cached, batched, rolled-back logits equal a plain full forward pass.
+
+Every check compares the adapter with the simplest thing that is obviously
+right: one no-cache forward over the whole history of one row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import random
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from exactspec.models.base import LanguageModel  # noqa: E402
+from exactspec.models.hf import HFLanguageModel, _common_prefix_length  # noqa: E402
+
+VOCAB = 97
+EOS = 3
+# fp32 on CPU: a cached k-token forward and a full forward agree to ~1e-7.
+ATOL = 1e-5
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    """Tiny matmuls run fastest on one thread; on a busy machine more threads only contend."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@functools.cache
+def tiny_model(
+    family: str = "qwen2", attn: str = "sdpa", dtype: torch.dtype = torch.float32, eos: int | None = EOS
+) -> transformers.PreTrainedModel:
+    """A random 2-layer model with grouped-query attention (4 query heads, 2 KV heads)."""
+    sizes = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        eos_token_id=eos,
+        attn_implementation=attn,
+    )
+    torch.manual_seed(0)
+    if family == "qwen2":
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**sizes))
+    else:
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**sizes))
+    return model.to(dtype).eval()
+
+
+def reference(model: transformers.PreTrainedModel, history: list[int], k: int) -> torch.Tensor:
+    """[k, V] logits of a no-cache forward over the whole history."""
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([history])).logits[0, -k:].float()
+
+
+@contextlib.contextmanager
+def fed_shapes(model: transformers.PreTrainedModel) -> Iterator[list[tuple[int, ...]]]:
+    """Record the [B, W] shape of input_ids of every forward call (to see what was recomputed)."""
+    shapes: list[tuple[int, ...]] = []
+    handle = model.register_forward_pre_hook(
+        lambda module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    try:
+        yield shapes
+    finally:
+        handle.remove()
+
+
+def test_common_prefix_length():
+    assert _common_prefix_length([1, 2, 3], [1, 2, 3, 4]) == 3
+    assert _common_prefix_length([1, 2, 3, 4], [1, 2]) == 2
+    assert _common_prefix_length([1, 2, 3, 4, 5], [1, 2, 9, 4, 5]) == 2
+    assert _common_prefix_length([7], [8]) == 0
+    assert _common_prefix_length([], [1]) == 0
+    long = list(range(1000))
+    assert _common_prefix_length(long, long[:617] + [-1] + long[618:]) == 617
+
+
+def test_protocol_and_defaults():
+    model = tiny_model()
+    lm = HFLanguageModel(model)
+    assert isinstance(lm, LanguageModel)
+    assert lm.vocab_size == VOCAB
+    assert lm.eos_token_ids == frozenset({EOS})
+    assert HFLanguageModel(model, eos_token_ids=[1, 2], vocab_size=50).eos_token_ids == frozenset({1, 2})
+
+
+@pytest.mark.parametrize(
+    ("family", "attn", "max_hole_fraction"),
+    [("qwen2", "sdpa", 0.5), ("qwen2", "eager", 0.0), ("llama", "sdpa", 1.0)],
+)
+def test_random_extend_and_rollback_matches_full_forward(family, attn, max_hole_fraction):
+    """Draft-like traffic: extend rows by 0..5 tokens, roll back by 0..5, score k = 1..4 positions."""
+    model = tiny_model(family, attn)
+    lm = HFLanguageModel(model, max_hole_fraction=max_hole_fraction)
+    rng = random.Random(1)
+    histories = [[rng.randrange(VOCAB) for _ in range(rng.randint(1, 9))] for _ in range(3)]
+    for _ in range(25):
+        for h in histories:
+            rollback = rng.randint(0, min(5, len(h) - 1))
+            del h[len(h) - rollback :]
+            h.extend(rng.randrange(VOCAB) for _ in range(rng.randint(0, 5)))
+        k = rng.randint(1, min(4, *(len(h) for h in histories)))
+        out = lm.logits(histories, num_positions=k)
+        assert out.shape == (3, k, VOCAB) and out.dtype == torch.float32
+        for b, h in enumerate(histories):
+            torch.testing.assert_close(out[b], reference(model, h, k), atol=ATOL, rtol=0)
+
+
+def test_single_row_never_has_holes_and_never_recomputes_the_prompt():
+    model = tiny_model()
+    lm = HFLanguageModel(model)
+    rng = random.Random(2)
+    history = [rng.randrange(VOCAB) for _ in range(12)]
+    with fed_shapes(model) as shapes:
+        lm.logits([history])
+        for _ in range(15):
+            rollback = rng.randint(0, 4)
+            extend = rng.randint(1, 4)
+            del history[len(history) - rollback :]
+            history.extend(rng.randrange(VOCAB) for _ in range(extend))
+            k = rng.randint(1, 3)
+            out = lm.logits([history], num_positions=k)
+            # Only the new tokens (or the k requested ones) were fed, never the prompt.
+            assert shapes[-1] == (1, max(extend, k))
+            # Rollback is a crop: the cache holds exactly the history, every slot real.
+            assert lm._valid.shape == (1, len(history)) and bool(lm._valid.all())
+            torch.testing.assert_close(out[0], reference(model, history, k), atol=ATOL, rtol=0)
+
+
+def test_batch_rows_equal_each_row_alone():
+    model = tiny_model()
+    rng = random.Random(3)
+    histories = [[rng.randrange(VOCAB) for _ in range(n)] for n in (4, 11, 7)]
+    batched = HFLanguageModel(model)
+    alone = [HFLanguageModel(model) for _ in histories]
+    for extend in [(0, 0, 0), (3, 1, 5), (1, 4, 2)]:
+        for h, e in zip(histories, extend, strict=True):
+            h.extend(rng.randrange(VOCAB) for _ in range(e))
+        out = batched.logits(histories, num_positions=2)
+        for b, h in enumerate(histories):
+            single = alone[b].logits([h], num_positions=2)[0]
+            torch.testing.assert_close(out[b], single, atol=ATOL, rtol=0)
+            assert torch.equal(out[b].argmax(-1), single.argmax(-1))
+        # Left-padding queries attend to nothing; what they leave in the masked slots must stay finite
+        # (a NaN there would turn into NaN for the row: 0 attention weight times NaN is NaN).
+        assert all(torch.isfinite(t).all() for keys, values, *_ in batched._cache for t in (keys, values))
+
+
+def test_subset_of_rows_after_a_row_finishes():
+    model = tiny_model()
+    lm = HFLanguageModel(model)
+    rng = random.Random(4)
+    histories = {r: [rng.randrange(VOCAB) for _ in range(n)] for r, n in [(0, 5), (1, 9), (2, 3)]}
+    with fed_shapes(model) as shapes:
+        lm.logits(list(histories.values()))
+        for live in ([0, 1, 2], [0, 2], [0, 2], [2], [2]):
+            for r in live:
+                histories[r].append(rng.randrange(VOCAB))
+            out = lm.logits([histories[r] for r in live], rows=live)
+            # Finished rows cost nothing: only the live rows' new tokens are fed.
+            assert shapes[-1] == (len(live), 1)
+            for b, r in enumerate(live):
+                torch.testing.assert_close(out[b, 0], reference(model, histories[r], 1)[0], atol=ATOL, rtol=0)
+        # A row id the cache does not hold: rebuilt from scratch, still right.
+        histories[7] = [5, 6, 7]
+        out = lm.logits([histories[2], histories[7]], rows=[2, 7])
+        for b, r in enumerate([2, 7]):
+            torch.testing.assert_close(out[b, 0], reference(model, histories[r], 1)[0], atol=ATOL, rtol=0)
+
+
+def test_rollback_leaves_the_cache_as_if_built_from_accepted_tokens():
+    model = tiny_model()
+    prompts = [[11, 12, 13, 14, 15, 16], [21, 22, 23]]
+    drafts = [[31, 32, 33, 34], [41, 42, 43, 44]]
+    accepted = [1, 3]  # row 0 rejects its 2nd draft token, row 1 its 4th
+    corrections = [51, 52]
+    lm = HFLanguageModel(model, max_hole_fraction=1.0)  # keep the holes: no compaction
+    lm.logits([p + d for p, d in zip(prompts, drafts, strict=True)], num_positions=5)
+    final = [p + d[:a] + [c] for p, d, a, c in zip(prompts, drafts, accepted, corrections, strict=True)]
+    lm.logits(final)
+    assert not bool(lm._valid.all())  # the rejected drafts left holes
+    for b, history in enumerate(final):
+        fresh = HFLanguageModel(model)
+        fresh.logits([history])
+        layers = zip(lm.cached_kv(b), fresh.cached_kv(0), strict=True)
+        for (keys, values), (fresh_keys, fresh_values) in layers:
+            assert keys.shape == fresh_keys.shape == (2, len(history), 8)  # [H_kv, n, D]
+            torch.testing.assert_close(keys, fresh_keys, atol=1e-6, rtol=0)
+            torch.testing.assert_close(values, fresh_values, atol=1e-6, rtol=0)
+
+
+def test_compaction_frees_holes_and_keeps_results():
+    model = tiny_model()
+    lm = HFLanguageModel(model, max_hole_fraction=0.0)
+    histories = [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10]]
+    lm.logits(histories)
+    histories[0] = histories[0][:3] + [20]  # roll row 0 back far: its tail becomes holes
+    histories[1] = histories[1] + [21, 22, 23]  # row 1 grows
+    out = lm.logits(histories)
+    # Compaction ran before the forward: the cache is as long as the longest kept row plus the new block.
+    assert lm._valid.shape[1] <= max(len(h) for h in histories) + 3
+    for b, h in enumerate(histories):
+        torch.testing.assert_close(out[b, 0], reference(model, h, 1)[0], atol=ATOL, rtol=0)
+    assert all(torch.isfinite(t).all() for kv in lm.cached_kv(0) for t in kv)
+
+
+def test_greedy_loop_equals_generate():
+    model = tiny_model("llama")
+    lm = HFLanguageModel(model)
+    prompt = [5, 17, 42, 8, 60]
+    history = list(prompt)
+    for _ in range(24):
+        token = int(lm.logits([history])[0, -1].argmax())
+        history.append(token)
+        if token in lm.eos_token_ids:
+            break
+    with torch.inference_mode():
+        expected = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=24,
+            eos_token_id=EOS,
+            pad_token_id=0,
+        )[0].tolist()
+    assert history == expected
+
+
+def test_bfloat16_model_returns_float32_and_vocab_prefix():
+    model = tiny_model()
+    lm = HFLanguageModel(model, vocab_size=90)
+    out = lm.logits([[1, 2, 3]], num_positions=2)
+    assert out.shape == (1, 2, 90) and out.dtype == torch.float32
+    torch.testing.assert_close(out[0], reference(model, [1, 2, 3], 2)[:, :90], atol=ATOL, rtol=0)
+    bf16 = tiny_model("llama", dtype=torch.bfloat16)
+    assert HFLanguageModel(bf16).logits([[1, 2]]).dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    ("histories", "kwargs", "match"),
+    [
+        ([], {}, "histories is empty"),
+        ([[1], []], {}, "history 1 is empty"),
+        ([[1, 2]], {"num_positions": 0}, "num_positions"),
+        ([[1, 2]], {"num_positions": 3}, "cannot give 3 positions"),
+        ([[1, -1]], {}, "outside 0..96"),
+        ([[1, VOCAB]], {}, "outside 0..96"),
+        ([[1], [2]], {"rows": [0]}, "1 row ids for 2 histories"),
+        ([[1], [2]], {"rows": [4, 4]}, "distinct"),
+    ],
+)
+def test_bad_inputs(histories, kwargs, match):
+    lm = HFLanguageModel(tiny_model())
+    with pytest.raises(ValueError, match=match):
+        lm.logits(histories, **kwargs)
+
+
+def test_bad_construction():
+    model = tiny_model()
+    with pytest.raises(ValueError, match="vocab_size"):
+        HFLanguageModel(model, vocab_size=VOCAB + 1)
+    with pytest.raises(ValueError, match="EOS ids"):
+        HFLanguageModel(model, eos_token_ids=[VOCAB])
+    with pytest.raises(ValueError, match="no EOS id"):
+        HFLanguageModel(model, eos_token_ids=[])
+    with pytest.raises(ValueError, match="no EOS id"):
+        HFLanguageModel(tiny_model(eos=None))
+    with pytest.raises(ValueError, match="max_hole_fraction"):
+        HFLanguageModel(model, max_hole_fraction=1.5)
+
+
+def test_sliding_window_layers_are_refused():
+    """Sliding-window layers index by slot; holes would silently shift their window."""
+    config = transformers.Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        eos_token_id=EOS,
+        use_sliding_window=True,
+        sliding_window=8,
+        max_window_layers=0,
+    )
+    with pytest.raises(NotImplementedError, match="DynamicSlidingWindowLayer"):
+        HFLanguageModel(transformers.Qwen2ForCausalLM(config))
