@@ -82,6 +82,7 @@ class SpeculativeDecoder:
             check_tokenizers_compatible(tokenizer, draft_tokenizer)
         self.tokenizer = tokenizer
         self.target_model = target_model
+        self.draft_model = draft_model  # kept for benchmarks against HF's own generate (exactspec bench)
         eos = end_of_generation_ids(tokenizer, _model_eos_ids(target_model))
         self.target = HFLanguageModel(target_model, eos_token_ids=eos)
         self.draft = None
@@ -217,7 +218,7 @@ class SpeculativeDecoder:
         return _Run(engine, states, config, SeededSampler(seed=seed, num_rows=len(states)), stop_strings)
 
     def _check_context(self, ids: list[list[int]], config: DecodeConfig) -> None:
-        if not self.context_length:
+        if not self.context_length or not ids:  # no prompts: engine.start says so
             return
         longest = max(len(row) for row in ids)
         # The target scores gamma + 1 positions past the history, so leave room for a full block.
