@@ -1,9 +1,10 @@
 """End to end on the built-in default pair (Qwen2.5-Coder 1.5B target, 0.5B draft, Q4_K_M GGUF).
 
 Opt-in (`pytest -m slow`): the first run fetches ~1.6 GB and converts it to dense
-fp32 weights under the exactspec cache; later runs load the conversion. Set
+weights under the exactspec cache; later runs load the conversion. Set
 EXACTSPEC_E2E_TARGET / EXACTSPEC_E2E_DRAFT to any other spec (e.g. local copies
-of the two GGUF files) to run the same checks on those.
+of the two GGUF files) to run the same checks on those, and EXACTSPEC_E2E_DTYPE to pick
+the dtype (default "auto" = bfloat16).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ pytestmark = pytest.mark.slow
 PROMPT = "Write a Python function `is_prime(n)` that returns True when n is a prime number."
 MAX_NEW_TOKENS = 48
 GAMMA = 4
-# fp32 weights dequantized from the GGUF: a (gamma + 1)-token and a 1-token forward agree to ~1e-6,
-# so greedy speculative output should equal plain greedy except where two logits nearly tie.
+# A (gamma + 1)-token and a 1-token forward do not agree bit for bit (measured max logit gap: 3e-5 in
+# float32, 0.17 in bfloat16), so greedy speculative output can leave plain greedy where two logits
+# nearly tie. SPEC.md asks for that to be measured and reported, not hidden: the test records it.
 MIN_GREEDY_AGREEMENT = 0.9
 
 
@@ -30,7 +32,8 @@ def decoder() -> SpeculativeDecoder:
     pytest.importorskip("transformers")
     target = os.environ.get("EXACTSPEC_E2E_TARGET", "default-target")
     draft = os.environ.get("EXACTSPEC_E2E_DRAFT", "default-draft")
-    return SpeculativeDecoder.from_pretrained(target, draft, progress=False)
+    dtype = os.environ.get("EXACTSPEC_E2E_DTYPE", "auto")
+    return SpeculativeDecoder.from_pretrained(target, draft, dtype=dtype, progress=False)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
