@@ -202,8 +202,12 @@ def sequence_probability(
     """Exact target probability (float64) of generating `sequence` as the first tokens after `prompt`."""
     if not sequence:
         return 1.0
+    if not prompt:
+        raise ValueError("the prompt is empty")
     history = [*prompt, *sequence]
-    logits = target.logits([history], len(sequence))[0]  # [n, V]
+    # Entry i of the last n positions of history[:-1] scores what follows history[: len(prompt) + i],
+    # i.e. sequence[i]. (Scoring `history` itself would be off by one: it ends with sequence[-1].)
+    logits = target.logits([history[:-1]], len(sequence))[0]  # [n, V]
     histories = [history[: len(prompt) + i] for i in range(len(sequence))]
     p = probabilities(logits.to(torch.float64), settings, histories)  # [n, V]
     return float(torch.prod(p[torch.arange(len(sequence)), torch.tensor(sequence)]))
