@@ -200,6 +200,7 @@ class SpeculativeEngine:
         clock = time.perf_counter()
         proposal = self.drafter.propose(histories, max_draft, settings, sampler, rows)
         self.metrics.draft_seconds += time.perf_counter() - clock
+        self.metrics.draft_forward_seconds += proposal.forward_seconds
         self.metrics.draft_calls += int(proposal.lengths.max())
         return proposal
 
@@ -221,6 +222,7 @@ class SpeculativeEngine:
         width = proposal.tokens.shape[1]
         extended = [history + proposal.tokens[b].tolist() for b, history in enumerate(histories)]
         logits = self.target.logits(extended, width + 1, rows=rows)  # [A, gamma + 1, V]
+        self.metrics.target_forward_seconds += time.perf_counter() - clock
         # The repetition penalty needs each position's real history; build it only when it is on.
         position_histories = None
         if settings.repetition_penalty != 1.0:

@@ -2,34 +2,50 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 
 @dataclass
 class DecodeMetrics:
     """What a generation did and where its time went.
 
-    Times are wall-clock seconds. `other_seconds` is the orchestration
-    overhead: everything that is not a draft forward, a target forward or the
-    verifier (bookkeeping, stop checks, streaming callbacks).
+    Times are wall-clock seconds. `draft_seconds` and `target_seconds` cover
+    each role's whole step (model forward, transforms, draft sampling);
+    `draft_forward_seconds` and `target_forward_seconds` only the model
+    forward passes. `overhead_seconds` is the orchestration overhead:
+    everything that is not a model forward (transforms, sampling, the
+    verifier, bookkeeping, stop checks). `other_seconds` is the part of it
+    outside the draft, target and verify steps.
     """
 
     rounds: int = 0
     emitted_tokens: int = 0
     proposed_tokens: int = 0
     accepted_tokens: int = 0
+    rows_per_round: list[int] = field(default_factory=list)
     proposed_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
     target_calls: int = 0
     draft_calls: int = 0
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
+    draft_forward_seconds: float = 0.0
+    target_forward_seconds: float = 0.0
     verify_seconds: float = 0.0
     total_seconds: float = 0.0
 
     @property
     def other_seconds(self) -> float:
         return max(0.0, self.total_seconds - self.draft_seconds - self.target_seconds - self.verify_seconds)
+
+    @property
+    def overhead_seconds(self) -> float:
+        return max(0.0, self.total_seconds - self.draft_forward_seconds - self.target_forward_seconds)
+
+    @property
+    def overhead_fraction(self) -> float:
+        """Share of wall time that is not a model forward (nan before anything ran)."""
+        return self.overhead_seconds / self.total_seconds if self.total_seconds > 0 else float("nan")
 
     @property
     def acceptance_rate(self) -> float:
@@ -41,8 +57,6 @@ class DecodeMetrics:
         """Mean tokens a row emits per round (per row-round, so batches compare with batch 1)."""
         row_rounds = sum(self.rows_per_round) if self.rows_per_round else 0
         return self.emitted_tokens / row_rounds if row_rounds else float("nan")
-
-    rows_per_round: list[int] = field(default_factory=list)
 
     @property
     def tokens_per_second(self) -> float:
@@ -73,19 +87,10 @@ class DecodeMetrics:
 
     def merge(self, other: DecodeMetrics) -> None:
         """Add another generation's counts and times into this one."""
-        for name in (
-            "rounds",
-            "emitted_tokens",
-            "proposed_tokens",
-            "accepted_tokens",
-            "target_calls",
-            "draft_calls",
-            "draft_seconds",
-            "target_seconds",
-            "verify_seconds",
-            "total_seconds",
-        ):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if isinstance(value, int | float):
+                setattr(self, item.name, value + getattr(other, item.name))
         self.rows_per_round.extend(other.rows_per_round)
         for i, (n, a) in enumerate(zip(other.proposed_by_position, other.accepted_by_position, strict=True)):
             if i >= len(self.proposed_by_position):
@@ -108,6 +113,10 @@ class DecodeMetrics:
             "draft_seconds": self.draft_seconds,
             "target_seconds": self.target_seconds,
             "verify_seconds": self.verify_seconds,
+            "draft_forward_seconds": self.draft_forward_seconds,
+            "target_forward_seconds": self.target_forward_seconds,
+            "overhead_seconds": self.overhead_seconds,
+            "overhead_fraction": self.overhead_fraction,
             "other_seconds": self.other_seconds,
             "total_seconds": self.total_seconds,
             "tokens_per_second": self.tokens_per_second,

@@ -50,9 +50,12 @@ def probabilities(
         if histories is None or len(histories) != num_rows:
             raise ValueError("the repetition penalty needs one history per row of logits")
         scores = _apply_repetition_penalty(scores, histories, settings.repetition_penalty)
-    if (torch.isnan(scores) | torch.isposinf(scores)).any():
+    # One reduction checks every row: amax propagates NaN, is +inf if any entry is, and is -inf
+    # only when the whole row is (no token possible).
+    row_max = scores.amax(dim=-1)  # [N]
+    if (torch.isnan(row_max) | torch.isposinf(row_max)).any():
         raise ValueError("logits contain NaN or +inf; the model produced invalid scores")
-    if torch.isneginf(scores).all(dim=-1).any():
+    if torch.isneginf(row_max).any():
         raise ValueError("a row of logits is -inf everywhere: no token is possible")
 
     if settings.greedy:

@@ -204,11 +204,12 @@ def _check_distributions(name: str, rows: torch.Tensor) -> None:
         raise ValueError(f"{name} must be float32 or float64 probabilities, got {rows.dtype}")
     if rows.numel() == 0:
         return
-    if not torch.isfinite(rows).all():
+    # Two reductions check everything: a NaN or infinite entry makes its row sum non-finite.
+    sums = rows.sum(dim=-1)  # [N]
+    if not torch.isfinite(sums).all():
         raise ValueError(f"{name} contains NaN or infinite probabilities")
-    if (rows < 0).any():
+    if rows.amin() < 0:
         raise ValueError(f"{name} contains negative probabilities")
-    sums = rows.sum(dim=-1)
     worst = (sums - 1.0).abs().max().item()
     if worst > _SUM_TOLERANCE[rows.dtype]:
         raise ValueError(

@@ -24,11 +24,15 @@ class Proposal:
             past lengths[b] are unused.
         lengths: [B] long, how many tokens row b proposes (a draft that
             proposes EOS stops there: nothing after EOS can be output).
+        forward_seconds: wall time the drafter spent in model forward passes
+            (0 for drafters without a model), so the engine can tell model
+            time from orchestration overhead.
     """
 
     tokens: torch.Tensor
     q: torch.Tensor
     lengths: torch.Tensor
+    forward_seconds: float = 0.0
 
     def row_tokens(self, row: int) -> list[int]:
         return self.tokens[row, : int(self.lengths[row])].tolist()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
@@ -55,11 +56,14 @@ class ModelDrafter:
         drafted: list[list[int]] = [[] for _ in range(batch_size)]
         eos = self.model.eos_token_ids
         live = [b for b in range(batch_size) if max_tokens[b] > 0]
+        forward_seconds = 0.0
         for step in range(gamma):
             if not live:
                 break
             contexts = [[*histories[b], *drafted[b]] for b in live]
+            clock = time.perf_counter()
             logits = self.model.logits(contexts, 1, rows=[rows[b] for b in live])[:, 0]  # [A, V_draft]
+            forward_seconds += time.perf_counter() - clock
             logits = _pad_vocab(logits, self.target_vocab_size)  # [A, V]
             q_step = probabilities(logits, settings, contexts)  # [A, V]
             drawn = sampler.categorical(q_step, [rows[b] for b in live])  # [A]
@@ -77,7 +81,7 @@ class ModelDrafter:
             live = still_live
         if q is None:
             q = torch.zeros(batch_size, gamma, self.target_vocab_size)
-        return Proposal(tokens=tokens, q=q, lengths=lengths)
+        return Proposal(tokens=tokens, q=q, lengths=lengths, forward_seconds=forward_seconds)
 
 
 def _pad_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
