@@ -1,0 +1,508 @@
+"""Write a benchmark result: `bench.json` (every raw measurement plus the summary), `report.md`, PNG plots."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from exactspec.bench.runner import HF_ASSISTED, HF_PLAIN, PLAIN, SPECULATIVE
+from exactspec.bench.summary import summarize, theory_curve
+
+JSON_FILE = "bench.json"
+REPORT_FILE = "report.md"
+SPEEDUP_PLOT = "speedup_vs_gamma.png"
+ACCEPTANCE_PLOT = "acceptance_by_position.png"
+COSTS_PLOT = "costs.png"
+
+FULL_RUN_NOTE = (
+    "The full run (16 prompts, gamma in 1,2,4,6,8, temperatures 0 and 0.7, 128 new tokens, HF assisted and "
+    "HF plain) makes 16 x 2 x 8 = 256 generations of 128 tokens (plus a prefill each, up to ~400 prompt "
+    "tokens): about 5-8 hours on a quiet 2-core CPU with the default 1.5B/0.5B float32 pair, whose k-token "
+    "forwards make speculative runs slower than plain ones there; --prompts, --gammas and --max-new-tokens "
+    "cut it down."
+)
+
+
+def write_outputs(result: dict[str, Any], out_dir: str | Path, *, plots: bool = True) -> dict[str, Path]:
+    """Write bench.json, report.md and (with `plots`) the PNG plots; returns name -> path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = summarize(result)
+    paths = {"json": out / JSON_FILE, "report": out / REPORT_FILE}
+    with paths["json"].open("w", encoding="utf-8") as handle:
+        json.dump(_finite({**result, "summary": summary}), handle, indent=1)
+        handle.write("\n")
+    if plots:
+        paths.update(write_plots(result, summary, out))
+    paths["report"].write_text(render_markdown(result, summary, plots=plots), encoding="utf-8")
+    return paths
+
+
+def load_result(path: str | Path) -> dict[str, Any]:
+    """Read a bench.json back (the raw part re-renders with `write_outputs`)."""
+    with Path(path).open(encoding="utf-8") as handle:
+        data = json.load(handle)
+    data.pop("summary", None)
+    return data
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def render_markdown(
+    result: dict[str, Any], summary: dict[str, Any] | None = None, *, plots: bool = True
+) -> str:
+    summary = summary or summarize(result)
+    config, env, models = result["config"], result["environment"], result["models"]
+    prompts = result["prompts"]
+    lines = ["# exactspec bench", ""]
+    lines += _header(result, config, env, models, prompts, summary)
+    lines += _recommendation(summary)
+    lines += _costs(summary)
+    for temperature in config["temperatures"]:
+        lines += _results_table(summary, temperature)
+    if config.get("hf_assisted"):
+        lines += _hf_section(result, summary)
+    lines += _greedy_check(summary)
+    if result.get("errors"):
+        lines += ["## Errors", ""] + [f"- {e}" for e in result["errors"]] + [""]
+    lines += _method_notes(config)
+    if plots:
+        lines += [
+            "## Plots",
+            "",
+            f"![speedup versus gamma]({SPEEDUP_PLOT})",
+            "",
+            f"![acceptance by position]({ACCEPTANCE_PLOT})",
+            "",
+            f"![cost ratios]({COSTS_PLOT})",
+            "",
+        ]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _header(
+    result: dict[str, Any],
+    config: dict[str, Any],
+    env: dict[str, Any],
+    models: dict[str, Any],
+    prompts: list[dict[str, Any]],
+    summary: dict[str, Any],
+) -> list[str]:
+    def model_line(role: str) -> str:
+        m = models[role]
+        spec = models.get(f"{role}_spec")
+        name = f"`{spec}` " if spec else ""
+        return (
+            f"- {role}: {name}{m['class']}, {_count(m['parameters'])} parameters, {m['dtype']}, "
+            f"{m['layers']} layers, vocabulary {m['vocab_size']}"
+        )
+
+    categories = {}
+    for p in prompts:
+        categories[p["category"]] = categories.get(p["category"], 0) + 1
+    mix = ", ".join(f"{n} {c}" for c, n in sorted(categories.items()))
+    load_start, load_end = env.get("load_average_start"), env.get("load_average_end")
+    load = ""
+    if load_start and load_end:
+        load = f"; load average (1 min) {load_start[0]:.2f} at the start, {load_end[0]:.2f} at the end"
+    estimate = summary.get("estimated_full_run_seconds")
+    lines = [
+        model_line("target"),
+        model_line("draft"),
+        f"- prompts: {len(prompts)} ({mix}): {', '.join(p['name'] for p in prompts)}",
+        f"- {config['max_new_tokens']} new tokens per run"
+        + (
+            " (EOS ignored by every side, so every run makes exactly that many)"
+            if config["ignore_eos"]
+            else ""
+        )
+        + f"; gamma in {', '.join(str(g) for g in config['gammas'])}; temperatures "
+        f"{', '.join(f'{t:g}' for t in config['temperatures'])}; seed {config['seed']} (+ prompt index)",
+        f"- machine: {env.get('processor')}, {env.get('cpu_count')} CPUs, torch {env.get('torch')} "
+        f"({env.get('torch_threads')} threads), transformers {env.get('transformers')}{load}",
+        f"- duration: {_duration(result.get('duration_seconds'))} (cost measurement "
+        f"{_duration(result['costs'].get('seconds'))}, warm-up {_duration(result.get('warmup_seconds'))})",
+    ]
+    if estimate is not None and not _nan(estimate):
+        lines.append(
+            f"- estimated duration of the full default run at the speeds seen here: {_duration(estimate)}. "
+            + FULL_RUN_NOTE
+        )
+    cpus = env.get("cpu_count") or 0
+    if load_start and cpus and max(load_start[0], (load_end or [0])[0]) > 0.5 * cpus:
+        lines.append(
+            "- **the machine was loaded during this run** (load average above half the CPU count): absolute "
+            "timings are noisy and ratios less so, because every setting of a prompt ran back to back."
+        )
+    return lines + [""]
+
+
+def _recommendation(summary: dict[str, Any]) -> list[str]:
+    lines = ["## Recommendation", ""]
+    for temperature, rec in summary["recommendation"].items():
+        if rec.get("gamma") is None:
+            lines.append(f"- T={temperature}: no speculative runs")
+            continue
+        theory_part = ""
+        if rec.get("theory_gamma") is not None:
+            theory_part = (
+                f"; the theory, with pooled alpha {_f(rec['pooled_alpha'])} and the measured c and v(k), "
+                f"predicts its best at gamma={rec['theory_gamma']} (S = {_f(rec['theory_speedup'])})"
+                if rec["theory_gamma"]
+                else f"; the theory (pooled alpha {_f(rec['pooled_alpha'])}, measured c and v(k)) predicts "
+                "no gamma beats plain decoding"
+            )
+        if rec["gamma"]:
+            lines.append(
+                f"- T={temperature}: **gamma = {rec['gamma']}** (median steady-state speedup "
+                f"{_f(rec['speedup'])}x over plain decoding){theory_part}."
+            )
+        else:
+            lines.append(
+                f"- T={temperature}: **plain decoding** - no gamma was faster (best: gamma="
+                f"{rec['best_measured_gamma']}, {_f(rec['speedup'])}x){theory_part}."
+            )
+    return lines + [""]
+
+
+def _costs(summary: dict[str, Any]) -> list[str]:
+    costs, forward = summary["costs"], summary["forward_costs"]
+    ks = sorted(int(k) for k in costs["v"])
+    lines = [
+        "## Cost ratios (timed forwards on a warm KV cache)",
+        "",
+        "| | target 1-token step | draft step | c | " + " | ".join(f"v({k})" for k in ks) + " |",
+        "|---|---:|---:|---:|" + "---:|" * len(ks),
+    ]
+    for name, source in (("through the adapter", costs), ("forward pass only", forward)):
+        v = {int(k): x for k, x in source["v"].items()}
+        lines.append(
+            f"| {name} | {_ms(source['target_step_seconds'])} | {_ms(source['draft_step_seconds'])} | "
+            f"{_f(source['c'], 3)} | " + " | ".join(_f(v.get(k), 2) for k in ks) + " |"
+        )
+    per_token = ", ".join(f"T={t}: {_f(ms, 1)} ms" for t, ms in summary["transform_and_sample_ms"].items())
+    lines += [
+        "",
+        "c = draft step / target 1-token step; v(k) = target k-token forward / target 1-token forward. "
+        "A round costs gamma c + v(gamma+1) target steps. The adapter rows are what the engine pays per "
+        "model call and are used for the predictions.",
+        f"Work outside the models per emitted token (SPEC transforms over the vocabulary plus one draw): "
+        f"{per_token}.",
+        "",
+    ]
+    return lines
+
+
+def _results_table(summary: dict[str, Any], temperature: float) -> list[str]:
+    rows = [r for r in summary["rows"] if r["temperature"] == temperature]
+    if not rows:
+        return []
+    title = "greedy" if temperature == 0 else "sampling"
+    lines = [
+        f"## Temperature {temperature:g} ({title})",
+        "",
+        "| setting | tokens/s | speedup: median [min, max] | end-to-end speedup | alpha | tokens/round "
+        "| E(alpha) | c | v(gamma+1) | predicted S | S(tokens/round) | measured / predicted | overhead "
+        "| outside models |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        speculative = r["method"] == SPECULATIVE
+        ours = r["method"] in (PLAIN, SPECULATIVE)
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    r["label"],
+                    _f(r["tokens_per_second"]["median"]),
+                    _spread(r["speedup"]),
+                    _f(r["end_to_end_speedup"]["median"]),
+                    _f(r["alpha"], 3),
+                    _f(r["tokens_per_round"]),
+                    _f(r["expected_tokens_per_round"]) if speculative else "",
+                    _f(r["c"], 3) if speculative else "",
+                    _f(r["v"]) if speculative else "",
+                    _f(r["predicted_speedup"]) if speculative else "",
+                    _f(r["predicted_speedup_from_tokens_per_round"]) if speculative else "",
+                    _f(r["measured_over_predicted"]) if speculative else "",
+                    _overhead(r) if ours else "",
+                    _pct(r["outside_model_fraction"]),
+                ]
+            )
+            + " |"
+        )
+    lines += [
+        "",
+        "tokens/s and speedups are steady state (after the first round, which holds the prefill); speedup is "
+        "over our plain decoding of the same prompt, median and [min, max] over prompts; end-to-end speedup "
+        "includes the prefill. overhead = (verify + other) / total engine time (DecodeMetrics), and that "
+        "time per round; outside models = share of wall time not spent in a forward pass of either model "
+        "(timed by forward hooks, so HF is measured the same way; DecodeMetrics.overhead_fraction for ours).",
+        "",
+    ]
+    speculative_rows = [r for r in rows if r["method"] == SPECULATIVE]
+    if speculative_rows:
+        lines.append(
+            "In-run cost ratios (forward passes during the runs, prefill excluded): "
+            + "; ".join(
+                f"gamma={r['gamma']}: c {_f(r.get('run_c'), 3)}, v {_f(r.get('run_v'))}"
+                for r in speculative_rows
+            )
+            + "."
+        )
+        lines.append("")
+    return lines
+
+
+def _hf_section(result: dict[str, Any], summary: dict[str, Any]) -> list[str]:
+    policy = result.get("hf_policy") or {}
+    threshold = policy.get("assistant_confidence_threshold")
+    adaptive = (
+        "re-fitted from an ROC curve each round"
+        if policy.get("adaptive_confidence_threshold")
+        else "fixed: HF re-fits it only when scikit-learn is installed, and it is not"
+    )
+    lines = [
+        "## Hugging Face assisted generation",
+        "",
+        f"Draft length policy (the assistant's generation config with HF defaults): num_assistant_tokens="
+        f"{policy.get('num_assistant_tokens')}, schedule `{policy.get('num_assistant_tokens_schedule')}`, "
+        f"assistant_confidence_threshold={threshold} ({adaptive}): the draft stops early when its own "
+        "probability of the token it drew falls below the threshold. Same models, dtype, prompts, seeds "
+        "and number of new tokens; temperature sampling without top-k/top-p.",
+        "",
+        "| T | generator | rounds | mean draft length | draft lengths used (length: rounds) | alpha "
+        "| tokens/round | tokens/s | speedup over our plain | speedup over HF plain |",
+        "|---:|---|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in summary["rows"]:
+        if r["method"] != HF_ASSISTED:
+            continue
+        histogram = ", ".join(f"{k}: {n}" for k, n in r.get("hf_draft_lengths", {}).items())
+        lines.append(
+            f"| {r['temperature']:g} | {', '.join(r.get('hf_generator', []))} | {r.get('rounds', '')} | "
+            f"{_f(r.get('hf_mean_draft_length'), 1)} | {histogram} | {_f(r['alpha'], 3)} | "
+            f"{_f(r['tokens_per_round'])} | {_f(r['tokens_per_second']['median'])} | "
+            f"{_spread(r['speedup'])} | {_spread(r['speedup_over_hf_plain'])} |"
+        )
+    for r in summary["rows"]:
+        if r["method"] == HF_PLAIN:
+            lines.append(
+                f"\nHF plain `generate` at T={r['temperature']:g}: {_f(r['tokens_per_second']['median'])} "
+                f"tokens/s, {_spread(r['speedup'])} x our plain decoding."
+            )
+    return lines + [""]
+
+
+def _greedy_check(summary: dict[str, Any]) -> list[str]:
+    rows = [r for r in summary["rows"] if r["temperature"] == 0 and "compared_with_plain" in r]
+    if not rows:
+        return []
+    lines = [
+        "## Greedy outputs against plain decoding",
+        "",
+        "At temperature 0 every method should emit the target's greedy tokens; differences can only come "
+        "from the numerics of a k-token versus a 1-token forward pass (SPEC.md section 4), and are reported "
+        "here rather than hidden.",
+        "",
+    ]
+    for r in rows:
+        lines.append(
+            f"- {r['label']}: {r['same_tokens_as_plain']} of {r['compared_with_plain']} runs identical"
+        )
+    return lines + [""]
+
+
+def _method_notes(config: dict[str, Any]) -> list[str]:
+    return [
+        "## How this was measured",
+        "",
+        "- For each prompt and temperature the settings run back to back (plain, each gamma, HF assisted, HF "
+        "plain) after a warm-up of every method, each from empty KV caches and with the same seed.",
+        "- Steady-state tokens/s = tokens after the first round / time after the first round (round "
+        "boundaries from the engine's rounds, and from HF's streamer, which receives one chunk per round).",
+        "- alpha = accepted / proposed draft tokens, pooled over prompts; tokens/round = emitted tokens / "
+        "rounds (it includes the last round, cut short by max_new_tokens).",
+        "- " + _prediction_note(),
+        "- measured / predicted below 1 is the cost the model leaves out: the per-token work outside the "
+        "forward passes (transforms, sampling, verification, Python), which plain decoding pays once per "
+        "token and speculative decoding once per draft token plus once per round.",
+        "- " + FULL_RUN_NOTE,
+        "",
+    ]
+
+
+def _prediction_note() -> str:
+    from exactspec.bench.summary import PREDICTION_NOTE
+
+    return PREDICTION_NOTE[0].upper() + PREDICTION_NOTE[1:]
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def write_plots(result: dict[str, Any], summary: dict[str, Any], out: Path) -> dict[str, Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    temperatures = result["config"]["temperatures"]
+    paths = {}
+
+    fig, axes = plt.subplots(1, len(temperatures), figsize=(5.5 * len(temperatures), 4.2), squeeze=False)
+    for ax, temperature in zip(axes[0], temperatures, strict=True):
+        rows = [r for r in summary["rows"] if r["temperature"] == temperature]
+        spec = [r for r in rows if r["method"] == SPECULATIVE]
+        if spec:
+            gammas = [r["gamma"] for r in spec]
+            med = [_nan_to(r["speedup"]["median"]) for r in spec]
+            low = [m - _nan_to(r["speedup"]["min"], m) for m, r in zip(med, spec, strict=True)]
+            high = [_nan_to(r["speedup"]["max"], m) - m for m, r in zip(med, spec, strict=True)]
+            ax.errorbar(
+                gammas, med, yerr=[low, high], fmt="o-", capsize=4, label="measured (median, min-max)"
+            )
+            ax.plot(
+                gammas, [r["predicted_speedup"] for r in spec], "s--", label="predicted S (alpha at gamma)"
+            )
+            rec = summary["recommendation"].get(f"{temperature:g}", {})
+            alpha = rec.get("pooled_alpha")
+            if alpha is not None and not _nan(alpha):
+                curve = theory_curve(alpha, summary["costs"])
+                ax.plot(
+                    [g for g, _ in curve],
+                    [s for _, s in curve],
+                    ":",
+                    color="gray",
+                    label=f"theory, pooled alpha={alpha:.2f}",
+                )
+        for r in rows:
+            if r["method"] == HF_ASSISTED and not _nan(r["speedup"]["median"]):
+                ax.axhline(r["speedup"]["median"], color="tab:red", linestyle="-.", label="HF assisted")
+            if r["method"] == HF_PLAIN and not _nan(r["speedup"]["median"]):
+                ax.axhline(r["speedup"]["median"], color="tab:green", linestyle=(0, (1, 3)), label="HF plain")
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("gamma (draft tokens per round)")
+        ax.set_ylabel("speedup over plain decoding")
+        ax.set_title(f"T = {temperature:g}")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    paths["speedup_plot"] = out / SPEEDUP_PLOT
+    fig.savefig(paths["speedup_plot"], dpi=110)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, len(temperatures), figsize=(5.5 * len(temperatures), 4.2), squeeze=False)
+    for ax, temperature in zip(axes[0], temperatures, strict=True):
+        for r in summary["rows"]:
+            if r["temperature"] != temperature or r["method"] != SPECULATIVE:
+                continue
+            rates = r["acceptance_by_position"]
+            ax.plot(range(1, len(rates) + 1), [_nan_to(x) for x in rates], "o-", label=f"gamma={r['gamma']}")
+        ax.set_ylim(0, 1.05)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("draft position i (given positions < i were accepted)")
+        ax.set_ylabel("acceptance rate")
+        ax.set_title(f"T = {temperature:g}")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    paths["acceptance_plot"] = out / ACCEPTANCE_PLOT
+    fig.savefig(paths["acceptance_plot"], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(5.5, 4.2))
+    for name, source, style in (
+        ("v(k), adapter", summary["costs"], "o-"),
+        ("v(k), forward only", summary["forward_costs"], "s--"),
+    ):
+        ks = sorted(int(k) for k in source["v"])
+        ax.plot(
+            ks, [source["v"][k] if k in source["v"] else source["v"][str(k)] for k in ks], style, label=name
+        )
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("k (tokens in one target forward)")
+    ax.set_ylabel("time / one-token time")
+    ax.set_title(f"target cost ratios (c = {summary['costs']['c']:.3f})")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    paths["costs_plot"] = out / COSTS_PLOT
+    fig.savefig(paths["costs_plot"], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def _nan(x: Any) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def _nan_to(x: Any, default: float = 0.0) -> float:
+    return default if _nan(x) else float(x)
+
+
+def _f(x: Any, digits: int = 2) -> str:
+    return "-" if _nan(x) else f"{x:.{digits}f}"
+
+
+def _pct(x: Any) -> str:
+    return "-" if _nan(x) else f"{100 * x:.1f}%"
+
+
+def _ms(seconds: Any) -> str:
+    return "-" if _nan(seconds) else f"{1000 * seconds:.1f} ms"
+
+
+def _overhead(row: dict[str, Any]) -> str:
+    """`3.5% (45 ms/round)`: share of engine time outside the forwards' callers, and its cost per round."""
+    per_round = row.get("overhead_ms_per_round")
+    suffix = "" if _nan(per_round) else f" ({per_round:.0f} ms/round)"
+    return _pct(row["overhead_fraction"]) + suffix
+
+
+def _spread(spread: dict[str, Any]) -> str:
+    if _nan(spread.get("median")):
+        return "-"
+    return f"{spread['median']:.2f} [{spread['min']:.2f}, {spread['max']:.2f}]"
+
+
+def _count(n: float) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e8 else f"{n / 1e6:.2f} M"
+
+
+def _duration(seconds: Any) -> str:
+    if _nan(seconds):
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _finite(value: Any) -> Any:
+    """The same structure with NaN and infinities as None (strict JSON has no NaN); int keys as strings."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def prompt_table(prompts: Sequence[dict[str, Any]]) -> str:
+    """A small Markdown table of the prompts (name, category, tokens)."""
+    lines = ["| prompt | category | tokens |", "|---|---|---:|"]
+    lines += [f"| {p['name']} | {p['category']} | {p['tokens']} |" for p in prompts]
+    return "\n".join(lines)

@@ -1,0 +1,138 @@
+"""The speedup model of SPEC.md "Measured quantities", and the small statistics the bench reports.
+
+Names: alpha is the acceptance rate of draft tokens, gamma the draft length,
+c = (draft step time) / (target one-token step time), v(k) = (target k-token
+forward time) / (target one-token forward time). A round proposes gamma draft
+tokens (gamma draft steps) and verifies them in one target forward over
+gamma + 1 positions, and emits E tokens on average:
+
+    E(alpha, gamma) = (1 - alpha^(gamma + 1)) / (1 - alpha)      (alpha i.i.d. per position)
+    S = E / (gamma * c + v(gamma + 1))                            (speedup over plain decoding)
+
+>>> round(tokens_per_round(0.8, 4), 4)
+3.3616
+>>> round(predicted_speedup(0.8, 4, c=0.1, v=1.2), 4)
+2.1010
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+NAN = float("nan")
+
+
+def tokens_per_round(alpha: float, gamma: int) -> float:
+    """E = (1 - alpha^(gamma+1)) / (1 - alpha): expected tokens a round emits (1 + accepted drafts).
+
+    alpha = 1 gives gamma + 1 (every draft accepted plus the bonus); gamma = 0 gives 1.
+    """
+    _check_alpha(alpha)
+    if gamma < 0:
+        raise ValueError(f"gamma must be >= 0, got {gamma}")
+    if math.isnan(alpha):
+        return NAN if gamma else 1.0
+    if alpha == 1.0:
+        return float(gamma + 1)
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def round_cost(gamma: int, c: float, v: float = 1.0) -> float:
+    """Cost of one round in target one-token steps: gamma draft steps plus one (gamma+1)-token forward."""
+    return gamma * c + v
+
+
+def predicted_speedup(alpha: float, gamma: int, c: float, v: float = 1.0) -> float:
+    """S = E(alpha, gamma) / (gamma * c + v), with v = v(gamma + 1); v = 1 is the textbook formula."""
+    return speedup_from_tokens_per_round(tokens_per_round(alpha, gamma), gamma, c, v)
+
+
+def speedup_from_tokens_per_round(tokens: float, gamma: int, c: float, v: float = 1.0) -> float:
+    """S with a measured mean tokens per round in place of E (no i.i.d. assumption on acceptance)."""
+    cost = round_cost(gamma, c, v)
+    return tokens / cost if cost > 0 else NAN
+
+
+def acceptance_rate(accepted: int, proposed: int) -> float:
+    """alpha from counts: accepted draft tokens / proposed draft tokens (nan when none was proposed)."""
+    if accepted < 0 or proposed < 0 or accepted > proposed:
+        raise ValueError(f"need 0 <= accepted <= proposed, got accepted={accepted}, proposed={proposed}")
+    return accepted / proposed if proposed else NAN
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    """numerator / denominator, nan when the denominator is 0 or either is nan (e.g. measured / predicted)."""
+    if _missing(numerator) or _missing(denominator) or denominator == 0:
+        return NAN
+    return numerator / denominator
+
+
+def best_gamma(
+    alpha: float, c: float, v: Mapping[int, float], gammas: Sequence[int] | None = None
+) -> tuple[int, float]:
+    """(gamma, S) maximising the predicted speedup over `gammas` (default: every gamma with a v(gamma+1)).
+
+    `v` maps k to v(k); a gamma whose v(gamma + 1) is unknown is skipped.
+    """
+    candidates = sorted(gammas) if gammas is not None else sorted(k - 1 for k in v if k >= 2)
+    best: tuple[int, float] = (0, 1.0)
+    for gamma in candidates:
+        if gamma < 1 or gamma + 1 not in v:
+            continue
+        speedup = predicted_speedup(alpha, gamma, c, v[gamma + 1])
+        if speedup > best[1]:
+            best = (gamma, speedup)
+    return best
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Median and spread of a sample (nan and None dropped): min, first quartile, third quartile, max."""
+
+    median: float
+    low: float
+    q1: float
+    q3: float
+    high: float
+    count: int
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread:
+        """>>> Spread.of([1.0, 2.0, 4.0, float("nan")]).median
+        2.0
+        """
+        kept = sorted(float(x) for x in values if not _missing(x))
+        if not kept:
+            return cls(NAN, NAN, NAN, NAN, NAN, 0)
+        if len(kept) == 1:
+            x = kept[0]
+            return cls(x, x, x, x, x, 1)
+        q1, _, q3 = statistics.quantiles(kept, n=4, method="inclusive")
+        return cls(statistics.median(kept), kept[0], q1, q3, kept[-1], len(kept))
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "median": self.median,
+            "min": self.low,
+            "q1": self.q1,
+            "q3": self.q3,
+            "max": self.high,
+            "count": self.count,
+        }
+
+
+def median(values: Sequence[float]) -> float:
+    return Spread.of(values).median
+
+
+def _missing(value: float | None) -> bool:
+    """None (NaN written to JSON as null) or NaN."""
+    return value is None or math.isnan(value)
+
+
+def _check_alpha(alpha: float) -> None:
+    if not math.isnan(alpha) and not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
