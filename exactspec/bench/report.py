@@ -20,9 +20,9 @@ COSTS_PLOT = "costs.png"
 FULL_RUN_NOTE = (
     "The full run (16 prompts, gamma in 1,2,4,6,8, temperatures 0 and 0.7, 128 new tokens, HF assisted and "
     "HF plain) makes 16 x 2 x 8 = 256 generations of 128 tokens (plus a prefill each, up to ~400 prompt "
-    "tokens): about 5-8 hours on a quiet 2-core CPU with the default 1.5B/0.5B float32 pair, whose k-token "
-    "forwards make speculative runs slower than plain ones there; --prompts, --gammas and --max-new-tokens "
-    "cut it down."
+    "tokens): about 1.5 hours on a 2-core CPU with the default 1.5B/0.5B pair in bfloat16 (estimated from "
+    "a --quick run's speeds; in float32, whose k-token forwards cost several 1-token steps on this CPU, "
+    "several times longer); --prompts, --gammas and --max-new-tokens cut it down."
 )
 
 
