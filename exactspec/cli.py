@@ -52,7 +52,21 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_verify(commands)
     _add_generate(commands)
+    _add_bench(commands)
+    _add_audit(commands)
     return parser
+
+
+def _add_audit(commands: argparse._SubParsersAction) -> None:
+    from exactspec.audit.command import add_audit_parser
+
+    add_audit_parser(commands)
+
+
+def _add_bench(commands: argparse._SubParsersAction) -> None:
+    from exactspec.bench.command import add_bench_parser
+
+    add_bench_parser(commands)
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
