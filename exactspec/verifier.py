@@ -88,7 +88,9 @@ def verify(
         A VerifyResult. No NaN can leave this function: a zero denominator is
         never divided by.
     """
-    rows = list(range(draft_tokens.shape[0])) if rows is None and draft_tokens.dim() > 0 else list(rows or [])
+    if draft_tokens.dim() != 2:
+        raise ValueError(f"draft_tokens must be [B, gamma], got shape {tuple(draft_tokens.shape)}")
+    rows = list(range(draft_tokens.shape[0])) if rows is None else list(rows)
     if validate:
         _validate(draft_tokens, q, p, draft_lengths, rows)
     batch_size, gamma = draft_tokens.shape
