@@ -54,8 +54,9 @@ class SeededSampler:
             if isinstance(row_seed, bool) or not isinstance(row_seed, int):
                 raise ValueError(f"seeds must be integers, got {row_seed!r}")
             generator = torch.Generator()
-            # torch.Generator takes any 64-bit value; folding keeps negative and huge seeds valid.
-            generator.manual_seed(row_seed % (1 << 63))
+            # torch's CPU generator (mt19937) keeps only the low 32 bits of a seed, so seeds that
+            # differ by a multiple of 2**32 share a stream; folding here makes that explicit.
+            generator.manual_seed(row_seed % (1 << 32))
             self._generators.append(generator)
 
     @property
