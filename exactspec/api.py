@@ -76,18 +76,18 @@ class SpeculativeDecoder:
         draft_model: Any | None = None,
         draft_tokenizer: Any | None = None,
     ) -> None:
-        from exactspec.models.hf import HFLanguageModel
+        from exactspec.models.hf import HFLanguageModel, model_eos_ids, output_rows
 
         if draft_tokenizer is not None:
             check_tokenizers_compatible(tokenizer, draft_tokenizer)
         self.tokenizer = tokenizer
         self.target_model = target_model
         self.draft_model = draft_model  # kept for benchmarks against HF's own generate (exactspec bench)
-        eos = end_of_generation_ids(tokenizer, _model_eos_ids(target_model))
+        eos = end_of_generation_ids(tokenizer, model_eos_ids(target_model))
         self.target = HFLanguageModel(target_model, eos_token_ids=eos)
         self.draft = None
         if draft_model is not None:
-            draft_vocab = _output_rows(draft_model)
+            draft_vocab = output_rows(draft_model)
             if draft_vocab > self.target.vocab_size:
                 raise ValueError(
                     f"the draft model has {draft_vocab} output rows, more than the target's "
@@ -229,19 +229,3 @@ class SpeculativeDecoder:
                 f"gamma={config.gamma} it needs {needed} positions but the model's context is "
                 f"{self.context_length}; shorten the prompt or lower --max-new-tokens"
             )
-
-
-def _model_eos_ids(model: Any) -> set[int]:
-    ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), model.config):
-        value = getattr(source, "eos_token_id", None) if source is not None else None
-        if isinstance(value, int):
-            ids.add(value)
-        elif value:
-            ids.update(int(v) for v in value)
-    return ids
-
-
-def _output_rows(model: Any) -> int:
-    head = model.get_output_embeddings()
-    return int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)

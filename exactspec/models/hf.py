@@ -80,14 +80,14 @@ class HFLanguageModel:
         """
         if not 0.0 <= max_hole_fraction <= 1.0:
             raise ValueError(f"max_hole_fraction must lie in [0, 1], got {max_hole_fraction}")
-        output_rows = _output_rows(model)
+        logits_rows = output_rows(model)
         if vocab_size is None:
-            vocab_size = output_rows
-        if not 1 <= vocab_size <= output_rows:
+            vocab_size = logits_rows
+        if not 1 <= vocab_size <= logits_rows:
             raise ValueError(
-                f"vocab_size must lie in 1..{output_rows} (the model's logits rows), got {vocab_size}"
+                f"vocab_size must lie in 1..{logits_rows} (the model's logits rows), got {vocab_size}"
             )
-        eos = frozenset(int(t) for t in eos_token_ids) if eos_token_ids is not None else _default_eos(model)
+        eos = frozenset(int(t) for t in eos_token_ids) if eos_token_ids is not None else model_eos_ids(model)
         if not eos:
             raise ValueError(
                 "no EOS id known: the model's config and generation config have no eos_token_id; "
@@ -307,7 +307,7 @@ def _common_prefix_length(a: list[int], b: list[int]) -> int:
     return low
 
 
-def _output_rows(model: PreTrainedModel) -> int:
+def output_rows(model: PreTrainedModel) -> int:
     """Rows of the model's logits: the output layer's size, else the config's vocab_size."""
     head = model.get_output_embeddings()
     weight = getattr(head, "weight", None)
@@ -316,7 +316,8 @@ def _output_rows(model: PreTrainedModel) -> int:
     return int(model.config.get_text_config().vocab_size)
 
 
-def _default_eos(model: PreTrainedModel) -> frozenset[int]:
+def model_eos_ids(model: PreTrainedModel) -> frozenset[int]:
+    """EOS ids named by the model's generation config and config (may be empty)."""
     ids: set[int] = set()
     for source in (getattr(model, "generation_config", None), model.config.get_text_config()):
         value = getattr(source, "eos_token_id", None)
