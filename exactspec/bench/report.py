@@ -393,10 +393,7 @@ def write_plots(result: dict[str, Any], summary: dict[str, Any], out: Path) -> d
         ax.set_title(f"T = {temperature:g}")
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    paths["speedup_plot"] = out / SPEEDUP_PLOT
-    fig.savefig(paths["speedup_plot"], dpi=110)
-    plt.close(fig)
+    paths["speedup_plot"] = _save_figure(plt, fig, out / SPEEDUP_PLOT)
 
     fig, axes = plt.subplots(1, len(temperatures), figsize=(5.5 * len(temperatures), 4.2), squeeze=False)
     for ax, temperature in zip(axes[0], temperatures, strict=True):
@@ -412,10 +409,7 @@ def write_plots(result: dict[str, Any], summary: dict[str, Any], out: Path) -> d
         ax.set_title(f"T = {temperature:g}")
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    paths["acceptance_plot"] = out / ACCEPTANCE_PLOT
-    fig.savefig(paths["acceptance_plot"], dpi=110)
-    plt.close(fig)
+    paths["acceptance_plot"] = _save_figure(plt, fig, out / ACCEPTANCE_PLOT)
 
     fig, ax = plt.subplots(figsize=(5.5, 4.2))
     for name, source, style in (
@@ -433,11 +427,16 @@ def write_plots(result: dict[str, Any], summary: dict[str, Any], out: Path) -> d
     ax.set_title(f"target cost ratios (c = {summary['costs']['c']:.3f})")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    paths["costs_plot"] = out / COSTS_PLOT
-    fig.savefig(paths["costs_plot"], dpi=110)
-    plt.close(fig)
+    paths["costs_plot"] = _save_figure(plt, fig, out / COSTS_PLOT)
     return paths
+
+
+def _save_figure(plt: Any, fig: Any, path: Path) -> Path:
+    """Lay out, write as PNG and free one figure; returns its path."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 # --------------------------------------------------------------------------- formatting
