@@ -1,16 +1,20 @@
 """exactspec: exact (lossless) speculative decoding.
 
-The names below are the public API; see README.md for a tour and SPEC.md for
-the algorithm contract (p = target, q = draft, gamma, residual, bonus, round).
+The names below are the public API; README.md gives a tour, docs/algorithm.md
+the algorithm contract (p = target, q = draft, gamma, residual, bonus, round)
+and docs/architecture.md where each piece lives.
 """
 
+from exactspec.api.decoder import SpeculativeDecoder
+from exactspec.core.engine import DecodeConfig, RowState, SpeculativeEngine
+from exactspec.core.sampler import Sampler, SeededSampler
+from exactspec.core.settings import SamplingSettings
+from exactspec.core.transforms import probabilities
 from exactspec.drafters import Drafter, ModelDrafter, Proposal
-from exactspec.engine import DecodeConfig, RowState, SpeculativeEngine
 from exactspec.models.base import LanguageModel
-from exactspec.sampler import Sampler, SeededSampler
-from exactspec.settings import SamplingSettings
-from exactspec.transforms import probabilities
-from exactspec.verifier import NO_TOKEN, VerifyResult, verify
+from exactspec.models.pair import ModelPair
+from exactspec.verifiers.base import NO_TOKEN, VerifyResult
+from exactspec.verifiers.token import verify
 
 __all__ = [
     "NO_TOKEN",
@@ -18,6 +22,7 @@ __all__ = [
     "Drafter",
     "LanguageModel",
     "ModelDrafter",
+    "ModelPair",
     "Proposal",
     "RowState",
     "Sampler",
@@ -29,12 +34,3 @@ __all__ = [
     "probabilities",
     "verify",
 ]
-
-
-def __getattr__(name: str) -> object:
-    # The Hugging Face layer imports transformers (seconds); load it only when asked for.
-    if name == "SpeculativeDecoder":
-        from exactspec.api import SpeculativeDecoder
-
-        return SpeculativeDecoder
-    raise AttributeError(f"module 'exactspec' has no attribute {name!r}")

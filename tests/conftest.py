@@ -1,12 +1,101 @@
-"""Test-wide settings.
+"""Test-wide settings and the tiny models and tokenizer that many test modules share.
 
 Toy models and tiny HF models make thousands of tiny tensor ops; with more
 than one intra-op thread each op pays thread wake-up costs that dominate
 (measured: torch.softmax on a [1, 4] float64 tensor took 4 ms with 2 threads
 on a loaded 2-core machine, 0.02 ms with 1). Real-model speed is measured by
 `exactspec bench`, never here.
+
+The builders are plain functions (test modules import them with
+`from conftest import ...`): most callers need a model at collection time or
+under `functools.cache`, where a fixture cannot be used.
 """
+
+from __future__ import annotations
+
+from typing import Any
 
 import torch
 
 torch.set_num_threads(1)
+
+MERGES = [("d", "e"), ("de", "f"), ("Ġ", "f"), ("r", "e"), ("re", "t")]
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def byte_level_vocab() -> list[str]:
+    """Byte-level BPE symbols (GPT-2's byte-to-unicode map) for newline, printable ASCII and the two
+    bytes of "é" (so partial UTF-8 still occurs), then merges, then special tokens (Qwen's layout).
+
+    Leaving out the other bytes keeps random models' output mostly readable text.
+    """
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    shifted = iter(range(256, 512))
+    alphabet = {b: chr(b) if b in printable else chr(next(shifted)) for b in range(256)}
+    kept = [ord("\n"), *range(ord(" "), ord("~") + 1), *"é".encode()]
+    return [alphabet[b] for b in kept] + [a + b for a, b in MERGES] + SPECIALS
+
+
+TOKENIZER_VOCAB = byte_level_vocab()
+TOKENIZER_EOS_ID = TOKENIZER_VOCAB.index("<|endoftext|>")
+TOKENIZER_IM_END_ID = TOKENIZER_VOCAB.index("<|im_end|>")
+
+
+def tiny_tokenizer(vocab: list[str] = TOKENIZER_VOCAB) -> Any:
+    """An in-memory byte-level BPE tokenizer with Qwen's special tokens and a chat template (no hub)."""
+    import tokenizers
+    import transformers
+
+    backend = tokenizers.Tokenizer(
+        tokenizers.models.BPE(vocab={t: i for i, t in enumerate(vocab)}, merges=MERGES)
+    )
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = tokenizers.decoders.ByteLevel()
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="<|endoftext|>", additional_special_tokens=SPECIALS[1:]
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def tiny_causal_lm(
+    family: str = "qwen2",
+    *,
+    vocab_size: int,
+    seed: int = 0,
+    layers: int = 2,
+    context: int = 256,
+    **config: Any,
+) -> Any:
+    """A random causal LM in eval mode: hidden size 32, 4 query heads, 2 KV heads (grouped-query attention).
+
+    `seed` seeds the global generator right before the weights are drawn, so the same arguments
+    always give the same weights. `config` adds or overrides config fields (eos_token_id,
+    initializer_range, attn_implementation, ...).
+    """
+    import transformers
+
+    config_class, model_class = {
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+    }[family]
+    fields = dict(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=context,
+    )
+    fields.update(config)
+    torch.manual_seed(seed)
+    return model_class(config_class(**fields)).eval()

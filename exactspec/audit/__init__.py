@@ -3,13 +3,13 @@
 Modules:
 
 * `generators`: the `Generator` interface and the generators under test
-  (exactspec's engine, transformers assisted generation, the two plain
-  controls, and the deliberately broken `BrokenArgmaxDrafter`);
+  (exactspec's engine, transformers assisted generation through
+  `exactspec.peers.hf`, and the two plain controls);
+* `broken`: the deliberately broken `BrokenArgmaxDrafter` the audit must catch;
 * `runner`: one audit (sample N sequences, exact target probabilities, G-test);
 * `grid`: many audits with shared references (the tiny-model grid);
 * `report`: terminal lines, JSON and Markdown reports;
-* `tiny`: tiny random Hugging Face model pairs;
-* `command`: `exactspec audit`.
+* `tiny`: tiny random Hugging Face model pairs.
 
-Nothing is imported here, so `exactspec --help` stays fast.
+The command line is `exactspec.cli.audit`. Nothing is imported here, so `exactspec --help` stays fast.
 """

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from exactspec.audit.generators import SPECULATIVE_KINDS, ModelPair, make_generator
+from exactspec.audit.generators import SPECULATIVE_KINDS, make_generator
 from exactspec.audit.runner import AuditCase, AuditResult, Reference, build_reference, run_audit
-from exactspec.settings import SamplingSettings
+from exactspec.core.settings import SamplingSettings
+from exactspec.models.pair import ModelPair
 
 TINY_SETTINGS: dict[str, SamplingSettings] = {
     "T=1": SamplingSettings(),

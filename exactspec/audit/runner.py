@@ -27,10 +27,16 @@ import torch
 from tqdm import tqdm
 
 from exactspec.audit.generators import Generator
+from exactspec.checking.statistical import (
+    MIN_EXPECTED_COUNT,
+    OTHER,
+    GoodnessOfFit,
+    goodness_of_fit,
+    likely_sequences,
+)
+from exactspec.core.settings import SamplingSettings
+from exactspec.core.transforms import probabilities
 from exactspec.models.base import LanguageModel
-from exactspec.settings import SamplingSettings
-from exactspec.statistical import MIN_EXPECTED_COUNT, OTHER, GoodnessOfFit, goodness_of_fit, likely_sequences
-from exactspec.transforms import probabilities
 
 DEFAULT_SIGNIFICANCE = 1e-3
 """Fail when the G-test p-value is below this (or when any impossible sequence is sampled)."""

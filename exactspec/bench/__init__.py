@@ -1,7 +1,9 @@
-"""`exactspec bench`: speculative decoding against plain decoding and Hugging Face assisted generation.
+"""`exactspec bench`: speculative decoding against plain decoding and transformers' assisted generation.
 
-Modules: `prompts` (the built-in prompt set), `runner` (the measurements),
-`theory` (the speedup model of SPEC.md "Measured quantities"), `summary`
-(raw measurements to one row per setting), `report` (Markdown, JSON, plots),
-`command` (the CLI).
+Modules: `prompts` (the built-in prompt set), `runner` (the whole run),
+`runs` (one timed generation, ours or transformers'), `costs` (c and v(k)
+measured directly), `timing` (forward hooks, round timestamps, steady state),
+`theory` (the speedup model of docs/algorithm.md "Measured quantities"),
+`summary` (raw measurements to one row per setting), `report` (Markdown,
+JSON, plots). The command line is `exactspec.cli.bench`.
 """

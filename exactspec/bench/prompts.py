@@ -9,7 +9,6 @@ ones marked `quick` are what `exactspec bench --quick` runs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -224,7 +223,3 @@ def select_prompts(which: str = "all", *, quick: bool = False) -> list[BenchProm
     if quick:
         chosen = [p for p in chosen if p.quick]
     return chosen
-
-
-def prompt_names(prompts: Sequence[BenchPrompt]) -> list[str]:
-    return [p.name for p in prompts]

@@ -20,9 +20,8 @@ COSTS_PLOT = "costs.png"
 FULL_RUN_NOTE = (
     "The full run (16 prompts, gamma in 1,2,4,6,8, temperatures 0 and 0.7, 128 new tokens, HF assisted and "
     "HF plain) makes 16 x 2 x 8 = 256 generations of 128 tokens (plus a prefill each, up to ~400 prompt "
-    "tokens): about 1.5 hours on a 2-core CPU with the default 1.5B/0.5B pair in bfloat16 (estimated from "
-    "a --quick run's speeds; in float32, whose k-token forwards cost several 1-token steps on this CPU, "
-    "several times longer); --prompts, --gammas and --max-new-tokens cut it down."
+    "tokens); each report estimates its duration from the speeds that run measured. --prompts, --gammas and "
+    "--max-new-tokens cut it down."
 )
 
 
@@ -190,7 +189,7 @@ def _costs(summary: dict[str, Any]) -> list[str]:
         "c = draft step / target 1-token step; v(k) = target k-token forward / target 1-token forward. "
         "A round costs gamma c + v(gamma+1) target steps. The adapter rows are what the engine pays per "
         "model call and are used for the predictions.",
-        f"Work outside the models per emitted token (SPEC transforms over the vocabulary plus one draw): "
+        f"Work outside the models per emitted token (sampling transforms over the vocabulary plus one draw): "
         f"{per_token}.",
         "",
     ]
@@ -306,8 +305,8 @@ def _greedy_check(summary: dict[str, Any]) -> list[str]:
         "## Greedy outputs against plain decoding",
         "",
         "At temperature 0 every method should emit the target's greedy tokens; differences can only come "
-        "from the numerics of a k-token versus a 1-token forward pass (SPEC.md section 4), and are reported "
-        "here rather than hidden.",
+        "from the numerics of a k-token versus a 1-token forward pass (docs/algorithm.md sections 4 and 7), "
+        "and are reported here rather than hidden.",
         "",
     ]
     for r in rows:

@@ -16,10 +16,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from exactspec.bench import theory
-from exactspec.bench.runner import HF_ASSISTED, HF_PLAIN, PLAIN, SPECULATIVE, cost_ratios
+from exactspec.bench.costs import cost_ratios
+from exactspec.bench.runner import HF_ASSISTED, HF_PLAIN, PLAIN, SPECULATIVE
 from exactspec.bench.theory import NAN, Spread
 
-# Which speedup is "the" prediction: E from measured alpha, as in SPEC.md "Measured quantities".
+# Which speedup is "the" prediction: E from measured alpha, as in docs/algorithm.md "Measured quantities".
 PREDICTION_NOTE = (
     "predicted S = E(alpha) / (gamma c + v(gamma+1)) with E = (1 - alpha^(gamma+1)) / (1 - alpha) from "
     "each prompt's own measured alpha and c, v measured directly on a warm cache, median over prompts "

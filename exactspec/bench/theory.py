@@ -1,4 +1,4 @@
-"""The speedup model of SPEC.md "Measured quantities", and the small statistics the bench reports.
+"""The speedup model of docs/algorithm.md "Measured quantities", and the small statistics the bench reports.
 
 Names: alpha is the acceptance rate of draft tokens, gamma the draft length,
 c = (draft step time) / (target one-token step time), v(k) = (target k-token

@@ -1,4 +1,4 @@
-"""The drafter role: propose tokens and report the exact q each was drawn from (SPEC.md 2.1, 2.7)."""
+"""The drafter role: propose tokens and report the exact q each was drawn from (docs/algorithm.md 2.7)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from exactspec.sampler import Sampler
-from exactspec.settings import SamplingSettings
+from exactspec.core.sampler import Sampler
+from exactspec.core.settings import SamplingSettings
 
 
 @dataclass(frozen=True)

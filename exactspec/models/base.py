@@ -19,7 +19,7 @@ import torch
 class LanguageModel(Protocol):
     """A causal language model seen as a function of token histories.
 
-    Implementations: `exactspec.toy.TabularModel` (any Python function of the
+    Implementations: `exactspec.checking.toy.TabularModel` (any Python function of the
     history), `exactspec.models.hf.HFLanguageModel` (Hugging Face, with a KV
     cache). A test can implement it in a few lines.
     """

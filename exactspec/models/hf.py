@@ -54,7 +54,7 @@ class HFLanguageModel:
     Only plain full-attention `DynamicLayer` caches are supported: sliding
     window and linear-attention layers index by slot, and holes would break them.
     The model is put in eval mode (dropout off): the target forward pass must be
-    deterministic given its input (SPEC 2.6).
+    deterministic given its input (docs/algorithm.md 2.6).
     """
 
     def __init__(

@@ -3,7 +3,7 @@
 A spec is one of:
 
 * `"default-target"` / `"default-draft"`: the built-in default pair
-  (`exactspec.default_pair`), fetched and verified on first use;
+  (`exactspec.models.default_pair`), fetched and verified on first use;
 * a path to a GGUF file (recognised by its magic bytes, not its name);
 * a local model folder (with `config.json`, as written by `save_pretrained`);
 * a Hugging Face hub id such as `"Qwen/Qwen2.5-0.5B"`.
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from exactspec.default_pair import (
+from exactspec.models.default_pair import (
     DEFAULT_DRAFT,
     DEFAULT_TARGET,
     DefaultPairError,
@@ -130,7 +130,7 @@ def load_hf_model(
         spec: "default-target", "default-draft", a `.gguf` file, a model folder or a hub id.
         dtype: weight dtype; "auto" is `DEFAULT_DTYPE`, the fastest measured on CPU.
         cache_dir: exactspec cache folder (default pair files and GGUF conversions);
-            default `exactspec.default_pair.default_cache_dir()`.
+            default `exactspec.models.default_pair.default_cache_dir()`.
         progress: show progress bars (download, conversion, weight loading) on stderr.
 
     Raises:

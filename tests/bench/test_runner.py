@@ -10,45 +10,31 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("matplotlib")
 
+from conftest import tiny_causal_lm  # noqa: E402
+
 from exactspec.bench.report import write_outputs  # noqa: E402
-from exactspec.bench.runner import BenchConfig, BenchPair, EncodedPrompt, run_bench  # noqa: E402
-from exactspec.models.hf import HFLanguageModel  # noqa: E402
+from exactspec.bench.runner import BenchConfig, EncodedPrompt, run_bench  # noqa: E402
+from exactspec.models.pair import ModelPair  # noqa: E402
 
 VOCAB = 97
 EOS = 3
 
 
-def tiny_model(layers: int, seed: int) -> transformers.PreTrainedModel:
-    torch.manual_seed(seed)
-    config = transformers.Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        eos_token_id=EOS,
-        bos_token_id=1,
-        pad_token_id=0,
+def tiny_pair() -> ModelPair:
+    target_model = tiny_causal_lm(
+        vocab_size=VOCAB, layers=2, seed=0, eos_token_id=EOS, bos_token_id=1, pad_token_id=0
     )
-    return transformers.Qwen2ForCausalLM(config).eval()
+    draft_model = tiny_causal_lm(
+        vocab_size=VOCAB, layers=1, seed=1, eos_token_id=EOS, bos_token_id=1, pad_token_id=0
+    )
+    return ModelPair.from_models(target_model, draft_model)
 
 
-def tiny_pair() -> BenchPair:
-    target_model, draft_model = tiny_model(2, 0), tiny_model(1, 1)
-    return BenchPair(
-        HFLanguageModel(target_model),
-        HFLanguageModel(draft_model),
-        target_model,
-        draft_model,
-        description={"target_spec": "tiny-target", "draft_spec": "tiny-draft"},
-    )
+DESCRIPTION = {"target_spec": "tiny-target", "draft_spec": "tiny-draft"}
 
 
 def test_bench_on_tiny_models_writes_every_output(tmp_path: Path) -> None:
@@ -59,7 +45,7 @@ def test_bench_on_tiny_models_writes_every_output(tmp_path: Path) -> None:
     config = BenchConfig(
         gammas=(1, 3), temperatures=(0.0, 0.7), max_new_tokens=8, cost_repeats=1, warmup_tokens=2
     )
-    result = run_bench(tiny_pair(), prompts, config, progress=False)
+    result = run_bench(tiny_pair(), prompts, config, progress=False, description=DESCRIPTION)
 
     methods = [(r["prompt"], r["temperature"], r["method"], r["gamma"]) for r in result["runs"]]
     assert len(methods) == 2 * 2 * 5 and not result["errors"]
@@ -87,7 +73,7 @@ def test_bench_on_tiny_models_writes_every_output(tmp_path: Path) -> None:
 
 
 def test_cli_registers_bench_and_rejects_bad_lists(capsys: pytest.CaptureFixture[str]) -> None:
-    from exactspec.cli import build_parser, main
+    from exactspec.cli.main import build_parser, main
 
     args = build_parser().parse_args(["bench", "--quick", "--gammas", "1,3", "--temperatures", "0,0.7"])
     assert (args.quick, args.gammas, args.temperatures, args.out) == (True, [1, 3], [0.0, 0.7], "bench-out")

@@ -6,11 +6,11 @@ import pytest
 import torch
 from scipy import stats
 
+from exactspec.checking.toy import TabularModel, random_tabular_model
+from exactspec.core.sampler import SeededSampler
+from exactspec.core.settings import SamplingSettings
+from exactspec.core.transforms import probabilities
 from exactspec.drafters import Drafter, ModelDrafter
-from exactspec.sampler import SeededSampler
-from exactspec.settings import SamplingSettings
-from exactspec.toy import TabularModel, random_tabular_model
-from exactspec.transforms import probabilities
 
 VOCAB = 6
 EOS = 0

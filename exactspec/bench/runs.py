@@ -1,0 +1,149 @@
+"""Single timed runs of the benchmark: one generation through our engine, or through transformers' `generate`.
+
+Every run starts from empty KV caches, uses the given seed, and by default
+makes exactly `max_new_tokens` tokens: EOS stops no side (our engine sees no
+EOS ids, transformers gets none), so all sides time the same amount of work.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from exactspec.bench.timing import ForwardTimer, RoundStreamer, steady_state
+from exactspec.core.engine import DecodeConfig, SpeculativeEngine
+from exactspec.core.sampler import SeededSampler
+from exactspec.core.settings import SamplingSettings
+from exactspec.drafters.model import ModelDrafter
+from exactspec.models.base import LanguageModel
+from exactspec.models.pair import ModelPair
+from exactspec.peers import hf as hf_peer
+
+
+class NoEos:
+    """A `LanguageModel` that is `model` with no EOS ids, so generation always runs to max_new_tokens."""
+
+    def __init__(self, model: LanguageModel) -> None:
+        self._model = model
+
+    @property
+    def vocab_size(self) -> int:
+        return self._model.vocab_size
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return frozenset()
+
+    def logits(
+        self, histories: Sequence[Sequence[int]], num_positions: int = 1, rows: Sequence[int] | None = None
+    ) -> torch.Tensor:
+        return self._model.logits(histories, num_positions, rows)
+
+
+def run_engine(
+    pair: ModelPair,
+    ids: Sequence[int],
+    gamma: int,
+    temperature: float,
+    max_new_tokens: int,
+    seed: int,
+    ignore_eos: bool,
+) -> dict[str, Any]:
+    """One generation through our engine (gamma = 0 is plain decoding), from empty caches."""
+    pair.clear_caches()
+    target: LanguageModel = NoEos(pair.target) if ignore_eos else pair.target
+    drafter = None
+    if gamma > 0:
+        draft: LanguageModel = NoEos(pair.draft) if ignore_eos else pair.draft
+        drafter = ModelDrafter(draft, target.vocab_size)
+    engine = SpeculativeEngine(target, drafter)
+    config = DecodeConfig(
+        gamma=gamma, max_new_tokens=max_new_tokens, settings=SamplingSettings(temperature=temperature)
+    )
+    states = engine.start([list(ids)], config)
+    sampler = SeededSampler(seed=seed)
+    events: list[tuple[float, int]] = []
+    with ForwardTimer(pair.target_model) as target_timer, ForwardTimer(pair.draft_model) as draft_timer:
+        started = time.perf_counter()
+        for output in engine.rounds(states, config, sampler):
+            events.append((time.perf_counter(), len(output.new_tokens.get(0, []))))
+        wall = time.perf_counter() - started
+    metrics = engine.metrics
+    record = {
+        "wall_seconds": wall,
+        **steady_state(events, started),
+        "tokens": list(states[0].generated),
+        "finish_reason": states[0].finish_reason,
+        "metrics": {
+            **metrics.as_dict(),
+            "proposed_by_position": list(metrics.proposed_by_position),
+            "accepted_by_position": list(metrics.accepted_by_position),
+        },
+        "target_forwards": [list(c) for c in target_timer.calls],
+        "draft_forwards": [list(c) for c in draft_timer.calls],
+        "model_seconds": target_timer.seconds + draft_timer.seconds,
+    }
+    pair.clear_caches()
+    return record
+
+
+def run_hf(
+    pair: ModelPair,
+    ids: Sequence[int],
+    assisted: bool,
+    temperature: float,
+    max_new_tokens: int,
+    seed: int,
+    ignore_eos: bool,
+) -> dict[str, Any]:
+    """One `target_model.generate` call (assisted by the draft or plain), timed like `run_engine`."""
+    model = pair.target_model
+    input_ids = torch.tensor([list(ids)], device=model.device)  # [1, L]
+    # Pure temperature sampling, as in our engine (transformers' global default would add top_k=50).
+    settings = SamplingSettings(temperature=temperature)
+    streamer = RoundStreamer()
+    with ForwardTimer(model) as target_timer, ForwardTimer(pair.draft_model) as draft_timer:
+        started = time.perf_counter()
+        output = hf_peer.generate(
+            model,
+            input_ids,
+            settings,
+            max_new_tokens,
+            eos_token_ids=None if ignore_eos else pair.eos_token_ids,
+            seed=seed,
+            draft_model=pair.draft_model if assisted else None,
+            tokenizer=pair.tokenizer,
+            streamer=streamer,
+        )  # [1, L + generated]
+        wall = time.perf_counter() - started
+    events = streamer.events[1:]  # the first put is the prompt
+    tokens = output[0, len(ids) :].tolist()
+    record = {
+        "wall_seconds": wall,
+        **steady_state(events, started),
+        "tokens": tokens,
+        "finish_reason": "length" if len(tokens) >= max_new_tokens else "eos",
+        "target_forwards": [list(c) for c in target_timer.calls],
+        "draft_forwards": [list(c) for c in draft_timer.calls],
+        "model_seconds": target_timer.seconds + draft_timer.seconds,
+    }
+    if assisted:
+        # Round r's target forward scores its candidates plus one: width - 1 candidates (the
+        # first forward also holds the prompt). Accepted = emitted - 1 per round.
+        widths = [w for w, _ in target_timer.calls]
+        candidates = [widths[0] - len(ids)] + [w - 1 for w in widths[1:]] if widths else []
+        accepted = [max(0, n - 1) for n in record["round_tokens"]]
+        universal = hf_peer.uses_universal_assistant(model, pair.draft_model)
+        record["hf"] = {
+            "generator": "universal (different vocabulary sizes)"
+            if universal
+            else "AssistedCandidateGenerator",
+            "candidate_lengths": candidates,
+            "accepted_per_round": accepted,
+            "proposed_tokens": sum(candidates),
+            "accepted_tokens": sum(accepted),
+        }
+    return record

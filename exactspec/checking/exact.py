@@ -1,0 +1,182 @@
+"""Exact checking: the proof by machine that speculative output is distributed as the target's.
+
+`EnumeratingSampler` replaces chance by enumeration. Each run of the real
+decoding code follows one script of choices (which categorical outcome, which
+side of each accept/reject coin); the run's probability is the product of the
+chosen options' probabilities. Running every script, odometer style, gives
+the exact output distribution of the production code path in float64, with
+no second copy of the algorithm. The target's own autoregressive distribution
+is computed independently from the model and the transforms, and the two are
+compared by total variation distance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from exactspec.core.engine import DecodeConfig, SpeculativeEngine
+from exactspec.core.settings import SamplingSettings
+from exactspec.core.transforms import probabilities
+from exactspec.drafters.base import Drafter
+from exactspec.models.base import LanguageModel
+
+DEFAULT_MAX_PATHS = 500_000
+"""Enumeration stops with an error past this many random paths (a grid case that is too big)."""
+
+
+class EnumeratingSampler:
+    """A `Sampler` that follows a script of choices and records the options it met.
+
+    Choice k takes option script[k] (the k-th option with positive
+    probability) if the script is that long, else option 0. Zero-probability
+    options are never taken, so impossible branches are pruned.
+    """
+
+    def __init__(self, script: Sequence[int] = ()) -> None:
+        self.script = list(script)
+        self.taken: list[int] = []
+        self.option_counts: list[int] = []
+        self.probability = 1.0
+
+    def _choose(self, options: list[tuple[object, float]]) -> object:
+        k = len(self.taken)
+        pick = self.script[k] if k < len(self.script) else 0
+        value, prob = options[pick]
+        self.taken.append(pick)
+        self.option_counts.append(len(options))
+        self.probability *= prob
+        return value
+
+    def categorical(self, probs: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+        if probs.dtype != torch.float64:
+            raise ValueError("exact enumeration needs float64 probabilities; use float64 toy models")
+        out = []
+        for row in probs.tolist():
+            options = [(index, prob) for index, prob in enumerate(row) if prob > 0.0]
+            out.append(self._choose(options))
+        return torch.tensor(out, dtype=torch.long)
+
+    def bernoulli(self, probs: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+        out = []
+        for prob in probs.to(torch.float64).tolist():
+            options = [
+                (value, weight) for value, weight in ((True, prob), (False, 1.0 - prob)) if weight > 0.0
+            ]
+            out.append(self._choose(options))
+        return torch.tensor(out, dtype=torch.bool)
+
+    def next_script(self) -> list[int] | None:
+        """The script of the next path in odometer order, or None when every path has been run."""
+        for k in range(len(self.taken) - 1, -1, -1):
+            if self.taken[k] + 1 < self.option_counts[k]:
+                return [*self.taken[:k], self.taken[k] + 1]
+        return None
+
+
+def enumerate_outputs(
+    run: Callable[[EnumeratingSampler], Hashable],
+    max_paths: int = DEFAULT_MAX_PATHS,
+) -> tuple[dict[Hashable, float], int]:
+    """Exact output distribution of `run`, which must make every random choice through its sampler.
+
+    Returns (output -> probability, number of random paths enumerated).
+    """
+    distribution: dict[Hashable, float] = {}
+    script: list[int] | None = []
+    paths = 0
+    while script is not None:
+        paths += 1
+        if paths > max_paths:
+            raise RuntimeError(f"more than {max_paths} random paths; make the case smaller")
+        sampler = EnumeratingSampler(script)
+        output = run(sampler)
+        distribution[output] = distribution.get(output, 0.0) + sampler.probability
+        script = sampler.next_script()
+    return distribution, paths
+
+
+def target_distribution(
+    target: LanguageModel,
+    prompt: Sequence[int],
+    settings: SamplingSettings,
+    max_new_tokens: int,
+) -> dict[tuple[int, ...], float]:
+    """The target's exact autoregressive distribution over generated sequences.
+
+    A sequence ends at the first EOS or after max_new_tokens tokens (docs/algorithm.md 3).
+    Computed straight from the model and the transforms, independently of
+    the engine, so a bug in the engine cannot cancel out.
+    """
+    eos = target.eos_token_ids
+    out: dict[tuple[int, ...], float] = {}
+
+    def extend(generated: tuple[int, ...], mass: float) -> None:
+        if len(generated) == max_new_tokens or (generated and generated[-1] in eos):
+            out[generated] = out.get(generated, 0.0) + mass
+            return
+        history = [*prompt, *generated]
+        logits = target.logits([history], 1)[:, 0]  # [1, V]
+        p = probabilities(logits.to(torch.float64), settings, [history])[0]  # [V]
+        for token, prob in enumerate(p.tolist()):
+            if prob > 0.0:
+                extend((*generated, token), mass * prob)
+
+    extend((), 1.0)
+    return out
+
+
+def total_variation(first: dict[Hashable, float], second: dict[Hashable, float]) -> float:
+    """d_TV = 1/2 sum |P(x) - Q(x)| over the union of the supports."""
+    keys = set(first) | set(second)
+    return 0.5 * sum(abs(first.get(k, 0.0) - second.get(k, 0.0)) for k in keys)
+
+
+@dataclass(frozen=True)
+class ExactCheck:
+    """The result of one exact comparison."""
+
+    total_variation: float
+    paths: int
+    sequences: int
+    speculative: dict[Hashable, float]
+    target: dict[Hashable, float]
+
+
+def check_speculative(
+    target: LanguageModel,
+    drafter: Drafter | None,
+    prompts: Sequence[Sequence[int]],
+    config: DecodeConfig,
+    max_paths: int = DEFAULT_MAX_PATHS,
+) -> ExactCheck:
+    """Exact TV distance between the engine's joint output over all rows and the target's.
+
+    The target's joint distribution over a batch is the product of each row's
+    own distribution (docs/algorithm.md 4: a row must not depend on the other rows), so
+    a batch check also catches rows leaking into each other.
+    """
+    engine = SpeculativeEngine(target, drafter)
+
+    def run(sampler: EnumeratingSampler) -> tuple[tuple[int, ...], ...]:
+        states = engine.generate(prompts, config, sampler)
+        return tuple(tuple(state.generated) for state in states)
+
+    speculative, paths = enumerate_outputs(run, max_paths)
+    joint: dict[Hashable, float] = {(): 1.0}
+    for prompt in prompts:
+        row = target_distribution(target, prompt, config.settings, config.max_new_tokens)
+        joint = {
+            (*before, sequence): mass * prob
+            for before, mass in joint.items()
+            for sequence, prob in row.items()
+        }
+    return ExactCheck(
+        total_variation=total_variation(speculative, joint),
+        paths=paths,
+        sequences=len(joint),
+        speculative=speculative,
+        target=joint,
+    )

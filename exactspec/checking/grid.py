@@ -1,0 +1,176 @@
+"""The grid of `exactspec verify`: exact checks over toy model pairs, and the statistical mode.
+
+The exact grid covers what docs/algorithm.md says must hold: every gamma, tiny
+vocabularies with EOS, length limits below gamma, a draft equal to the target
+(beta = 0), supports that miss each other's tokens, a deterministic (one-hot)
+draft, every sampling transform, and a batch whose rows have different
+histories.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from tqdm import tqdm
+
+from exactspec.checking.exact import check_speculative
+from exactspec.checking.statistical import (
+    GoodnessOfFit,
+    goodness_of_fit,
+    likely_sequences,
+    sequence_probability,
+)
+from exactspec.checking.toy import TabularModel, random_tabular_model
+from exactspec.core.engine import DecodeConfig, SpeculativeEngine
+from exactspec.core.sampler import SeededSampler
+from exactspec.core.settings import SamplingSettings
+from exactspec.drafters.model import ModelDrafter
+
+EXACT_TOLERANCE = 1e-12
+"""The exact check fails when a TV distance exceeds this (float64 rounding is ~1e-16)."""
+
+
+@dataclass(frozen=True)
+class ExactCase:
+    """One cell of the exact grid: a toy pair, prompts and a decode config."""
+
+    name: str
+    vocab_size: int
+    gamma: int
+    max_new_tokens: int
+    settings: SamplingSettings = field(default_factory=SamplingSettings)
+    draft: str = "random"  # random | same | misses-target | target-misses | one-hot
+    prompts: tuple[tuple[int, ...], ...] = ((1,),)
+    seed: int = 0
+
+    def models(self) -> tuple[TabularModel, TabularModel]:
+        """(target, draft) for this case."""
+        vocab = self.vocab_size
+        target_zeros = (vocab - 1,) if self.draft == "target-misses" else ()
+        target = random_tabular_model(vocab, seed=2 * self.seed + 1, zero_ids=target_zeros, sharpness=1.5)
+        if self.draft == "same":
+            return target, target
+        draft_zeros = (1,) if self.draft == "misses-target" else ()
+        draft = random_tabular_model(
+            vocab, seed=2 * self.seed + 2, zero_ids=draft_zeros, one_hot=self.draft == "one-hot"
+        )
+        return target, draft
+
+
+@dataclass(frozen=True)
+class ExactResult:
+    case: ExactCase
+    total_variation: float
+    paths: int
+    sequences: int
+    seconds: float
+
+    @property
+    def passed(self) -> bool:
+        return self.total_variation <= EXACT_TOLERANCE
+
+
+def exact_grid() -> list[ExactCase]:
+    """The grid of `exactspec verify` (and of the test suite)."""
+    cases: list[ExactCase] = []
+    for gamma in (1, 2, 3, 5, 8):
+        cases.append(ExactCase(f"gamma={gamma} V=3 n=4", 3, gamma, 4))
+        cases.append(ExactCase(f"gamma={gamma} V=6 n=2", 6, gamma, 2))
+    for vocab in (2, 3, 4, 5, 6):
+        cases.append(ExactCase(f"V={vocab} n=3", vocab, 2, 3 if vocab <= 5 else 2))
+    for n in (1, 2, 3, 4):
+        cases.append(ExactCase(f"n={n} < gamma=5", 3, 5, n))
+    for kind in ("same", "misses-target", "target-misses", "one-hot"):
+        cases.append(ExactCase(f"draft {kind}", 4, 3, 3, draft=kind))
+    for temperature in (0.0, 0.5, 1.0, 1.7):
+        cases.append(ExactCase(f"T={temperature:g}", 4, 3, 3, SamplingSettings(temperature=temperature)))
+    transforms = {
+        "top_k=2": SamplingSettings(top_k=2),
+        "top_p=0.7": SamplingSettings(top_p=0.7),
+        "min_p=0.3": SamplingSettings(min_p=0.3),
+        "repetition_penalty=1.5": SamplingSettings(repetition_penalty=1.5),
+        "logit_bias": SamplingSettings(logit_bias={2: 1.5, 3: -2.0}),
+        "all transforms, T=0.8": SamplingSettings(
+            temperature=0.8, top_k=3, top_p=0.9, min_p=0.05, repetition_penalty=1.3, logit_bias={1: 0.5}
+        ),
+    }
+    for name, settings in transforms.items():
+        cases.append(ExactCase(name, 4, 3, 3, settings))
+    cases.append(ExactCase("batch of 2, different prompts", 3, 2, 2, prompts=((1,), (2, 1))))
+    cases.append(
+        ExactCase(
+            "batch of 2, rep penalty, n < gamma",
+            3,
+            3,
+            2,
+            SamplingSettings(repetition_penalty=1.4, temperature=0.9),
+            prompts=((2, 2), (1,)),
+        )
+    )
+    return cases
+
+
+def run_exact_case(case: ExactCase) -> ExactResult:
+    target, draft = case.models()
+    config = DecodeConfig(gamma=case.gamma, max_new_tokens=case.max_new_tokens, settings=case.settings)
+    started = time.perf_counter()
+    check = check_speculative(target, ModelDrafter(draft, target.vocab_size), case.prompts, config)
+    return ExactResult(
+        case, check.total_variation, check.paths, check.sequences, time.perf_counter() - started
+    )
+
+
+def run_exact_grid(cases: list[ExactCase], progress: bool = True) -> Iterator[ExactResult]:
+    for case in tqdm(cases, desc="exact check", unit="case", disable=not progress):
+        yield run_exact_case(case)
+
+
+@dataclass(frozen=True)
+class StatisticalSetup:
+    """The statistical mode: a random toy pair with a vocabulary too large to enumerate."""
+
+    vocab_size: int = 1000
+    length: int = 2
+    gamma: int = 4
+    samples: int = 20_000
+    batch_size: int = 500
+    seed: int = 0
+    settings: SamplingSettings = field(default_factory=SamplingSettings)
+    sharpness: float = 3.0
+
+
+def run_statistical(
+    setup: StatisticalSetup,
+    progress: bool = True,
+    engine_factory: Callable[[TabularModel, TabularModel], SpeculativeEngine] | None = None,
+) -> GoodnessOfFit:
+    """Sample `setup.samples` sequences of `setup.length` tokens and G-test them against the target."""
+    vocab = setup.vocab_size
+    target = random_tabular_model(vocab, seed=10 * setup.seed + 1, sharpness=setup.sharpness)
+    draft = random_tabular_model(
+        vocab, seed=10 * setup.seed + 2, sharpness=setup.sharpness, zero_ids=range(0, vocab, 7)
+    )
+    if engine_factory is None:
+        engine = SpeculativeEngine(target, ModelDrafter(draft, vocab))
+    else:
+        engine = engine_factory(target, draft)
+    prompt = [1, 2]
+    config = DecodeConfig(gamma=setup.gamma, max_new_tokens=setup.length, settings=setup.settings)
+    samples: list[tuple[int, ...]] = []
+    with tqdm(total=setup.samples, desc="sampling", unit="seq", disable=not progress) as bar:
+        while len(samples) < setup.samples:
+            rows = min(setup.batch_size, setup.samples - len(samples))
+            # Fresh, distinct seeds per batch so no two samples share a random stream.
+            sampler = SeededSampler(seeds=[setup.seed * 10**9 + len(samples) + r for r in range(rows)])
+            states = engine.generate([prompt] * rows, config, sampler)
+            samples.extend(tuple(state.generated) for state in states)
+            bar.update(rows)
+    buckets = likely_sequences(target, prompt, setup.settings, setup.length, 5.0 / setup.samples)
+    impossible = [
+        s
+        for s in set(samples)
+        if s not in buckets and sequence_probability(target, prompt, setup.settings, s) == 0.0
+    ]
+    return goodness_of_fit(samples, buckets, impossible, seed=setup.seed)

@@ -1,0 +1,230 @@
+"""`exactspec audit`: the flags of the exactness audit (the work is in `exactspec.audit`).
+
+Importing this module is cheap; models, transformers and the audit machinery
+load only when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+from typing import Any
+
+import torch
+
+from exactspec.audit.generators import ALL_KINDS, GENERATOR_KINDS
+from exactspec.cli.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    UsageError,
+    add_model_arguments,
+    add_sampling_arguments,
+    gamma_argument,
+    positive_int,
+    sampling_settings,
+)
+from exactspec.core.settings import SamplingSettings
+from exactspec.models.pair import ModelPair
+
+DEFAULT_PROMPT = "# A list of popular Python libraries:\n-"
+"""An open prompt: its first tokens are spread over many library names, which gives the test many buckets
+(on the default pair at T=0.7, top-p 0.9, n = 2, N = 400: 11 buckets; a prompt such as "My favorite
+programming language is" gives 4)."""
+
+PAIR_SAMPLES = 400
+PAIR_LENGTH = 2
+PAIR_GAMMA = 4
+PAIR_BATCH_SIZE = 64
+OUT_DIR = "audit-out"
+
+
+def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = commands.add_parser(
+        "audit",
+        help="measure the exactness of real speculative decoders (exactspec's and transformers')",
+        description=(
+            "Draw N samples of the first n generated tokens from a generator under test and compare them "
+            "with the target's exact joint probabilities (target forward passes, float64, same transforms): "
+            "a bucketed G-test (likely sequences on their own, the rest in an 'other' bucket of known mass) "
+            "and the bucketed total variation against its noise floor. A sampled sequence of target "
+            "probability 0 is proof of inexactness. Generators: exactspec (speculative engine), hf-assisted "
+            "(transformers assisted generation), plain (exactspec, no draft: the control), hf-sample "
+            "(transformers, no assistant), broken-argmax (a deliberately wrong drafter), all (the first "
+            "four). With --tiny, a grid of settings, gammas and batch sizes runs on tiny random Hugging Face "
+            "models instead; sampling flags, --gamma and --batch-size given with --tiny narrow the grid to "
+            "those values."
+        ),
+    )
+    parser.add_argument(
+        "--generator",
+        action="append",
+        choices=[*GENERATOR_KINDS, "all"],
+        help="generator under test (repeatable; default exactspec)",
+    )
+    parser.add_argument("--tiny", action="store_true", help="run the grid on tiny random HF models")
+    parser.add_argument("--gamma", type=gamma_argument, help=f"draft tokens per round (default {PAIR_GAMMA})")
+    parser.add_argument(
+        "--batch-size", type=positive_int, help=f"rows sampled at once (default {PAIR_BATCH_SIZE})"
+    )
+    parser.add_argument(
+        "--samples", type=positive_int, help=f"N per audit (default {PAIR_SAMPLES}; --tiny: 3000)"
+    )
+    parser.add_argument(
+        "--length", type=positive_int, help=f"n, tokens tested per sample (default {PAIR_LENGTH}; --tiny: 3)"
+    )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        help="tokens generated per sample, of which the first n are tested (default: n, and gamma + 1 for "
+        "speculative generators so that a whole round happens)",
+    )
+    parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt text (model pair mode)")
+    parser.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument(
+        "--significance", type=float, default=1e-3, help="fail below this G-test p-value (default 1e-3)"
+    )
+    parser.add_argument("--out", default=OUT_DIR, help=f"report folder (default {OUT_DIR}/)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_model_arguments(parser)
+    add_sampling_arguments(parser)
+    # None marks a sampling flag as not given, so --tiny can tell "--temperature 1" from nothing.
+    parser.set_defaults(run=run, **dict.fromkeys(_SAMPLING_FLAGS))
+    return parser
+
+
+_SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+
+
+def _given_sampling_settings(args: argparse.Namespace) -> tuple[SamplingSettings, bool]:
+    """(the settings, whether any sampling flag was given); flags not given take the defaults."""
+    defaults = SamplingSettings()
+    given = bool(args.logit_bias) or any(getattr(args, name) is not None for name in _SAMPLING_FLAGS)
+    filled = argparse.Namespace(**vars(args))
+    for name in _SAMPLING_FLAGS:
+        if getattr(filled, name) is None:
+            setattr(filled, name, getattr(defaults, name))
+    return sampling_settings(filled), given
+
+
+def _kinds(args: argparse.Namespace) -> list[str]:
+    chosen = args.generator or ["exactspec"]
+    kinds: list[str] = []
+    for kind in chosen:
+        for item in ALL_KINDS if kind == "all" else (kind,):
+            if item not in kinds:
+                kinds.append(item)
+    return kinds
+
+
+def run(args: argparse.Namespace) -> int:
+    from exactspec.audit import report
+    from exactspec.audit.grid import (
+        TINY_BATCH_SIZES,
+        TINY_GAMMAS,
+        TINY_LENGTH,
+        TINY_SAMPLES,
+        TINY_SETTINGS,
+        grid_cells,
+        run_cells,
+    )
+
+    if not 0.0 < args.significance < 1.0:
+        raise UsageError(f"--significance must be in (0, 1), got {args.significance}")
+    settings, settings_given = _given_sampling_settings(args)
+    kinds = _kinds(args)
+    progress = not args.no_progress
+    started = time.perf_counter()
+    meta: dict[str, Any] = {}
+    decode = None
+    if args.tiny:
+        from exactspec.audit.tiny import TINY_PROMPT, TinyPairSpec, tiny_pair
+
+        # Tiny models are thousands of small tensor ops: one thread is fastest (see tests/conftest.py).
+        torch.set_num_threads(1)
+        spec = TinyPairSpec()
+        target_model, draft_model = tiny_pair(spec)
+        pair = ModelPair.from_models(target_model, draft_model, eos_token_ids={spec.eos_token_id})
+        prompt = list(TINY_PROMPT)
+        length = args.length or TINY_LENGTH
+        samples = args.samples or TINY_SAMPLES
+        grid_settings = [settings] if settings_given else list(TINY_SETTINGS.values())
+        gammas = [args.gamma] if args.gamma else list(TINY_GAMMAS)
+        batch_sizes = [args.batch_size] if args.batch_size else list(TINY_BATCH_SIZES)
+        cells = grid_cells(kinds, grid_settings, gammas, batch_sizes)
+        stem = "tiny"
+        meta["title"] = "tiny random Qwen2 models"
+        meta["models"] = f"{spec}"
+    else:
+        pair, decode, prompt = _load_pair(args, progress)
+        length = args.length or PAIR_LENGTH
+        samples = args.samples or PAIR_SAMPLES
+        gamma = args.gamma or PAIR_GAMMA
+        batch_size = args.batch_size or PAIR_BATCH_SIZE
+        cells = grid_cells(kinds, [settings], [gamma], [batch_size], control_batch_size=batch_size)
+        stem = "pair"
+        meta["title"] = f"{args.target} with draft {args.draft}"
+        meta["models"] = f"target {args.target}, draft {args.draft}, dtype {args.dtype}"
+        meta["prompt_text"] = repr(args.prompt)
+    meta.update(
+        {
+            "prompt_ids": prompt,
+            "n": length,
+            "samples": samples,
+            "seed": args.seed,
+            "machine": f"{platform.machine()}, torch {torch.__version__}, {torch.get_num_threads()} threads",
+        }
+    )
+    print(
+        f"exactspec audit: {len(cells)} audit(s), first {length} tokens, N = {samples} each, "
+        f"significance {args.significance:g}",
+        flush=True,
+    )
+    results = run_cells(
+        pair,
+        cells,
+        prompt,
+        length,
+        samples,
+        seed=args.seed,
+        max_new_tokens=args.max_new_tokens,
+        progress=progress,
+        on_result=lambda result: _print_lines(report.terminal_lines(result, args.significance, decode)),
+    )
+    meta["seconds"] = round(time.perf_counter() - started, 1)
+    json_path, md_path = report.write_reports(results, args.out, stem, args.significance, meta, decode)
+    failed = [r for r in results if not r.passes(args.significance)]
+    verdict = "FAIL" if failed else "PASS"
+    print(
+        f"audit {verdict}: {len(results) - len(failed)} of {len(results)} passed at significance "
+        f"{args.significance:g} (N = {samples} samples each, {meta['seconds']:.0f} s); "
+        f"reports: {json_path}, {md_path}"
+    )
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def _print_lines(lines: list[str]) -> None:
+    from tqdm import tqdm
+
+    for line in lines:
+        tqdm.write(line)
+
+
+def _load_pair(args: argparse.Namespace, progress: bool) -> tuple[ModelPair, Any, list[int]]:
+    """(pair, decode, prompt ids) for --target / --draft."""
+    from exactspec.api.decoder import SpeculativeDecoder
+
+    if args.draft.lower() == "none":
+        raise UsageError("the audit needs a draft model (--draft)")
+    # The pair checks the tokenizers agree and finds every end-of-generation id, as `generate` does.
+    pair = ModelPair.from_pretrained(
+        args.target, args.draft, dtype=args.dtype, cache_dir=args.cache_dir, progress=progress
+    )
+    prompt = SpeculativeDecoder.from_pair(pair).encode([args.prompt], chat=args.chat)[0]
+    tokenizer = pair.tokenizer
+
+    def decode(ids: Any) -> str:
+        return tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    return pair, decode, prompt

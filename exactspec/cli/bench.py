@@ -1,0 +1,191 @@
+"""`exactspec bench`: the flags of the benchmark (the work is in `exactspec.bench`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from exactspec.bench.runner import (
+    DEFAULT_GAMMAS,
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_TEMPERATURES,
+    QUICK_GAMMAS,
+    QUICK_MAX_NEW_TOKENS,
+)
+from exactspec.cli.common import EXIT_OK, UsageError, add_model_arguments, positive_int
+from exactspec.core.engine import MAX_GAMMA
+
+DEFAULT_OUT = "bench-out"
+QUICK_COST_REPEATS = 3
+FULL_COST_REPEATS = 5
+
+DESCRIPTION = (
+    "Benchmark speculative decoding against plain decoding (gamma = 0 through the same engine) and against "
+    "Hugging Face assisted generation and plain generate, on built-in coding and prose prompts, greedy and "
+    "sampled, with the speedup theory (alpha, c, v(k), predicted speedup) beside the measurements. Writes "
+    "report.md, bench.json (every raw measurement) and PNG plots to --out. "
+    f"--quick runs 3 prompts x {QUICK_MAX_NEW_TOKENS} tokens, gamma {','.join(map(str, QUICK_GAMMAS))}, "
+    f"T 0 and 0.7 and HF assisted; the full run 16 prompts x {DEFAULT_MAX_NEW_TOKENS} tokens, gamma "
+    f"{','.join(map(str, DEFAULT_GAMMAS))}, HF assisted and plain. Each report states how long it took and "
+    "estimates the full run from the speeds it measured."
+)
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "bench",
+        help="benchmark against plain decoding and HF assisted generation, with the theory beside it",
+        description=DESCRIPTION,
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"2 coding + 1 prose prompt, {QUICK_MAX_NEW_TOKENS} new tokens, gamma "
+        f"{','.join(map(str, QUICK_GAMMAS))}, no HF plain reference",
+    )
+    parser.add_argument(
+        "--gammas",
+        type=_int_list,
+        default=None,
+        help=f"comma-separated draft lengths (default {','.join(map(str, DEFAULT_GAMMAS))})",
+    )
+    parser.add_argument(
+        "--temperatures",
+        type=_float_list,
+        default=None,
+        help=f"comma-separated temperatures, 0 = greedy (default {','.join(map(str, DEFAULT_TEMPERATURES))})",
+    )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        default=None,
+        help=f"tokens per run (default {DEFAULT_MAX_NEW_TOKENS}, --quick {QUICK_MAX_NEW_TOKENS})",
+    )
+    parser.add_argument(
+        "--prompts", choices=("all", "coding", "prose"), default="all", help="prompt set (default all)"
+    )
+    parser.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT}/)")
+    parser.add_argument("--no-hf", action="store_true", help="skip both Hugging Face peers")
+    parser.add_argument(
+        "--no-hf-plain",
+        action="store_true",
+        help="skip the HF plain generate reference (always skipped by --quick)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="random seed; prompt i uses seed + i (default 0)")
+    parser.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=None,
+        help=f"timed forwards per k for c and v(k) (default {FULL_COST_REPEATS}, "
+        f"--quick {QUICK_COST_REPEATS})",
+    )
+    parser.add_argument(
+        "--stop-at-eos",
+        action="store_true",
+        help="let EOS end a run (default: EOS is ignored by every side so all runs make the same tokens)",
+    )
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--no-plots", action="store_true", help="no PNG plots")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_model_arguments(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from exactspec.api.decoder import SpeculativeDecoder
+    from exactspec.bench.prompts import PROMPTS, select_prompts
+    from exactspec.bench.report import write_outputs
+    from exactspec.bench.runner import BenchConfig, EncodedPrompt, run_bench
+    from exactspec.bench.summary import summarize
+    from exactspec.models.pair import ModelPair
+
+    gammas = tuple(args.gammas) if args.gammas else (QUICK_GAMMAS if args.quick else DEFAULT_GAMMAS)
+    if any(not 1 <= g <= MAX_GAMMA for g in gammas):
+        raise UsageError(f"--gammas must lie in 1..{MAX_GAMMA} (plain decoding always runs), got {gammas}")
+    temperatures = tuple(args.temperatures) if args.temperatures else DEFAULT_TEMPERATURES
+    max_new_tokens = args.max_new_tokens or (QUICK_MAX_NEW_TOKENS if args.quick else DEFAULT_MAX_NEW_TOKENS)
+    if max_new_tokens < 2:
+        raise UsageError("--max-new-tokens must be >= 2 (the first round holds the prefill)")
+    if args.draft.lower() == "none":
+        raise UsageError("the benchmark needs a draft model (--draft)")
+    config = BenchConfig(
+        gammas=tuple(sorted(set(gammas))),
+        temperatures=temperatures,
+        max_new_tokens=max_new_tokens,
+        seed=args.seed,
+        hf_assisted=not args.no_hf,
+        hf_plain=not (args.no_hf or args.no_hf_plain or args.quick),
+        ignore_eos=not args.stop_at_eos,
+        cost_repeats=args.repeats or (QUICK_COST_REPEATS if args.quick else FULL_COST_REPEATS),
+    )
+    prompts = select_prompts(args.prompts, quick=args.quick)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    progress = not args.no_progress
+
+    def say(message: str) -> None:
+        print(f"[exactspec bench] {message}", file=sys.stderr, flush=True)
+
+    started = time.perf_counter()
+    say(f"loading {args.target} and {args.draft}")
+    pair = ModelPair.from_pretrained(
+        args.target, args.draft, dtype=args.dtype, cache_dir=args.cache_dir, progress=progress
+    )
+    load_seconds = time.perf_counter() - started
+    decoder = SpeculativeDecoder.from_pair(pair)  # tokenizes the prompts as `generate` does
+    encoded = [
+        EncodedPrompt(p.name, p.category, decoder.encode([p.text], chat=p.chat)[0], p.text, p.chat)
+        for p in prompts
+    ]
+    description = {"target_spec": args.target, "draft_spec": args.draft, "load_seconds": load_seconds}
+    runs = len(encoded) * len(config.temperatures) * len(config.methods())
+    say(
+        f"{len(encoded)} prompts x {len(config.temperatures)} temperatures x {len(config.methods())} "
+        f"settings = {runs} runs of {config.max_new_tokens} tokens (models loaded in {load_seconds:.0f} s)"
+    )
+    all_tokens = [len(decoder.encode([p.text], chat=p.chat)[0]) for p in PROMPTS]
+    result = run_bench(
+        pair,
+        encoded,
+        config,
+        progress=progress,
+        log=say,
+        all_prompt_tokens=all_tokens,
+        description=description,
+    )
+    paths = write_outputs(result, args.out, plots=not args.no_plots)
+    summary = summarize(result)
+    for temperature, rec in summary["recommendation"].items():
+        if rec.get("gamma") is not None:
+            choice = f"gamma={rec['gamma']}" if rec["gamma"] else "plain decoding"
+            print(
+                f"T={temperature}: best {choice} (best measured gamma={rec['best_measured_gamma']}: "
+                f"{rec['speedup']:.2f}x over plain, steady state)"
+            )
+    print(
+        f"report: {paths['report']}  raw data: {paths['json']}  ({result['duration_seconds'] / 60:.1f} min)"
+    )
+    return EXIT_OK
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one value")
+    return values
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        values = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or any(v < 0 or v != v for v in values):
+        raise argparse.ArgumentTypeError(f"expected numbers >= 0, got {text!r}")
+    return values

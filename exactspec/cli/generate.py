@@ -1,0 +1,128 @@
+"""`exactspec generate`: stream (or print as JSON) a completion from a target/draft pair."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from exactspec.cli.common import (
+    EXIT_OK,
+    UsageError,
+    add_model_arguments,
+    add_sampling_arguments,
+    gamma_argument,
+    positive_int,
+    sampling_settings,
+)
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "generate",
+        help="generate text with speculative decoding (streams tokens as they are accepted)",
+        description="Generate text from a prompt with exact speculative decoding. The prompt comes from the "
+        "argument, --prompt-file, or standard input ('-' or a pipe).",
+    )
+    parser.add_argument("prompt", nargs="?", help="the prompt text ('-' reads standard input)")
+    parser.add_argument("--prompt-file", help="read the prompt from this file")
+    parser.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    parser.add_argument("--gamma", type=gamma_argument, default=4, help="draft tokens per round (default 4)")
+    parser.add_argument(
+        "--plain", action="store_true", help="plain decoding with the target alone (no draft)"
+    )
+    parser.add_argument("--max-new-tokens", type=positive_int, default=256, help="length limit (default 256)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (integer, default 0)")
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable); cut before it")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    parser.add_argument("--no-progress", action="store_true", help="no loading progress bars")
+    add_model_arguments(parser)
+    add_sampling_arguments(parser)
+    parser.set_defaults(run=run, temperature=0.0)
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt_file and args.prompt:
+        raise UsageError("give the prompt either as an argument or with --prompt-file, not both")
+    if args.prompt_file:
+        try:
+            with open(args.prompt_file, encoding="utf-8") as handle:
+                prompt = handle.read()
+        except OSError as error:
+            raise UsageError(f"cannot read --prompt-file {args.prompt_file!r}: {error.strerror}") from None
+    elif args.prompt == "-" or (args.prompt is None and not sys.stdin.isatty()):
+        prompt = sys.stdin.read()
+    elif args.prompt is not None:
+        prompt = args.prompt
+    else:
+        raise UsageError(
+            'no prompt: give one as an argument (exactspec generate "def fib(n):"), '
+            "with --prompt-file, or on standard input"
+        )
+    if not prompt.strip():
+        raise UsageError("the prompt is empty")
+    return prompt
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    import time
+
+    from exactspec.api.decoder import SpeculativeDecoder
+
+    prompt = read_prompt(args)
+    settings = sampling_settings(args)
+    draft = None if args.plain or args.draft.lower() == "none" else args.draft
+    gamma = 0 if draft is None else args.gamma
+    progress = not args.no_progress
+    started = time.perf_counter()
+    decoder = SpeculativeDecoder.from_pretrained(
+        args.target, draft, dtype=args.dtype, cache_dir=args.cache_dir, progress=progress
+    )
+    load_seconds = time.perf_counter() - started
+    options = dict(
+        gamma=gamma,
+        max_new_tokens=args.max_new_tokens,
+        settings=settings,
+        seed=args.seed,
+        stop=args.stop,
+        chat=args.chat,
+    )
+    if args.json:
+        output = decoder.generate([prompt], **options)
+        completion = output.completions[0]
+        print(
+            json.dumps(
+                {
+                    "text": completion.text,
+                    "token_ids": completion.token_ids,
+                    "finish_reason": completion.finish_reason,
+                    "prompt_tokens": completion.prompt_tokens,
+                    "gamma": gamma,
+                    "settings": settings.describe(),
+                    "seed": args.seed,
+                    "load_seconds": load_seconds,
+                    "statistics": output.metrics.as_dict(),
+                }
+            )
+        )
+        return EXIT_OK
+    finish = None
+    metrics = None
+    for event in decoder.stream([prompt], **options):
+        sys.stdout.write(event.text)
+        sys.stdout.flush()
+        if event.finish_reason is not None:
+            finish, metrics = event.finish_reason, event.metrics
+    sys.stdout.write("\n")
+    assert metrics is not None
+    summary = (
+        f"[exactspec] {metrics.emitted_tokens} tokens in {metrics.total_seconds:.1f} s "
+        f"({metrics.tokens_per_second:.1f} tokens/s), finish: {finish}"
+    )
+    if gamma:
+        summary += (
+            f", gamma {gamma}, acceptance {metrics.acceptance_rate:.2f}, "
+            f"{metrics.tokens_per_round:.2f} tokens/round"
+        )
+    print(summary + f" (models loaded in {load_seconds:.1f} s)", file=sys.stderr)
+    return EXIT_OK

@@ -1,0 +1,91 @@
+"""`exactspec verify`: the exact check over the grid of toy model pairs, or the statistical mode."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from exactspec.cli.common import EXIT_FAILED, EXIT_OK, UsageError, add_sampling_arguments, sampling_settings
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "verify",
+        help="prove exactness on toy models (exact enumeration, or a statistical test)",
+        description=(
+            "Exact mode (default): enumerate every random choice of the real decoding engine on a grid of "
+            "random toy model pairs and print the total variation distance between its output distribution "
+            "and the target's; fails if any exceeds 1e-12. Statistical mode: sample sequences on a toy pair "
+            "whose vocabulary is too large to enumerate and G-test them against exact target probabilities."
+        ),
+    )
+    parser.add_argument("--statistical", action="store_true", help="sampling mode for a large vocabulary")
+    parser.add_argument("--quick", action="store_true", help="exact mode: a smaller grid (under a minute)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    stat = parser.add_argument_group("statistical mode")
+    stat.add_argument("--vocab", type=int, default=1000, help="vocabulary size (default 1000)")
+    stat.add_argument("--length", type=int, default=2, help="tokens per sampled sequence (default 2)")
+    stat.add_argument("--gamma", type=int, default=4, help="draft tokens per round (default 4)")
+    stat.add_argument("--samples", type=int, default=20_000, help="number of sequences (default 20000)")
+    stat.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    stat.add_argument("--significance", type=float, default=1e-3, help="fail below this p-value (1e-3)")
+    add_sampling_arguments(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from exactspec.checking import grid
+
+    # Toy models are thousands of tiny tensor ops: one thread is many times faster than two.
+    torch.set_num_threads(1)
+    progress = not args.no_progress
+    if args.statistical:
+        for name, value, low in (
+            ("--vocab", args.vocab, 2),
+            ("--length", args.length, 1),
+            ("--samples", args.samples, 1),
+        ):
+            if value < low:
+                raise UsageError(f"{name} must be >= {low}, got {value}")
+        setup = grid.StatisticalSetup(
+            vocab_size=args.vocab,
+            length=args.length,
+            gamma=args.gamma,
+            samples=args.samples,
+            seed=args.seed,
+            settings=sampling_settings(args),
+        )
+        result = grid.run_statistical(setup, progress=progress)
+        print(
+            f"statistical check: V={setup.vocab_size}, first {setup.length} tokens, gamma={setup.gamma}, "
+            f"{setup.settings.describe()}"
+        )
+        print(f"{'sequence':>20} {'observed':>9} {'expected':>9}")
+        for row in result.rows[:5] + result.rows[-5:]:
+            print(f"{str(row.label):>20} {row.observed:9d} {row.expected:9.1f}")
+        print(result.verdict(args.significance))
+        return EXIT_OK if result.passes(args.significance) else EXIT_FAILED
+
+    cases = grid.exact_grid()
+    if args.quick:
+        cases = [case for case in cases if case.vocab_size <= 4 and case.max_new_tokens <= 3]
+    print(f"{'case':<38} {'gamma':>5} {'V':>3} {'n':>3} {'paths':>7} {'TV distance':>12}  result")
+    worst = None
+    for result in grid.run_exact_grid(cases, progress=progress):
+        case = result.case
+        verdict = "ok" if result.passed else "FAIL"
+        print(
+            f"{case.name:<38} {case.gamma:>5} {case.vocab_size:>3} {case.max_new_tokens:>3} "
+            f"{result.paths:>7} {result.total_variation:>12.3e}  {verdict}",
+            flush=True,
+        )
+        if worst is None or result.total_variation > worst.total_variation:
+            worst = result
+    assert worst is not None
+    failed = worst.total_variation > grid.EXACT_TOLERANCE
+    print(
+        f"worst case: {worst.case.name}: TV = {worst.total_variation:.3e} "
+        f"({'FAIL' if failed else 'PASS'}, tolerance {grid.EXACT_TOLERANCE:g}, {len(cases)} cases)"
+    )
+    return EXIT_FAILED if failed else EXIT_OK

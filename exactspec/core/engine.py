@@ -1,0 +1,282 @@
+"""The decoding engine: rounds of draft, target, verify (docs/algorithm.md section 2) over a batch.
+
+Each row has its own history, its own random stream and its own stop state;
+finished rows leave the batch and stop costing compute. gamma = 0 is plain
+autoregressive decoding through the very same round (no draft, the "bonus"
+token is the ordinary next token), so the baseline and the speculative path
+cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from exactspec.core.metrics import DecodeMetrics
+from exactspec.core.sampler import Sampler
+from exactspec.core.settings import SamplingSettings
+from exactspec.core.transforms import probabilities
+from exactspec.drafters.base import Drafter, Proposal
+from exactspec.models.base import LanguageModel
+from exactspec.verifiers.token import verify
+
+FinishReason = Literal["eos", "length", "stop"]
+
+StopCondition = Callable[[int, list[int]], int | None]
+"""(row, generated tokens so far) -> None to go on, or how many generated tokens to keep and stop.
+
+Used for stop strings: the text layer finds the first token that completes a
+stop string and the engine cuts the row there. The cut depends only on the
+emitted tokens, so the kept prefix keeps the target's distribution.
+"""
+
+MAX_GAMMA = 64
+"""More draft tokens than this per round is never useful (acceptance decays geometrically) and
+usually a typo; it also bounds the [B, gamma, V] q tensor."""
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """How a generation runs: draft length, length limit and sampling settings."""
+
+    gamma: int = 4
+    max_new_tokens: int = 128
+    settings: SamplingSettings = field(default_factory=SamplingSettings)
+
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.gamma, bool)
+            or not isinstance(self.gamma, int)
+            or not 0 <= self.gamma <= MAX_GAMMA
+        ):
+            raise ValueError(
+                f"gamma must be an integer in 0..{MAX_GAMMA} (0 = plain decoding), got {self.gamma!r}"
+            )
+        if (
+            isinstance(self.max_new_tokens, bool)
+            or not isinstance(self.max_new_tokens, int)
+            or self.max_new_tokens < 1
+        ):
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+
+
+@dataclass
+class RowState:
+    """One row's generation so far."""
+
+    prompt: list[int]
+    generated: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+
+    @property
+    def history(self) -> list[int]:
+        return self.prompt + self.generated
+
+
+@dataclass(frozen=True)
+class RoundOutput:
+    """What one round added: row -> tokens newly emitted (after any stop cut), and rows that finished."""
+
+    new_tokens: dict[int, list[int]]
+    finished: dict[int, FinishReason]
+
+
+class SpeculativeEngine:
+    """Runs speculative (or, with gamma = 0, plain) decoding for a batch of prompts.
+
+    >>> from exactspec.checking.toy import random_tabular_model
+    >>> from exactspec.drafters import ModelDrafter
+    >>> from exactspec.core.sampler import SeededSampler
+    >>> target, draft = random_tabular_model(5, seed=1), random_tabular_model(5, seed=2)
+    >>> engine = SpeculativeEngine(target, ModelDrafter(draft, target.vocab_size))
+    >>> rows = engine.generate([[1, 2]], DecodeConfig(gamma=3, max_new_tokens=4), SeededSampler(0))
+    >>> len(rows[0].generated) <= 4
+    True
+    """
+
+    def __init__(self, target: LanguageModel, drafter: Drafter | None = None) -> None:
+        self.target = target
+        self.drafter = drafter
+        self.metrics = DecodeMetrics()
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        config: DecodeConfig,
+        sampler: Sampler,
+        stop: StopCondition | None = None,
+    ) -> list[RowState]:
+        """Generate for every prompt; returns one RowState per prompt, in order."""
+        states = self.start(prompts, config)
+        for _ in self.rounds(states, config, sampler, stop):
+            pass
+        return states
+
+    def start(self, prompts: Sequence[Sequence[int]], config: DecodeConfig) -> list[RowState]:
+        """Validate the prompts and make one RowState per prompt."""
+        if config.gamma > 0 and self.drafter is None:
+            raise ValueError("gamma > 0 needs a drafter; use gamma = 0 for plain decoding")
+        if not prompts:
+            raise ValueError("no prompts given")
+        config.settings.check_vocab(self.target.vocab_size)
+        states = []
+        for index, prompt in enumerate(prompts):
+            tokens = [int(t) for t in prompt]
+            if not tokens:
+                raise ValueError(f"prompt {index} is empty; give at least one token")
+            if any(not 0 <= t < self.target.vocab_size for t in tokens):
+                raise ValueError(f"prompt {index} has token ids outside 0..{self.target.vocab_size - 1}")
+            states.append(RowState(prompt=tokens))
+        return states
+
+    def rounds(
+        self,
+        states: list[RowState],
+        config: DecodeConfig,
+        sampler: Sampler,
+        stop: StopCondition | None = None,
+    ) -> Iterator[RoundOutput]:
+        """Run rounds until every row has finished, yielding what each round emitted."""
+        started = time.perf_counter()
+        try:
+            while True:
+                active = [row for row, state in enumerate(states) if state.finish_reason is None]
+                if not active:
+                    return
+                output = self.round(states, active, config, sampler, stop)
+                yield output
+        finally:
+            self.metrics.total_seconds += time.perf_counter() - started
+
+    def round(
+        self,
+        states: list[RowState],
+        active: list[int],
+        config: DecodeConfig,
+        sampler: Sampler,
+        stop: StopCondition | None = None,
+    ) -> RoundOutput:
+        """One round for the active rows: docs/algorithm.md 2.1 to 2.5."""
+        histories = [states[row].history for row in active]
+        # A round emits at most draft_length + 1 tokens, so never propose past max_new_tokens.
+        max_draft = [
+            min(config.gamma, config.max_new_tokens - len(states[row].generated) - 1) for row in active
+        ]
+        proposal = self._draft(histories, max_draft, config.settings, sampler, active)  # 2.1
+        p = self._target_probabilities(histories, proposal, config.settings, active)  # 2.2
+        clock = time.perf_counter()
+        result = verify(
+            proposal.tokens,
+            proposal.q,
+            p,
+            proposal.lengths,  # 2.3 - 2.5
+            self.target.eos_token_ids,
+            sampler,
+            active,
+        )
+        self.metrics.verify_seconds += time.perf_counter() - clock
+        self._record(proposal, result.num_accepted, result.num_emitted)
+        return self._append(states, active, result.tokens, result.num_emitted, result.hit_eos, config, stop)
+
+    def _draft(
+        self,
+        histories: list[list[int]],
+        max_draft: list[int],
+        settings: SamplingSettings,
+        sampler: Sampler,
+        rows: list[int],
+    ) -> Proposal:
+        if self.drafter is None or max(max_draft) == 0:
+            empty_q = torch.zeros(len(rows), 0, self.target.vocab_size)
+            return Proposal(
+                tokens=torch.zeros(len(rows), 0, dtype=torch.long),
+                q=empty_q,
+                lengths=torch.zeros(len(rows), dtype=torch.long),
+            )
+        clock = time.perf_counter()
+        proposal = self.drafter.propose(histories, max_draft, settings, sampler, rows)
+        self.metrics.draft_seconds += time.perf_counter() - clock
+        self.metrics.draft_forward_seconds += proposal.forward_seconds
+        self.metrics.draft_calls += int(proposal.lengths.max())
+        return proposal
+
+    def _target_probabilities(
+        self,
+        histories: list[list[int]],
+        proposal: Proposal,
+        settings: SamplingSettings,
+        rows: list[int],
+    ) -> torch.Tensor:
+        """p [A, gamma + 1, V]: one target forward over each history plus its whole draft block.
+
+        Rows that proposed fewer than gamma tokens are filled up with their own
+        draft padding so that one call scores the same number of positions for
+        every row; the positions past a row's draft length are never read by
+        the verifier, and causality keeps them from touching the ones that are.
+        """
+        clock = time.perf_counter()
+        width = proposal.tokens.shape[1]
+        extended = [history + proposal.tokens[b].tolist() for b, history in enumerate(histories)]
+        logits = self.target.logits(extended, width + 1, rows=rows)  # [A, gamma + 1, V]
+        self.metrics.target_forward_seconds += time.perf_counter() - clock
+        # The repetition penalty needs each position's real history; build it only when it is on.
+        position_histories = None
+        if settings.repetition_penalty != 1.0:
+            position_histories = [
+                sequence[: len(sequence) - width + i] for sequence in extended for i in range(width + 1)
+            ]
+        flat = logits.reshape(-1, logits.shape[-1])  # [A * (gamma + 1), V]
+        p = probabilities(flat, settings, position_histories).reshape(logits.shape)
+        self.metrics.target_seconds += time.perf_counter() - clock
+        self.metrics.target_calls += 1
+        return p
+
+    def _record(self, proposal: Proposal, num_accepted: torch.Tensor, num_emitted: torch.Tensor) -> None:
+        proposed = proposal.lengths.tolist()
+        accepted = num_accepted.tolist()
+        self.metrics.rounds += 1
+        self.metrics.rows_per_round.append(len(proposed))
+        self.metrics.proposed_tokens += sum(proposed)
+        self.metrics.accepted_tokens += sum(accepted)
+        self.metrics.record_positions(proposed, accepted)
+
+    def _append(
+        self,
+        states: list[RowState],
+        active: list[int],
+        tokens: torch.Tensor,
+        num_emitted: torch.Tensor,
+        hit_eos: torch.Tensor,
+        config: DecodeConfig,
+        stop: StopCondition | None,
+    ) -> RoundOutput:
+        new_tokens: dict[int, list[int]] = {}
+        finished: dict[int, FinishReason] = {}
+        emitted_rows = tokens.tolist()
+        for b, row in enumerate(active):
+            state = states[row]
+            before = len(state.generated)
+            state.generated.extend(emitted_rows[b][: int(num_emitted[b])])
+            reason: FinishReason | None = "eos" if bool(hit_eos[b]) else None
+            if stop is not None:
+                keep = stop(row, state.generated)
+                if keep is not None and not before <= keep <= len(state.generated):
+                    raise ValueError(
+                        f"stop condition kept {keep} tokens of row {row}; it may only cut this round's "
+                        f"tokens ({before}..{len(state.generated)})"
+                    )
+                if keep is not None:
+                    del state.generated[keep:]
+                    reason = "stop"
+            if reason is None and len(state.generated) >= config.max_new_tokens:
+                reason = "length"
+            state.finish_reason = reason
+            new_tokens[row] = state.generated[before:]
+            self.metrics.emitted_tokens += len(new_tokens[row])
+            if reason is not None:
+                finished[row] = reason
+        return RoundOutput(new_tokens=new_tokens, finished=finished)

@@ -1,0 +1,103 @@
+"""Randomness as an object: every random choice of drafting and verification goes through a Sampler.
+
+Passing the random source in (never the global seed) is what makes runs
+reproducible, gives each batch row its own stream, and lets
+`exactspec.checking.exact.EnumeratingSampler` replace chance by enumeration to compute
+the exact output distribution of the real decoding code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """Batched random choices, one independent stream per batch row."""
+
+    def categorical(self, probs: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+        """Draw one index per row: probs [N, V] (rows sum to 1) -> [N] long.
+
+        `rows[n]` names the batch row whose random stream draws row n.
+        """
+        ...
+
+    def bernoulli(self, probs: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+        """Flip one coin per row: probs [N] in [0, 1] -> [N] bool, True with probability probs[n]."""
+        ...
+
+
+class SeededSampler:
+    """A `Sampler` on `torch.Generator`s: one stream per batch row.
+
+    Row r's stream is seeded with `seeds[r]` (default `base_seed + r`), so a
+    row's draws depend only on its own seed: adding rows to a batch never
+    changes the rows already in it.
+
+    >>> sampler = SeededSampler(seed=0, num_rows=2)
+    >>> sampler.categorical(torch.tensor([[0.0, 1.0], [1.0, 0.0]]), rows=[0, 1]).tolist()
+    [1, 0]
+    """
+
+    def __init__(self, seed: int = 0, num_rows: int = 1, seeds: Sequence[int] | None = None) -> None:
+        if seeds is None:
+            if isinstance(seed, bool) or not isinstance(seed, int):
+                raise ValueError(f"seed must be an integer, got {seed!r}")
+            if num_rows < 1:
+                raise ValueError(f"num_rows must be >= 1, got {num_rows}")
+            seeds = [seed + row for row in range(num_rows)]
+        self._generators = []
+        for row_seed in seeds:
+            if isinstance(row_seed, bool) or not isinstance(row_seed, int):
+                raise ValueError(f"seeds must be integers, got {row_seed!r}")
+            generator = torch.Generator()
+            # torch's CPU generator (mt19937) keeps only the low 32 bits of a seed, so seeds that
+            # differ by a multiple of 2**32 share a stream; folding here makes that explicit.
+            generator.manual_seed(row_seed % (1 << 32))
+            self._generators.append(generator)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self._generators)
+
+    def _generator(self, row: int) -> torch.Generator:
+        if not 0 <= row < len(self._generators):
+            raise ValueError(
+                f"row {row} has no random stream (this sampler has {len(self._generators)} rows)"
+            )
+        return self._generators[row]
+
+    def categorical(self, probs: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+        if probs.dim() != 2 or probs.shape[0] != len(rows):
+            raise ValueError(f"probs must be [len(rows), V], got {tuple(probs.shape)} for {len(rows)} rows")
+        if not rows:
+            return torch.empty(0, dtype=torch.long)
+        # Inverse-CDF with one uniform per row: a row consumes exactly one draw per call,
+        # whatever the other rows do. Float64 cumsum avoids a gap at the top of the CDF.
+        uniforms = torch.stack(
+            [torch.rand((), generator=self._generator(r), dtype=torch.float64) for r in rows]
+        )
+        cdf = probs.to(torch.float64).cumsum(dim=-1)  # [N, V]
+        cdf = cdf / cdf[:, -1:]  # rows sum to 1 up to rounding; renormalise so u < 1 always lands
+        index = torch.searchsorted(cdf, uniforms.unsqueeze(-1), right=True).squeeze(-1)  # [N]
+        # searchsorted can land on a zero-probability id only through rounding at the top; clamp and
+        # step back to the last id with mass.
+        index = index.clamp(max=probs.shape[-1] - 1)
+        bad = probs.gather(1, index.unsqueeze(-1)).squeeze(-1) <= 0
+        if bad.any():
+            last_positive = (probs > 0).to(torch.int64).cumsum(-1).argmax(-1)
+            index = torch.where(bad, last_positive, index)
+        return index
+
+    def bernoulli(self, probs: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+        if probs.dim() != 1 or probs.shape[0] != len(rows):
+            raise ValueError(f"probs must be [len(rows)], got {tuple(probs.shape)} for {len(rows)} rows")
+        if not rows:
+            return torch.empty(0, dtype=torch.bool)
+        uniforms = torch.stack(
+            [torch.rand((), generator=self._generator(r), dtype=torch.float64) for r in rows]
+        )
+        return uniforms < probs.to(torch.float64)

@@ -1,0 +1,118 @@
+"""The request's sampling settings: what defines p (target) and q (draft)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How a row of logits becomes the distribution that is sampled from.
+
+    The same settings, applied by `exactspec.core.transforms.probabilities`, build
+    p for the target and q for the draft (docs/algorithm.md section 4). Each transform
+    follows Hugging Face's definition so that results are comparable with
+    `transformers.generate`.
+
+    Attributes:
+        temperature: 0 means greedy (one-hot on the argmax, ties broken by the
+            lowest id); otherwise logits are divided by it.
+        top_k: keep the k highest logits (ties with the k-th are kept, as in
+            Hugging Face); 0 disables.
+        top_p: nucleus sampling, keep the smallest set of most likely tokens
+            whose mass reaches top_p; 1.0 disables.
+        min_p: drop tokens whose probability is below min_p times the largest
+            probability; 0.0 disables.
+        repetition_penalty: Hugging Face's penalty on every token already in the
+            row's history (prompt included): a positive logit is divided by it,
+            a negative one multiplied; 1.0 disables.
+        logit_bias: token id -> additive bias on its logit (applied first).
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _require_finite("temperature", self.temperature)
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
+            raise ValueError(f"top_k must be an integer (0 disables it), got {self.top_k!r}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        _require_finite("top_p", self.top_p)
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1] (1 disables it), got {self.top_p}")
+        _require_finite("min_p", self.min_p)
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1] (0 disables it), got {self.min_p}")
+        _require_finite("repetition_penalty", self.repetition_penalty)
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0 (1 disables it), got {self.repetition_penalty}")
+        bias: dict[int, float] = {}
+        for token, value in dict(self.logit_bias).items():
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
+            if not isinstance(value, int | float) or math.isnan(value):
+                raise ValueError(f"logit_bias[{token}] must be a number, got {value!r}")
+            if value == math.inf:
+                # +inf would make every other token impossible (and NaN next to a second +inf);
+                # -inf stays allowed: it bans the token.
+                raise ValueError(
+                    f"logit_bias[{token}] must not be +inf (use a large finite bias; -inf bans a token)"
+                )
+            bias[token] = float(value)
+        # Frozen all the way down: a shared settings object must not change under a running request.
+        object.__setattr__(self, "logit_bias", MappingProxyType(bias))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Raise if a logit-bias id does not exist in a vocabulary of this size."""
+        bad = sorted(t for t in self.logit_bias if t >= vocab_size)
+        if bad:
+            raise ValueError(
+                f"logit_bias names token id(s) {bad[:5]} outside the vocabulary (size {vocab_size}); "
+                f"use ids in 0..{vocab_size - 1}"
+            )
+
+    def __hash__(self) -> int:
+        return hash(
+            (
+                self.temperature,
+                self.top_k,
+                self.top_p,
+                self.min_p,
+                self.repetition_penalty,
+                tuple(sorted(self.logit_bias.items())),
+            )
+        )
+
+    def describe(self) -> str:
+        """Short human-readable form, listing only the transforms that are on."""
+        parts = ["greedy" if self.greedy else f"T={self.temperature:g}"]
+        if self.top_k:
+            parts.append(f"top_k={self.top_k}")
+        if self.top_p < 1.0:
+            parts.append(f"top_p={self.top_p:g}")
+        if self.min_p > 0.0:
+            parts.append(f"min_p={self.min_p:g}")
+        if self.repetition_penalty != 1.0:
+            parts.append(f"rep={self.repetition_penalty:g}")
+        if self.logit_bias:
+            parts.append(f"bias={dict(self.logit_bias)}")
+        return " ".join(parts)
+
+
+def _require_finite(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")

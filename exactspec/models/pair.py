@@ -1,0 +1,123 @@
+"""A target and an optional draft, loaded once: the one pair class of the API, the benchmark and the audit.
+
+It holds both views of each model: the Hugging Face module (what transformers'
+own `generate` runs, for the peers) and our `HFLanguageModel` adapter around
+that same module (what the engine runs). There is never a second copy of the
+weights.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+from exactspec.models.base import LanguageModel
+from exactspec.models.tokenizers import check_tokenizers_compatible, end_of_generation_ids
+
+
+@dataclass
+class ModelPair:
+    """The models one run decodes with.
+
+    Attributes:
+        target_model: the target's transformers module.
+        target: our adapter around it (KV cache per row).
+        draft_model: the draft's transformers module, or None (plain decoding only).
+        draft: our adapter around it, or None.
+        tokenizer: the shared tokenizer, or None (token ids only).
+    """
+
+    target_model: Any
+    target: LanguageModel
+    draft_model: Any | None = None
+    draft: LanguageModel | None = None
+    tokenizer: Any | None = None
+
+    @classmethod
+    def from_models(
+        cls,
+        target_model: Any,
+        draft_model: Any | None = None,
+        *,
+        tokenizer: Any | None = None,
+        draft_tokenizer: Any | None = None,
+        eos_token_ids: Collection[int] | None = None,
+    ) -> ModelPair:
+        """Wrap loaded transformers models.
+
+        End-of-generation ids: `eos_token_ids` if given, else the model's EOS ids
+        plus the tokenizer's EOS and chat end-of-turn tokens. A draft tokenizer
+        is checked against the target's (shared ids must mean the same token),
+        and the draft's vocabulary must be a prefix of the target's.
+        """
+        from exactspec.models.hf import HFLanguageModel, model_eos_ids, output_rows
+
+        if draft_tokenizer is not None and tokenizer is not None:
+            check_tokenizers_compatible(tokenizer, draft_tokenizer)
+        if eos_token_ids is None:
+            eos_token_ids = model_eos_ids(target_model)
+            if tokenizer is not None:
+                eos_token_ids = end_of_generation_ids(tokenizer, eos_token_ids)
+        target = HFLanguageModel(target_model, eos_token_ids=eos_token_ids)
+        draft = None
+        if draft_model is not None:
+            draft_vocab = output_rows(draft_model)
+            if draft_vocab > target.vocab_size:
+                raise ValueError(
+                    f"the draft model has {draft_vocab} output rows, more than the target's "
+                    f"{target.vocab_size}; the draft vocabulary must be a prefix of the target's"
+                )
+            draft = HFLanguageModel(draft_model, eos_token_ids=eos_token_ids)
+        return cls(target_model, target, draft_model, draft, tokenizer)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        target: str | os.PathLike[str] = "default-target",
+        draft: str | os.PathLike[str] | None = "default-draft",
+        *,
+        dtype: Any = "auto",
+        cache_dir: str | os.PathLike[str] | None = None,
+        progress: bool = True,
+    ) -> ModelPair:
+        """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair)."""
+        from exactspec.models.loading import load_hf_model
+
+        target_model, tokenizer = load_hf_model(target, dtype=dtype, cache_dir=cache_dir, progress=progress)
+        draft_model = draft_tokenizer = None
+        if draft is not None:
+            draft_model, draft_tokenizer = load_hf_model(
+                draft, dtype=dtype, cache_dir=cache_dir, progress=progress
+            )
+        return cls.from_models(
+            target_model, draft_model, tokenizer=tokenizer, draft_tokenizer=draft_tokenizer
+        )
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self.target.eos_token_ids
+
+    @property
+    def context_length(self) -> int:
+        """The target's maximum number of positions (0 when its config does not say)."""
+        return int(getattr(self.target_model.config, "max_position_embeddings", 0) or 0)
+
+    @functools.cached_property
+    def reference(self) -> LanguageModel:
+        """A second adapter over the target module, for exact probabilities beside a running engine.
+
+        It has its own KV cache, so the reference's rows and the engine's never evict each other.
+        """
+        from exactspec.models.hf import HFLanguageModel
+
+        return HFLanguageModel(self.target_model, eos_token_ids=self.eos_token_ids)
+
+    def clear_caches(self) -> None:
+        """Drop every KV cache (the next call starts from the prompt)."""
+        for model in (self.target, self.draft):
+            clear = getattr(model, "clear_cache", None)
+            if clear is not None:
+                clear()

@@ -1,0 +1,188 @@
+"""Token-by-token verification: the accept / residual / bonus rule (docs/algorithm.md sections 1-2) as one
+pure function.
+
+Vocabulary (docs/algorithm.md): the draft proposes gamma tokens X_1..X_gamma drawn from
+q_1..q_gamma; the target's one forward pass gives p_1..p_{gamma+1}. Left to
+right, X_i is *accepted* with probability min(1, p_i(X_i) / q_i(X_i)); the
+first rejected position instead emits a *residual* token drawn from
+mu_i = [p_i - q_i]+ / beta_i; when every draft token is accepted a *bonus*
+token is drawn from p_{gamma+1}. Output stops at the first EOS.
+
+No model, cache or I/O in here: tokens, probabilities and a random source in,
+tokens and counts out. That is what makes it testable to the last digit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+import torch
+
+from exactspec.core.sampler import Sampler
+from exactspec.verifiers.base import NO_TOKEN, VerifyResult
+
+_SUM_TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-3}
+
+
+def verify(
+    draft_tokens: torch.Tensor,
+    q: torch.Tensor,
+    p: torch.Tensor,
+    draft_lengths: torch.Tensor,
+    eos_token_ids: Collection[int],
+    sampler: Sampler,
+    rows: Sequence[int] | None = None,
+    *,
+    validate: bool = True,
+) -> VerifyResult:
+    """Accept, replace or extend a block of draft tokens so the output is distributed as p.
+
+    Args:
+        draft_tokens: [B, gamma] long, X_1..X_gamma per row (entries past the
+            row's draft length are ignored).
+        q: [B, gamma, V] the draft distributions the tokens were drawn from,
+            after the request's transforms (docs/algorithm.md 2.7).
+        p: [B, gamma + 1, V] the target distributions at the same positions,
+            plus the bonus distribution; p[b, i] conditions on X_1..X_i.
+        draft_lengths: [B] long, how many draft tokens row b really proposes
+            (0..gamma: a final round near max_new_tokens, or a draft that
+            proposed EOS, proposes fewer). With length L the bonus comes from
+            p[b, L].
+        eos_token_ids: every id that ends generation.
+        sampler: the random source; row b draws from stream rows[b].
+        rows: the batch-row id of each row (default 0..B-1).
+        validate: check shapes, finiteness and normalisation first (cheap; on
+            by default because a silent wrong answer is the worst outcome).
+
+    Returns:
+        A VerifyResult. No NaN can leave this function: a zero denominator is
+        never divided by.
+    """
+    if draft_tokens.dim() != 2:
+        raise ValueError(f"draft_tokens must be [B, gamma], got shape {tuple(draft_tokens.shape)}")
+    rows = list(range(draft_tokens.shape[0])) if rows is None else list(rows)
+    if validate:
+        _validate(draft_tokens, q, p, draft_lengths, rows)
+    batch_size, gamma = draft_tokens.shape
+    eos = torch.tensor(sorted(eos_token_ids), dtype=torch.long)
+
+    tokens = torch.full((batch_size, gamma + 1), NO_TOKEN, dtype=torch.long)  # [B, gamma + 1]
+    num_accepted = torch.zeros(batch_size, dtype=torch.long)  # [B]
+    hit_eos = torch.zeros(batch_size, dtype=torch.bool)  # [B]
+    finished = torch.zeros(batch_size, dtype=torch.bool)  # [B] rejected or EOS: nothing more this round
+
+    for i in range(gamma):
+        active = ((draft_lengths > i) & ~finished).nonzero().squeeze(-1)  # [A]
+        if active.numel() == 0:
+            break
+        active_rows = [rows[b] for b in active.tolist()]
+        candidate = draft_tokens[active, i]  # [A]
+        p_x = p[active, i].gather(1, candidate.unsqueeze(-1)).squeeze(-1)  # [A]
+        q_x = q[active, i].gather(1, candidate.unsqueeze(-1)).squeeze(-1)  # [A]
+        # docs/algorithm.md 1.2: a(x) = min(1, p/q); where q(x) = 0 the candidate could not have been
+        # drawn, so a(x) = 1 (the safe denominator only keeps the unused branch finite).
+        safe_q = torch.where(q_x > 0, q_x, torch.ones_like(q_x))
+        accept_prob = torch.where(q_x > 0, (p_x / safe_q).clamp(max=1.0), torch.ones_like(q_x))
+        accepted = sampler.bernoulli(accept_prob, active_rows)  # [A] bool
+
+        accepted_idx = active[accepted]
+        tokens[accepted_idx, i] = candidate[accepted]
+        num_accepted[accepted_idx] += 1
+        accepted_eos = torch.isin(candidate[accepted], eos)
+        hit_eos[accepted_idx[accepted_eos]] = True
+        finished[accepted_idx[accepted_eos]] = True
+
+        rejected_idx = active[~accepted]
+        if rejected_idx.numel():
+            residual = _residual(p[rejected_idx, i], q[rejected_idx, i])  # [R, V]
+            drawn = sampler.categorical(residual, [rows[b] for b in rejected_idx.tolist()])  # [R]
+            tokens[rejected_idx, i] = drawn
+            hit_eos[rejected_idx] = torch.isin(drawn, eos)
+            finished[rejected_idx] = True
+
+    # docs/algorithm.md 2.4: every proposed token accepted and no EOS output -> one bonus token.
+    bonus_idx = (~finished).nonzero().squeeze(-1)  # [K]
+    if bonus_idx.numel():
+        position = draft_lengths[bonus_idx]  # [K]
+        bonus_probs = p[bonus_idx, position]  # [K, V]
+        drawn = sampler.categorical(bonus_probs, [rows[b] for b in bonus_idx.tolist()])
+        tokens[bonus_idx, position] = drawn
+        hit_eos[bonus_idx] = torch.isin(drawn, eos)
+
+    num_emitted = (tokens != NO_TOKEN).sum(dim=-1)
+    return VerifyResult(tokens=tokens, num_emitted=num_emitted, num_accepted=num_accepted, hit_eos=hit_eos)
+
+
+def _residual(p_rows: torch.Tensor, q_rows: torch.Tensor) -> torch.Tensor:
+    """mu = [p - q]+ / beta for rows where a rejection happened: [R, V] -> [R, V].
+
+    beta = 0 means p = q, where rejection has probability zero (docs/algorithm.md 1.3). In
+    floating point a coin min(1, p/q) can still come out a hair below 1 when p
+    and q differ only by rounding; the residual is then undefined, and p
+    itself is the distribution the exact rule converges to as p - q -> 0, so
+    we draw from p rather than divide by zero.
+    """
+    excess = (p_rows - q_rows).clamp(min=0.0)  # [R, V]
+    beta = excess.sum(dim=-1, keepdim=True)  # [R, 1]
+    degenerate = beta <= 0
+    safe_beta = torch.where(degenerate, torch.ones_like(beta), beta)
+    return torch.where(degenerate, p_rows, excess / safe_beta)
+
+
+def _validate(
+    draft_tokens: torch.Tensor,
+    q: torch.Tensor,
+    p: torch.Tensor,
+    draft_lengths: torch.Tensor,
+    rows: Sequence[int],
+) -> None:
+    batch_size, gamma = draft_tokens.shape  # verify() has checked the rank
+    if draft_tokens.dtype != torch.long:
+        raise ValueError(f"draft_tokens must be int64 token ids, got {draft_tokens.dtype}")
+    if p.dim() != 3 or p.shape[0] != batch_size or p.shape[1] != gamma + 1:
+        raise ValueError(
+            f"p must be [B, gamma + 1, V] = [{batch_size}, {gamma + 1}, V], got {tuple(p.shape)}"
+        )
+    vocab_size = p.shape[2]
+    if q.dim() != 3 or tuple(q.shape) != (batch_size, gamma, vocab_size):
+        raise ValueError(
+            f"q must be [B, gamma, V] = [{batch_size}, {gamma}, {vocab_size}] (the target's vocabulary; "
+            f"pad a smaller draft vocabulary with q = 0), got {tuple(q.shape)}"
+        )
+    if draft_lengths.shape != (batch_size,) or draft_lengths.dtype != torch.long:
+        raise ValueError(
+            f"draft_lengths must be int64 of shape [{batch_size}], got {draft_lengths.dtype} "
+            f"{tuple(draft_lengths.shape)}"
+        )
+    if len(rows) != batch_size:
+        raise ValueError(f"rows must name one random stream per batch row: {len(rows)} for {batch_size} rows")
+    if ((draft_lengths < 0) | (draft_lengths > gamma)).any():
+        raise ValueError(f"draft_lengths must be in 0..gamma={gamma}, got {draft_lengths.tolist()}")
+    position = torch.arange(gamma)
+    used_draft = position.unsqueeze(0) < draft_lengths.unsqueeze(1)  # [B, gamma]
+    used_tokens = draft_tokens[used_draft]
+    if ((used_tokens < 0) | (used_tokens >= vocab_size)).any():
+        raise ValueError(f"draft token ids must be in 0..{vocab_size - 1}")
+    used_target = torch.arange(gamma + 1).unsqueeze(0) <= draft_lengths.unsqueeze(1)  # [B, gamma + 1]
+    _check_distributions("q", q[used_draft])
+    _check_distributions("p", p[used_target])
+
+
+def _check_distributions(name: str, rows: torch.Tensor) -> None:
+    """rows: [N, V] probability vectors that the verifier will use."""
+    if rows.dtype not in _SUM_TOLERANCE:
+        raise ValueError(f"{name} must be float32 or float64 probabilities, got {rows.dtype}")
+    if rows.numel() == 0:
+        return
+    # Two reductions check everything: a NaN or infinite entry makes its row sum non-finite.
+    sums = rows.sum(dim=-1)  # [N]
+    if not torch.isfinite(sums).all():
+        raise ValueError(f"{name} contains NaN or infinite probabilities")
+    if rows.amin() < 0:
+        raise ValueError(f"{name} contains negative probabilities")
+    worst = (sums - 1.0).abs().max().item()
+    if worst > _SUM_TOLERANCE[rows.dtype]:
+        raise ValueError(
+            f"{name} rows must sum to 1 (worst row is off by {worst:.3g}); pass probabilities "
+            f"(exactspec.core.transforms.probabilities), not logits"
+        )

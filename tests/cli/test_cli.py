@@ -1,0 +1,267 @@
+"""The command line: exit codes and messages of `verify` and `generate` (tiny models saved to disk)."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from conftest import TOKENIZER_EOS_ID, TOKENIZER_VOCAB, tiny_causal_lm, tiny_tokenizer
+
+from exactspec.cli.common import EXIT_OK, EXIT_USAGE
+from exactspec.cli.main import main
+
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+PROMPT = "def f(x):"
+
+
+def run(argv: Sequence[str]) -> int:
+    """main()'s exit code, whether returned or raised by argparse (SystemExit)."""
+    try:
+        return main(list(argv))
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+
+
+def assert_one_line_error(err: str, *fragments: str) -> None:
+    """stderr holds exactly one error line (argparse may add its usage lines), naming every fragment."""
+    assert "Traceback" not in err
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert len(errors) == 1, err
+    for fragment in fragments:
+        assert fragment in errors[0], err
+
+
+@pytest.fixture(autouse=True)
+def no_default_pair(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test may fetch the built-in pair (~1.6 GB): every test names its models."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a CLI test tried to fetch the default pair")
+
+    monkeypatch.setattr("exactspec.models.loading.ensure_parted_model", refuse)
+
+
+# --- verify --------------------------------------------------------------------------------------
+
+
+def test_verify_quick(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["verify", "--quick", "--no-progress"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "worst case" in out and "PASS" in out and "FAIL" not in out
+
+
+def test_verify_statistical(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["verify", "--statistical", "--samples", "2000", "--vocab", "200", "--no-progress"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "PASS at significance" in out
+
+
+def test_verify_statistical_rejects_a_tiny_vocabulary(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["verify", "--statistical", "--vocab", "1", "--no-progress"]) == EXIT_USAGE
+    assert_one_line_error(capsys.readouterr().err, "--vocab must be >= 2")
+
+
+def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run([]) == EXIT_USAGE
+    assert "verify" in capsys.readouterr().out
+
+
+# --- generate: tiny models in folders ------------------------------------------------------------
+
+
+def save_tiny(folder: Path, seed: int) -> Path:
+    model = tiny_causal_lm(
+        vocab_size=len(TOKENIZER_VOCAB),
+        seed=seed,
+        initializer_range=0.2,
+        eos_token_id=TOKENIZER_EOS_ID,
+        tie_word_embeddings=False,
+    )
+    model.save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """(target folder, draft folder)."""
+    root = tmp_path_factory.mktemp("cli-models")
+    return str(save_tiny(root / "target", 0)), str(save_tiny(root / "draft", 1))
+
+
+def generate_args(models: tuple[str, str], *extra: str) -> list[str]:
+    target, draft = models
+    return [
+        "generate",
+        "--target",
+        target,
+        "--draft",
+        draft,
+        "--no-progress",
+        "--max-new-tokens",
+        "8",
+        *extra,
+    ]
+
+
+def json_output(capsys: pytest.CaptureFixture[str]) -> dict:
+    out = capsys.readouterr().out
+    lines = out.strip().splitlines()
+    assert len(lines) == 1, out
+    return json.loads(lines[0])
+
+
+def test_generate_json(models: tuple[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert run([*generate_args(models, "--json", "--gamma", "3"), PROMPT]) == EXIT_OK
+    result = json_output(capsys)
+    assert {"text", "token_ids", "finish_reason", "statistics"} <= set(result)
+    assert isinstance(result["text"], str)
+    assert 1 <= len(result["token_ids"]) <= 8
+    assert result["finish_reason"] in ("eos", "length", "stop")
+    assert result["gamma"] == 3
+    assert result["statistics"]["emitted_tokens"] == len(result["token_ids"])
+    assert result["statistics"]["proposed_tokens"] > 0
+
+
+def test_generate_plain_json_equals_greedy_speculative(
+    models: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The default temperature is 0: --plain and speculative give the same tokens."""
+    assert run([*generate_args(models, "--json", "--plain"), PROMPT]) == EXIT_OK
+    plain = json_output(capsys)
+    assert plain["gamma"] == 0 and plain["statistics"]["proposed_tokens"] == 0
+    assert run([*generate_args(models, "--json"), PROMPT]) == EXIT_OK
+    speculative = json_output(capsys)
+    assert speculative["token_ids"] == plain["token_ids"]
+    assert speculative["settings"] == plain["settings"] == "greedy"
+
+
+def test_generate_streams_text_and_a_summary(
+    models: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run([*generate_args(models, "--temperature", "0.8", "--seed", "3"), PROMPT]) == EXIT_OK
+    streamed = capsys.readouterr()
+    assert run([*generate_args(models, "--temperature", "0.8", "--seed", "3", "--json"), PROMPT]) == EXIT_OK
+    assert streamed.out == json_output(capsys)["text"] + "\n"
+    assert "[exactspec]" in streamed.err and "finish:" in streamed.err and "Traceback" not in streamed.err
+
+
+def test_generate_prompt_from_file(
+    models: tuple[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prompt_file = tmp_path / "prompt.txt"
+    prompt_file.write_text(PROMPT, encoding="utf-8")
+    assert run(generate_args(models, "--json", "--prompt-file", str(prompt_file))) == EXIT_OK
+    from_file = json_output(capsys)
+    assert run([*generate_args(models, "--json"), PROMPT]) == EXIT_OK
+    from_argument = json_output(capsys)
+    for key in ("text", "token_ids", "finish_reason", "prompt_tokens"):
+        assert from_file[key] == from_argument[key]
+
+
+@pytest.mark.parametrize("dash", [True, False], ids=["dash", "pipe"])
+def test_generate_prompt_from_stdin(
+    models: tuple[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], dash: bool
+) -> None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO(PROMPT))
+    assert run(generate_args(models, "--json", *(["-"] if dash else []))) == EXIT_OK
+    result = json_output(capsys)
+    assert result["prompt_tokens"] == 6  # def, Ġf, (, x, ), :
+
+
+# --- generate: usage errors exit 2 with one line and no traceback -------------------------------
+
+
+def test_missing_model_path(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["generate", "--target", "/nonexistent", "--no-progress", PROMPT]) == EXIT_USAGE
+    assert_one_line_error(
+        capsys.readouterr().err, "exactspec generate: error:", "/nonexistent does not exist"
+    )
+
+
+def test_gguf_file_that_is_not_gguf(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    junk = tmp_path / "model.gguf"
+    junk.write_bytes(b"this is not a GGUF file\n" * 10)
+    assert run(["generate", "--target", str(junk), "--no-progress", PROMPT]) == EXIT_USAGE
+    assert_one_line_error(capsys.readouterr().err, "is not a GGUF file")
+
+
+def test_bad_draft_path(models: tuple[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["generate", "--target", models[0], "--draft", "/nonexistent/draft", "--no-progress", PROMPT]
+    assert run(args) == EXIT_USAGE
+    assert_one_line_error(capsys.readouterr().err, "/nonexistent/draft does not exist")
+
+
+@pytest.mark.parametrize("prompt", ["", "   \n\t"])
+def test_empty_prompt(models: tuple[str, str], capsys: pytest.CaptureFixture[str], prompt: str) -> None:
+    assert run([*generate_args(models), prompt]) == EXIT_USAGE
+    assert_one_line_error(capsys.readouterr().err, "the prompt is empty")
+
+
+def test_empty_prompt_file(
+    models: tuple[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    assert run(generate_args(models, "--prompt-file", str(empty))) == EXIT_USAGE
+    assert_one_line_error(capsys.readouterr().err, "the prompt is empty")
+
+
+def test_missing_prompt_file(
+    models: tuple[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(generate_args(models, "--prompt-file", str(tmp_path / "nope.txt"))) == EXIT_USAGE
+    assert_one_line_error(capsys.readouterr().err, "cannot read --prompt-file")
+
+
+def test_prompt_twice(models: tuple[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    prompt_file = tmp_path / "prompt.txt"
+    prompt_file.write_text(PROMPT)
+    assert run([*generate_args(models, "--prompt-file", str(prompt_file)), PROMPT]) == EXIT_USAGE
+    assert_one_line_error(capsys.readouterr().err, "either as an argument or with --prompt-file")
+
+
+@pytest.mark.parametrize("gamma", ["0", "-1", "1000", "two"])
+def test_bad_gamma(models: tuple[str, str], capsys: pytest.CaptureFixture[str], gamma: str) -> None:
+    assert run([*generate_args(models, "--gamma", gamma), PROMPT]) == EXIT_USAGE
+    expected = "must be an integer" if gamma == "two" else "must be in 1..64"
+    assert_one_line_error(capsys.readouterr().err, "--gamma", expected)
+
+
+@pytest.mark.parametrize("seed", ["1.5", "abc"])
+def test_non_integer_seed(models: tuple[str, str], capsys: pytest.CaptureFixture[str], seed: str) -> None:
+    assert run([*generate_args(models, "--seed", seed), PROMPT]) == EXIT_USAGE
+    assert_one_line_error(capsys.readouterr().err, "--seed", "invalid int value")
+
+
+def test_bad_sampling_setting(models: tuple[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert run([*generate_args(models, "--top-p", "0"), PROMPT]) == EXIT_USAGE
+    assert_one_line_error(capsys.readouterr().err, "top_p must be in (0, 1]")
+
+
+def test_bad_logit_bias(models: tuple[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert run([*generate_args(models, "--logit-bias", "7"), PROMPT]) == EXIT_USAGE
+    assert_one_line_error(capsys.readouterr().err, "--logit-bias takes ID=BIAS")
+
+
+def test_no_prompt(
+    models: tuple[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Terminal())
+    assert run(generate_args(models)) == EXIT_USAGE
+    assert_one_line_error(capsys.readouterr().err, "no prompt")
+
+
+def test_prompt_too_long_for_the_context(models: tuple[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert run([*generate_args(models), "--max-new-tokens", "300", PROMPT]) == EXIT_USAGE
+    assert_one_line_error(capsys.readouterr().err, "context is 256")
