@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from exactspec.sampler import Sampler
+from exactspec.verifiers.residual import draft_probability, residual_distribution
 
 NO_TOKEN = -1
 """Pads `VerifyResult.tokens` after a row's last emitted token."""
@@ -56,7 +57,7 @@ class VerifyResult:
 
 def verify(
     draft_tokens: torch.Tensor,
-    q: torch.Tensor,
+    q: torch.Tensor | None,
     p: torch.Tensor,
     draft_lengths: torch.Tensor,
     eos_token_ids: Collection[int],
@@ -71,7 +72,9 @@ def verify(
         draft_tokens: [B, gamma] long, X_1..X_gamma per row (entries past the
             row's draft length are ignored).
         q: [B, gamma, V] the draft distributions the tokens were drawn from,
-            after the request's transforms (SPEC.md 2.7).
+            after the request's transforms (SPEC.md 2.7); None for a
+            deterministic draft (q one-hot on draft_tokens: accept X with
+            probability p(X), residual p with X removed; SPEC.md 5).
         p: [B, gamma + 1, V] the target distributions at the same positions,
             plus the bonus distribution; p[b, i] conditions on X_1..X_i.
         draft_lengths: [B] long, how many draft tokens row b really proposes
@@ -108,7 +111,7 @@ def verify(
         active_rows = [rows[b] for b in active.tolist()]
         candidate = draft_tokens[active, i]  # [A]
         p_x = p[active, i].gather(1, candidate.unsqueeze(-1)).squeeze(-1)  # [A]
-        q_x = q[active, i].gather(1, candidate.unsqueeze(-1)).squeeze(-1)  # [A]
+        q_x = draft_probability(None if q is None else q[active, i], candidate, p.dtype)  # [A]
         # SPEC 1.2: a(x) = min(1, p/q); where q(x) = 0 the candidate could not have been
         # drawn, so a(x) = 1 (the safe denominator only keeps the unused branch finite).
         safe_q = torch.where(q_x > 0, q_x, torch.ones_like(q_x))
@@ -124,7 +127,10 @@ def verify(
 
         rejected_idx = active[~accepted]
         if rejected_idx.numel():
-            residual = _residual(p[rejected_idx, i], q[rejected_idx, i])  # [R, V]
+            if q is None:
+                residual = residual_distribution(p[rejected_idx, i], None, candidate[~accepted])  # [R, V]
+            else:
+                residual = _residual(p[rejected_idx, i], q[rejected_idx, i])  # [R, V]
             drawn = sampler.categorical(residual, [rows[b] for b in rejected_idx.tolist()])  # [R]
             tokens[rejected_idx, i] = drawn
             hit_eos[rejected_idx] = torch.isin(drawn, eos)
@@ -161,7 +167,7 @@ def _residual(p_rows: torch.Tensor, q_rows: torch.Tensor) -> torch.Tensor:
 
 def _validate(
     draft_tokens: torch.Tensor,
-    q: torch.Tensor,
+    q: torch.Tensor | None,
     p: torch.Tensor,
     draft_lengths: torch.Tensor,
     rows: Sequence[int],
@@ -176,7 +182,7 @@ def _validate(
             f"p must be [B, gamma + 1, V] = [{batch_size}, {gamma + 1}, V], got {tuple(p.shape)}"
         )
     vocab_size = p.shape[2]
-    if q.dim() != 3 or tuple(q.shape) != (batch_size, gamma, vocab_size):
+    if q is not None and (q.dim() != 3 or tuple(q.shape) != (batch_size, gamma, vocab_size)):
         raise ValueError(
             f"q must be [B, gamma, V] = [{batch_size}, {gamma}, {vocab_size}] (the target's vocabulary; "
             f"pad a smaller draft vocabulary with q = 0), got {tuple(q.shape)}"
@@ -196,7 +202,8 @@ def _validate(
     if ((used_tokens < 0) | (used_tokens >= vocab_size)).any():
         raise ValueError(f"draft token ids must be in 0..{vocab_size - 1}")
     used_target = torch.arange(gamma + 1).unsqueeze(0) <= draft_lengths.unsqueeze(1)  # [B, gamma + 1]
-    _check_distributions("q", q[used_draft])
+    if q is not None:
+        _check_distributions("q", q[used_draft])
     _check_distributions("p", p[used_target])
 
 

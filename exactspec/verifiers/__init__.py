@@ -1,0 +1,6 @@
+"""Verifiers: pure functions that turn draft tokens, q, p and a random source into the round's output.
+
+`exactspec.verifier.verify` checks token by token (SPEC.md 2);
+`exactspec.verifiers.block.verify_block` decides on the whole block jointly (SPEC.md 5). Both follow
+the `exactspec.verifiers.base.Verifier` signature, so the engine takes either.
+"""
