@@ -7,6 +7,11 @@ sum_x [w p - q]+ = w (1 - p(X)) and the normalised residual is p with X removed,
 renormalised: the weight w cancels. These helpers compute exactly that from p
 and X alone, without a dense [B, gamma, V] one-hot q; `q_rows=None` means
 "one-hot on `drafted`" everywhere below.
+
+One-hot verification is exact whatever chose X, even a random draw: given X,
+y comes out with probability p(X) [y = X] + (1 - p(X)) p(y) [y != X] / (1 - p(X))
+= p(y). Claiming "deterministic" for sampled tokens only wastes acceptance;
+claiming a one-hot on a token other than X does break exactness (q(X) = 0).
 """
 
 from __future__ import annotations
