@@ -227,7 +227,8 @@ class SpeculativeEngine:
         proposal = self.drafter.propose(histories, max_draft, settings, sampler, rows)
         self.metrics.draft_seconds += time.perf_counter() - clock
         self.metrics.draft_forward_seconds += proposal.forward_seconds
-        self.metrics.draft_calls += int(proposal.lengths.max())
+        # A deterministic proposal (prompt lookup) ran no draft model.
+        self.metrics.draft_calls += 0 if proposal.deterministic else int(proposal.lengths.max())
         return proposal
 
     def _target_probabilities(

@@ -100,6 +100,7 @@ def test_engine_runs_rounds_where_no_row_matches(verifier) -> None:
     assert drafter.lengths[0] == [0, 0]  # no repeats in either prompt: a round of one target token each
     assert all(len(state.generated) == 6 for state in states)
     assert engine.metrics.proposed_tokens == sum(sum(lengths) for lengths in drafter.lengths)
+    assert engine.metrics.draft_calls == 0  # no draft model ran
 
 
 NGRAM_CASES = [case for case in exact_grid() if case.drafter in ("ngram", "hybrid")]
