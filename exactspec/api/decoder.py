@@ -14,12 +14,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from exactspec.api.strategy import DrafterName, Strategy, VerifierName, build_engine
 from exactspec.api.text import StopStrings, TextStream
 from exactspec.core.engine import DecodeConfig, FinishReason, RowState, SpeculativeEngine
 from exactspec.core.metrics import DecodeMetrics
 from exactspec.core.sampler import SeededSampler
 from exactspec.core.settings import SamplingSettings
-from exactspec.drafters.model import ModelDrafter
 from exactspec.models.base import LanguageModel
 from exactspec.models.pair import ModelPair
 
@@ -67,8 +67,14 @@ class _Run:
 class SpeculativeDecoder:
     """A target model, an optional draft model and their shared tokenizer, ready to generate.
 
-    Without a draft only plain decoding (gamma = 0) is available; it runs through
-    the same engine, adapter and transforms, which makes it the baseline.
+    Without a draft model, plain decoding (gamma = 0) and prompt lookup (drafter="ngram") are
+    available; plain decoding runs through the same engine, adapter and transforms, which makes it
+    the baseline.
+
+    `generate` and `stream` take the drafter ("model", "ngram" or "hybrid"), the verifier ("token"
+    or "block") and `adaptive_gamma` (gamma is then the maximum draft length; c and v(k) are
+    measured once per pair on first use, see `ModelPair.cost_model`); `exactspec.api.strategy`
+    says what each does.
     """
 
     def __init__(
@@ -143,11 +149,15 @@ class SpeculativeDecoder:
             encoded.append(ids)
         return encoded
 
-    def engine(self, gamma: int) -> SpeculativeEngine:
-        if gamma > 0 and self.draft is None:
-            raise ValueError("speculative decoding (gamma > 0) needs a draft model; load one or use gamma=0")
-        drafter = ModelDrafter(self.draft, self.target.vocab_size) if gamma > 0 and self.draft else None
-        return SpeculativeEngine(self.target, drafter)
+    def engine(self, gamma: int, strategy: Strategy | None = None) -> SpeculativeEngine:
+        """An engine for one call (`exactspec.api.strategy.build_engine`; costs cached on the pair)."""
+        strategy = strategy or Strategy()
+        if gamma > 0 and strategy.needs_draft_model and self.draft is None:
+            raise ValueError(
+                f"speculative decoding with drafter {strategy.drafter!r} (gamma > 0) needs a draft model; "
+                "load one, use drafter='ngram' (prompt lookup) or gamma=0"
+            )
+        return build_engine(self.target, self.draft, strategy, gamma, costs=self.pair.cost_model)
 
     def stream(
         self,
@@ -159,12 +169,16 @@ class SpeculativeDecoder:
         seed: int = 0,
         stop: Sequence[str] = (),
         chat: bool = False,
+        drafter: DrafterName = "model",
+        verifier: VerifierName = "token",
+        adaptive_gamma: bool = False,
     ) -> Iterator[StreamEvent]:
         """Yield text as the target accepts it (one event per row per round that emitted something).
 
         The event that finishes a row carries `finish_reason` and the run's metrics so far.
         """
-        run = self._start(prompts, gamma, max_new_tokens, settings, seed, stop, chat)
+        strategy = Strategy(drafter, verifier, adaptive_gamma)
+        run = self._start(prompts, gamma, max_new_tokens, settings, seed, stop, chat, strategy)
         streams = [TextStream(self.tokenizer, run.stop) for _ in run.states]
         for output in run.engine.rounds(run.states, run.config, run.sampler, run.stop):
             for row, tokens in output.new_tokens.items():
@@ -183,9 +197,18 @@ class SpeculativeDecoder:
         seed: int = 0,
         stop: Sequence[str] = (),
         chat: bool = False,
+        drafter: DrafterName = "model",
+        verifier: VerifierName = "token",
+        adaptive_gamma: bool = False,
     ) -> GenerationOutput:
-        """Generate for one prompt or a batch; rows are independent (own seed seed + row, own stops)."""
-        run = self._start(prompts, gamma, max_new_tokens, settings, seed, stop, chat)
+        """Generate for one prompt or a batch; rows are independent (own seed seed + row, own stops).
+
+        drafter: "model" (the draft model), "ngram" (prompt lookup, no draft model needed) or
+        "hybrid"; verifier: "token" or "block"; adaptive_gamma: choose each row's draft length
+        per round in 0..gamma from its acceptance and the measured costs.
+        """
+        strategy = Strategy(drafter, verifier, adaptive_gamma)
+        run = self._start(prompts, gamma, max_new_tokens, settings, seed, stop, chat, strategy)
         for _ in run.engine.rounds(run.states, run.config, run.sampler, run.stop):
             pass
         completions = []
@@ -208,6 +231,7 @@ class SpeculativeDecoder:
         seed: int,
         stop: Sequence[str],
         chat: bool,
+        strategy: Strategy,
     ) -> _Run:
         batch = [prompts] if isinstance(prompts, str) else list(prompts)
         if batch and isinstance(batch[0], int):
@@ -217,7 +241,7 @@ class SpeculativeDecoder:
         )
         ids = self.encode(batch, chat=chat)
         self._check_context(ids, config)
-        engine = self.engine(gamma)
+        engine = self.engine(gamma, strategy)
         states = engine.start(ids, config)
         stop_strings = StopStrings(self.tokenizer, stop) if stop else None
         return _Run(engine, states, config, SeededSampler(seed=seed, num_rows=len(states)), stop_strings)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from exactspec.api.strategy import Strategy
 from exactspec.core.engine import MAX_GAMMA
 from exactspec.core.settings import SamplingSettings
 
@@ -54,6 +55,41 @@ def sampling_settings(args: argparse.Namespace) -> SamplingSettings:
         repetition_penalty=args.repetition_penalty,
         logit_bias=bias,
     )
+
+
+DRAFTER_CHOICES = ("model", "ngram", "hybrid")
+VERIFIER_CHOICES = ("token", "block")
+
+
+def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
+    """--drafter / --verifier / --adaptive-gamma, shared by generate and bench (exactspec.api.strategy)."""
+    group = parser.add_argument_group("speculation (every choice is exact; they differ in speed)")
+    group.add_argument(
+        "--drafter",
+        choices=DRAFTER_CHOICES,
+        default="model",
+        help="model: the draft model (default); ngram: prompt lookup, copies spans of the prompt and "
+        "output so far at no model cost (no draft model loaded); hybrid: lookup where it matches, "
+        "the draft model elsewhere",
+    )
+    group.add_argument(
+        "--verifier",
+        choices=VERIFIER_CHOICES,
+        default="token",
+        help="token: token-by-token verification (default); block: block verification (Sun et al. 2025), "
+        "never fewer tokens per round",
+    )
+    group.add_argument(
+        "--adaptive-gamma",
+        action="store_true",
+        help="choose each row's draft length every round in 0..gamma from its acceptance and the "
+        "measured c and v(k) (gamma is then the maximum)",
+    )
+
+
+def strategy(args: argparse.Namespace) -> Strategy:
+    """The `Strategy` the speculation flags describe."""
+    return Strategy(drafter=args.drafter, verifier=args.verifier, adaptive_gamma=args.adaptive_gamma)
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:

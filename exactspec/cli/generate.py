@@ -10,9 +10,11 @@ from exactspec.cli.common import (
     UsageError,
     add_model_arguments,
     add_sampling_arguments,
+    add_strategy_arguments,
     gamma_argument,
     positive_int,
     sampling_settings,
+    strategy,
 )
 
 
@@ -26,7 +28,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("prompt", nargs="?", help="the prompt text ('-' reads standard input)")
     parser.add_argument("--prompt-file", help="read the prompt from this file")
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    parser.add_argument("--gamma", type=gamma_argument, default=4, help="draft tokens per round (default 4)")
+    parser.add_argument(
+        "--gamma",
+        type=gamma_argument,
+        default=4,
+        help="draft tokens per round (default 4; the maximum with --adaptive-gamma)",
+    )
     parser.add_argument(
         "--plain", action="store_true", help="plain decoding with the target alone (no draft)"
     )
@@ -35,6 +42,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable); cut before it")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     parser.add_argument("--no-progress", action="store_true", help="no loading progress bars")
+    add_strategy_arguments(parser)
     add_model_arguments(parser)
     add_sampling_arguments(parser)
     parser.set_defaults(run=run, temperature=0.0)
@@ -71,8 +79,14 @@ def run(args: argparse.Namespace) -> int:
 
     prompt = read_prompt(args)
     settings = sampling_settings(args)
-    draft = None if args.plain or args.draft.lower() == "none" else args.draft
-    gamma = 0 if draft is None else args.gamma
+    chosen = strategy(args)
+    no_draft = args.draft.lower() == "none"
+    if no_draft and chosen.drafter == "hybrid" and not args.plain:
+        raise UsageError("--drafter hybrid needs a draft model; drop --draft none or use --drafter ngram")
+    # Prompt lookup needs no draft model: do not load one. `--draft none` with the draft model is plain.
+    draft = None if args.plain or no_draft or not chosen.needs_draft_model else args.draft
+    plain = args.plain or (draft is None and chosen.needs_draft_model)
+    gamma = 0 if plain else args.gamma
     progress = not args.no_progress
     started = time.perf_counter()
     decoder = SpeculativeDecoder.from_pretrained(
@@ -86,6 +100,9 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         stop=args.stop,
         chat=args.chat,
+        drafter=chosen.drafter,
+        verifier=chosen.verifier,
+        adaptive_gamma=chosen.adaptive_gamma,
     )
     if args.json:
         output = decoder.generate([prompt], **options)
@@ -98,6 +115,9 @@ def run(args: argparse.Namespace) -> int:
                     "finish_reason": completion.finish_reason,
                     "prompt_tokens": completion.prompt_tokens,
                     "gamma": gamma,
+                    "drafter": chosen.drafter if gamma else None,
+                    "verifier": chosen.verifier,
+                    "adaptive_gamma": chosen.adaptive_gamma if gamma else False,
                     "settings": settings.describe(),
                     "seed": args.seed,
                     "load_seconds": load_seconds,
@@ -120,9 +140,10 @@ def run(args: argparse.Namespace) -> int:
         f"({metrics.tokens_per_second:.1f} tokens/s), finish: {finish}"
     )
     if gamma:
+        gamma_text = f"adaptive gamma <= {gamma}" if chosen.adaptive_gamma else f"gamma {gamma}"
         summary += (
-            f", gamma {gamma}, acceptance {metrics.acceptance_rate:.2f}, "
-            f"{metrics.tokens_per_round:.2f} tokens/round"
+            f", {chosen.drafter} drafter, {chosen.verifier} verification, {gamma_text}, "
+            f"acceptance {metrics.acceptance_rate:.2f}, {metrics.tokens_per_round:.2f} tokens/round"
         )
     print(summary + f" (models loaded in {load_seconds:.1f} s)", file=sys.stderr)
     return EXIT_OK

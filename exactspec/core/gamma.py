@@ -10,9 +10,15 @@ verification.
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
+
+import torch
+
+from exactspec.models.base import LanguageModel
 
 
 @runtime_checkable
@@ -71,6 +77,16 @@ class CostModel:
     @property
     def max_gamma(self) -> int:
         return len(self.verify_costs) - 1
+
+    def up_to(self, max_gamma: int) -> CostModel:
+        """The same costs for draft lengths 0..max_gamma only (v(1)..v(max_gamma + 1))."""
+        if not 0 <= max_gamma <= self.max_gamma:
+            raise ValueError(f"costs were measured up to gamma {self.max_gamma}, asked for {max_gamma}")
+        return replace(self, verify_costs=self.verify_costs[: max_gamma + 1])
+
+    def without_draft_model(self) -> CostModel:
+        """c = 0: the costs of a drafter that runs no model (prompt lookup)."""
+        return replace(self, draft_cost=0.0)
 
     def speedup(self, alpha: float, gamma: int) -> float:
         """Predicted speedup over plain decoding: S = E(alpha, gamma) v(1) / (gamma c + v(gamma + 1)).
@@ -167,6 +183,79 @@ class AdaptiveGamma:
         self._rounds_at_zero[row] = 0
         self._accepted[row] += accepted
         self._trials[row] += accepted + (1 if accepted < proposed else 0)
+
+
+COST_CONTEXT_TOKENS = 48
+"""Length of the warm cache the cost forwards run on: a short chat turn; attention over it is cheap next
+to the weights, so c and v(k) barely depend on it at these lengths."""
+
+COST_REPEATS = 3
+"""Timed forwards per k; the median is kept (about 4 s in all for the default pair at max_gamma 4)."""
+
+
+def measure_cost_model(
+    target: LanguageModel,
+    draft: LanguageModel | None,
+    max_gamma: int,
+    *,
+    repeats: int = COST_REPEATS,
+    context_tokens: int = COST_CONTEXT_TOKENS,
+) -> CostModel:
+    """c and v(k) of this backend, from a few timed forwards through the adapters on a short warm cache.
+
+    Rule (the numbers `AdaptiveGamma` optimises with; docs/algorithm.md "Measured quantities"):
+
+        t(k)  = median wall time of target.logits(history, k): k new tokens over a warm cache of
+                `context_tokens` - k tokens (the adapter rolls the last k back and feeds them again),
+                for k = 1..max_gamma + 1
+        d     = median wall time of draft.logits(history, 1), one draft step on the same cache
+        c     = d / t(1)                      (0 without a draft model)
+        v(k)  = max(t(1..k)) / t(1)           (a running maximum: a longer block never costs less;
+                                               it keeps timing noise from favouring long drafts)
+
+    The ks are interleaved inside each repeat so machine noise spreads over all of them. Both
+    models' caches are cleared before and after, so a generation that follows starts clean.
+    The history is a fixed pseudo-random token sequence (timing does not depend on which ids).
+    """
+    if max_gamma < 0:
+        raise ValueError(f"max_gamma must be >= 0, got {max_gamma}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    max_k = max_gamma + 1
+    length = max(context_tokens, max_k + 1)
+    vocab = target.vocab_size if draft is None else min(target.vocab_size, draft.vocab_size)
+    history = torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(0)).tolist()
+    models = [m for m in (target, draft) if m is not None]
+    _clear(models)
+    target_times: dict[int, list[float]] = {k: [] for k in range(1, max_k + 1)}
+    draft_times: list[float] = []
+    for model in models:
+        model.logits([history], 1)  # prefill, untimed
+    target.logits([history], min(2, max_k))  # untimed: first-call allocations
+    for _ in range(repeats):
+        for k in range(1, max_k + 1):
+            started = time.perf_counter()
+            target.logits([history], k)
+            target_times[k].append(time.perf_counter() - started)
+            if draft is not None:
+                started = time.perf_counter()
+                draft.logits([history], 1)
+                draft_times.append(time.perf_counter() - started)
+    _clear(models)
+    one = statistics.median(target_times[1])
+    verify_costs, highest = [], 0.0
+    for k in range(1, max_k + 1):
+        highest = max(highest, statistics.median(target_times[k]) / one)
+        verify_costs.append(highest)
+    draft_cost = statistics.median(draft_times) / one if draft_times else 0.0
+    return CostModel(draft_cost=draft_cost, verify_costs=tuple(verify_costs))
+
+
+def _clear(models: Sequence[LanguageModel]) -> None:
+    for model in models:
+        clear = getattr(model, "clear_cache", None)  # not in the protocol: toy models have no cache
+        if clear is not None:
+            clear()
 
 
 def record_round(

@@ -11,9 +11,10 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from exactspec.core.gamma import CostModel, measure_cost_model
 from exactspec.models.base import LanguageModel
 from exactspec.models.tokenizers import check_tokenizers_compatible, end_of_generation_ids
 
@@ -35,6 +36,7 @@ class ModelPair:
     draft_model: Any | None = None
     draft: LanguageModel | None = None
     tokenizer: Any | None = None
+    _costs: CostModel | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def from_models(
@@ -114,6 +116,17 @@ class ModelPair:
         from exactspec.models.hf import HFLanguageModel
 
         return HFLanguageModel(self.target_model, eos_token_ids=self.eos_token_ids)
+
+    def cost_model(self, max_gamma: int) -> CostModel:
+        """c and v(1..max_gamma + 1) of this pair's backend, measured on first use and cached on the pair.
+
+        `exactspec.core.gamma.measure_cost_model` times a few forwards through the adapters (about 4 s
+        for the default pair at max_gamma 4); a later call with a larger max_gamma measures again, a
+        smaller one reuses the cached numbers. Without a draft model c is 0. Clears both KV caches.
+        """
+        if self._costs is None or self._costs.max_gamma < max_gamma:
+            self._costs = measure_cost_model(self.target, self.draft, max_gamma)
+        return self._costs.up_to(max_gamma)
 
     def clear_caches(self) -> None:
         """Drop every KV cache (the next call starts from the prompt)."""

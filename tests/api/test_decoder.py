@@ -258,3 +258,50 @@ def test_gamma_without_draft_is_an_error(plain_decoder: SpeculativeDecoder) -> N
 def test_bad_gamma_is_an_error(decoder: SpeculativeDecoder, gamma: int) -> None:
     with pytest.raises(ValueError, match="gamma"):
         decoder.generate(PROMPT, gamma=gamma, max_new_tokens=4)
+
+
+# --- drafter, verifier and adaptive gamma ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"drafter": "ngram"},
+        {"drafter": "hybrid"},
+        {"verifier": "block"},
+        {"adaptive_gamma": True},
+        {"drafter": "hybrid", "verifier": "block", "adaptive_gamma": True},
+    ],
+    ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()),
+)
+def test_every_strategy_gives_greedy_plain_output(decoder: SpeculativeDecoder, options: dict) -> None:
+    prompts = [PROMPT + " return x + x + x", "hello world"]
+    plain = decoder.generate(prompts, gamma=0, max_new_tokens=16, settings=GREEDY)
+    other = decoder.generate(prompts, gamma=4, max_new_tokens=16, settings=GREEDY, **options)
+    assert other.completions == plain.completions
+    streamed = [
+        e.token_ids
+        for e in decoder.stream(prompts[0], gamma=4, max_new_tokens=16, settings=GREEDY, **options)
+    ]
+    assert sum(streamed, []) == plain.completions[0].token_ids
+
+
+def test_prompt_lookup_needs_no_draft_model(plain_decoder: SpeculativeDecoder) -> None:
+    prompt = "def f(x): return x\ndef f(x): return"
+    out = plain_decoder.generate(prompt, gamma=4, max_new_tokens=12, settings=SAMPLED, drafter="ngram")
+    assert out.metrics.draft_calls == 0 and len(out.completions[0].token_ids) >= 1
+    with pytest.raises(ValueError, match="needs a draft model"):
+        plain_decoder.generate(PROMPT, gamma=2, max_new_tokens=4, drafter="hybrid")
+
+
+def test_adaptive_costs_are_measured_once_per_pair(decoder: SpeculativeDecoder) -> None:
+    decoder.generate(PROMPT, gamma=3, max_new_tokens=4, adaptive_gamma=True)
+    first = decoder.pair.cost_model(3)
+    decoder.generate(PROMPT, gamma=2, max_new_tokens=4, adaptive_gamma=True)
+    assert decoder.pair.cost_model(3) is not None and decoder.pair._costs.up_to(3) == first
+    assert first.verify_costs[0] == 1.0 and first.draft_cost > 0
+
+
+def test_unknown_drafter_is_an_error(decoder: SpeculativeDecoder) -> None:
+    with pytest.raises(ValueError, match="drafter must be one of"):
+        decoder.generate(PROMPT, gamma=2, max_new_tokens=4, drafter="tree")

@@ -265,3 +265,49 @@ def test_no_prompt(
 def test_prompt_too_long_for_the_context(models: tuple[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     assert run([*generate_args(models), "--max-new-tokens", "300", PROMPT]) == EXIT_USAGE
     assert_one_line_error(capsys.readouterr().err, "context is 256")
+
+
+# --- generate: drafter, verifier, adaptive gamma --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "drafter", "verifier"),
+    [
+        (["--drafter", "ngram"], "ngram", "token"),
+        (["--drafter", "ngram", "--draft", "none"], "ngram", "token"),
+        (["--drafter", "hybrid", "--verifier", "block"], "hybrid", "block"),
+        (["--adaptive-gamma", "--gamma", "3"], "model", "token"),
+    ],
+    ids=lambda value: " ".join(value) if isinstance(value, list) else value,
+)
+def test_generate_strategies_equal_plain_greedy(
+    models: tuple[str, str], capsys: pytest.CaptureFixture[str], flags: list[str], drafter: str, verifier: str
+) -> None:
+    assert run([*generate_args(models, "--json", "--plain"), PROMPT]) == EXIT_OK
+    plain = json_output(capsys)
+    assert run([*generate_args(models, "--json", *flags), PROMPT]) == EXIT_OK
+    result = json_output(capsys)
+    assert result["token_ids"] == plain["token_ids"]
+    assert result["gamma"] > 0
+    assert (result["drafter"], result["verifier"]) == (drafter, verifier)
+    assert result["adaptive_gamma"] == ("--adaptive-gamma" in flags)
+
+
+def test_generate_summary_names_the_strategy(
+    models: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run([*generate_args(models, "--drafter", "ngram", "--verifier", "block"), PROMPT]) == EXIT_OK
+    assert "ngram drafter, block verification" in capsys.readouterr().err
+
+
+def test_generate_hybrid_without_a_draft_is_a_usage_error(
+    models: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run([*generate_args(models, "--drafter", "hybrid", "--draft", "none"), PROMPT]) == EXIT_USAGE
+    assert_one_line_error(capsys.readouterr().err, "--drafter hybrid needs a draft model")
+
+
+def test_generate_rejects_an_unknown_drafter(
+    models: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run([*generate_args(models, "--drafter", "tree"), PROMPT]) == EXIT_USAGE

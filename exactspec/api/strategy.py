@@ -1,0 +1,181 @@
+"""Which drafter, verifier and gamma policy a generation runs with: the one place that builds them.
+
+`generate`, `bench` and the Python API (and later `serve`) all turn the same three choices into the
+engine's parts here, so every entry point means the same thing by `--drafter ngram`:
+
+- drafter: "model" (the draft model, `ModelDrafter`), "ngram" (prompt lookup over the row's own
+  prompt and output, `NgramDrafter`: free drafts, no draft model needed) or "hybrid" (lookup where
+  the history has a match, the draft model elsewhere, `HybridDrafter`).
+- verifier: "token" (`verifiers.token.verify`, docs/algorithm.md 2) or "block"
+  (`verifiers.block.verify_block`, docs/algorithm.md 5); both exact.
+- adaptive gamma: each row drafts argmax_g S(alpha_hat, g) tokens per round, g in 0..gamma
+  (`core.gamma.AdaptiveGamma`), with c and v(k) measured on the backend in use
+  (`core.gamma.measure_cost_model`, cached on the `ModelPair`); gamma is then the maximum.
+
+>>> from exactspec.checking.toy import random_tabular_model
+>>> target = random_tabular_model(5, seed=1)
+>>> parts = build_components(target, None, Strategy(drafter="ngram", verifier="block"), gamma=4)
+>>> type(parts.drafter).__name__, parts.verifier.__name__, parts.gamma_policy
+('NgramDrafter', 'verify_block', None)
+>>> Strategy(drafter="hybrid", adaptive_gamma=True).name
+'hybrid-adaptive'
+>>> Strategy.from_name("speculative-block")
+Strategy(drafter='model', verifier='block', adaptive_gamma=False)
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+from exactspec.core.engine import SpeculativeEngine
+from exactspec.core.gamma import AdaptiveGamma, CostModel, GammaPolicy, measure_cost_model
+from exactspec.drafters.base import Drafter
+from exactspec.drafters.hybrid import HybridDrafter
+from exactspec.drafters.model import ModelDrafter
+from exactspec.drafters.ngram import NgramDrafter
+from exactspec.models.base import LanguageModel
+from exactspec.verifiers.base import Verifier
+from exactspec.verifiers.block import verify_block
+from exactspec.verifiers.token import verify
+
+DrafterName = Literal["model", "ngram", "hybrid"]
+VerifierName = Literal["token", "block"]
+DRAFTERS: tuple[DrafterName, ...] = ("model", "ngram", "hybrid")
+VERIFIERS: dict[str, Verifier] = {"token": verify, "block": verify_block}
+
+_BASE_NAMES = {"model": "speculative", "ngram": "ngram", "hybrid": "hybrid"}
+
+CostSource = CostModel | Callable[[int], CostModel]
+"""Measured costs for adaptive gamma: a `CostModel` reaching at least gamma, or max_gamma -> CostModel
+(e.g. `ModelPair.cost_model`, which measures once and caches)."""
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """The three choices: which drafter, which verifier, fixed or adaptive gamma."""
+
+    drafter: DrafterName = "model"
+    verifier: VerifierName = "token"
+    adaptive_gamma: bool = False
+
+    def __post_init__(self) -> None:
+        if self.drafter not in DRAFTERS:
+            raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}; got {self.drafter!r}")
+        if self.verifier not in VERIFIERS:
+            raise ValueError(f"verifier must be one of {', '.join(VERIFIERS)}; got {self.verifier!r}")
+
+    @property
+    def needs_draft_model(self) -> bool:
+        """Prompt lookup runs no model; the other drafters need the draft model."""
+        return self.drafter != "ngram"
+
+    @property
+    def name(self) -> str:
+        """The benchmark's method name: speculative, speculative-block, ngram, hybrid, adaptive, ...
+
+        The drafter's base name ("speculative" for the draft model), then "-adaptive" ("adaptive"
+        alone for the draft model), then "-block" for block verification.
+        """
+        base = _BASE_NAMES[self.drafter]
+        if self.adaptive_gamma:
+            base = "adaptive" if self.drafter == "model" else f"{base}-adaptive"
+        return f"{base}-block" if self.verifier == "block" else base
+
+    @classmethod
+    def from_name(cls, name: str) -> Strategy:
+        """The strategy a method name stands for (the inverse of `name`)."""
+        for strategy in all_strategies():
+            if strategy.name == name:
+                return strategy
+        names = ", ".join(s.name for s in all_strategies())
+        raise ValueError(f"unknown method {name!r}; known: {names}")
+
+
+def all_strategies() -> list[Strategy]:
+    """Every combination of drafter, verifier and adaptive gamma, the plain draft model first."""
+    return [
+        Strategy(drafter, verifier, adaptive)
+        for adaptive, verifier, drafter in itertools.product((False, True), VERIFIERS, DRAFTERS)
+    ]
+
+
+class Components(NamedTuple):
+    """What `SpeculativeEngine(target, drafter, verifier, gamma_policy)` takes."""
+
+    drafter: Drafter | None
+    verifier: Verifier
+    gamma_policy: GammaPolicy | None
+
+
+def build_components(
+    target: LanguageModel,
+    draft: LanguageModel | None,
+    strategy: Strategy,
+    gamma: int,
+    costs: CostSource | None = None,
+) -> Components:
+    """The drafter, verifier and gamma policy for `strategy` at (maximum) draft length `gamma`.
+
+    gamma = 0 is plain decoding: no drafter and no policy, whatever the strategy. Adaptive gamma
+    needs c and v(1..gamma + 1): from `costs` if given (a `CostModel` or a function of max_gamma,
+    such as `ModelPair.cost_model`), else measured here with `measure_cost_model` (a few seconds
+    on a real pair; not cached). Prompt lookup's c is 0 whatever was measured for the draft model.
+
+    Raises ValueError when the strategy needs a draft model and `draft` is None.
+    """
+    verifier = VERIFIERS[strategy.verifier]
+    if gamma == 0:
+        return Components(None, verifier, None)
+    if strategy.needs_draft_model and draft is None:
+        raise ValueError(
+            f"drafter {strategy.drafter!r} needs a draft model; load one, use drafter 'ngram' "
+            "(prompt lookup) or gamma 0"
+        )
+    lookup = NgramDrafter(target.eos_token_ids)
+    drafter: Drafter
+    if strategy.drafter == "ngram":
+        drafter = lookup
+    else:
+        assert draft is not None
+        model_drafter = ModelDrafter(draft, target.vocab_size)
+        drafter = (
+            model_drafter
+            if strategy.drafter == "model"
+            else HybridDrafter(lookup, model_drafter, target.vocab_size)
+        )
+    policy = None
+    if strategy.adaptive_gamma:
+        policy = AdaptiveGamma(_cost_model(target, draft, strategy, gamma, costs))
+    return Components(drafter, verifier, policy)
+
+
+def build_engine(
+    target: LanguageModel,
+    draft: LanguageModel | None,
+    strategy: Strategy,
+    gamma: int,
+    costs: CostSource | None = None,
+) -> SpeculativeEngine:
+    """A `SpeculativeEngine` over `build_components` (same arguments)."""
+    return SpeculativeEngine(target, *build_components(target, draft, strategy, gamma, costs))
+
+
+def _cost_model(
+    target: LanguageModel,
+    draft: LanguageModel | None,
+    strategy: Strategy,
+    gamma: int,
+    costs: CostSource | None,
+) -> CostModel:
+    if costs is None:
+        model = measure_cost_model(target, draft if strategy.needs_draft_model else None, gamma)
+    elif isinstance(costs, CostModel):
+        model = costs.up_to(gamma)
+    else:
+        model = costs(gamma)
+    # Hybrid rows that find a lookup draft pay no model step; c of the draft model is the
+    # conservative choice for the rows that do not.
+    return model.without_draft_model() if strategy.drafter == "ngram" else model
