@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -18,7 +18,11 @@ from exactspec.models.pair import ModelPair
 
 
 def measure_costs(
-    pair: ModelPair, context: Sequence[int], max_k: int, repeats: int, temperatures: Sequence[float]
+    pair: ModelPair,
+    context: Sequence[int],
+    max_k: int,
+    repeats: int,
+    settings: Mapping[str, SamplingSettings] | Sequence[float],
 ) -> dict[str, Any]:
     """Time target k-token forwards (k = 1..max_k) and draft 1-token steps on a warm KV cache.
 
@@ -27,8 +31,11 @@ def measure_costs(
     forward runs k tokens over a warm cache of len(context) - k tokens. The ks
     are interleaved inside each repeat so that machine noise spreads over all.
     Also timed: the per-token work outside the models (the sampling transforms over the
-    whole vocabulary plus one categorical draw), which every decoding step pays.
+    whole vocabulary plus one categorical draw), which every decoding step pays, for each named
+    sampling row of `settings` (temperatures are named by themselves: "0", "0.7").
     """
+    if not isinstance(settings, Mapping):
+        settings = {f"{t:g}": SamplingSettings(temperature=t) for t in settings}
     history = list(context)
     if len(history) < max_k + 1:
         raise ValueError(f"the cost context needs more than {max_k} tokens, got {len(history)}")
@@ -61,15 +68,16 @@ def measure_costs(
     logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(0))
     sampler = SeededSampler(0)
     step_overhead: dict[str, list[float]] = {}
-    for temperature in temperatures:
-        settings = SamplingSettings(temperature=temperature)
-        sampler.categorical(probabilities(logits, settings), [0])  # untimed warm-up
+    seen = [list(context)]  # the repetition penalty's history: the cost context
+    for name, row_settings in settings.items():
+        histories = seen if row_settings.repetition_penalty != 1.0 else None
+        sampler.categorical(probabilities(logits, row_settings, histories), [0])  # untimed warm-up
         samples = []
         for _ in range(repeats):
             started = time.perf_counter()
-            sampler.categorical(probabilities(logits, settings), [0])
+            sampler.categorical(probabilities(logits, row_settings, histories), [0])
             samples.append(time.perf_counter() - started)
-        step_overhead[f"{temperature:g}"] = samples
+        step_overhead[name] = samples
     return {
         "context_tokens": len(history),
         "repeats": repeats,

@@ -8,8 +8,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from exactspec.bench.runner import HF_ASSISTED, HF_PLAIN, PLAIN, SPECULATIVE
-from exactspec.bench.summary import summarize, theory_curve
+from exactspec.bench.runner import HF_ASSISTED, HF_PLAIN, PLAIN, SPECULATIVE, is_engine_method
+from exactspec.bench.summary import (
+    ADAPTIVE_FLOOR,
+    LOOKUP_TARGET,
+    OUTSIDE_MODEL_TARGET,
+    configured_methods,
+    label,
+    sampling_rows,
+    summarize,
+    theory_curve,
+)
 
 JSON_FILE = "bench.json"
 REPORT_FILE = "report.md"
@@ -60,9 +69,13 @@ def render_markdown(
     lines = ["# exactspec bench", ""]
     lines += _header(result, config, env, models, prompts, summary)
     lines += _recommendation(summary)
+    lines += _targets(summary)
     lines += _costs(summary)
-    for temperature in config["temperatures"]:
-        lines += _results_table(summary, temperature)
+    for sampling in sampling_rows(result):
+        lines += _results_table(summary, sampling)
+    for sampling in sampling_rows(result):
+        lines += _per_prompt_tables(result, summary, sampling)
+    lines += _block_table(summary)
     if config.get("hf_assisted"):
         lines += _hf_section(result, summary)
     lines += _greedy_check(summary)
@@ -119,8 +132,10 @@ def _header(
             if config["ignore_eos"]
             else ""
         )
-        + f"; gamma in {', '.join(str(g) for g in config['gammas'])}; temperatures "
-        f"{', '.join(f'{t:g}' for t in config['temperatures'])}; seed {config['seed']} (+ prompt index)",
+        + f"; methods {', '.join(label(m, g) for m, g in configured_methods(result) if is_engine_method(m))}"
+        f"; sampling rows {', '.join(_setting_title(s) for s in sampling_rows(result))}; "
+        f"seed {config['seed']} "
+        "(+ prompt index)",
         f"- machine: {env.get('processor')}, {env.get('cpu_count')} CPUs, torch {env.get('torch')} "
         f"({env.get('torch_threads')} threads), transformers {env.get('transformers')}{load}",
         f"- duration: {_duration(result.get('duration_seconds'))} (cost measurement "
@@ -140,11 +155,81 @@ def _header(
     return lines + [""]
 
 
+def _setting_title(sampling: dict[str, Any]) -> str:
+    """`T=0`, `T=0.7`, or a named row with its settings: `realistic (T=0.7 top_k=20 top_p=0.8 rep=1.05)`."""
+    name = sampling["name"]
+    if name == f"{sampling['temperature']:g}":
+        return f"T={name}"
+    return f"{name} ({sampling.get('describe', '')})"
+
+
+def _name_title(name: str) -> str:
+    """A sampling row's name as a reader wants it: `T=0` for a temperature, the name otherwise."""
+    try:
+        float(name)
+    except ValueError:
+        return name
+    return f"T={name}"
+
+
+def _targets(summary: dict[str, Any]) -> list[str]:
+    """Issue 12's benchmark targets, each stated with its numbers and met / not met."""
+    goals = summary.get("targets") or {}
+    if not any(goals.values()):
+        return []
+
+    def verdict(met: bool) -> str:
+        return "**met**" if met else "**not met**"
+
+    lines = ["## Targets (issue 12)", ""]
+    for item in (goals.get("lookup") or {}).values():
+        per_prompt = ", ".join(f"{name} {_f(x)}x" for name, x in item["per_prompt"].items())
+        judged = (
+            f"{verdict(item['met'])} (target >= {LOOKUP_TARGET:g}x on every grounded prompt at T=0)"
+            if item["setting"] == "0"
+            else "(reported)"
+        )
+        lines.append(
+            f"- prompt lookup, T={item['setting']}, gamma={item['gamma']}: median {_f(item['median'])}x, "
+            f"min {_f(item['min'])}x over plain on the grounded prompts ({per_prompt}) {judged}"
+        )
+    adaptive = goals.get("adaptive")
+    if adaptive:
+        lines.append(
+            f"- adaptive gamma, lowest speedup over plain on any prompt: {_f(adaptive['min_speedup'])}x at "
+            f"{adaptive['min_at']} {verdict(adaptive['floor_met'])} (target >= {ADAPTIVE_FLOOR:g}x)"
+        )
+        for setting, item in adaptive["median_vs_best_fixed"].items():
+            lines.append(
+                f"- adaptive gamma, median at {setting}: {_f(item['adaptive_median'])}x against the best "
+                "fixed "
+                f"gamma ({item['best_fixed_gamma']}, {_f(item['best_fixed_median'])}x) {verdict(item['met'])}"
+            )
+    block = goals.get("block")
+    if block:
+        short = ", ".join(block["fewer_tokens_per_round"]) or "none"
+        lines.append(
+            f"- block verification: tokens/round >= token verification's on all {block['pairs']} "
+            f"prompt x setting x gamma pairs {verdict(block['met'])} (fewer on: {short}); "
+            "median tokens/round "
+            f"gain {_f(block['median_tokens_per_round_gain'], 3)}x, median wall-clock gain "
+            f"{_f(block['median_wall_clock_gain'], 3)}x"
+        )
+    outside = goals.get("outside_models")
+    if outside:
+        per_method = ", ".join(f"{name} {_pct(x)}" for name, x in outside["per_method"].items())
+        lines.append(
+            f"- time outside the model forwards at the realistic row: at most {_pct(outside['max'])} "
+            f"{verdict(outside['met'])} (target < {100 * OUTSIDE_MODEL_TARGET:g}%; {per_method})"
+        )
+    return lines + [""]
+
+
 def _recommendation(summary: dict[str, Any]) -> list[str]:
-    lines = ["## Recommendation", ""]
+    lines = ["## Recommendation (token-verified draft model)", ""]
     for temperature, rec in summary["recommendation"].items():
         if rec.get("gamma") is None:
-            lines.append(f"- T={temperature}: no speculative runs")
+            lines.append(f"- {_name_title(temperature)}: no speculative runs")
             continue
         theory_part = ""
         if rec.get("theory_gamma") is not None:
@@ -157,12 +242,12 @@ def _recommendation(summary: dict[str, Any]) -> list[str]:
             )
         if rec["gamma"]:
             lines.append(
-                f"- T={temperature}: **gamma = {rec['gamma']}** (median steady-state speedup "
+                f"- {_name_title(temperature)}: **gamma = {rec['gamma']}** (median steady-state speedup "
                 f"{_f(rec['speedup'])}x over plain decoding){theory_part}."
             )
         else:
             lines.append(
-                f"- T={temperature}: **plain decoding** - no gamma was faster (best: gamma="
+                f"- {_name_title(temperature)}: **plain decoding** - no gamma was faster (best: gamma="
                 f"{rec['best_measured_gamma']}, {_f(rec['speedup'])}x){theory_part}."
             )
     return lines + [""]
@@ -183,7 +268,9 @@ def _costs(summary: dict[str, Any]) -> list[str]:
             f"| {name} | {_ms(source['target_step_seconds'])} | {_ms(source['draft_step_seconds'])} | "
             f"{_f(source['c'], 3)} | " + " | ".join(_f(v.get(k), 2) for k in ks) + " |"
         )
-    per_token = ", ".join(f"T={t}: {_f(ms, 1)} ms" for t, ms in summary["transform_and_sample_ms"].items())
+    per_token = ", ".join(
+        f"{_name_title(t)}: {_f(ms, 1)} ms" for t, ms in summary["transform_and_sample_ms"].items()
+    )
     lines += [
         "",
         "c = draft step / target 1-token step; v(k) = target k-token forward / target 1-token forward. "
@@ -196,22 +283,27 @@ def _costs(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _results_table(summary: dict[str, Any], temperature: float) -> list[str]:
-    rows = [r for r in summary["rows"] if r["temperature"] == temperature]
+def _results_table(summary: dict[str, Any], sampling: dict[str, Any]) -> list[str]:
+    rows = [r for r in summary["rows"] if r.get("setting", f"{r['temperature']:g}") == sampling["name"]]
     if not rows:
         return []
-    title = "greedy" if temperature == 0 else "sampling"
+    name = sampling["name"]
+    if name == f"{sampling['temperature']:g}":
+        title = f"## Temperature {name} ({'greedy' if sampling['temperature'] == 0 else 'sampling'})"
+    else:
+        title = f"## {name.capitalize()} settings ({sampling.get('describe', '')})"
     lines = [
-        f"## Temperature {temperature:g} ({title})",
+        title,
         "",
         "| setting | tokens/s | speedup: median [min, max] | end-to-end speedup | alpha | tokens/round "
-        "| E(alpha) | c | v(gamma+1) | predicted S | S(tokens/round) | measured / predicted | overhead "
-        "| outside models |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| draft tokens/round | E(alpha) | c | v(gamma+1) | predicted S | S(tokens/round) "
+        "| measured / predicted "
+        "| overhead | outside models |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        speculative = r["method"] == SPECULATIVE
-        ours = r["method"] in (PLAIN, SPECULATIVE)
+        predicted = r["gamma"] > 0 and not _nan(r["predicted_speedup"])
+        ours = is_engine_method(r["method"])
         lines.append(
             "| "
             + " | ".join(
@@ -222,12 +314,13 @@ def _results_table(summary: dict[str, Any], temperature: float) -> list[str]:
                     _f(r["end_to_end_speedup"]["median"]),
                     _f(r["alpha"], 3),
                     _f(r["tokens_per_round"]),
-                    _f(r["expected_tokens_per_round"]) if speculative else "",
-                    _f(r["c"], 3) if speculative else "",
-                    _f(r["v"]) if speculative else "",
-                    _f(r["predicted_speedup"]) if speculative else "",
-                    _f(r["predicted_speedup_from_tokens_per_round"]) if speculative else "",
-                    _f(r["measured_over_predicted"]) if speculative else "",
+                    _f(r.get("mean_draft_length")) if ours and r["gamma"] else "",
+                    _f(r["expected_tokens_per_round"]) if predicted else "",
+                    _f(r["c"], 3) if predicted else "",
+                    _f(r["v"]) if predicted else "",
+                    _f(r["predicted_speedup"]) if predicted else "",
+                    _f(r["predicted_speedup_from_tokens_per_round"]) if predicted else "",
+                    _f(r["measured_over_predicted"]) if predicted else "",
                     _overhead(r) if ours else "",
                     _pct(r["outside_model_fraction"]),
                 ]
@@ -238,9 +331,12 @@ def _results_table(summary: dict[str, Any], temperature: float) -> list[str]:
         "",
         "tokens/s and speedups are steady state (after the first round, which holds the prefill); speedup is "
         "over our plain decoding of the same prompt, median and [min, max] over prompts; end-to-end speedup "
-        "includes the prefill. overhead = (verify + other) / total engine time (DecodeMetrics), and that "
+        "includes the prefill. draft tokens/round = proposed draft tokens / rounds (below gamma when "
+        "adaptive gamma drafts less, or prompt lookup finds no match). The prediction columns are left "
+        "empty where one fixed gamma and one c do not describe the method (adaptive gamma, hybrid). "
+        "overhead = (verify + other) / total engine time (DecodeMetrics), and that "
         "time per round; outside models = share of wall time not spent in a forward pass of either model "
-        "(timed by forward hooks, so HF is measured the same way; DecodeMetrics.overhead_fraction for ours).",
+        "(timed by forward hooks, so HF is measured the same way).",
         "",
     ]
     speculative_rows = [r for r in rows if r["method"] == SPECULATIVE]
@@ -254,6 +350,77 @@ def _results_table(summary: dict[str, Any], temperature: float) -> list[str]:
             + "."
         )
         lines.append("")
+    return lines
+
+
+def _per_prompt_tables(
+    result: dict[str, Any], summary: dict[str, Any], sampling: dict[str, Any]
+) -> list[str]:
+    """Per prompt at one sampling row: tokens/s of every method, then speedup and tokens/round."""
+    runs = [r for r in summary.get("per_prompt", []) if r["setting"] == sampling["name"]]
+    if not runs:
+        return []
+    methods = [
+        (m, g)
+        for m, g in configured_methods(result)
+        if any(r["method"] == m and r["gamma"] == g for r in runs)
+    ]
+    prompts = list(dict.fromkeys(r["prompt"] for r in runs))
+    cell = {(r["prompt"], r["method"], r["gamma"]): r for r in runs}
+    header = "| prompt | category | " + " | ".join(label(m, g) for m, g in methods) + " |"
+    rule = "|---|---|" + "---:|" * len(methods)
+    lines = [f"### Per prompt, {_setting_title(sampling)}: tokens/s (steady state)", "", header, rule]
+    for prompt in prompts:
+        first = next(r for r in runs if r["prompt"] == prompt)
+        values = [cell.get((prompt, m, g)) for m, g in methods]
+        lines.append(
+            f"| {prompt} | {first['category']} | "
+            + " | ".join(_f(v["tokens_per_second"]) if v else "" for v in values)
+            + " |"
+        )
+    lines += [
+        "",
+        f"### Per prompt, {_setting_title(sampling)}: speedup over plain / tokens per round",
+        "",
+        header,
+        rule,
+    ]
+    for prompt in prompts:
+        first = next(r for r in runs if r["prompt"] == prompt)
+        values = [cell.get((prompt, m, g)) for m, g in methods]
+        lines.append(
+            f"| {prompt} | {first['category']} | "
+            + " | ".join(f"{_f(v['speedup'])}x / {_f(v['tokens_per_round'])}" if v else "" for v in values)
+            + " |"
+        )
+    return lines + [""]
+
+
+def _block_table(summary: dict[str, Any]) -> list[str]:
+    pairs = summary.get("block_vs_token") or []
+    if not pairs:
+        return []
+    lines = [
+        "## Block against token verification (same drafts' model, same gamma, prompt and seed)",
+        "",
+        "| sampling | prompt | gamma | tokens/round, token | tokens/round, block | tokens/s, token "
+        "| tokens/s, block | wall-clock gain |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p in pairs:
+        lines.append(
+            f"| {_name_title(p['setting'])} | {p['prompt']} | {p['gamma']} | "
+            f"{_f(p['token_tokens_per_round'])} | "
+            f"{_f(p['block_tokens_per_round'])} | {_f(p['token_tokens_per_second'])} | "
+            f"{_f(p['block_tokens_per_second'])} | {_f(p['wall_clock_gain'], 3)}x |"
+        )
+    lines += [
+        "",
+        "Both verifiers see the same target forward per round, but the drafts differ after the first "
+        "round in which they emit different tokens (at T > 0 the random streams are then used differently), "
+        "so per-prompt differences include sampling noise; block verification's guarantee is in expectation.",
+        "",
+    ]
     return lines
 
 
@@ -272,9 +439,9 @@ def _hf_section(result: dict[str, Any], summary: dict[str, Any]) -> list[str]:
         f"{policy.get('num_assistant_tokens')}, schedule `{policy.get('num_assistant_tokens_schedule')}`, "
         f"assistant_confidence_threshold={threshold} ({adaptive}): the draft stops early when its own "
         "probability of the token it drew falls below the threshold. Same models, dtype, prompts, seeds "
-        "and number of new tokens; temperature sampling without top-k/top-p.",
+        "and number of new tokens; the same sampling settings as our runs of each row.",
         "",
-        "| T | generator | rounds | mean draft length | draft lengths used (length: rounds) | alpha "
+        "| sampling | generator | rounds | mean draft length | draft lengths used (length: rounds) | alpha "
         "| tokens/round | tokens/s | speedup over our plain | speedup over HF plain |",
         "|---:|---|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
@@ -283,7 +450,8 @@ def _hf_section(result: dict[str, Any], summary: dict[str, Any]) -> list[str]:
             continue
         histogram = ", ".join(f"{k}: {n}" for k, n in r.get("hf_draft_lengths", {}).items())
         lines.append(
-            f"| {r['temperature']:g} | {', '.join(r.get('hf_generator', []))} | {r.get('rounds', '')} | "
+            f"| {_name_title(r['setting'])} | {', '.join(r.get('hf_generator', []))} | "
+            f"{r.get('rounds', '')} | "
             f"{_f(r.get('hf_mean_draft_length'), 1)} | {histogram} | {_f(r['alpha'], 3)} | "
             f"{_f(r['tokens_per_round'])} | {_f(r['tokens_per_second']['median'])} | "
             f"{_spread(r['speedup'])} | {_spread(r['speedup_over_hf_plain'])} |"
@@ -291,7 +459,8 @@ def _hf_section(result: dict[str, Any], summary: dict[str, Any]) -> list[str]:
     for r in summary["rows"]:
         if r["method"] == HF_PLAIN:
             lines.append(
-                f"\nHF plain `generate` at T={r['temperature']:g}: {_f(r['tokens_per_second']['median'])} "
+                f"\nHF plain `generate` at {_name_title(r['setting'])}: "
+                f"{_f(r['tokens_per_second']['median'])} "
                 f"tokens/s, {_spread(r['speedup'])} x our plain decoding."
             )
     return lines + [""]
@@ -320,8 +489,14 @@ def _method_notes(config: dict[str, Any]) -> list[str]:
     return [
         "## How this was measured",
         "",
-        "- For each prompt and temperature the settings run back to back (plain, each gamma, HF assisted, HF "
-        "plain) after a warm-up of every method, each from empty KV caches and with the same seed.",
+        "- For each prompt and sampling row the methods run back to back (plain, each method and gamma, HF "
+        "assisted, HF plain) after a warm-up of every method, each from empty KV caches and with the same "
+        "seed.",
+        "- Methods of our engine (exactspec.api.strategy, the helper `generate` uses too): speculative = the "
+        "draft model with token verification; speculative-block = the same drafts with block verification; "
+        "ngram = prompt lookup (no draft model, c = 0); hybrid = lookup where the history matches, the draft "
+        "model elsewhere; adaptive = the draft model with gamma chosen per round in 0..gamma from running "
+        "acceptance and c, v(k) measured once per pair (ModelPair.cost_model), before the timed runs.",
         "- Steady-state tokens/s = tokens after the first round / time after the first round (round "
         "boundaries from the engine's rounds, and from HF's streamer, which receives one chunk per round).",
         "- alpha = accepted / proposed draft tokens, pooled over prompts; tokens/round = emitted tokens / "
@@ -351,12 +526,12 @@ def write_plots(result: dict[str, Any], summary: dict[str, Any], out: Path) -> d
     from matplotlib import pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    temperatures = result["config"]["temperatures"]
+    settings = sampling_rows(result)
     paths = {}
 
-    fig, axes = plt.subplots(1, len(temperatures), figsize=(5.5 * len(temperatures), 4.2), squeeze=False)
-    for ax, temperature in zip(axes[0], temperatures, strict=True):
-        rows = [r for r in summary["rows"] if r["temperature"] == temperature]
+    fig, axes = plt.subplots(1, len(settings), figsize=(5.5 * len(settings), 4.2), squeeze=False)
+    for ax, sampling in zip(axes[0], settings, strict=True):
+        rows = [r for r in summary["rows"] if r["setting"] == sampling["name"]]
         spec = [r for r in rows if r["method"] == SPECULATIVE]
         if spec:
             gammas = [r["gamma"] for r in spec]
@@ -369,7 +544,7 @@ def write_plots(result: dict[str, Any], summary: dict[str, Any], out: Path) -> d
             ax.plot(
                 gammas, [r["predicted_speedup"] for r in spec], "s--", label="predicted S (alpha at gamma)"
             )
-            rec = summary["recommendation"].get(f"{temperature:g}", {})
+            rec = summary["recommendation"].get(sampling["name"], {})
             alpha = rec.get("pooled_alpha")
             if alpha is not None and not _nan(alpha):
                 curve = theory_curve(alpha, summary["costs"])
@@ -380,6 +555,12 @@ def write_plots(result: dict[str, Any], summary: dict[str, Any], out: Path) -> d
                     color="gray",
                     label=f"theory, pooled alpha={alpha:.2f}",
                 )
+        others = [
+            r for r in rows if is_engine_method(r["method"]) and r["method"] not in (PLAIN, SPECULATIVE)
+        ]
+        for r in others:
+            if not _nan(r["speedup"]["median"]):
+                ax.plot([r["gamma"]], [r["speedup"]["median"]], "D", label=r["label"])
         for r in rows:
             if r["method"] == HF_ASSISTED and not _nan(r["speedup"]["median"]):
                 ax.axhline(r["speedup"]["median"], color="tab:red", linestyle="-.", label="HF assisted")
@@ -389,15 +570,15 @@ def write_plots(result: dict[str, Any], summary: dict[str, Any], out: Path) -> d
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("gamma (draft tokens per round)")
         ax.set_ylabel("speedup over plain decoding")
-        ax.set_title(f"T = {temperature:g}")
+        ax.set_title(_setting_title(sampling))
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
     paths["speedup_plot"] = _save_figure(plt, fig, out / SPEEDUP_PLOT)
 
-    fig, axes = plt.subplots(1, len(temperatures), figsize=(5.5 * len(temperatures), 4.2), squeeze=False)
-    for ax, temperature in zip(axes[0], temperatures, strict=True):
+    fig, axes = plt.subplots(1, len(settings), figsize=(5.5 * len(settings), 4.2), squeeze=False)
+    for ax, sampling in zip(axes[0], settings, strict=True):
         for r in summary["rows"]:
-            if r["temperature"] != temperature or r["method"] != SPECULATIVE:
+            if r["setting"] != sampling["name"] or r["method"] != SPECULATIVE:
                 continue
             rates = r["acceptance_by_position"]
             ax.plot(range(1, len(rates) + 1), [_nan_to(x) for x in rates], "o-", label=f"gamma={r['gamma']}")
@@ -405,7 +586,7 @@ def write_plots(result: dict[str, Any], summary: dict[str, Any], out: Path) -> d
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("draft position i (given positions < i were accepted)")
         ax.set_ylabel("acceptance rate")
-        ax.set_title(f"T = {temperature:g}")
+        ax.set_title(_setting_title(sampling))
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
     paths["acceptance_plot"] = _save_figure(plt, fig, out / ACCEPTANCE_PLOT)

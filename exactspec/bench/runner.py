@@ -1,6 +1,12 @@
 """Run the whole benchmark: plain decoding, speculative decoding for each gamma, and transformers' peers.
 
-For every prompt and temperature the runs are interleaved (plain, each gamma,
+A *method* is plain decoding, one of our engine's strategies (`exactspec.api.strategy`: the draft
+model with token or block verification, prompt lookup, hybrid, adaptive gamma; named
+"speculative", "speculative-block", "ngram", "hybrid", "adaptive", ...) at a gamma, or a
+transformers peer. A *sampling row* is a named `SamplingSettings`: one per temperature ("0",
+"0.7") plus named rows such as "realistic" (`NAMED_SETTINGS`).
+
+For every prompt and sampling row the runs are interleaved (plain, each method,
 HF assisted generation, HF plain `generate`) so that machine noise hits all of
 them alike; each single run is in `exactspec.bench.runs`, timed as described
 in `exactspec.bench.timing`. The speedup model (`exactspec.bench.theory`)
@@ -26,13 +32,23 @@ from typing import Any
 
 import torch
 
+from exactspec.api.strategy import Strategy
 from exactspec.bench.costs import measure_costs
 from exactspec.bench.runs import run_engine, run_hf
+from exactspec.core.settings import SamplingSettings
 from exactspec.models.pair import ModelPair
 from exactspec.peers import hf as hf_peer
 
 PLAIN, SPECULATIVE, HF_ASSISTED, HF_PLAIN = "plain", "speculative", "hf-assisted", "hf-plain"
-METHODS = (PLAIN, SPECULATIVE, HF_ASSISTED, HF_PLAIN)
+SPECULATIVE_BLOCK, NGRAM, HYBRID, ADAPTIVE = "speculative-block", "ngram", "hybrid", "adaptive"
+METHODS = (PLAIN, SPECULATIVE, SPECULATIVE_BLOCK, NGRAM, HYBRID, ADAPTIVE, HF_ASSISTED, HF_PLAIN)
+HF_METHODS = (HF_ASSISTED, HF_PLAIN)
+
+REALISTIC_CHAT = SamplingSettings(temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05)
+"""Close to the Qwen2.5 instruct models' published generation defaults: what chat users actually send."""
+
+NAMED_SETTINGS: dict[str, SamplingSettings] = {"realistic": REALISTIC_CHAT}
+"""Sampling rows that are more than a temperature, by the name `--settings` and the report use."""
 
 DEFAULT_GAMMAS = (1, 2, 4, 6, 8)
 DEFAULT_TEMPERATURES = (0.0, 0.7)
@@ -44,12 +60,38 @@ SCHEMA_VERSION = 1
 WARMUP_PROMPT_TOKENS = 16
 
 
+def is_engine_method(method: str) -> bool:
+    """Plain decoding or one of our engine's strategies (not a transformers peer)."""
+    return method not in HF_METHODS
+
+
+def strategy_of(method: str) -> Strategy:
+    """The engine strategy of a method name (plain decoding: the default, at gamma 0)."""
+    return Strategy() if method == PLAIN else Strategy.from_name(method)
+
+
+@dataclass(frozen=True)
+class SamplingRow:
+    """One row of the report: a name ("0", "0.7", "realistic") and the settings every method samples with."""
+
+    name: str
+    settings: SamplingSettings
+
+
 @dataclass(frozen=True)
 class BenchConfig:
-    """What to run. `cost_repeats` timed forwards per k measure c and v(k); `warmup_tokens` per method."""
+    """What to run. `cost_repeats` timed forwards per k measure c and v(k); `warmup_tokens` per method.
+
+    Methods: plain, then `method` (default "speculative") at each of `gammas`, then `extra_methods`
+    ((name, gamma) pairs such as ("ngram", 8) or ("adaptive", 4)), then the HF peers. Sampling
+    rows: one per temperature, then each of `named_settings` (keys of `NAMED_SETTINGS`).
+    """
 
     gammas: tuple[int, ...] = DEFAULT_GAMMAS
     temperatures: tuple[float, ...] = DEFAULT_TEMPERATURES
+    method: str = SPECULATIVE
+    extra_methods: tuple[tuple[str, int], ...] = ()
+    named_settings: tuple[str, ...] = ()
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     seed: int = 0
     hf_assisted: bool = True
@@ -61,8 +103,19 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if not self.gammas or any(g < 1 for g in self.gammas):
             raise ValueError(f"gammas must be integers >= 1 (plain decoding always runs), got {self.gammas}")
-        if not self.temperatures or any(t < 0 or math.isnan(t) for t in self.temperatures):
+        if any(t < 0 or math.isnan(t) for t in self.temperatures):
             raise ValueError(f"temperatures must be >= 0, got {self.temperatures}")
+        if not self.temperatures and not self.named_settings:
+            raise ValueError("give at least one temperature or named sampling setting")
+        unknown = [name for name in self.named_settings if name not in NAMED_SETTINGS]
+        if unknown:
+            raise ValueError(f"unknown sampling settings {unknown}; known: {', '.join(NAMED_SETTINGS)}")
+        for name, gamma in ((self.method, 1), *self.extra_methods):
+            if not is_engine_method(name) or name == PLAIN:
+                raise ValueError(f"{name!r} is not a speculative method of our engine")
+            strategy_of(name)  # raises for unknown names
+            if not gamma >= 1:
+                raise ValueError(f"method {name} needs gamma >= 1, got {gamma}")
         if self.max_new_tokens < 2:
             raise ValueError(
                 f"max_new_tokens must be >= 2 (one round is the prefill), got {self.max_new_tokens}"
@@ -71,13 +124,22 @@ class BenchConfig:
             raise ValueError(f"cost_repeats must be >= 1, got {self.cost_repeats}")
 
     def methods(self) -> list[tuple[str, int]]:
-        """(method, gamma) in run order for one prompt and temperature."""
-        order = [(PLAIN, 0)] + [(SPECULATIVE, g) for g in self.gammas]
+        """(method, gamma) in run order for one prompt and sampling row."""
+        order = [(PLAIN, 0)] + [(self.method, g) for g in self.gammas]
+        order += [item for item in self.extra_methods if item not in order]
         if self.hf_assisted:
             order.append((HF_ASSISTED, 0))
         if self.hf_plain:
             order.append((HF_PLAIN, 0))
         return order
+
+    def sampling_rows(self) -> list[SamplingRow]:
+        """One row per temperature (named by it: "0", "0.7"), then the named settings."""
+        rows = [SamplingRow(f"{t:g}", SamplingSettings(temperature=t)) for t in self.temperatures]
+        return rows + [SamplingRow(name, NAMED_SETTINGS[name]) for name in self.named_settings]
+
+    def max_gamma(self) -> int:
+        return max(gamma for _, gamma in self.methods())
 
 
 @dataclass(frozen=True)
@@ -137,12 +199,22 @@ def run_bench(
     say = log or (lambda message: None)
     started = time.perf_counter()
     env = environment()
+    rows = config.sampling_rows()
     result: dict[str, Any] = {
         "schema": SCHEMA_VERSION,
         "config": {
             **asdict(config),
             "gammas": list(config.gammas),
             "temperatures": list(config.temperatures),
+            "methods": [list(m) for m in config.methods()],
+            "sampling_rows": [
+                {
+                    "name": row.name,
+                    "temperature": row.settings.temperature,
+                    "describe": row.settings.describe(),
+                }
+                for row in rows
+            ],
         },
         "environment": env,
         "models": {
@@ -160,13 +232,15 @@ def run_bench(
         "errors": [],
     }
 
-    max_k = max(config.gammas) + 1
+    max_k = config.max_gamma() + 1
     context = max(prompts, key=lambda p: len(p.ids)).ids if len(prompts[0].ids) <= max_k else prompts[0].ids
     if len(context) <= max_k:
         context = list(context) * (max_k // max(1, len(context)) + 2)
     say(f"measuring c and v(k) (k = 1..{max_k}) on a warm cache of {len(context)} tokens")
     costs_started = time.perf_counter()
-    result["costs"] = measure_costs(pair, context, max_k, config.cost_repeats, config.temperatures)
+    result["costs"] = measure_costs(
+        pair, context, max_k, config.cost_repeats, {row.name: row.settings for row in rows}
+    )
     result["costs"]["seconds"] = time.perf_counter() - costs_started
 
     say("warm-up")
@@ -175,35 +249,35 @@ def run_bench(
     warm_tokens = min(config.warmup_tokens, config.max_new_tokens)
     for method, gamma in config.methods():
         with contextlib.suppress(Exception):  # a failing method is reported by its real runs below
-            _run_one(pair, method, gamma, warm_ids, config.temperatures[-1], warm_tokens, config)
+            _run_one(pair, method, gamma, warm_ids, rows[-1].settings, warm_tokens, config)
     result["warmup_seconds"] = time.perf_counter() - warm_started
 
     methods = config.methods()
-    total = len(prompts) * len(config.temperatures) * len(methods)
-    failed_methods: set[tuple[str, float]] = set()
+    total = len(prompts) * len(rows) * len(methods)
+    failed_methods: set[tuple[str, str]] = set()
     with _progress(total, progress) as bar:
         for index, prompt in enumerate(prompts):
             seed = config.seed + index
-            for temperature in config.temperatures:
+            for row in rows:
                 plain_tokens: list[int] | None = None
                 for method, gamma in methods:
-                    label = f"{prompt.name} T={temperature:g} {method}{f' gamma={gamma}' if gamma else ''}"
+                    label = f"{prompt.name} {row.name} {method}{f' gamma={gamma}' if gamma else ''}"
                     if bar is not None:
                         bar.set_postfix_str(label, refresh=False)
-                    if (method, temperature) in failed_methods:
+                    if (method, row.name) in failed_methods:
                         _advance(bar)
                         continue
                     try:
                         record = _run_one(
-                            pair, method, gamma, prompt.ids, temperature, config.max_new_tokens, config, seed
+                            pair, method, gamma, prompt.ids, row.settings, config.max_new_tokens, config, seed
                         )
                     except Exception as error:  # HF's assisted path can refuse a pair; keep the rest
-                        if method not in (HF_ASSISTED, HF_PLAIN):
+                        if is_engine_method(method):
                             raise
-                        message = f"{method} at T={temperature:g} failed on {prompt.name}: {error!r}"
+                        message = f"{method} at {row.name} failed on {prompt.name}: {error!r}"
                         say(message)
                         result["errors"].append(message)
-                        failed_methods.add((method, temperature))
+                        failed_methods.add((method, row.name))
                         _advance(bar)
                         continue
                     if method == PLAIN:
@@ -216,7 +290,8 @@ def run_bench(
                             "prompt": prompt.name,
                             "category": prompt.category,
                             "prompt_tokens": len(prompt.ids),
-                            "temperature": temperature,
+                            "setting": row.name,
+                            "temperature": row.settings.temperature,
                             "method": method,
                             "gamma": gamma,
                             "seed": seed,
@@ -234,15 +309,16 @@ def _run_one(
     method: str,
     gamma: int,
     ids: Sequence[int],
-    temperature: float,
+    settings: SamplingSettings,
     max_new_tokens: int,
     config: BenchConfig,
     seed: int | None = None,
 ) -> dict[str, Any]:
     seed = config.seed if seed is None else seed
-    if method in (PLAIN, SPECULATIVE):
-        return run_engine(pair, ids, gamma, temperature, max_new_tokens, seed, config.ignore_eos)
-    return run_hf(pair, ids, method == HF_ASSISTED, temperature, max_new_tokens, seed, config.ignore_eos)
+    if is_engine_method(method):
+        strategy = strategy_of(method)
+        return run_engine(pair, ids, gamma, settings, max_new_tokens, seed, config.ignore_eos, strategy)
+    return run_hf(pair, ids, method == HF_ASSISTED, settings, max_new_tokens, seed, config.ignore_eos)
 
 
 def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:

@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
+from exactspec.api.strategy import Strategy, build_engine
 from exactspec.bench.timing import ForwardTimer, RoundStreamer, steady_state
-from exactspec.core.engine import DecodeConfig, SpeculativeEngine
+from exactspec.core.engine import DecodeConfig
 from exactspec.core.sampler import SeededSampler
 from exactspec.core.settings import SamplingSettings
-from exactspec.drafters.model import ModelDrafter
 from exactspec.models.base import LanguageModel
 from exactspec.models.pair import ModelPair
 from exactspec.peers import hf as hf_peer
@@ -47,22 +47,25 @@ def run_engine(
     pair: ModelPair,
     ids: Sequence[int],
     gamma: int,
-    temperature: float,
+    settings: SamplingSettings,
     max_new_tokens: int,
     seed: int,
     ignore_eos: bool,
+    strategy: Strategy | None = None,
 ) -> dict[str, Any]:
-    """One generation through our engine (gamma = 0 is plain decoding), from empty caches."""
-    pair.clear_caches()
+    """One generation through our engine (gamma = 0 is plain decoding), from empty caches.
+
+    `strategy` picks drafter, verifier and gamma policy (`exactspec.api.strategy.build_engine`,
+    the same helper `generate` uses); adaptive gamma takes the pair's cached measured costs, so
+    the measurement (once per pair) happens before the timed part of the first such run.
+    """
     target: LanguageModel = NoEos(pair.target) if ignore_eos else pair.target
-    drafter = None
-    if gamma > 0:
-        draft: LanguageModel = NoEos(pair.draft) if ignore_eos else pair.draft
-        drafter = ModelDrafter(draft, target.vocab_size)
-    engine = SpeculativeEngine(target, drafter)
-    config = DecodeConfig(
-        gamma=gamma, max_new_tokens=max_new_tokens, settings=SamplingSettings(temperature=temperature)
-    )
+    draft: LanguageModel | None = None
+    if pair.draft is not None:
+        draft = NoEos(pair.draft) if ignore_eos else pair.draft
+    engine = build_engine(target, draft, strategy or Strategy(), gamma, costs=pair.cost_model)
+    pair.clear_caches()
+    config = DecodeConfig(gamma=gamma, max_new_tokens=max_new_tokens, settings=settings)
     states = engine.start([list(ids)], config)
     sampler = SeededSampler(seed=seed)
     events: list[tuple[float, int]] = []
@@ -94,7 +97,7 @@ def run_hf(
     pair: ModelPair,
     ids: Sequence[int],
     assisted: bool,
-    temperature: float,
+    settings: SamplingSettings,
     max_new_tokens: int,
     seed: int,
     ignore_eos: bool,
@@ -102,8 +105,7 @@ def run_hf(
     """One `target_model.generate` call (assisted by the draft or plain), timed like `run_engine`."""
     model = pair.target_model
     input_ids = torch.tensor([list(ids)], device=model.device)  # [1, L]
-    # Pure temperature sampling, as in our engine (transformers' global default would add top_k=50).
-    settings = SamplingSettings(temperature=temperature)
+    # Exactly our settings (transformers' global defaults, top_k=50 among them, are kept out).
     streamer = RoundStreamer()
     with ForwardTimer(model) as target_timer, ForwardTimer(pair.draft_model) as draft_timer:
         started = time.perf_counter()

@@ -1,6 +1,8 @@
 """From the raw benchmark result (`bench.json`) to one row per setting, with the theory beside it.
 
-A setting is (temperature, method, gamma). Per-prompt quantities (tokens/s,
+A setting is (sampling row, method, gamma); a sampling row is a temperature ("0", "0.7") or a named
+row ("realistic"), and results written before sampling rows existed are read as one row per
+temperature. Per-prompt quantities (tokens/s,
 speedup over plain decoding of the same prompt at the same temperature) are
 summarised by their median and spread over prompts; counts (accepted and
 proposed draft tokens, rounds) are pooled over prompts before dividing.
@@ -17,7 +19,17 @@ from typing import Any
 
 from exactspec.bench import theory
 from exactspec.bench.costs import cost_ratios
-from exactspec.bench.runner import HF_ASSISTED, HF_PLAIN, PLAIN, SPECULATIVE
+from exactspec.bench.runner import (
+    ADAPTIVE,
+    HF_ASSISTED,
+    HF_PLAIN,
+    NGRAM,
+    PLAIN,
+    SPECULATIVE,
+    SPECULATIVE_BLOCK,
+    is_engine_method,
+    strategy_of,
+)
 from exactspec.bench.theory import NAN, Spread
 
 # Which speedup is "the" prediction: E from measured alpha, as in docs/algorithm.md "Measured quantities".
@@ -30,34 +42,65 @@ PREDICTION_NOTE = (
 )
 
 
+def sampling_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The result's sampling rows ({name, temperature, describe}); one per temperature for old results."""
+    config = result["config"]
+    if config.get("sampling_rows"):
+        return config["sampling_rows"]
+    return [
+        {"name": f"{t:g}", "temperature": t, "describe": "greedy" if t == 0 else f"T={t:g}"}
+        for t in config["temperatures"]
+    ]
+
+
+def run_setting(run: dict[str, Any]) -> str:
+    """The sampling row a run belongs to (its temperature for results without sampling rows)."""
+    return run.get("setting") or f"{run['temperature']:g}"
+
+
+def configured_methods(result: dict[str, Any]) -> list[tuple[str, int]]:
+    """(method, gamma) in run order, HF peers last (for old results: plain, each gamma, the peers)."""
+    config = result["config"]
+    if config.get("methods"):
+        order = [(m, int(g)) for m, g in config["methods"] if is_engine_method(m)]
+    else:
+        order = [(PLAIN, 0)] + [(SPECULATIVE, g) for g in config["gammas"]]
+    return order + [(HF_ASSISTED, 0), (HF_PLAIN, 0)]
+
+
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
-    """Summary of a raw result: cost ratios, one row per setting, the recommended gamma per temperature."""
+    """Summary of a raw result: cost ratios, one row per setting, per-prompt rows, targets, the
+    recommended gamma per sampling row."""
     costs = cost_ratios(result["costs"])
     forward_costs = cost_ratios(result["costs"], forward_only=True)
     runs = result["runs"]
-    temperatures = result["config"]["temperatures"]
     rows = []
-    for temperature in temperatures:
-        at_t = [r for r in runs if r["temperature"] == temperature]
+    for sampling in sampling_rows(result):
+        at_t = [r for r in runs if run_setting(r) == sampling["name"]]
         plain_by_prompt = {r["prompt"]: r for r in at_t if r["method"] == PLAIN}
         hf_plain_by_prompt = {r["prompt"]: r for r in at_t if r["method"] == HF_PLAIN}
         plain_step = _median_forward([r for r in at_t if r["method"] == PLAIN], "target_forwards", width=1)
-        settings = [(PLAIN, 0)] + [(SPECULATIVE, g) for g in result["config"]["gammas"]]
-        settings += [(HF_ASSISTED, 0), (HF_PLAIN, 0)]
-        for method, gamma in settings:
+        for method, gamma in configured_methods(result):
             group = [r for r in at_t if r["method"] == method and r["gamma"] == gamma]
             if not group:
                 continue
-            rows.append(
-                _row(
-                    temperature, method, gamma, group, plain_by_prompt, hf_plain_by_prompt, costs, plain_step
-                )
+            row = _row(
+                sampling["temperature"],
+                method,
+                gamma,
+                group,
+                plain_by_prompt,
+                hf_plain_by_prompt,
+                costs,
+                plain_step,
             )
+            rows.append({"setting": sampling["name"], **row})
     recommendation = {}
-    for temperature in temperatures:
-        recommendation[f"{temperature:g}"] = _recommend(
-            [r for r in rows if r["temperature"] == temperature], costs
+    for sampling in sampling_rows(result):
+        recommendation[sampling["name"]] = _recommend(
+            [r for r in rows if r["setting"] == sampling["name"]], costs
         )
+    per_prompt = per_prompt_rows(result)
     return {
         "costs": costs,
         "forward_costs": forward_costs,
@@ -65,6 +108,9 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
             t: 1000 * statistics.median(v) for t, v in result["costs"]["transform_and_sample_seconds"].items()
         },
         "rows": rows,
+        "per_prompt": per_prompt,
+        "block_vs_token": block_vs_token(per_prompt),
+        "targets": targets(result, rows, per_prompt),
         "recommendation": recommendation,
         "prediction_note": PREDICTION_NOTE,
         "estimated_full_run_seconds": estimate_full_run_seconds(result),
@@ -123,7 +169,11 @@ def _row(
     if same:
         row["same_tokens_as_plain"] = sum(same)
         row["compared_with_plain"] = len(same)
-    if method in (PLAIN, SPECULATIVE):
+    if is_engine_method(method):
+        strategy = strategy_of(method)
+        # The i.i.d. prediction needs one fixed gamma and one c: not for adaptive gamma (gamma varies)
+        # nor hybrid (c is 0 on lookup rounds and the model's c on the others).
+        predictable = bool(gamma) and not strategy.adaptive_gamma and strategy.drafter != "hybrid"
         metrics = [r["metrics"] for r in group]
         accepted = sum(m["accepted_tokens"] for m in metrics)
         proposed = sum(m["proposed_tokens"] for m in metrics)
@@ -134,18 +184,20 @@ def _row(
         row["overhead_fraction"] = overhead / total if total > 0 else NAN
         row["overhead_ms_per_round"] = 1000 * overhead / rounds if rounds else NAN
         row["tokens_per_round"] = emitted / rounds if rounds else NAN
+        row["mean_draft_length"] = proposed / rounds if rounds else NAN
         row["rounds"] = rounds
         row["acceptance_by_position"] = _pooled_positions(metrics)
-        row["c"] = costs["c"] if gamma else 0.0
+        row["c"] = costs["c"] if gamma and strategy.needs_draft_model else 0.0
         row["v"] = costs["v"].get(gamma + 1, NAN)
         # Measured during the runs (forward passes only, prefill excluded), for comparison.
         draft_step = _median_forward(group, "draft_forwards") if gamma else NAN
-        row["run_c"] = theory.ratio(draft_step, plain_step) if gamma else 0.0
+        row["run_c"] = theory.ratio(draft_step, plain_step) if gamma and strategy.needs_draft_model else 0.0
         row["run_v"] = theory.ratio(_median_forward(group, "target_forwards", width=gamma + 1), plain_step)
         if gamma:
             alpha = theory.acceptance_rate(accepted, proposed)
             row["alpha"] = alpha
             row["accepted_tokens"], row["proposed_tokens"] = accepted, proposed
+        if predictable:
             row["expected_tokens_per_round"] = theory.tokens_per_round(alpha, gamma)
             row["pooled_predicted_speedup"] = theory.predicted_speedup(alpha, gamma, row["c"], row["v"])
             row["predicted_speedup_from_tokens_per_round"] = theory.speedup_from_tokens_per_round(
@@ -167,7 +219,7 @@ def _row(
                 ratios.append(theory.ratio(measured, own))
             row["predicted_speedup"] = statistics.median(predicted) if predicted else NAN
             row["measured_over_predicted"] = statistics.median(ratios) if ratios else NAN
-        else:
+        elif not gamma:
             row["predicted_speedup"] = 1.0
             row["measured_over_predicted"] = theory.ratio(row["speedup"]["median"], 1.0)
     if method == HF_ASSISTED:
@@ -186,9 +238,195 @@ def _row(
 
 
 def label(method: str, gamma: int) -> str:
-    if method == SPECULATIVE:
-        return f"speculative gamma={gamma}"
-    return {PLAIN: "plain (ours, gamma=0)", HF_ASSISTED: "HF assisted", HF_PLAIN: "HF plain generate"}[method]
+    """`speculative gamma=4`, `speculative-block gamma=4`, `adaptive gamma<=4`, `plain (ours, gamma=0)`."""
+    fixed = {PLAIN: "plain (ours, gamma=0)", HF_ASSISTED: "HF assisted", HF_PLAIN: "HF plain generate"}
+    if method in fixed:
+        return fixed[method]
+    return f"{method} gamma{'<=' if strategy_of(method).adaptive_gamma else '='}{gamma}"
+
+
+GROUNDED = "grounded"
+"""The prompt category whose output copies its input (edits, fixes, questions over a given text)."""
+
+LOOKUP_TARGET = 2.0
+"""Issue 12: prompt lookup at least 2.0x over plain on the grounded prompts at T = 0."""
+ADAPTIVE_FLOOR = 0.97
+"""Issue 12: adaptive gamma never below 0.97x of plain on any prompt."""
+OUTSIDE_MODEL_TARGET = 0.03
+"""Issue 12: time outside the model forwards under 3% of wall time at the realistic-settings row."""
+REALISTIC = "realistic"
+
+
+def per_prompt_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per run: tokens/s, speedup over plain (same prompt and sampling row), tokens per round.
+
+    Speedups are steady state (after the first round), as in the setting rows; the end-to-end
+    speedup includes the prefill. outside_model_fraction = 1 - (forward-hook time of both models)
+    / wall time.
+    """
+    plain: dict[tuple[str, str], dict[str, Any]] = {
+        (run_setting(r), r["prompt"]): r for r in result["runs"] if r["method"] == PLAIN
+    }
+    rows = []
+    for r in result["runs"]:
+        base = plain.get((run_setting(r), r["prompt"]))
+        metrics = r.get("metrics")
+        if metrics is not None:
+            rounds = metrics["rounds"]
+            tokens_per_round = metrics["emitted_tokens"] / rounds if rounds else NAN
+            draft_length = metrics["proposed_tokens"] / rounds if rounds else NAN
+            overhead = metrics.get("overhead_fraction", NAN)
+        else:
+            rounds = len(r.get("round_tokens", []))
+            tokens_per_round = r["new_tokens"] / rounds if rounds else NAN
+            draft_length = overhead = NAN
+        rows.append(
+            {
+                "setting": run_setting(r),
+                "prompt": r["prompt"],
+                "category": r.get("category"),
+                "method": r["method"],
+                "gamma": r["gamma"],
+                "label": label(r["method"], r["gamma"]),
+                "tokens_per_second": r["steady_tokens_per_second"],
+                "speedup": theory.ratio(r["steady_tokens_per_second"], base["steady_tokens_per_second"])
+                if base
+                else NAN,
+                "end_to_end_speedup": theory.ratio(base["wall_seconds"], r["wall_seconds"]) if base else NAN,
+                "tokens_per_round": tokens_per_round,
+                "mean_draft_length": draft_length,
+                "outside_model_fraction": _outside_model_fraction([r]),
+                "overhead_fraction": overhead,
+            }
+        )
+    return rows
+
+
+def block_vs_token(per_prompt: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Block against token verification at the same gamma, prompt and sampling row (same drafter)."""
+    token = {(r["setting"], r["prompt"], r["gamma"]): r for r in per_prompt if r["method"] == SPECULATIVE}
+    pairs = []
+    for r in per_prompt:
+        other = token.get((r["setting"], r["prompt"], r["gamma"]))
+        if r["method"] != SPECULATIVE_BLOCK or other is None:
+            continue
+        pairs.append(
+            {
+                "setting": r["setting"],
+                "prompt": r["prompt"],
+                "gamma": r["gamma"],
+                "token_tokens_per_round": other["tokens_per_round"],
+                "block_tokens_per_round": r["tokens_per_round"],
+                "token_tokens_per_second": other["tokens_per_second"],
+                "block_tokens_per_second": r["tokens_per_second"],
+                "wall_clock_gain": theory.ratio(r["tokens_per_second"], other["tokens_per_second"]),
+            }
+        )
+    return pairs
+
+
+def targets(
+    result: dict[str, Any], rows: list[dict[str, Any]], per_prompt: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Issue 12's benchmark targets, each with the numbers it is judged on and whether it is met.
+
+    - lookup: every ngram gamma's speedup on each grounded prompt at T = 0 (and T = 0.7), met
+      when every grounded prompt reaches LOOKUP_TARGET;
+    - adaptive: its lowest per-prompt speedup over every sampling row (met at >= ADAPTIVE_FLOOR),
+      and per sampling row its median against the best fixed-gamma (token-verified) median;
+    - block: per prompt and gamma, block tokens/round >= token tokens/round, and the median
+      wall-clock gain (block tokens/s / token tokens/s);
+    - outside models: each engine method's share of wall time outside the forwards at the
+      realistic row (pooled over prompts), met when all are below OUTSIDE_MODEL_TARGET.
+    A target whose runs are absent is None.
+    """
+    out: dict[str, Any] = {}
+    lookup = {}
+    for setting in ("0", "0.7"):
+        for gamma in sorted({r["gamma"] for r in per_prompt if r["method"] == NGRAM}):
+            speedups = {
+                r["prompt"]: r["speedup"]
+                for r in per_prompt
+                if r["method"] == NGRAM
+                and r["gamma"] == gamma
+                and r["setting"] == setting
+                and r["category"] == GROUNDED
+            }
+            if speedups:
+                values = list(speedups.values())
+                lookup[f"{setting} gamma={gamma}"] = {
+                    "setting": setting,
+                    "gamma": gamma,
+                    "per_prompt": speedups,
+                    "median": theory.median(values),
+                    "min": min(values),
+                    "met": setting == "0" and min(values) >= LOOKUP_TARGET,
+                }
+    out["lookup"] = lookup or None
+
+    adaptive = [r for r in per_prompt if r["method"] == ADAPTIVE]
+    if adaptive:
+        worst = min(adaptive, key=lambda r: _nan_high(r["speedup"]))
+        by_setting = {}
+        for setting in sorted({r["setting"] for r in adaptive}):
+            own = [r for r in rows if r["setting"] == setting and r["method"] == ADAPTIVE]
+            fixed = [r for r in rows if r["setting"] == setting and r["method"] == SPECULATIVE]
+            best = max(fixed, key=lambda r: _nan_low(r["speedup"]["median"]), default=None)
+            if not own or best is None:
+                continue
+            median = own[0]["speedup"]["median"]
+            by_setting[setting] = {
+                "adaptive_median": median,
+                "best_fixed_gamma": best["gamma"],
+                "best_fixed_median": best["speedup"]["median"],
+                "met": _nan_low(median) >= _nan_high(best["speedup"]["median"]),
+            }
+        out["adaptive"] = {
+            "min_speedup": worst["speedup"],
+            "min_at": f"{worst['prompt']} ({worst['setting']})",
+            "floor_met": _nan_low(worst["speedup"]) >= ADAPTIVE_FLOOR,
+            "median_vs_best_fixed": by_setting,
+            "median_met": bool(by_setting) and all(v["met"] for v in by_setting.values()),
+        }
+    else:
+        out["adaptive"] = None
+
+    pairs = block_vs_token(per_prompt)
+    if pairs:
+        short = [p for p in pairs if not p["block_tokens_per_round"] >= p["token_tokens_per_round"]]
+        out["block"] = {
+            "pairs": len(pairs),
+            "fewer_tokens_per_round": [f"{p['prompt']} ({p['setting']}, gamma={p['gamma']})" for p in short],
+            "met": not short,
+            "median_wall_clock_gain": theory.median([p["wall_clock_gain"] for p in pairs]),
+            "median_tokens_per_round_gain": theory.median(
+                [theory.ratio(p["block_tokens_per_round"], p["token_tokens_per_round"]) for p in pairs]
+            ),
+        }
+    else:
+        out["block"] = None
+
+    realistic = [r for r in rows if r["setting"] == REALISTIC and is_engine_method(r["method"])]
+    if realistic:
+        fractions = {r["label"]: r["outside_model_fraction"] for r in realistic}
+        out["outside_models"] = {
+            "per_method": fractions,
+            "max": max(_nan_high(f) for f in fractions.values()),
+            "met": all(_nan_high(f) < OUTSIDE_MODEL_TARGET for f in fractions.values()),
+        }
+    else:
+        out["outside_models"] = None
+    return out
+
+
+def _nan_low(x: float | None) -> float:
+    """For comparisons where a missing number must lose: nan -> -inf."""
+    return -math.inf if x is None or math.isnan(x) else x
+
+
+def _nan_high(x: float | None) -> float:
+    """nan -> +inf (a missing number never passes an upper bound)."""
+    return math.inf if x is None or math.isnan(x) else x
 
 
 def _recommend(rows: list[dict[str, Any]], costs: dict[str, Any]) -> dict[str, Any]:

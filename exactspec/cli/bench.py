@@ -10,10 +10,19 @@ from exactspec.bench.runner import (
     DEFAULT_GAMMAS,
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_TEMPERATURES,
+    NAMED_SETTINGS,
     QUICK_GAMMAS,
     QUICK_MAX_NEW_TOKENS,
+    strategy_of,
 )
-from exactspec.cli.common import EXIT_OK, UsageError, add_model_arguments, positive_int
+from exactspec.cli.common import (
+    EXIT_OK,
+    UsageError,
+    add_model_arguments,
+    add_strategy_arguments,
+    positive_int,
+    strategy,
+)
 from exactspec.core.engine import MAX_GAMMA
 
 DEFAULT_OUT = "bench-out"
@@ -28,7 +37,9 @@ DESCRIPTION = (
     f"--quick runs 3 prompts x {QUICK_MAX_NEW_TOKENS} tokens, gamma {','.join(map(str, QUICK_GAMMAS))}, "
     f"T 0 and 0.7 and HF assisted; the full run 16 prompts x {DEFAULT_MAX_NEW_TOKENS} tokens, gamma "
     f"{','.join(map(str, DEFAULT_GAMMAS))}, HF assisted and plain. Each report states how long it took and "
-    "estimates the full run from the speeds it measured."
+    "estimates the full run from the speeds it measured. --drafter/--verifier/--adaptive-gamma change what "
+    "the --gammas runs use; --methods adds prompt lookup, hybrid, adaptive gamma or block verification runs "
+    "beside them; --settings realistic adds the realistic chat settings row."
 )
 
 
@@ -57,13 +68,32 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help=f"comma-separated temperatures, 0 = greedy (default {','.join(map(str, DEFAULT_TEMPERATURES))})",
     )
     parser.add_argument(
+        "--settings",
+        type=_name_list,
+        default=[],
+        help=f"named sampling rows to add beside the temperatures: {', '.join(NAMED_SETTINGS)} "
+        "(T=0.7, top-p 0.8, top-k 20, repetition penalty 1.05); --temperatures '' runs only these",
+    )
+    parser.add_argument(
+        "--methods",
+        type=_method_list,
+        default=[],
+        help="more methods of our engine to run after the --gammas ones, as NAME:GAMMA, comma-separated "
+        "(names: speculative, speculative-block, ngram, hybrid, adaptive, and combinations such as "
+        "hybrid-adaptive-block; for adaptive the gamma is the maximum), e.g. "
+        "speculative-block:4,ngram:8,hybrid:4,adaptive:4",
+    )
+    parser.add_argument(
         "--max-new-tokens",
         type=positive_int,
         default=None,
         help=f"tokens per run (default {DEFAULT_MAX_NEW_TOKENS}, --quick {QUICK_MAX_NEW_TOKENS})",
     )
     parser.add_argument(
-        "--prompts", choices=("all", "coding", "prose"), default="all", help="prompt set (default all)"
+        "--prompts",
+        default="all",
+        help="prompt set: all (default), a category (coding, prose, ...), 'quick', prompt names, or a "
+        "comma-separated mix of these (e.g. grounded,quick)",
     )
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT}/)")
     parser.add_argument("--no-hf", action="store_true", help="skip both Hugging Face peers")
@@ -88,6 +118,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--no-plots", action="store_true", help="no PNG plots")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_strategy_arguments(parser)  # what the --gammas runs use (default: draft model, token verification)
     add_model_arguments(parser)
     parser.set_defaults(run=run)
 
@@ -96,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from exactspec.api.decoder import SpeculativeDecoder
-    from exactspec.bench.prompts import PROMPTS, select_prompts
+    from exactspec.bench.prompts import PROMPTS
     from exactspec.bench.report import write_outputs
     from exactspec.bench.runner import BenchConfig, EncodedPrompt, run_bench
     from exactspec.bench.summary import summarize
@@ -105,7 +136,23 @@ def run(args: argparse.Namespace) -> int:
     gammas = tuple(args.gammas) if args.gammas else (QUICK_GAMMAS if args.quick else DEFAULT_GAMMAS)
     if any(not 1 <= g <= MAX_GAMMA for g in gammas):
         raise UsageError(f"--gammas must lie in 1..{MAX_GAMMA} (plain decoding always runs), got {gammas}")
-    temperatures = tuple(args.temperatures) if args.temperatures else DEFAULT_TEMPERATURES
+    if args.temperatures is None:
+        temperatures = DEFAULT_TEMPERATURES if not args.settings else ()
+    else:
+        temperatures = tuple(args.temperatures)
+    unknown = [name for name in args.settings if name not in NAMED_SETTINGS]
+    if unknown:
+        raise UsageError(f"--settings: unknown {unknown}; known: {', '.join(NAMED_SETTINGS)}")
+    if not temperatures and not args.settings:
+        raise UsageError("give at least one of --temperatures and --settings")
+    main_method = strategy(args).name
+    try:
+        for name, gamma in args.methods:
+            strategy_of(name)
+            if not 1 <= gamma <= MAX_GAMMA:
+                raise ValueError(f"{name}:{gamma}: gamma must lie in 1..{MAX_GAMMA}")
+    except ValueError as error:
+        raise UsageError(f"--methods: {error}") from None
     max_new_tokens = args.max_new_tokens or (QUICK_MAX_NEW_TOKENS if args.quick else DEFAULT_MAX_NEW_TOKENS)
     if max_new_tokens < 2:
         raise UsageError("--max-new-tokens must be >= 2 (the first round holds the prefill)")
@@ -114,6 +161,9 @@ def run(args: argparse.Namespace) -> int:
     config = BenchConfig(
         gammas=tuple(sorted(set(gammas))),
         temperatures=temperatures,
+        method=main_method,
+        extra_methods=tuple((name, gamma) for name, gamma in args.methods),
+        named_settings=tuple(args.settings),
         max_new_tokens=max_new_tokens,
         seed=args.seed,
         hf_assisted=not args.no_hf,
@@ -121,7 +171,10 @@ def run(args: argparse.Namespace) -> int:
         ignore_eos=not args.stop_at_eos,
         cost_repeats=args.repeats or (QUICK_COST_REPEATS if args.quick else FULL_COST_REPEATS),
     )
-    prompts = select_prompts(args.prompts, quick=args.quick)
+    try:
+        prompts = _select(args.prompts, quick=args.quick)
+    except ValueError as error:
+        raise UsageError(f"--prompts: {error}") from None
     if args.threads:
         torch.set_num_threads(args.threads)
     progress = not args.no_progress
@@ -141,10 +194,11 @@ def run(args: argparse.Namespace) -> int:
         for p in prompts
     ]
     description = {"target_spec": args.target, "draft_spec": args.draft, "load_seconds": load_seconds}
-    runs = len(encoded) * len(config.temperatures) * len(config.methods())
+    rows = config.sampling_rows()
+    runs = len(encoded) * len(rows) * len(config.methods())
     say(
-        f"{len(encoded)} prompts x {len(config.temperatures)} temperatures x {len(config.methods())} "
-        f"settings = {runs} runs of {config.max_new_tokens} tokens (models loaded in {load_seconds:.0f} s)"
+        f"{len(encoded)} prompts x {len(rows)} sampling rows x {len(config.methods())} "
+        f"methods = {runs} runs of {config.max_new_tokens} tokens (models loaded in {load_seconds:.0f} s)"
     )
     all_tokens = [len(decoder.encode([p.text], chat=p.chat)[0]) for p in PROMPTS]
     result = run_bench(
@@ -158,17 +212,55 @@ def run(args: argparse.Namespace) -> int:
     )
     paths = write_outputs(result, args.out, plots=not args.no_plots)
     summary = summarize(result)
-    for temperature, rec in summary["recommendation"].items():
+    for name, rec in summary["recommendation"].items():
         if rec.get("gamma") is not None:
             choice = f"gamma={rec['gamma']}" if rec["gamma"] else "plain decoding"
             print(
-                f"T={temperature}: best {choice} (best measured gamma={rec['best_measured_gamma']}: "
+                f"{name}: best {choice} (best measured gamma={rec['best_measured_gamma']}: "
                 f"{rec['speedup']:.2f}x over plain, steady state)"
             )
     print(
         f"report: {paths['report']}  raw data: {paths['json']}  ({result['duration_seconds'] / 60:.1f} min)"
     )
     return EXIT_OK
+
+
+def _select(which: str, *, quick: bool) -> list:
+    """Prompts by a comma-separated mix of 'all', categories, 'quick' and prompt names, in built-in order."""
+    from exactspec.bench.prompts import PROMPTS
+
+    chosen = set()
+    for part in (p.strip() for p in which.split(",") if p.strip()):
+        matched = {
+            p.name
+            for p in PROMPTS
+            if part == "all" or p.category == part or p.name == part or (part == "quick" and p.quick)
+        }
+        if not matched:
+            names = sorted({p.category for p in PROMPTS} | {"all", "quick"})
+            raise ValueError(
+                f"{part!r} is no category, prompt name or 'quick' (categories: {', '.join(names)})"
+            )
+        chosen |= matched
+    prompts = [p for p in PROMPTS if p.name in chosen]
+    return [p for p in prompts if p.quick] if quick else prompts
+
+
+def _name_list(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _method_list(text: str) -> list[tuple[str, int]]:
+    methods = []
+    for part in _name_list(text):
+        name, sep, gamma = part.partition(":")
+        try:
+            methods.append((name.strip(), int(gamma)))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected NAME:GAMMA, e.g. ngram:8; got {part!r}") from None
+        if not sep:
+            raise argparse.ArgumentTypeError(f"expected NAME:GAMMA, e.g. ngram:8; got {part!r}")
+    return methods
 
 
 def _int_list(text: str) -> list[int]:
@@ -186,6 +278,6 @@ def _float_list(text: str) -> list[float]:
         values = [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values or any(v < 0 or v != v for v in values):
+    if any(v < 0 or v != v for v in values):
         raise argparse.ArgumentTypeError(f"expected numbers >= 0, got {text!r}")
     return values

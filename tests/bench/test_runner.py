@@ -16,7 +16,7 @@ pytest.importorskip("matplotlib")
 
 from conftest import tiny_causal_lm  # noqa: E402
 
-from exactspec.bench.report import write_outputs  # noqa: E402
+from exactspec.bench.report import render_markdown, write_outputs  # noqa: E402
 from exactspec.bench.runner import BenchConfig, EncodedPrompt, run_bench  # noqa: E402
 from exactspec.models.pair import ModelPair  # noqa: E402
 
@@ -83,3 +83,123 @@ def test_cli_registers_bench_and_rejects_bad_lists(capsys: pytest.CaptureFixture
     # gamma 0 is refused before any model is loaded
     assert main(["bench", "--gammas", "0,2", "--target", "nowhere", "--draft", "nowhere"]) == 2
     assert "--gammas" in capsys.readouterr().err
+
+
+def test_cli_bench_methods_settings_and_strategy_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    from exactspec.cli.main import build_parser, main
+
+    args = build_parser().parse_args(
+        [
+            "bench",
+            "--methods",
+            "speculative-block:4,ngram:8",
+            "--settings",
+            "realistic",
+            "--temperatures",
+            "",
+            "--verifier",
+            "block",
+            "--prompts",
+            "coding,quick",
+        ]
+    )
+    assert args.methods == [("speculative-block", 4), ("ngram", 8)]
+    assert (args.settings, args.temperatures, args.verifier, args.drafter) == (
+        ["realistic"],
+        [],
+        "block",
+        "model",
+    )
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "--methods", "ngram"])  # no gamma
+    nowhere = ["--target", "nowhere", "--draft", "nowhere"]
+    # refused before any model is loaded
+    assert main(["bench", "--methods", "tree:4", *nowhere]) == 2
+    assert "unknown method" in capsys.readouterr().err
+    assert main(["bench", "--settings", "fancy", *nowhere]) == 2
+    assert "--settings" in capsys.readouterr().err
+    assert main(["bench", "--prompts", "poetry", *nowhere]) == 2
+    assert "--prompts" in capsys.readouterr().err
+
+
+def test_bench_runs_every_engine_method_and_named_settings(tmp_path: Path) -> None:
+    """Prompt lookup, hybrid, adaptive gamma and block verification beside plain and speculative, at T=0
+    and the realistic chat settings; the report has per-prompt tables, block vs token and the targets."""
+    repeated = [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6]
+    prompts = [
+        EncodedPrompt("edit", "grounded", repeated),
+        EncodedPrompt("prose", "prose", [20, 21, 22, 23, 24]),
+    ]
+    config = BenchConfig(
+        gammas=(2,),
+        temperatures=(0.0,),
+        extra_methods=(("speculative-block", 2), ("ngram", 4), ("hybrid", 2), ("adaptive", 3)),
+        named_settings=("realistic",),
+        max_new_tokens=8,
+        cost_repeats=1,
+        warmup_tokens=2,
+        hf_assisted=False,
+        hf_plain=False,
+    )
+    methods = config.methods()
+    assert methods == [
+        ("plain", 0),
+        ("speculative", 2),
+        ("speculative-block", 2),
+        ("ngram", 4),
+        ("hybrid", 2),
+        ("adaptive", 3),
+    ]
+    assert [row.name for row in config.sampling_rows()] == ["0", "realistic"]
+    pair = tiny_pair()
+    result = run_bench(pair, prompts, config, progress=False, description=DESCRIPTION)
+
+    runs = result["runs"]
+    assert len(runs) == 2 * 2 * 6 and not result["errors"]
+    assert {r["setting"] for r in runs} == {"0", "realistic"}
+    assert all(r["new_tokens"] == 8 for r in runs)
+    greedy = [r for r in runs if r["setting"] == "0" and r["method"] != "plain"]
+    assert all(r["same_tokens_as_plain"] for r in greedy)  # every method is greedy decoding at T=0
+    lookup = [r for r in runs if r["method"] == "ngram"]
+    assert all(r["metrics"]["draft_calls"] == 0 for r in lookup)
+    assert pair._costs is not None and pair._costs.max_gamma >= 3  # adaptive measured the pair once
+
+    paths = write_outputs(result, tmp_path / "out")
+    data = json.loads(paths["json"].read_text())
+    summary = data["summary"]
+    labels = {(r["setting"], r["label"]) for r in summary["rows"]}
+    assert ("realistic", "adaptive gamma<=3") in labels and ("0", "ngram gamma=4") in labels
+    assert len(summary["per_prompt"]) == len(runs)
+    assert len(summary["block_vs_token"]) == 2 * 2
+    targets = summary["targets"]
+    assert set(targets["lookup"]) == {"0 gamma=4"} and "edit" in targets["lookup"]["0 gamma=4"]["per_prompt"]
+    assert isinstance(targets["adaptive"]["floor_met"], bool) and targets["outside_models"]["per_method"]
+    text = paths["report"].read_text()
+    for heading in (
+        "## Targets (issue 12)",
+        "## Temperature 0 (greedy)",
+        "## Realistic settings (T=0.7 top_k=20 top_p=0.8 rep=1.05)",
+        "### Per prompt, T=0: speedup over plain / tokens per round",
+        "## Block against token verification",
+    ):
+        assert heading in text, heading
+
+
+def test_old_results_without_sampling_rows_still_render() -> None:
+    """bench.json files written before methods and sampling rows existed summarise as before."""
+    prompts = [EncodedPrompt("code", "coding", [5, 6, 7, 8, 9])]
+    config = BenchConfig(
+        gammas=(1,),
+        temperatures=(0.0,),
+        max_new_tokens=4,
+        cost_repeats=1,
+        warmup_tokens=2,
+        hf_assisted=False,
+        hf_plain=False,
+    )
+    result = run_bench(tiny_pair(), prompts, config, progress=False, description=DESCRIPTION)
+    del result["config"]["methods"], result["config"]["sampling_rows"]
+    for run in result["runs"]:
+        del run["setting"]
+    text = render_markdown(result, plots=False)
+    assert "## Temperature 0 (greedy)" in text and "speculative gamma=1" in text
