@@ -35,7 +35,7 @@ import torch
 from exactspec.api.strategy import Strategy
 from exactspec.bench.costs import measure_costs
 from exactspec.bench.runs import run_engine, run_hf
-from exactspec.core.settings import SamplingSettings
+from exactspec.core.settings import REALISTIC_CHAT_SETTINGS, SamplingSettings
 from exactspec.models.pair import ModelPair
 from exactspec.peers import hf as hf_peer
 
@@ -44,10 +44,7 @@ SPECULATIVE_BLOCK, NGRAM, HYBRID, ADAPTIVE = "speculative-block", "ngram", "hybr
 METHODS = (PLAIN, SPECULATIVE, SPECULATIVE_BLOCK, NGRAM, HYBRID, ADAPTIVE, HF_ASSISTED, HF_PLAIN)
 HF_METHODS = (HF_ASSISTED, HF_PLAIN)
 
-REALISTIC_CHAT = SamplingSettings(temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05)
-"""Close to the Qwen2.5 instruct models' published generation defaults: what chat users actually send."""
-
-NAMED_SETTINGS: dict[str, SamplingSettings] = {"realistic": REALISTIC_CHAT}
+NAMED_SETTINGS: dict[str, SamplingSettings] = {"realistic": REALISTIC_CHAT_SETTINGS}
 """Sampling rows that are more than a temperature, by the name `--settings` and the report use."""
 
 DEFAULT_GAMMAS = (1, 2, 4, 6, 8)

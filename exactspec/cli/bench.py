@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 
+from exactspec.bench.prompts import SELECTIONS
 from exactspec.bench.runner import (
     DEFAULT_GAMMAS,
     DEFAULT_MAX_NEW_TOKENS,
@@ -92,8 +93,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--prompts",
         default="all",
-        help="prompt set: all (default), a category (coding, prose, ...), 'quick', prompt names, or a "
-        "comma-separated mix of these (e.g. grounded,quick)",
+        help=f"prompt set: one of {', '.join(SELECTIONS)} (all = the 16 coding and prose prompts, the "
+        "default; grounded = input-grounded edit / fix / question / summary requests), 'quick', prompt "
+        "names, or a comma-separated mix of these (e.g. grounded,quick)",
     )
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT}/)")
     parser.add_argument("--no-hf", action="store_true", help="skip both Hugging Face peers")
@@ -226,23 +228,24 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _select(which: str, *, quick: bool) -> list:
-    """Prompts by a comma-separated mix of 'all', categories, 'quick' and prompt names, in built-in order."""
-    from exactspec.bench.prompts import PROMPTS
+    """Prompts by a comma-separated mix of selections (`SELECTIONS`), 'quick' and prompt names.
 
-    chosen = set()
+    Each part adds prompts; the result keeps the built-in order (the default set, then the
+    grounded prompts) without repeats. `quick` keeps only the quick ones.
+    """
+    from exactspec.bench.prompts import GROUNDED_PROMPTS, PROMPTS, select_prompts
+
+    every = PROMPTS + GROUNDED_PROMPTS
+    chosen: set[str] = set()
     for part in (p.strip() for p in which.split(",") if p.strip()):
-        matched = {
-            p.name
-            for p in PROMPTS
-            if part == "all" or p.category == part or p.name == part or (part == "quick" and p.quick)
-        }
+        if part in SELECTIONS:
+            matched = {p.name for p in select_prompts(part)}
+        else:
+            matched = {p.name for p in every if p.name == part or (part == "quick" and p.quick)}
         if not matched:
-            names = sorted({p.category for p in PROMPTS} | {"all", "quick"})
-            raise ValueError(
-                f"{part!r} is no category, prompt name or 'quick' (categories: {', '.join(names)})"
-            )
+            raise ValueError(f"{part!r} is no selection ({', '.join(SELECTIONS)}), prompt name or 'quick'")
         chosen |= matched
-    prompts = [p for p in PROMPTS if p.name in chosen]
+    prompts = [p for p in every if p.name in chosen]
     return [p for p in prompts if p.quick] if quick else prompts
 
 
