@@ -280,6 +280,14 @@ def _costs(summary: dict[str, Any]) -> list[str]:
         f"{per_token}.",
         "",
     ]
+    policy = summary.get("gamma_policy_costs")
+    if policy:
+        v = ", ".join(_f(x, 2) for x in policy["v"])
+        lines += [
+            f"Adaptive gamma optimised with its own measurement (ModelPair.cost_model, once per pair, a "
+            f"48-token cache): c = {_f(policy['c'], 3)}, v(1..{len(policy['v'])}) = {v}.",
+            "",
+        ]
     return lines
 
 

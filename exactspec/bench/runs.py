@@ -89,6 +89,9 @@ def run_engine(
         "draft_forwards": [list(c) for c in draft_timer.calls],
         "model_seconds": target_timer.seconds + draft_timer.seconds,
     }
+    costs = getattr(engine.gamma_policy, "costs", None)
+    if costs is not None:  # what adaptive gamma optimised with (measured once per pair)
+        record["gamma_policy_costs"] = {"c": costs.draft_cost, "v": list(costs.verify_costs)}
     pair.clear_caches()
     return record
 

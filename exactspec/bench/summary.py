@@ -109,6 +109,9 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         },
         "rows": rows,
         "per_prompt": per_prompt,
+        "gamma_policy_costs": next(
+            (r["gamma_policy_costs"] for r in runs if "gamma_policy_costs" in r), None
+        ),
         "block_vs_token": block_vs_token(per_prompt),
         "targets": targets(result, rows, per_prompt),
         "recommendation": recommendation,

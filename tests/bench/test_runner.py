@@ -163,6 +163,8 @@ def test_bench_runs_every_engine_method_and_named_settings(tmp_path: Path) -> No
     lookup = [r for r in runs if r["method"] == "ngram"]
     assert all(r["metrics"]["draft_calls"] == 0 for r in lookup)
     assert pair._costs is not None and pair._costs.max_gamma >= 3  # adaptive measured the pair once
+    adaptive = [r for r in runs if r["method"] == "adaptive"]
+    assert all(len(r["gamma_policy_costs"]["v"]) == 4 for r in adaptive)  # v(1..gamma + 1) recorded
 
     paths = write_outputs(result, tmp_path / "out")
     data = json.loads(paths["json"].read_text())
