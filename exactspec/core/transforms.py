@@ -29,7 +29,7 @@ import torch
 
 from exactspec.core.settings import SamplingSettings
 
-# A row whose finite scores (after top-k) are at most this share of the vocabulary gets its sorted
+# Rows whose finite scores (after top-k) number at most 1/_TOPK_SHARE of the vocabulary get their sorted
 # values from one `torch.topk`; denser rows use a full sort of the values.
 _TOPK_SHARE = 8
 # Half-width of min-p's "too close to call" band, in units of the dtype's eps, times (1 + |ln min_p|).
