@@ -164,20 +164,20 @@ def test_top_p_takes_the_topk_route_after_top_k_and_the_sort_route_without() -> 
     generator = torch.Generator().manual_seed(1)
     logits = torch.randn(4, 5000, generator=generator) * 2
     calls = []
-    original = transforms.np.sort
+    original = transforms._numpy_sort
 
     def counting_sort(*args, **kwargs):
         calls.append(1)
         return original(*args, **kwargs)
 
-    transforms.np.sort = counting_sort
+    transforms._numpy_sort = counting_sort
     try:
         _assert_same(logits, SamplingSettings(top_k=40, top_p=0.9))
         assert calls == []
         _assert_same(logits, SamplingSettings(top_p=0.9))
         assert calls == [1]
     finally:
-        transforms.np.sort = original
+        transforms._numpy_sort = original
 
 
 def test_min_p_rows_near_the_threshold_fall_back_to_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
