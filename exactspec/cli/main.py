@@ -10,10 +10,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from exactspec.cli import audit, bench, generate, verify
+from exactspec.cli import audit, bench, generate, numerics, verify
 from exactspec.cli.common import EXIT_FAILED, EXIT_USAGE, UsageError
 
-COMMANDS = (verify, generate, bench, audit)
+COMMANDS = (verify, generate, bench, audit, numerics)
 """Each module adds its subparser with `add_parser(commands)` and sets `run` as the parser's default."""
 
 
