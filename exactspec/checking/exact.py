@@ -151,12 +151,15 @@ def check_speculative(
     prompts: Sequence[Sequence[int]],
     config: DecodeConfig,
     max_paths: int = DEFAULT_MAX_PATHS,
+    reference: LanguageModel | None = None,
 ) -> ExactCheck:
     """Exact TV distance between the engine's joint output over all rows and the target's.
 
     The target's joint distribution over a batch is the product of each row's
     own distribution (docs/algorithm.md 4: a row must not depend on the other rows), so
-    a batch check also catches rows leaking into each other.
+    a batch check also catches rows leaking into each other. `reference` computes
+    that distribution (default: `target` itself); give a cache-free model with the
+    target's weights to check a cached adapter against something it cannot share a bug with.
     """
     engine = SpeculativeEngine(target, drafter)
 
@@ -167,7 +170,7 @@ def check_speculative(
     speculative, paths = enumerate_outputs(run, max_paths)
     joint: dict[Hashable, float] = {(): 1.0}
     for prompt in prompts:
-        row = target_distribution(target, prompt, config.settings, config.max_new_tokens)
+        row = target_distribution(reference or target, prompt, config.settings, config.max_new_tokens)
         joint = {
             (*before, sequence): mass * prob
             for before, mass in joint.items()

@@ -22,11 +22,14 @@ from exactspec.checking.statistical import (
     likely_sequences,
     sequence_probability,
 )
+from exactspec.checking.tiny_hf import FullForwardModel, TinyHFSpec, tiny_hf_pair
 from exactspec.checking.toy import TabularModel, random_tabular_model
 from exactspec.core.engine import DecodeConfig, SpeculativeEngine
 from exactspec.core.sampler import SeededSampler
 from exactspec.core.settings import SamplingSettings
 from exactspec.drafters.model import ModelDrafter
+from exactspec.models.base import LanguageModel
+from exactspec.models.hf import HFLanguageModel
 
 EXACT_TOLERANCE = 1e-12
 """The exact check fails when a TV distance exceeds this (float64 rounding is ~1e-16)."""
@@ -57,6 +60,43 @@ class ExactCase:
             vocab, seed=2 * self.seed + 2, zero_ids=draft_zeros, one_hot=self.draft == "one-hot"
         )
         return target, draft
+
+    def reference(self, target: LanguageModel) -> LanguageModel:
+        """The model the target's exact distribution is computed from (a table: the target itself)."""
+        return target
+
+
+@dataclass(frozen=True)
+class AdapterCase(ExactCase):
+    """An exact-grid cell whose models are `HFLanguageModel`s over a tiny float64 HF pair.
+
+    The engine drives the real adapter (target and draft, each with its KV cache
+    rows, rollback, holes and compaction); the target's distribution is computed
+    from no-cache full forwards of the same weights (`FullForwardModel`), so an
+    adapter bug shows as a TV distance instead of cancelling out.
+    `max_hole_fraction=0` compacts the cache whenever it has holes.
+    """
+
+    family: str = "qwen2"
+    max_hole_fraction: float = 0.5
+    eos_token_id: int = 0
+
+    def spec(self) -> TinyHFSpec:
+        return TinyHFSpec(
+            family=self.family, vocab_size=self.vocab_size, eos_token_id=self.eos_token_id, seed=self.seed
+        )
+
+    def models(self) -> tuple[HFLanguageModel, HFLanguageModel]:  # type: ignore[override]
+        target, draft = tiny_hf_pair(self.spec())
+        eos = {self.eos_token_id}
+        return (
+            HFLanguageModel(target, eos_token_ids=eos, max_hole_fraction=self.max_hole_fraction),
+            HFLanguageModel(draft, eos_token_ids=eos, max_hole_fraction=self.max_hole_fraction),
+        )
+
+    def reference(self, target: LanguageModel) -> LanguageModel:
+        assert isinstance(target, HFLanguageModel)
+        return FullForwardModel(target._model, target.eos_token_ids, target.vocab_size)
 
 
 @dataclass(frozen=True)
@@ -109,6 +149,32 @@ def exact_grid() -> list[ExactCase]:
             prompts=((2, 2), (1,)),
         )
     )
+    cases.extend(adapter_cases())
+    return cases
+
+
+def adapter_cases() -> list[AdapterCase]:
+    """The grid cells that run through `HFLanguageModel` (tiny float64 Qwen2 and Llama pairs).
+
+    Batches of 2 rows with prompts of different lengths: the shorter row is
+    left-padded, rejected drafts leave holes in one row while the other row
+    keeps its slots, and a finished row leaves the batch. With
+    max_hole_fraction=0 every hole is compacted away before the next pass.
+    Each case is small (seconds): the enumeration replays the whole decode,
+    forward passes included, once per random path.
+    """
+    cases: list[AdapterCase] = []
+    for family in ("qwen2", "llama"):
+        cases += [
+            AdapterCase(
+                f"adapter {family} float64: batch of 2, gamma=2",
+                4,
+                2,
+                3,
+                prompts=((1,), (2, 3, 1)),
+                family=family,
+            ),
+        ]
     return cases
 
 
@@ -116,7 +182,8 @@ def run_exact_case(case: ExactCase) -> ExactResult:
     target, draft = case.models()
     config = DecodeConfig(gamma=case.gamma, max_new_tokens=case.max_new_tokens, settings=case.settings)
     started = time.perf_counter()
-    check = check_speculative(target, ModelDrafter(draft, target.vocab_size), case.prompts, config)
+    drafter = ModelDrafter(draft, target.vocab_size)
+    check = check_speculative(target, drafter, case.prompts, config, reference=case.reference(target))
     return ExactResult(
         case, check.total_variation, check.paths, check.sequences, time.perf_counter() - started
     )

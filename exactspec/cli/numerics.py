@@ -27,7 +27,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         description=(
             "For the target and the bench prompts: per-position total variation between the verification "
             "pass (k = gamma + 1 tokens scored at once) and one-token passes, in the dtype in use and in "
-            "float32, beside the dtype against float32 (one-token passes: the precision's own error); median, "
+            "float32, beside the dtype against float32 (one-token passes: the precision's own error); "
+            "median, "
             "99th percentile and max at each temperature, and how often the greedy tokens differ. Writes "
             "numerics.md and numerics.json to --out."
         ),

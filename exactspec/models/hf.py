@@ -263,7 +263,7 @@ class HFLanguageModel:
         return torch.tensor([len(s) for s in self._slots], dtype=torch.long)  # [B]
 
     def _forward(self, feeds: list[list[int]], k: int) -> torch.Tensor:
-        """One batched forward over the new tokens of every row; returns [B, k, V] logits (float32 or float64)."""
+        """One batched forward over the new tokens of every row; returns [B, k, V] logits (float32/64)."""
         width = max(len(f) for f in feeds)
         num_slots = self._valid.shape[1]
         fed = torch.tensor([len(f) for f in feeds], dtype=torch.long)  # [B]
