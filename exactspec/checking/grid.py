@@ -80,10 +80,15 @@ class AdapterCase(ExactCase):
     family: str = "qwen2"
     max_hole_fraction: float = 0.5
     eos_token_id: int = 0
+    draft_logit_scale: float = 1.0
 
     def spec(self) -> TinyHFSpec:
         return TinyHFSpec(
-            family=self.family, vocab_size=self.vocab_size, eos_token_id=self.eos_token_id, seed=self.seed
+            family=self.family,
+            vocab_size=self.vocab_size,
+            eos_token_id=self.eos_token_id,
+            draft_logit_scale=self.draft_logit_scale,
+            seed=self.seed,
         )
 
     def models(self) -> tuple[HFLanguageModel, HFLanguageModel]:  # type: ignore[override]
@@ -157,24 +162,57 @@ def adapter_cases() -> list[AdapterCase]:
     """The grid cells that run through `HFLanguageModel` (tiny float64 Qwen2 and Llama pairs).
 
     Batches of 2 rows with prompts of different lengths: the shorter row is
-    left-padded, rejected drafts leave holes in one row while the other row
-    keeps its slots, and a finished row leaves the batch. With
-    max_hole_fraction=0 every hole is compacted away before the next pass.
-    Each case is small (seconds): the enumeration replays the whole decode,
-    forward passes included, once per random path.
+    left-padded, a rejection in one row leaves holes while the other row keeps
+    its slots, and a finished row leaves the batch. With max_hole_fraction=0
+    every hole is compacted away before the next pass. Rejections (and so
+    rollbacks) happen in every case, and the cases named "holes" and
+    "compaction" really make holes inside the cache and compact it
+    (`tests/checking/test_adapter_grid.py` counts these events and shows that
+    adapter mutants are caught). Each case is small (seconds): the enumeration replays the
+    whole decode, forward passes included, once per random path, so the gamma=5
+    cases use min-p and a draft sharper than the target to keep the number of
+    paths small.
     """
+    all_transforms = SamplingSettings(
+        temperature=0.8, top_k=3, top_p=0.95, min_p=0.4, repetition_penalty=1.3, logit_bias={1: 0.5}
+    )
+    # (name, V, gamma, n, settings, prompts, max_hole_fraction, draft_logit_scale)
+    both = [
+        ("gamma=1", 3, 1, 2, SamplingSettings(), ((1,), (2, 1, 1)), 0.5, 1.0),
+        ("gamma=3, compaction", 4, 3, 3, SamplingSettings(min_p=0.5), ((1,), (2, 1, 1)), 0.0, 1.0),
+        ("gamma=2, all transforms, compaction", 4, 2, 3, all_transforms, ((2, 3), (1,)), 0.0, 1.0),
+        ("T=0, gamma=5", 4, 5, 6, SamplingSettings(temperature=0.0), ((1,), (3, 2, 1)), 0.5, 1.0),
+    ]
+    # Longer generations (both rows stay active after a rejection, so holes sit inside the cache),
+    # kept small by min-p and a sharper draft. "holes" / "compaction" in a name: the case makes holes
+    # inside the cache / compacts it (tests/checking/test_adapter_grid.py checks both).
+    longer = {
+        "qwen2": [
+            ("gamma=2, n=4, holes", 4, 2, 4, SamplingSettings(min_p=0.5), ((3,), (2, 1)), 0.5, 2.0),
+            ("gamma=5", 3, 5, 6, SamplingSettings(min_p=0.4), ((1,), (2, 1)), 0.5, 2.0),
+        ],
+        "llama": [
+            ("gamma=2, n=4, holes", 4, 2, 4, SamplingSettings(min_p=0.5), ((1,), (2, 1)), 0.5, 2.0),
+            ("gamma=2, n=4, compaction", 4, 2, 4, SamplingSettings(min_p=0.5), ((1,), (2, 1)), 0.0, 2.0),
+            ("gamma=5, holes", 4, 5, 6, SamplingSettings(min_p=0.6), ((3,), (2, 1)), 0.5, 2.0),
+        ],
+    }
     cases: list[AdapterCase] = []
-    for family in ("qwen2", "llama"):
-        cases += [
-            AdapterCase(
-                f"adapter {family} float64: batch of 2, gamma=2",
-                4,
-                2,
-                3,
-                prompts=((1,), (2, 3, 1)),
-                family=family,
-            ),
-        ]
+    for family, extra in longer.items():
+        for name, vocab, gamma, n, settings, prompts, hole_fraction, draft_scale in both + extra:
+            cases.append(
+                AdapterCase(
+                    f"adapter {family} float64: batch of 2, {name}",
+                    vocab,
+                    gamma,
+                    n,
+                    settings,
+                    prompts=prompts,
+                    family=family,
+                    max_hole_fraction=hole_fraction,
+                    draft_logit_scale=draft_scale,
+                )
+            )
     return cases
 
 

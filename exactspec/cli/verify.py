@@ -70,13 +70,14 @@ def run(args: argparse.Namespace) -> int:
     cases = grid.exact_grid()
     if args.quick:
         cases = [case for case in cases if case.vocab_size <= 4 and case.max_new_tokens <= 3]
-    print(f"{'case':<38} {'gamma':>5} {'V':>3} {'n':>3} {'paths':>7} {'TV distance':>12}  result")
+    width = max(38, *(len(case.name) for case in cases))
+    print(f"{'case':<{width}} {'gamma':>5} {'V':>3} {'n':>3} {'paths':>7} {'TV distance':>12}  result")
     worst = None
     for result in grid.run_exact_grid(cases, progress=progress):
         case = result.case
         verdict = "ok" if result.passed else "FAIL"
         print(
-            f"{case.name:<38} {case.gamma:>5} {case.vocab_size:>3} {case.max_new_tokens:>3} "
+            f"{case.name:<{width}} {case.gamma:>5} {case.vocab_size:>3} {case.max_new_tokens:>3} "
             f"{result.paths:>7} {result.total_variation:>12.3e}  {verdict}",
             flush=True,
         )
