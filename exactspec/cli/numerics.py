@@ -8,6 +8,7 @@ writes numerics.md and numerics.json.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -108,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
     reference = None
     if dtype != "float32" and not args.no_float32:
         del pair, decoder
+        gc.collect()  # free the first copy of the weights before loading the float32 one
         say(f"loading {args.target} (float32)")
         pair32 = ModelPair.from_pretrained(args.target, None, dtype="float32", cache_dir=args.cache_dir)
         clock = time.perf_counter()
