@@ -57,6 +57,10 @@ class StreamEvent:
     metrics: DecodeMetrics | None = field(default=None, repr=False)
 
 
+_HELD = threading.local()
+"""Per thread: ids of the pair locks it holds, so that a re-entrant call fails instead of deadlocking."""
+
+
 @dataclass(frozen=True)
 class _Request:
     """One call's arguments, checked: prompts as token ids, config, seed, stop strings."""
@@ -85,18 +89,16 @@ class SpeculativeDecoder:
     the same engine, adapter and transforms, which makes it the baseline.
 
     Thread safety: one decoder may be shared by many threads. Its calls are
-    serialised by one lock, because they share the models' KV caches: `generate`
-    holds it for the whole call, a `stream` from its first event until it is
-    exhausted or closed (`close()`, or `contextlib.closing`), and a call from
-    another thread waits until then. The same thread calling the decoder again
-    while one of its own streams is still open would wait for itself forever;
-    that raises `RuntimeError` instead. `encode` runs only the tokenizer and
-    takes no lock. Arguments are checked before the lock is taken, so a bad one
-    fails at once with `InvalidArgument` (a `ValueError` that names it).
+    serialised by the pair's lock (`ModelPair.lock`, shared by every decoder over
+    that pair), because they share the models' KV caches: `generate` holds it for
+    the whole call, a `stream` from its first event until it is exhausted or
+    closed (`close()`, or `contextlib.closing`), and a call from another thread
+    waits until then. The same thread calling again while one of its own streams
+    is still open would wait for itself forever; that raises `RuntimeError`
+    instead. `encode` runs only the tokenizer and takes no lock. Arguments are
+    checked before the lock is taken, so a bad one fails at once with
+    `InvalidArgument` (a `ValueError` that names it).
     """
-
-    _lock: threading.Lock
-    _owner: int | None
 
     def __init__(
         self,
@@ -108,7 +110,6 @@ class SpeculativeDecoder:
         self.pair = ModelPair.from_models(
             target_model, draft_model, tokenizer=tokenizer, draft_tokenizer=draft_tokenizer
         )
-        self._lock, self._owner = threading.Lock(), None
 
     @classmethod
     def from_pair(cls, pair: ModelPair) -> SpeculativeDecoder:
@@ -117,7 +118,6 @@ class SpeculativeDecoder:
             raise ValueError("SpeculativeDecoder needs the pair's tokenizer; load the pair with one")
         decoder = cls.__new__(cls)
         decoder.pair = pair
-        decoder._lock, decoder._owner = threading.Lock(), None
         return decoder
 
     @classmethod
@@ -298,19 +298,20 @@ class SpeculativeDecoder:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        """Serialise calls across threads; refuse a call from the thread already inside one."""
-        me = threading.get_ident()
-        if self._owner == me:
+        """Hold the pair's lock (shared by every decoder over the pair); refuse a thread that holds it."""
+        lock = self.pair.lock
+        held = _HELD.__dict__.setdefault("locks", set())
+        if id(lock) in held:
             raise RuntimeError(
-                "this SpeculativeDecoder is already in use by this thread (a stream() that is still "
-                "open?); finish or close() that stream first, or use a second decoder"
+                "this SpeculativeDecoder's models are already in use by this thread (a stream() that is "
+                "still open?); finish or close() that stream first"
             )
-        with self._lock:
-            self._owner = me
+        with lock:
+            held.add(id(lock))
             try:
                 yield
             finally:
-                self._owner = None
+                held.discard(id(lock))
 
     def _check_context(self, ids: list[list[int]], config: DecodeConfig) -> None:
         if not self.context_length or not ids:  # no prompts: engine.start says so

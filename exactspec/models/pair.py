@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from exactspec.core.errors import InvalidArgument
@@ -29,6 +30,8 @@ class ModelPair:
         draft_model: the draft's transformers module, or None (plain decoding only).
         draft: our adapter around it, or None.
         tokenizer: the shared tokenizer, or None (token ids only).
+        lock: held by whoever runs the adapters, whose KV caches one call at a time may use
+            (every `SpeculativeDecoder` over this pair holds it for each call).
     """
 
     target_model: Any
@@ -36,6 +39,7 @@ class ModelPair:
     draft_model: Any | None = None
     draft: LanguageModel | None = None
     tokenizer: Any | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @classmethod
     def from_models(

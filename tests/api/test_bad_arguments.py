@@ -252,5 +252,8 @@ def test_same_thread_reentry_is_refused(decoder: SpeculativeDecoder) -> None:
     next(stream)
     with pytest.raises(RuntimeError, match="already in use by this thread"):
         decoder.generate("class A:", gamma=2, max_new_tokens=4)
+    # A second decoder over the same pair shares its models, and so its lock.
+    with pytest.raises(RuntimeError, match="already in use by this thread"):
+        SpeculativeDecoder.from_pair(decoder.pair).generate("class A:", gamma=2, max_new_tokens=4)
     stream.close()
     assert decoder.generate("class A:", gamma=2, max_new_tokens=4).completions  # usable again
