@@ -108,6 +108,10 @@ def run(args: argparse.Namespace) -> int:
         args.target, draft, dtype=args.dtype, cache_dir=args.cache_dir, progress=progress
     )
     load_seconds = time.perf_counter() - started
+    try:
+        settings.check_vocab(decoder.target.vocab_size)  # known only now that the target is loaded
+    except ValueError as error:
+        raise UsageError(f"--logit-bias: {error}") from None
     options = dict(
         gamma=gamma,
         max_new_tokens=args.max_new_tokens,

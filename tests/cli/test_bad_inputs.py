@@ -290,7 +290,9 @@ def test_json_never_prints_nan(models: tuple[str, str], capsys) -> None:
 def test_logit_bias_outside_the_vocabulary_is_a_usage_error(models: tuple[str, str], capsys) -> None:
     argv = [*G, "--target", models[0], "--draft", models[1], "--logit-bias", "100000=1", PROMPT]
     assert main(argv) == EXIT_USAGE
-    assert "outside the vocabulary" in one_error_line(capsys.readouterr().err)
+    assert "--logit-bias: logit_bias names token id(s) [100000] outside the vocabulary" in one_error_line(
+        capsys.readouterr().err
+    )
 
 
 # --- real processes ------------------------------------------------------------------------------
