@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 
@@ -13,7 +14,14 @@ from exactspec.bench.runner import (
     QUICK_GAMMAS,
     QUICK_MAX_NEW_TOKENS,
 )
-from exactspec.cli.common import EXIT_OK, UsageError, add_model_arguments, positive_int
+from exactspec.cli.common import (
+    EXIT_OK,
+    UsageError,
+    add_model_arguments,
+    check_model_arguments,
+    output_folder,
+    positive_int,
+)
 from exactspec.core.engine import MAX_GAMMA
 
 DEFAULT_OUT = "bench-out"
@@ -111,6 +119,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--max-new-tokens must be >= 2 (the first round holds the prefill)")
     if args.draft.lower() == "none":
         raise UsageError("the benchmark needs a draft model (--draft)")
+    check_model_arguments(args)
+    # Created and test-written now: the full run takes about 1.5 hours, and its results must not be lost
+    # to an output folder that turns out to be a file at the end.
+    output_folder("--out", args.out)
     config = BenchConfig(
         gammas=tuple(sorted(set(gammas))),
         temperatures=temperatures,
@@ -186,6 +198,6 @@ def _float_list(text: str) -> list[float]:
         values = [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values or any(v < 0 or v != v for v in values):
-        raise argparse.ArgumentTypeError(f"expected numbers >= 0, got {text!r}")
+    if not values or any(not math.isfinite(v) or v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected finite numbers >= 0, got {text!r}")
     return values

@@ -10,9 +10,13 @@ from exactspec.cli.common import (
     UsageError,
     add_model_arguments,
     add_sampling_arguments,
+    check_model_arguments,
+    decode_utf8,
     gamma_argument,
+    non_empty,
     positive_int,
     sampling_settings,
+    utf8_text,
 )
 
 
@@ -24,7 +28,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "argument, --prompt-file, or standard input ('-' or a pipe).",
     )
     parser.add_argument("prompt", nargs="?", help="the prompt text ('-' reads standard input)")
-    parser.add_argument("--prompt-file", help="read the prompt from this file")
+    parser.add_argument("--prompt-file", type=non_empty, help="read the prompt from this file")
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     parser.add_argument("--gamma", type=gamma_argument, default=4, help="draft tokens per round (default 4)")
     parser.add_argument(
@@ -32,7 +36,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--max-new-tokens", type=positive_int, default=256, help="length limit (default 256)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (integer, default 0)")
-    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable); cut before it")
+    parser.add_argument(
+        "--stop", action="append", type=non_empty, default=[], help="stop string (repeatable); cut before it"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     parser.add_argument("--no-progress", action="store_true", help="no loading progress bars")
     add_model_arguments(parser)
@@ -45,14 +51,15 @@ def read_prompt(args: argparse.Namespace) -> str:
         raise UsageError("give the prompt either as an argument or with --prompt-file, not both")
     if args.prompt_file:
         try:
-            with open(args.prompt_file, encoding="utf-8") as handle:
-                prompt = handle.read()
+            with open(args.prompt_file, "rb") as handle:
+                data = handle.read()
         except OSError as error:
             raise UsageError(f"cannot read --prompt-file {args.prompt_file!r}: {error.strerror}") from None
+        prompt = decode_utf8(f"--prompt-file {args.prompt_file!r}", data)
     elif args.prompt == "-" or (args.prompt is None and not sys.stdin.isatty()):
-        prompt = sys.stdin.read()
+        prompt = _read_stdin()
     elif args.prompt is not None:
-        prompt = args.prompt
+        prompt = utf8_text("the prompt argument", args.prompt)
     else:
         raise UsageError(
             'no prompt: give one as an argument (exactspec generate "def fib(n):"), '
@@ -63,6 +70,27 @@ def read_prompt(args: argparse.Namespace) -> str:
     return prompt
 
 
+def _read_stdin() -> str:
+    """Standard input as UTF-8 text, with a clear message when it is not."""
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is None:  # a text stream without bytes underneath (tests, embedding)
+        return sys.stdin.read()
+    return decode_utf8("standard input", buffer.read())
+
+
+def json_safe(value: object) -> object:
+    """`value` with every NaN or infinite float replaced by None (JSON has no NaN; `null` means "none")."""
+    import math
+
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(item) for item in value]
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
     import json
     import time
@@ -71,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
 
     prompt = read_prompt(args)
     settings = sampling_settings(args)
+    check_model_arguments(args, draft=not args.plain)
     draft = None if args.plain or args.draft.lower() == "none" else args.draft
     gamma = 0 if draft is None else args.gamma
     progress = not args.no_progress
@@ -79,6 +108,10 @@ def run(args: argparse.Namespace) -> int:
         args.target, draft, dtype=args.dtype, cache_dir=args.cache_dir, progress=progress
     )
     load_seconds = time.perf_counter() - started
+    try:
+        settings.check_vocab(decoder.target.vocab_size)  # known only now that the target is loaded
+    except ValueError as error:
+        raise UsageError(f"--logit-bias: {error}") from None
     options = dict(
         gamma=gamma,
         max_new_tokens=args.max_new_tokens,
@@ -90,21 +123,18 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         output = decoder.generate([prompt], **options)
         completion = output.completions[0]
-        print(
-            json.dumps(
-                {
-                    "text": completion.text,
-                    "token_ids": completion.token_ids,
-                    "finish_reason": completion.finish_reason,
-                    "prompt_tokens": completion.prompt_tokens,
-                    "gamma": gamma,
-                    "settings": settings.describe(),
-                    "seed": args.seed,
-                    "load_seconds": load_seconds,
-                    "statistics": output.metrics.as_dict(),
-                }
-            )
-        )
+        record = {
+            "text": completion.text,
+            "token_ids": completion.token_ids,
+            "finish_reason": completion.finish_reason,
+            "prompt_tokens": completion.prompt_tokens,
+            "gamma": gamma,
+            "settings": settings.describe(),
+            "seed": args.seed,
+            "load_seconds": load_seconds,
+            "statistics": output.metrics.as_dict(),
+        }
+        print(json.dumps(json_safe(record), allow_nan=False))
         return EXIT_OK
     finish = None
     metrics = None

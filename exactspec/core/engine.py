@@ -16,12 +16,14 @@ from typing import Literal
 
 import torch
 
+from exactspec.core.gamma import GammaPolicy, record_round
 from exactspec.core.metrics import DecodeMetrics
 from exactspec.core.sampler import Sampler
 from exactspec.core.settings import SamplingSettings
 from exactspec.core.transforms import probabilities
 from exactspec.drafters.base import Drafter, Proposal
 from exactspec.models.base import LanguageModel
+from exactspec.verifiers.base import Verifier
 from exactspec.verifiers.token import verify
 
 FinishReason = Literal["eos", "length", "stop"]
@@ -98,9 +100,23 @@ class SpeculativeEngine:
     True
     """
 
-    def __init__(self, target: LanguageModel, drafter: Drafter | None = None) -> None:
+    def __init__(
+        self,
+        target: LanguageModel,
+        drafter: Drafter | None = None,
+        verifier: Verifier = verify,
+        gamma_policy: GammaPolicy | None = None,
+    ) -> None:
+        """Args:
+        verifier: token verification (`exactspec.verifiers.token.verify`, the default) or block
+            verification (`exactspec.verifiers.block.verify_block`); both are exact.
+        gamma_policy: if given (`exactspec.core.gamma.AdaptiveGamma`), row b drafts
+            min(policy's choice, config.gamma, room left before max_new_tokens) tokens each round.
+        """
         self.target = target
         self.drafter = drafter
+        self.verifier = verifier
+        self.gamma_policy = gamma_policy
         self.metrics = DecodeMetrics()
 
     def generate(
@@ -131,6 +147,8 @@ class SpeculativeEngine:
             if any(not 0 <= t < self.target.vocab_size for t in tokens):
                 raise ValueError(f"prompt {index} has token ids outside 0..{self.target.vocab_size - 1}")
             states.append(RowState(prompt=tokens))
+        if self.gamma_policy is not None:
+            self.gamma_policy.start(len(states))
         return states
 
     def rounds(
@@ -166,10 +184,16 @@ class SpeculativeEngine:
         max_draft = [
             min(config.gamma, config.max_new_tokens - len(states[row].generated) - 1) for row in active
         ]
+        if self.gamma_policy is not None:
+            # docs/algorithm.md 5: a draft length chosen from past rounds only keeps the round exact.
+            max_draft = [
+                min(limit, self.gamma_policy.draft_length(row))
+                for row, limit in zip(active, max_draft, strict=True)
+            ]
         proposal = self._draft(histories, max_draft, config.settings, sampler, active)  # 2.1
         p = self._target_probabilities(histories, proposal, config.settings, active)  # 2.2
         clock = time.perf_counter()
-        result = verify(
+        result = self.verifier(
             proposal.tokens,
             proposal.q,
             p,
@@ -180,6 +204,8 @@ class SpeculativeEngine:
         )
         self.metrics.verify_seconds += time.perf_counter() - clock
         self._record(proposal, result.num_accepted, result.num_emitted)
+        if self.gamma_policy is not None:
+            record_round(self.gamma_policy, active, proposal.lengths.tolist(), result.num_accepted.tolist())
         return self._append(states, active, result.tokens, result.num_emitted, result.hit_eos, config, stop)
 
     def _draft(
@@ -201,7 +227,8 @@ class SpeculativeEngine:
         proposal = self.drafter.propose(histories, max_draft, settings, sampler, rows)
         self.metrics.draft_seconds += time.perf_counter() - clock
         self.metrics.draft_forward_seconds += proposal.forward_seconds
-        self.metrics.draft_calls += int(proposal.lengths.max())
+        # A deterministic proposal (prompt lookup) ran no draft model.
+        self.metrics.draft_calls += 0 if proposal.deterministic else int(proposal.lengths.max())
         return proposal
 
     def _target_probabilities(
