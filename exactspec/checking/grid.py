@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
@@ -27,7 +28,6 @@ from exactspec.checking.statistical import (
     likely_sequences,
     sequence_probability,
 )
-from exactspec.checking.tiny_hf import FullForwardModel, TinyHFSpec, tiny_hf_pair
 from exactspec.checking.toy import TabularModel, random_tabular_model
 from exactspec.core.engine import DecodeConfig, SpeculativeEngine
 from exactspec.core.gamma import AdaptiveGamma, CostModel
@@ -38,7 +38,10 @@ from exactspec.drafters.hybrid import HybridDrafter
 from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.ngram import NgramDrafter
 from exactspec.models.base import LanguageModel
-from exactspec.models.hf import HFLanguageModel
+
+if TYPE_CHECKING:  # transformers loads only when an adapter case runs (keeps `verify` start-up light)
+    from exactspec.checking.tiny_hf import TinyHFSpec
+    from exactspec.models.hf import HFLanguageModel
 from exactspec.verifiers.base import Verifier
 from exactspec.verifiers.block import verify_block
 from exactspec.verifiers.token import verify
@@ -121,6 +124,8 @@ class AdapterCase(ExactCase):
     draft_logit_scale: float = 1.0
 
     def spec(self) -> TinyHFSpec:
+        from exactspec.checking.tiny_hf import TinyHFSpec
+
         return TinyHFSpec(
             family=self.family,
             vocab_size=self.vocab_size,
@@ -130,6 +135,9 @@ class AdapterCase(ExactCase):
         )
 
     def models(self) -> tuple[HFLanguageModel, HFLanguageModel]:  # type: ignore[override]
+        from exactspec.checking.tiny_hf import tiny_hf_pair
+        from exactspec.models.hf import HFLanguageModel
+
         target, draft = tiny_hf_pair(self.spec())
         eos = {self.eos_token_id}
         return (
@@ -138,6 +146,9 @@ class AdapterCase(ExactCase):
         )
 
     def reference(self, target: LanguageModel) -> LanguageModel:
+        from exactspec.checking.tiny_hf import FullForwardModel
+        from exactspec.models.hf import HFLanguageModel
+
         assert isinstance(target, HFLanguageModel)
         return FullForwardModel(target._model, target.eos_token_ids, target.vocab_size)
 

@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 
 from exactspec.checking import grid  # noqa: E402
 from exactspec.checking.grid import EXACT_TOLERANCE, AdapterCase, adapter_cases, run_exact_case  # noqa: E402
-from exactspec.core import engine as engine_module  # noqa: E402
+from exactspec.core.engine import SpeculativeEngine  # noqa: E402
 from exactspec.models.hf import HFLanguageModel  # noqa: E402
 
 CASES = adapter_cases()
@@ -53,7 +53,7 @@ class Events:
             HFLanguageModel._maybe_compact,
             HFLanguageModel._forward,
         )
-        verify = engine_module.verify
+        record = SpeculativeEngine._record
 
         def counting_roll_back(model: HFLanguageModel, b: int, keep: int) -> None:
             self.rollbacks += keep < len(model._tokens[b])
@@ -71,17 +71,17 @@ class Events:
             )
             return forward(model, feeds, k)
 
-        def counting_verify(
-            tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, lengths: torch.Tensor, *a: Any
-        ):
-            result = verify(tokens, q, p, lengths, *a)
-            self.rejections += int((result.num_accepted < lengths).sum())
-            return result
+        def counting_record(
+            engine: SpeculativeEngine, proposal: Any, accepted: torch.Tensor, *rest: Any
+        ) -> None:
+            # A rejection: a row kept fewer draft tokens than it proposed.
+            self.rejections += int((accepted < proposal.lengths).sum())
+            record(engine, proposal, accepted, *rest)
 
         monkeypatch.setattr(HFLanguageModel, "_roll_back", counting_roll_back)
         monkeypatch.setattr(HFLanguageModel, "_maybe_compact", counting_compact)
         monkeypatch.setattr(HFLanguageModel, "_forward", counting_forward)
-        monkeypatch.setattr(engine_module, "verify", counting_verify)
+        monkeypatch.setattr(SpeculativeEngine, "_record", counting_record)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
