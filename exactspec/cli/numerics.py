@@ -12,11 +12,17 @@ import gc
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from exactspec.bench.numerics import DEFAULT_BLOCKS, DEFAULT_GAMMA, DEFAULT_TEMPERATURES
-from exactspec.cli.common import EXIT_OK, UsageError, add_model_arguments, gamma_argument, positive_int
+from exactspec.cli.common import (
+    EXIT_OK,
+    UsageError,
+    add_model_arguments,
+    gamma_argument,
+    output_folder,
+    positive_int,
+)
 
 DEFAULT_OUT = "numerics-out"
 
@@ -83,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from exactspec.models.pair import ModelPair
 
     temperatures = _temperatures(args.temperatures)
+    out = output_folder("--out", args.out)  # checked before a model loads
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -134,8 +141,6 @@ def run(args: argparse.Namespace) -> int:
         "seconds": time.perf_counter() - started,
         "comparisons": comparisons,
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "numerics.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "numerics.md").write_text(_markdown(result, table))
     print(table)
