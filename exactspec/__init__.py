@@ -5,16 +5,44 @@ the algorithm contract (p = target, q = draft, gamma, residual, bonus, round)
 and docs/architecture.md where each piece lives.
 """
 
-from exactspec.api.decoder import SpeculativeDecoder
-from exactspec.core.engine import DecodeConfig, RowState, SpeculativeEngine
-from exactspec.core.sampler import Sampler, SeededSampler
-from exactspec.core.settings import SamplingSettings
-from exactspec.core.transforms import probabilities
-from exactspec.drafters import Drafter, ModelDrafter, Proposal
-from exactspec.models.base import LanguageModel
-from exactspec.models.pair import ModelPair
-from exactspec.verifiers.base import NO_TOKEN, VerifyResult
-from exactspec.verifiers.token import verify
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Where each public name lives. They are imported on first use (PEP 562), so that
+# `import exactspec` (and `python -m exactspec`) stays light until a name is needed:
+# the command line can then treat a Ctrl-C during the heavy imports as an interruption.
+_EXPORTS = {
+    "SpeculativeDecoder": "exactspec.api.decoder",
+    "DecodeConfig": "exactspec.core.engine",
+    "RowState": "exactspec.core.engine",
+    "SpeculativeEngine": "exactspec.core.engine",
+    "Sampler": "exactspec.core.sampler",
+    "SeededSampler": "exactspec.core.sampler",
+    "SamplingSettings": "exactspec.core.settings",
+    "probabilities": "exactspec.core.transforms",
+    "Drafter": "exactspec.drafters",
+    "ModelDrafter": "exactspec.drafters",
+    "Proposal": "exactspec.drafters",
+    "LanguageModel": "exactspec.models.base",
+    "ModelPair": "exactspec.models.pair",
+    "NO_TOKEN": "exactspec.verifiers.base",
+    "VerifyResult": "exactspec.verifiers.base",
+    "verify": "exactspec.verifiers.token",
+}
+
+if TYPE_CHECKING:
+    from exactspec.api.decoder import SpeculativeDecoder
+    from exactspec.core.engine import DecodeConfig, RowState, SpeculativeEngine
+    from exactspec.core.sampler import Sampler, SeededSampler
+    from exactspec.core.settings import SamplingSettings
+    from exactspec.core.transforms import probabilities
+    from exactspec.drafters import Drafter, ModelDrafter, Proposal
+    from exactspec.models.base import LanguageModel
+    from exactspec.models.pair import ModelPair
+    from exactspec.verifiers.base import NO_TOKEN, VerifyResult
+    from exactspec.verifiers.token import verify
 
 __all__ = [
     "NO_TOKEN",
@@ -34,3 +62,16 @@ __all__ = [
     "probabilities",
     "verify",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'exactspec' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -9,21 +9,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import exactspec.api.arguments as arguments
 from exactspec.api.strategy import DrafterName, Strategy, VerifierName, build_engine
 from exactspec.api.text import StopStrings, TextStream
 from exactspec.core.engine import DecodeConfig, FinishReason, RowState, SpeculativeEngine
+from exactspec.core.errors import InvalidArgument
 from exactspec.core.metrics import DecodeMetrics
 from exactspec.core.sampler import SeededSampler
 from exactspec.core.settings import SamplingSettings
 from exactspec.models.base import LanguageModel
 from exactspec.models.pair import ModelPair
 
-Prompt = str | Sequence[int]
+Prompt = arguments.Prompt
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,21 @@ class StreamEvent:
     metrics: DecodeMetrics | None = field(default=None, repr=False)
 
 
+_HELD = threading.local()
+"""Per thread: ids of the pair locks it holds, so that a re-entrant call fails instead of deadlocking."""
+
+
+@dataclass(frozen=True)
+class _Request:
+    """One call's arguments, checked: prompts as token ids, config, seed, stop strings."""
+
+    prompts: list[list[int]]
+    config: DecodeConfig
+    seed: int
+    stop: list[str]
+    strategy: Strategy = field(default_factory=Strategy)
+
+
 @dataclass
 class _Run:
     """One call's engine, row states, config, random streams and stop strings."""
@@ -75,6 +94,17 @@ class SpeculativeDecoder:
     or "block") and `adaptive_gamma` (gamma is then the maximum draft length; c and v(k) are
     measured once per pair on first use, see `ModelPair.cost_model`); `exactspec.api.strategy`
     says what each does.
+
+    Thread safety: one decoder may be shared by many threads. Its calls are
+    serialised by the pair's lock (`ModelPair.lock`, shared by every decoder over
+    that pair), because they share the models' KV caches: `generate` holds it for
+    the whole call, a `stream` from its first event until it is exhausted or
+    closed (`close()`, or `contextlib.closing`), and a call from another thread
+    waits until then. The same thread calling again while one of its own streams
+    is still open would wait for itself forever; that raises `RuntimeError`
+    instead. `encode` runs only the tokenizer and takes no lock. Arguments are
+    checked before the lock is taken, so a bad one fails at once with
+    `InvalidArgument` (a `ValueError` that names it).
     """
 
     def __init__(
@@ -128,13 +158,22 @@ class SpeculativeDecoder:
     def context_length(self) -> int:
         return self.pair.context_length
 
-    def encode(self, prompts: Sequence[Prompt], chat: bool = False) -> list[list[int]]:
-        """Token ids for each prompt (strings are tokenized; `chat` applies the chat template)."""
+    def encode(self, prompts: Prompt | Sequence[Prompt], chat: bool = False) -> list[list[int]]:
+        """Token ids for each prompt (strings are tokenized; `chat` applies the chat template).
+
+        Raises:
+            InvalidArgument: a prompt is neither a str nor a sequence of int token ids, is empty,
+                or has ids outside the target's vocabulary.
+        """
+        # The tokenizer only: no model runs, so no lock (the class docstring).
+        return self._encode(arguments.prompt_batch(prompts), arguments.flag("chat", chat))
+
+    def _encode(self, prompts: list[str | list[int]], chat: bool) -> list[list[int]]:
         encoded = []
         for index, prompt in enumerate(prompts):
             if isinstance(prompt, str):
                 if not prompt.strip():
-                    raise ValueError(f"prompt {index} is empty; give some text")
+                    raise InvalidArgument(f"prompt {index} is empty; give some text")
                 if chat:
                     text = self.tokenizer.apply_chat_template(
                         [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
@@ -143,17 +182,18 @@ class SpeculativeDecoder:
                     text = prompt
                 ids = self.tokenizer(text, add_special_tokens=not chat)["input_ids"]
             else:
-                ids = [int(t) for t in prompt]
+                ids = list(prompt)
             if not ids:
-                raise ValueError(f"prompt {index} has no tokens")
+                raise InvalidArgument(f"prompt {index} has no tokens")
             encoded.append(ids)
+        arguments.check_token_range(encoded, self.target.vocab_size)
         return encoded
 
     def engine(self, gamma: int, strategy: Strategy | None = None) -> SpeculativeEngine:
         """An engine for one call (`exactspec.api.strategy.build_engine`; costs cached on the pair)."""
         strategy = strategy or Strategy()
         if gamma > 0 and strategy.needs_draft_model and self.draft is None:
-            raise ValueError(
+            raise InvalidArgument(
                 f"speculative decoding with drafter {strategy.drafter!r} (gamma > 0) needs a draft model; "
                 "load one, use drafter='ngram' (prompt lookup) or gamma=0"
             )
@@ -167,7 +207,7 @@ class SpeculativeDecoder:
         max_new_tokens: int = 128,
         settings: SamplingSettings | None = None,
         seed: int = 0,
-        stop: Sequence[str] = (),
+        stop: str | Sequence[str] | None = (),
         chat: bool = False,
         drafter: DrafterName = "model",
         verifier: VerifierName = "token",
@@ -175,17 +215,25 @@ class SpeculativeDecoder:
     ) -> Iterator[StreamEvent]:
         """Yield text as the target accepts it (one event per row per round that emitted something).
 
-        The event that finishes a row carries `finish_reason` and the run's metrics so far.
+        The event that finishes a row carries `finish_reason` and the run's metrics so far. The
+        arguments are checked now (`InvalidArgument`); the decoder's lock is held from the first
+        event until the stream is exhausted or closed (see the class docstring).
         """
-        strategy = Strategy(drafter, verifier, adaptive_gamma)
-        run = self._start(prompts, gamma, max_new_tokens, settings, seed, stop, chat, strategy)
-        streams = [TextStream(self.tokenizer, run.stop) for _ in run.states]
-        for output in run.engine.rounds(run.states, run.config, run.sampler, run.stop):
-            for row, tokens in output.new_tokens.items():
-                reason = output.finished.get(row)
-                delta = streams[row].update(run.states[row].generated, final=reason is not None)
-                if tokens or delta or reason:
-                    yield StreamEvent(row, delta, tokens, reason, run.engine.metrics if reason else None)
+        request = self._request(
+            prompts, gamma, max_new_tokens, settings, seed, stop, chat, drafter, verifier, adaptive_gamma
+        )
+        return self._stream(request)
+
+    def _stream(self, request: _Request) -> Iterator[StreamEvent]:
+        with self._locked():
+            run = self._start(request)
+            streams = [TextStream(self.tokenizer, run.stop) for _ in run.states]
+            for output in run.engine.rounds(run.states, run.config, run.sampler, run.stop):
+                for row, tokens in output.new_tokens.items():
+                    reason = output.finished.get(row)
+                    delta = streams[row].update(run.states[row].generated, final=reason is not None)
+                    if tokens or delta or reason:
+                        yield StreamEvent(row, delta, tokens, reason, run.engine.metrics if reason else None)
 
     def generate(
         self,
@@ -195,7 +243,7 @@ class SpeculativeDecoder:
         max_new_tokens: int = 128,
         settings: SamplingSettings | None = None,
         seed: int = 0,
-        stop: Sequence[str] = (),
+        stop: str | Sequence[str] | None = (),
         chat: bool = False,
         drafter: DrafterName = "model",
         verifier: VerifierName = "token",
@@ -203,12 +251,28 @@ class SpeculativeDecoder:
     ) -> GenerationOutput:
         """Generate for one prompt or a batch; rows are independent (own seed seed + row, own stops).
 
-        drafter: "model" (the draft model), "ngram" (prompt lookup, no draft model needed) or
-        "hybrid"; verifier: "token" or "block"; adaptive_gamma: choose each row's draft length
-        per round in 0..gamma from its acceptance and the measured costs.
+        Args:
+            prompts: a str, a sequence of int token ids, or a list of those (a batch).
+            stop: one stop string (a str, used whole) or a sequence of them.
+            seed: any integer (int, numpy or torch integer).
+            settings: a `SamplingSettings` (default: `SamplingSettings()`).
+            drafter: "model" (the draft model), "ngram" (prompt lookup, no draft model needed) or
+                "hybrid" (lookup where the history has a match, the draft model elsewhere).
+            verifier: "token" (token by token) or "block" (block verification).
+            adaptive_gamma: choose each row's draft length per round in 0..gamma from its
+                acceptance and the measured costs (gamma is then the maximum).
+
+        Raises:
+            InvalidArgument: an argument has the wrong type or value (the message names it).
         """
-        strategy = Strategy(drafter, verifier, adaptive_gamma)
-        run = self._start(prompts, gamma, max_new_tokens, settings, seed, stop, chat, strategy)
+        request = self._request(
+            prompts, gamma, max_new_tokens, settings, seed, stop, chat, drafter, verifier, adaptive_gamma
+        )
+        with self._locked():
+            return self._generate(request)
+
+    def _generate(self, request: _Request) -> GenerationOutput:
+        run = self._start(request)
         for _ in run.engine.rounds(run.states, run.config, run.sampler, run.stop):
             pass
         completions = []
@@ -222,29 +286,66 @@ class SpeculativeDecoder:
             )
         return GenerationOutput(completions, run.engine.metrics)
 
-    def _start(
+    def _request(
         self,
-        prompts: Prompt | Sequence[Prompt],
-        gamma: int,
-        max_new_tokens: int,
-        settings: SamplingSettings | None,
-        seed: int,
-        stop: Sequence[str],
-        chat: bool,
-        strategy: Strategy,
-    ) -> _Run:
-        batch = [prompts] if isinstance(prompts, str) else list(prompts)
-        if batch and isinstance(batch[0], int):
-            batch = [batch]  # one prompt given as token ids
+        prompts: Any,
+        gamma: Any,
+        max_new_tokens: Any,
+        settings: Any,
+        seed: Any,
+        stop: Any,
+        chat: Any,
+        drafter: Any = "model",
+        verifier: Any = "token",
+        adaptive_gamma: Any = False,
+    ) -> _Request:
+        """Every argument checked and normalised, before the lock is taken or a model runs."""
+        try:
+            strategy = Strategy(drafter, verifier, arguments.flag("adaptive_gamma", adaptive_gamma))
+        except InvalidArgument:
+            raise
+        except ValueError as error:
+            raise InvalidArgument(str(error)) from None
+        settings = arguments.sampling_settings(settings)
+        try:
+            settings.check_vocab(self.target.vocab_size)
+        except ValueError as error:
+            raise InvalidArgument(f"settings: {error}") from None
         config = DecodeConfig(
-            gamma=gamma, max_new_tokens=max_new_tokens, settings=settings or SamplingSettings()
+            # Prompt lookup runs no draft model, so it may speculate without one.
+            gamma=arguments.gamma_value(gamma, self.draft is not None or not strategy.needs_draft_model),
+            max_new_tokens=arguments.max_new_tokens_value(max_new_tokens),
+            settings=settings,
         )
-        ids = self.encode(batch, chat=chat)
+        seed, stop = arguments.seed_value(seed), arguments.stop_strings(stop)
+        ids = self._encode(arguments.prompt_batch(prompts), arguments.flag("chat", chat))
         self._check_context(ids, config)
-        engine = self.engine(gamma, strategy)
-        states = engine.start(ids, config)
-        stop_strings = StopStrings(self.tokenizer, stop) if stop else None
-        return _Run(engine, states, config, SeededSampler(seed=seed, num_rows=len(states)), stop_strings)
+        return _Request(ids, config, seed, stop, strategy)
+
+    def _start(self, request: _Request) -> _Run:
+        config = request.config
+        engine = self.engine(config.gamma, request.strategy)
+        states = engine.start(request.prompts, config)
+        stop_strings = StopStrings(self.tokenizer, request.stop) if request.stop else None
+        sampler = SeededSampler(seed=request.seed, num_rows=len(states))
+        return _Run(engine, states, config, sampler, stop_strings)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the pair's lock (shared by every decoder over the pair); refuse a thread that holds it."""
+        lock = self.pair.lock
+        held = _HELD.__dict__.setdefault("locks", set())
+        if id(lock) in held:
+            raise RuntimeError(
+                "this SpeculativeDecoder's models are already in use by this thread (a stream() that is "
+                "still open?); finish or close() that stream first"
+            )
+        with lock:
+            held.add(id(lock))
+            try:
+                yield
+            finally:
+                held.discard(id(lock))
 
     def _check_context(self, ids: list[list[int]], config: DecodeConfig) -> None:
         if not self.context_length or not ids:  # no prompts: engine.start says so
@@ -253,7 +354,7 @@ class SpeculativeDecoder:
         # The target scores gamma + 1 positions past the history, so leave room for a full block.
         needed = longest + config.max_new_tokens + config.gamma + 1
         if needed > self.context_length:
-            raise ValueError(
+            raise InvalidArgument(
                 f"the prompt has {longest} tokens; with max_new_tokens={config.max_new_tokens} and "
                 f"gamma={config.gamma} it needs {needed} positions but the model's context is "
                 f"{self.context_length}; shorten the prompt or lower --max-new-tokens"

@@ -26,7 +26,9 @@ class StopStrings:
     'def f():'
     """
 
-    def __init__(self, tokenizer: Any, stop_strings: Sequence[str]) -> None:
+    def __init__(self, tokenizer: Any, stop_strings: str | Sequence[str]) -> None:
+        if isinstance(stop_strings, str):
+            stop_strings = [stop_strings]  # one stop string, not one per character
         if any(not s for s in stop_strings):
             raise ValueError("stop strings must not be empty")
         self.tokenizer = tokenizer

@@ -157,6 +157,7 @@ def check_speculative(
     *,
     verifier: Verifier = verify,
     gamma_policy: GammaPolicy | None = None,
+    reference: LanguageModel | None = None,
 ) -> ExactCheck:
     """Exact TV distance between the engine's joint output over all rows and the target's.
 
@@ -164,7 +165,10 @@ def check_speculative(
     own distribution (docs/algorithm.md 4: a row must not depend on the other rows), so
     a batch check also catches rows leaking into each other. `verifier` and
     `gamma_policy` are passed to the `SpeculativeEngine` (the policy restarts
-    with every enumerated run, so every path sees the same rule).
+    with every enumerated run, so every path sees the same rule). `reference`
+    computes the target's distribution (default: `target` itself); give a
+    cache-free model with the target's weights to check a cached adapter
+    against something it cannot share a bug with.
     """
     engine = SpeculativeEngine(target, drafter, verifier=verifier, gamma_policy=gamma_policy)
 
@@ -175,7 +179,7 @@ def check_speculative(
     speculative, paths = enumerate_outputs(run, max_paths)
     joint: dict[Hashable, float] = {(): 1.0}
     for prompt in prompts:
-        row = target_distribution(target, prompt, config.settings, config.max_new_tokens)
+        row = target_distribution(reference or target, prompt, config.settings, config.max_new_tokens)
         joint = {
             (*before, sequence): mass * prob
             for before, mass in joint.items()

@@ -6,7 +6,10 @@ vocabularies with EOS, length limits below gamma, a draft equal to the target
 draft, every sampling transform, and a batch whose rows have different
 histories; then the same for block verification, the prompt-lookup and hybrid
 drafters (including rounds where the lookup finds no match) and adaptive
-gamma (`round_two_grid`).
+gamma (`round_two_grid`). The adapter cases (`adapter_cases`) run the same
+enumeration through the real Hugging Face adapter (`HFLanguageModel` over tiny
+float64 Qwen2 and Llama models): KV cache rows, rollback, holes, compaction
+and position ids are inside the proof.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
@@ -33,6 +37,11 @@ from exactspec.drafters.base import Drafter
 from exactspec.drafters.hybrid import HybridDrafter
 from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.ngram import NgramDrafter
+from exactspec.models.base import LanguageModel
+
+if TYPE_CHECKING:  # transformers loads only when an adapter case runs (keeps `verify` start-up light)
+    from exactspec.checking.tiny_hf import TinyHFSpec
+    from exactspec.models.hf import HFLanguageModel
 from exactspec.verifiers.base import Verifier
 from exactspec.verifiers.block import verify_block
 from exactspec.verifiers.token import verify
@@ -92,6 +101,56 @@ class ExactCase:
         if self.verifier not in verifiers:
             raise ValueError(f"unknown verifier {self.verifier!r}: token or block")
         return verifiers[self.verifier]
+
+    def reference(self, target: LanguageModel) -> LanguageModel:
+        """The model the target's exact distribution is computed from (a table: the target itself)."""
+        return target
+
+
+@dataclass(frozen=True)
+class AdapterCase(ExactCase):
+    """An exact-grid cell whose models are `HFLanguageModel`s over a tiny float64 HF pair.
+
+    The engine drives the real adapter (target and draft, each with its KV cache
+    rows, rollback, holes and compaction); the target's distribution is computed
+    from no-cache full forwards of the same weights (`FullForwardModel`), so an
+    adapter bug shows as a TV distance instead of cancelling out.
+    `max_hole_fraction=0` compacts the cache whenever it has holes.
+    """
+
+    family: str = "qwen2"
+    max_hole_fraction: float = 0.5
+    eos_token_id: int = 0
+    draft_logit_scale: float = 1.0
+
+    def spec(self) -> TinyHFSpec:
+        from exactspec.checking.tiny_hf import TinyHFSpec
+
+        return TinyHFSpec(
+            family=self.family,
+            vocab_size=self.vocab_size,
+            eos_token_id=self.eos_token_id,
+            draft_logit_scale=self.draft_logit_scale,
+            seed=self.seed,
+        )
+
+    def models(self) -> tuple[HFLanguageModel, HFLanguageModel]:  # type: ignore[override]
+        from exactspec.checking.tiny_hf import tiny_hf_pair
+        from exactspec.models.hf import HFLanguageModel
+
+        target, draft = tiny_hf_pair(self.spec())
+        eos = {self.eos_token_id}
+        return (
+            HFLanguageModel(target, eos_token_ids=eos, max_hole_fraction=self.max_hole_fraction),
+            HFLanguageModel(draft, eos_token_ids=eos, max_hole_fraction=self.max_hole_fraction),
+        )
+
+    def reference(self, target: LanguageModel) -> LanguageModel:
+        from exactspec.checking.tiny_hf import FullForwardModel
+        from exactspec.models.hf import HFLanguageModel
+
+        assert isinstance(target, HFLanguageModel)
+        return FullForwardModel(target._model, target.eos_token_ids, target.vocab_size)
 
 
 def adaptive_policy(max_gamma: int) -> AdaptiveGamma:
@@ -156,7 +215,7 @@ def exact_grid() -> list[ExactCase]:
             prompts=((2, 2), (1,)),
         )
     )
-    return cases + round_two_grid()
+    return cases + round_two_grid() + adapter_cases()
 
 
 def round_two_grid() -> list[ExactCase]:
@@ -231,6 +290,64 @@ def round_two_grid() -> list[ExactCase]:
     return cases
 
 
+def adapter_cases() -> list[AdapterCase]:
+    """The grid cells that run through `HFLanguageModel` (tiny float64 Qwen2 and Llama pairs).
+
+    Batches of 2 rows with prompts of different lengths: the shorter row is
+    left-padded, a rejection in one row leaves holes while the other row keeps
+    its slots, and a finished row leaves the batch. With max_hole_fraction=0
+    every hole is compacted away before the next pass. Rejections (and so
+    rollbacks) happen in every case, and the cases named "holes" and
+    "compaction" really make holes inside the cache and compact it
+    (`tests/checking/test_adapter_grid.py` counts these events and shows that
+    adapter mutants are caught). Each case is small (seconds): the enumeration replays the
+    whole decode, forward passes included, once per random path, so the gamma=5
+    cases use min-p and a draft sharper than the target to keep the number of
+    paths small.
+    """
+    all_transforms = SamplingSettings(
+        temperature=0.8, top_k=3, top_p=0.95, min_p=0.4, repetition_penalty=1.3, logit_bias={1: 0.5}
+    )
+    # (name, V, gamma, n, settings, prompts, max_hole_fraction, draft_logit_scale)
+    both = [
+        ("gamma=1", 3, 1, 2, SamplingSettings(), ((1,), (2, 1, 1)), 0.5, 1.0),
+        ("gamma=3, compaction", 4, 3, 3, SamplingSettings(min_p=0.5), ((1,), (2, 1, 1)), 0.0, 1.0),
+        ("gamma=2, all transforms, compaction", 4, 2, 3, all_transforms, ((2, 3), (1,)), 0.0, 1.0),
+        ("T=0, gamma=5", 4, 5, 6, SamplingSettings(temperature=0.0), ((1,), (3, 2, 1)), 0.5, 1.0),
+    ]
+    # Longer generations (both rows stay active after a rejection, so holes sit inside the cache),
+    # kept small by min-p and a sharper draft. "holes" / "compaction" in a name: the case makes holes
+    # inside the cache / compacts it (tests/checking/test_adapter_grid.py checks both).
+    longer = {
+        "qwen2": [
+            ("gamma=2, n=4, holes", 4, 2, 4, SamplingSettings(min_p=0.5), ((3,), (2, 1)), 0.5, 2.0),
+            ("gamma=5", 3, 5, 6, SamplingSettings(min_p=0.4), ((1,), (2, 1)), 0.5, 2.0),
+        ],
+        "llama": [
+            ("gamma=2, n=4, holes", 4, 2, 4, SamplingSettings(min_p=0.5), ((1,), (2, 1)), 0.5, 2.0),
+            ("gamma=2, n=4, compaction", 4, 2, 4, SamplingSettings(min_p=0.5), ((1,), (2, 1)), 0.0, 2.0),
+            ("gamma=5, holes", 4, 5, 6, SamplingSettings(min_p=0.6), ((3,), (2, 1)), 0.5, 2.0),
+        ],
+    }
+    cases: list[AdapterCase] = []
+    for family, extra in longer.items():
+        for name, vocab, gamma, n, settings, prompts, hole_fraction, draft_scale in both + extra:
+            cases.append(
+                AdapterCase(
+                    f"adapter {family} float64: batch of 2, {name}",
+                    vocab,
+                    gamma,
+                    n,
+                    settings,
+                    prompts=prompts,
+                    family=family,
+                    max_hole_fraction=hole_fraction,
+                    draft_logit_scale=draft_scale,
+                )
+            )
+    return cases
+
+
 def run_exact_case(case: ExactCase) -> ExactResult:
     target, draft = case.models()
     config = DecodeConfig(gamma=case.gamma, max_new_tokens=case.max_new_tokens, settings=case.settings)
@@ -242,6 +359,7 @@ def run_exact_case(case: ExactCase) -> ExactResult:
         config,
         verifier=case.build_verifier(),
         gamma_policy=adaptive_policy(case.gamma) if case.adaptive else None,
+        reference=case.reference(target),
     )
     return ExactResult(
         case, check.total_variation, check.paths, check.sequences, time.perf_counter() - started

@@ -20,9 +20,14 @@ from exactspec.cli.common import (
     UsageError,
     add_model_arguments,
     add_sampling_arguments,
+    check_model_arguments,
+    check_significance,
+    finite_float,
     gamma_argument,
+    output_folder,
     positive_int,
     sampling_settings,
+    utf8_text,
 )
 from exactspec.core.settings import SamplingSettings
 from exactspec.models.pair import ModelPair
@@ -83,7 +88,10 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument(
-        "--significance", type=float, default=1e-3, help="fail below this G-test p-value (default 1e-3)"
+        "--significance",
+        type=finite_float,
+        default=1e-3,
+        help="fail below this G-test p-value, in (0, 1) (default 1e-3)",
     )
     parser.add_argument("--out", default=OUT_DIR, help=f"report folder (default {OUT_DIR}/)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -130,10 +138,17 @@ def run(args: argparse.Namespace) -> int:
         run_cells,
     )
 
-    if not 0.0 < args.significance < 1.0:
-        raise UsageError(f"--significance must be in (0, 1), got {args.significance}")
+    check_significance(args.significance)
     settings, settings_given = _given_sampling_settings(args)
     kinds = _kinds(args)
+    if not args.tiny:
+        if args.draft.lower() == "none":
+            raise UsageError("the audit needs a draft model (--draft)")
+        check_model_arguments(args)
+        if not utf8_text("--prompt", args.prompt).strip():
+            raise UsageError("--prompt is empty; give some text")
+    # Created and test-written before the first sample, so the results cannot be lost at the end.
+    output_folder("--out", args.out)
     progress = not args.no_progress
     started = time.perf_counter()
     meta: dict[str, Any] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 
@@ -21,6 +22,8 @@ from exactspec.cli.common import (
     UsageError,
     add_model_arguments,
     add_strategy_arguments,
+    check_model_arguments,
+    output_folder,
     positive_int,
     strategy,
 )
@@ -160,6 +163,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--max-new-tokens must be >= 2 (the first round holds the prefill)")
     if args.draft.lower() == "none":
         raise UsageError("the benchmark needs a draft model (--draft)")
+    try:
+        prompts = _select(args.prompts, quick=args.quick)
+    except ValueError as error:
+        raise UsageError(f"--prompts: {error}") from None
+    check_model_arguments(args)
+    # Created and test-written now: the full run takes about 1.5 hours, and its results must not be lost
+    # to an output folder that turns out to be a file at the end.
+    output_folder("--out", args.out)
     config = BenchConfig(
         gammas=tuple(sorted(set(gammas))),
         temperatures=temperatures,
@@ -173,10 +184,6 @@ def run(args: argparse.Namespace) -> int:
         ignore_eos=not args.stop_at_eos,
         cost_repeats=args.repeats or (QUICK_COST_REPEATS if args.quick else FULL_COST_REPEATS),
     )
-    try:
-        prompts = _select(args.prompts, quick=args.quick)
-    except ValueError as error:
-        raise UsageError(f"--prompts: {error}") from None
     if args.threads:
         torch.set_num_threads(args.threads)
     progress = not args.no_progress
@@ -281,6 +288,6 @@ def _float_list(text: str) -> list[float]:
         values = [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if any(v < 0 or v != v for v in values):
-        raise argparse.ArgumentTypeError(f"expected numbers >= 0, got {text!r}")
+    if any(not math.isfinite(v) or v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected finite numbers >= 0, got {text!r}")
     return values

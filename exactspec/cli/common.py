@@ -1,38 +1,136 @@
-"""What every `exactspec` command shares: exit codes, the usage error, and the model and sampling flags."""
+"""What every `exactspec` command shares: exit codes, the usage error, and the model and sampling flags.
+
+Every flag is checked here or in its command's module before any model is
+loaded, so a bad flag costs nothing and a long run cannot fail at its end on
+something that was known at its start (an output folder that is a file).
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
+import tempfile
+from pathlib import Path
 
+from exactspec.api.arguments import FLOAT32_MAX
 from exactspec.api.strategy import Strategy
+from exactspec.cli import EXIT_BROKEN_PIPE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from exactspec.core.engine import MAX_GAMMA
+from exactspec.core.errors import InvalidArgument
 from exactspec.core.settings import SamplingSettings
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+__all__ = [
+    "EXIT_BROKEN_PIPE",
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "UsageError",
+]
 
 
-class UsageError(Exception):
+class UsageError(InvalidArgument):
     """Bad input from the user: reported as one line, exit code 2, no traceback."""
+
+
+def finite_float(text: str) -> float:
+    """argparse type: a finite number (no nan, no inf)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def check_significance(value: float) -> None:
+    """--significance: a finite number strictly between 0 and 1 (the flag's type already refused nan, inf)."""
+    if not 0.0 < value < 1.0:
+        raise UsageError(f"--significance must be in (0, 1), e.g. 1e-3; got {value:g}")
+
+
+def non_empty(text: str) -> str:
+    """argparse type: a string with something in it (an empty path would mean the current folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+def utf8_text(name: str, text: str) -> str:
+    """`text` unchanged if it is valid Unicode; argv bytes that are not UTF-8 arrive as lone surrogates."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise UsageError(
+            f"{name} is not valid UTF-8 text (byte 0x{ord(text[error.start]) & 0xFF:02x} at character "
+            f"{error.start}); give UTF-8 text (convert with iconv -t UTF-8)"
+        ) from None
+    return text
+
+
+def decode_utf8(name: str, data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise UsageError(
+            f"{name} is not valid UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start}); "
+            f"give UTF-8 text (convert with iconv -t UTF-8)"
+        ) from None
+
+
+def output_folder(flag: str, folder: str) -> Path:
+    """Create `folder` (or check it) and check that a file can be written in it, before any work starts."""
+    if not folder.strip():
+        raise UsageError(f"{flag} must not be empty; give a folder for the reports")
+    path = Path(folder).expanduser()
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {folder} is a file, not a folder; give a folder (it is created if needed)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".exactspec-write-test-"):
+            pass
+    except OSError as error:
+        reason = error.strerror or str(error)
+        if isinstance(error, FileExistsError | NotADirectoryError):
+            reason = "a file stands where a folder of its path should be"
+        raise UsageError(
+            f"{flag} {folder} cannot be used as the report folder ({reason}); give a writable folder"
+        ) from None
+    return path
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     """The sampling flags shared by every command that samples."""
     group = parser.add_argument_group("sampling (define p and q; Hugging Face semantics)")
-    group.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
-    group.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
-    group.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (1 = off)")
+    group.add_argument("--temperature", type=finite_float, default=1.0, help="0 = greedy (default 1.0)")
     group.add_argument(
-        "--min-p", type=float, default=0.0, help="drop tokens below min_p * max prob (0 = off)"
+        "--top-k", type=non_negative_int, default=0, help="keep the k most likely tokens (0 = off)"
+    )
+    group.add_argument("--top-p", type=finite_float, default=1.0, help="nucleus mass in (0, 1] (1 = off)")
+    group.add_argument(
+        "--min-p", type=finite_float, default=0.0, help="drop tokens below min_p * max prob (0 = off)"
     )
     group.add_argument(
-        "--repetition-penalty", type=float, default=1.0, help="HF repetition penalty (1 = off)"
+        "--repetition-penalty", type=finite_float, default=1.0, help="HF repetition penalty (1 = off)"
     )
     group.add_argument(
         "--logit-bias",
         action="append",
         default=[],
         metavar="ID=BIAS",
-        help="add BIAS to token ID's logit (repeatable)",
+        help="add BIAS to token ID's logit (repeatable; -inf bans the token)",
     )
 
 
@@ -42,19 +140,40 @@ def sampling_settings(args: argparse.Namespace) -> SamplingSettings:
     for item in args.logit_bias:
         token, sep, value = item.partition("=")
         try:
-            bias[int(token)] = float(value)
+            token_id, number = int(token), float(value)
         except ValueError:
             raise UsageError(f"--logit-bias takes ID=BIAS, e.g. 42=-1.5; got {item!r}") from None
         if not sep:
             raise UsageError(f"--logit-bias takes ID=BIAS, e.g. 42=-1.5; got {item!r}")
-    return SamplingSettings(
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        repetition_penalty=args.repetition_penalty,
-        logit_bias=bias,
-    )
+        if token_id < 0:
+            raise UsageError(f"--logit-bias {item!r}: the token ID must be >= 0")
+        if math.isnan(number) or (number != -math.inf and abs(number) > FLOAT32_MAX):
+            raise UsageError(
+                f"--logit-bias {item!r}: BIAS must be a finite number within float32 range "
+                f"(|BIAS| <= {FLOAT32_MAX:.3g}), or -inf to ban the token"
+            )
+        if token_id in bias:
+            raise UsageError(f"--logit-bias gives token {token_id} twice; give each ID once")
+        bias[token_id] = number
+    try:
+        return SamplingSettings(
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            min_p=args.min_p,
+            repetition_penalty=args.repetition_penalty,
+            logit_bias=bias,
+        )
+    except ValueError as error:
+        raise UsageError(_flag_message(str(error))) from None
+
+
+def _flag_message(message: str) -> str:
+    """A `SamplingSettings` message that names its flag: "top_p must ..." -> "--top-p: top_p must ..."."""
+    for name in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "logit_bias"):
+        if message.startswith(name):
+            return f"--{name.replace('_', '-')}: {message}"
+    return message
 
 
 DRAFTER_CHOICES = ("model", "ngram", "hybrid")
@@ -97,11 +216,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("models")
     group.add_argument(
         "--target",
+        type=non_empty,
         default="default-target",
         help="hub id, model folder or GGUF file (default: built-in Qwen2.5-Coder-1.5B-Instruct Q4_K_M)",
     )
     group.add_argument(
         "--draft",
+        type=non_empty,
         default="default-draft",
         help="hub id, model folder or GGUF file (default: built-in Qwen2.5-Coder-0.5B-Instruct Q4_K_M)",
     )
@@ -109,8 +230,28 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--dtype", default="auto", help="weight dtype: auto (fastest measured), float32, bfloat16"
     )
     group.add_argument(
-        "--cache-dir", default=None, help="exactspec cache (default $XDG_CACHE_HOME/exactspec)"
+        "--cache-dir",
+        type=non_empty,
+        default=None,
+        help="exactspec cache (default $XDG_CACHE_HOME/exactspec)",
     )
+
+
+def check_model_arguments(args: argparse.Namespace, *, draft: bool = True) -> None:
+    """--target, --draft, --dtype and --cache-dir, checked before anything is loaded or fetched."""
+    from exactspec.models.loading import ModelLoadError, check_spec, resolve_dtype
+
+    try:
+        resolve_dtype(args.dtype)
+    except ModelLoadError as error:
+        raise UsageError(f"--dtype: {error}") from None
+    check_spec("--target", args.target)
+    if draft and args.draft.lower() != "none":
+        check_spec("--draft", args.draft)
+    if args.cache_dir is not None:
+        cache = Path(args.cache_dir).expanduser()
+        if cache.exists() and not cache.is_dir():
+            raise UsageError(f"--cache-dir {args.cache_dir} is a file, not a folder; give a folder")
 
 
 def gamma_argument(text: str) -> int:

@@ -11,10 +11,14 @@ from exactspec.cli.common import (
     add_model_arguments,
     add_sampling_arguments,
     add_strategy_arguments,
+    check_model_arguments,
+    decode_utf8,
     gamma_argument,
+    non_empty,
     positive_int,
     sampling_settings,
     strategy,
+    utf8_text,
 )
 
 
@@ -26,7 +30,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "argument, --prompt-file, or standard input ('-' or a pipe).",
     )
     parser.add_argument("prompt", nargs="?", help="the prompt text ('-' reads standard input)")
-    parser.add_argument("--prompt-file", help="read the prompt from this file")
+    parser.add_argument("--prompt-file", type=non_empty, help="read the prompt from this file")
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     parser.add_argument(
         "--gamma",
@@ -39,7 +43,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--max-new-tokens", type=positive_int, default=256, help="length limit (default 256)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (integer, default 0)")
-    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable); cut before it")
+    parser.add_argument(
+        "--stop", action="append", type=non_empty, default=[], help="stop string (repeatable); cut before it"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     parser.add_argument("--no-progress", action="store_true", help="no loading progress bars")
     add_strategy_arguments(parser)
@@ -53,14 +59,15 @@ def read_prompt(args: argparse.Namespace) -> str:
         raise UsageError("give the prompt either as an argument or with --prompt-file, not both")
     if args.prompt_file:
         try:
-            with open(args.prompt_file, encoding="utf-8") as handle:
-                prompt = handle.read()
+            with open(args.prompt_file, "rb") as handle:
+                data = handle.read()
         except OSError as error:
             raise UsageError(f"cannot read --prompt-file {args.prompt_file!r}: {error.strerror}") from None
+        prompt = decode_utf8(f"--prompt-file {args.prompt_file!r}", data)
     elif args.prompt == "-" or (args.prompt is None and not sys.stdin.isatty()):
-        prompt = sys.stdin.read()
+        prompt = _read_stdin()
     elif args.prompt is not None:
-        prompt = args.prompt
+        prompt = utf8_text("the prompt argument", args.prompt)
     else:
         raise UsageError(
             'no prompt: give one as an argument (exactspec generate "def fib(n):"), '
@@ -69,6 +76,27 @@ def read_prompt(args: argparse.Namespace) -> str:
     if not prompt.strip():
         raise UsageError("the prompt is empty")
     return prompt
+
+
+def _read_stdin() -> str:
+    """Standard input as UTF-8 text, with a clear message when it is not."""
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is None:  # a text stream without bytes underneath (tests, embedding)
+        return sys.stdin.read()
+    return decode_utf8("standard input", buffer.read())
+
+
+def json_safe(value: object) -> object:
+    """`value` with every NaN or infinite float replaced by None (JSON has no NaN; `null` means "none")."""
+    import math
+
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(item) for item in value]
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--drafter hybrid needs a draft model; drop --draft none or use --drafter ngram")
     # Prompt lookup needs no draft model: do not load one. `--draft none` with the draft model is plain.
     draft = None if args.plain or no_draft or not chosen.needs_draft_model else args.draft
+    check_model_arguments(args, draft=draft is not None)
     plain = args.plain or (draft is None and chosen.needs_draft_model)
     gamma = 0 if plain else args.gamma
     progress = not args.no_progress
@@ -93,6 +122,10 @@ def run(args: argparse.Namespace) -> int:
         args.target, draft, dtype=args.dtype, cache_dir=args.cache_dir, progress=progress
     )
     load_seconds = time.perf_counter() - started
+    try:
+        settings.check_vocab(decoder.target.vocab_size)  # known only now that the target is loaded
+    except ValueError as error:
+        raise UsageError(f"--logit-bias: {error}") from None
     options = dict(
         gamma=gamma,
         max_new_tokens=args.max_new_tokens,
@@ -107,24 +140,21 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         output = decoder.generate([prompt], **options)
         completion = output.completions[0]
-        print(
-            json.dumps(
-                {
-                    "text": completion.text,
-                    "token_ids": completion.token_ids,
-                    "finish_reason": completion.finish_reason,
-                    "prompt_tokens": completion.prompt_tokens,
-                    "gamma": gamma,
-                    "drafter": chosen.drafter if gamma else None,
-                    "verifier": chosen.verifier,
-                    "adaptive_gamma": chosen.adaptive_gamma if gamma else False,
-                    "settings": settings.describe(),
-                    "seed": args.seed,
-                    "load_seconds": load_seconds,
-                    "statistics": output.metrics.as_dict(),
-                }
-            )
-        )
+        record = {
+            "text": completion.text,
+            "token_ids": completion.token_ids,
+            "finish_reason": completion.finish_reason,
+            "prompt_tokens": completion.prompt_tokens,
+            "gamma": gamma,
+            "drafter": chosen.drafter if gamma else None,
+            "verifier": chosen.verifier,
+            "adaptive_gamma": chosen.adaptive_gamma if gamma else False,
+            "settings": settings.describe(),
+            "seed": args.seed,
+            "load_seconds": load_seconds,
+            "statistics": output.metrics.as_dict(),
+        }
+        print(json.dumps(json_safe(record), allow_nan=False))
         return EXIT_OK
     finish = None
     metrics = None

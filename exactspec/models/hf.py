@@ -147,7 +147,11 @@ class HFLanguageModel:
         num_positions: int = 1,
         rows: Sequence[int] | None = None,
     ) -> torch.Tensor:
-        """[B, k, V] float32 logits at the last k = `num_positions` positions (see `LanguageModel.logits`)."""
+        """[B, k, V] logits at the last k = `num_positions` positions (see `LanguageModel.logits`).
+
+        float64 for a float64 model (what lets `exactspec verify` enumerate the adapter
+        exactly), float32 otherwise (bfloat16 and float16 models too).
+        """
         k = num_positions
         row_ids = list(range(len(histories))) if rows is None else [int(r) for r in rows]
         history_lists = [h.tolist() if isinstance(h, torch.Tensor) else list(h) for h in histories]
@@ -259,7 +263,7 @@ class HFLanguageModel:
         return torch.tensor([len(s) for s in self._slots], dtype=torch.long)  # [B]
 
     def _forward(self, feeds: list[list[int]], k: int) -> torch.Tensor:
-        """One batched forward over the new tokens of every row; returns [B, k, V] float32."""
+        """One batched forward over the new tokens of every row; returns [B, k, V] logits (float32/64)."""
         width = max(len(f) for f in feeds)
         num_slots = self._valid.shape[1]
         fed = torch.tensor([len(f) for f in feeds], dtype=torch.long)  # [B]
@@ -288,7 +292,9 @@ class HFLanguageModel:
             self._slots[b] = torch.cat([self._slots[b], torch.arange(end - f, end)])
         self._valid = attention_mask.bool()
         # Every row fed at least k tokens, so the last k slots are real for every row.
-        return out.logits[:, -k:, : self._vocab_size].float()  # [B, k, V]
+        logits = out.logits[:, -k:, : self._vocab_size]  # [B, k, V]
+        # float64 stays float64 (the exact grid runs the adapter in float64); anything else is float32.
+        return logits if logits.dtype == torch.float64 else logits.float()
 
 
 def _common_prefix_length(a: list[int], b: list[int]) -> int:

@@ -11,9 +11,17 @@ A spec is one of:
 Transformers turns a GGUF file into a dense model by dequantizing every tensor,
 which takes tens of seconds on a CPU (and the tokenizer another ten). That work
 is done once: the dense weights, config, generation config and tokenizer are
-saved under the exactspec cache (`gguf-converted/<file key>/<dtype>/`) and later
-loads read them from there. The first conversion is checked: the model reloaded
-from the cache must give bit-identical logits to the one converted from GGUF.
+saved under the exactspec cache (`gguf-converted-v1/<name>-<content key>/<dtype>/`)
+and later loads read them from there. The first conversion is checked: the model
+reloaded from the cache must give bit-identical logits to the one converted from
+GGUF.
+
+The cache is keyed by the file's content, never by its name, size or mtime (which
+`cp -p`, `rsync -a` and unpacking an archive carry over to a different file), and
+each load checks the provenance record written beside the weights. Staging folders
+are named by process id so that those of killed processes can be cleaned, and every
+filesystem failure (a folder that is not writable, a file where a folder should be,
+a full disk) is a `ModelLoadError` that names the path and the fix.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import hashlib
 import json
 import os
 import re
@@ -32,12 +41,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from exactspec.core.errors import InvalidArgument
 from exactspec.models.default_pair import (
     DEFAULT_DRAFT,
     DEFAULT_TARGET,
     DefaultPairError,
     default_cache_dir,
     ensure_parted_model,
+    process_alive,
     stamped_sha256,
 )
 
@@ -48,6 +59,9 @@ __all__ = [
     "DEFAULT_DTYPE",
     "DEFAULT_SPECS",
     "ModelLoadError",
+    "ModelSpecError",
+    "check_spec",
+    "content_fingerprint",
     "is_gguf_file",
     "load_hf_model",
     "load_tokenizer",
@@ -72,6 +86,12 @@ GGUF_MAGIC = b"GGUF"
 _CONVERSION_CACHE = "gguf-converted-v1"
 _WEIGHTS_FILE = "model.safetensors"
 _TOKENIZER_DIR = "tokenizer"
+_PROVENANCE_FILE = "exactspec-conversion.json"
+
+# The content fingerprint of a GGUF file without a verified sha256 (see `content_fingerprint`).
+_FINGERPRINT_HEAD = 1 << 20
+_FINGERPRINT_BLOCK = 64 << 10
+_FINGERPRINT_BLOCKS = 32
 
 _DTYPE_NAMES = {
     "float32": torch.float32,
@@ -91,6 +111,10 @@ _TOKENIZER_PROBE = "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n -
 
 class ModelLoadError(RuntimeError):
     """A model or tokenizer could not be loaded; the message says why and what to do."""
+
+
+class ModelSpecError(ModelLoadError, InvalidArgument):
+    """The spec itself names nothing loadable (a missing path, a file that is not GGUF): a usage error."""
 
 
 def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
@@ -170,34 +194,62 @@ def _resolve(
     spec: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None, progress: bool
 ) -> tuple[str, Any]:
     """(kind, target): kind is "gguf" (target a Path), "folder" (Path) or "hub" (str)."""
-    text = os.fspath(spec)
+    text = _spec_text(spec)
     if text in DEFAULT_SPECS:
         try:
             return "gguf", ensure_parted_model(DEFAULT_SPECS[text], cache_dir, progress=progress)
         except DefaultPairError as error:
             # One exception type for every loading failure; the message already says what to do.
             raise ModelLoadError(str(error)) from error
+    return _classify(text)
+
+
+def check_spec(name: str, spec: str | os.PathLike[str]) -> None:
+    """Raise `ModelSpecError` (naming the argument `name`) if `spec` cannot name a model; loads nothing."""
+    try:
+        text = _spec_text(spec)
+        if text not in DEFAULT_SPECS:
+            _classify(text)
+    except ModelSpecError as error:
+        raise ModelSpecError(f"{name}: {error}") from None
+
+
+def _spec_text(spec: str | os.PathLike[str]) -> str:
+    if not isinstance(spec, str | os.PathLike):
+        raise ModelSpecError(
+            f"a model spec is a str or a path (a hub id, a folder or a .gguf file), got {type(spec).__name__}"
+        )
+    text = os.fspath(spec)
+    if not isinstance(text, str) or not text.strip():
+        raise ModelSpecError(
+            "the model spec is empty; give a hub id, a model folder, a .gguf file, or 'default-target' / "
+            "'default-draft'"
+        )
+    return text
+
+
+def _classify(text: str) -> tuple[str, Any]:
     path = Path(text).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
             ggufs = sorted(p.name for p in path.glob("*.gguf"))
             hint = f" It holds {', '.join(ggufs)}: pass that file instead." if ggufs else ""
-            raise ModelLoadError(
+            raise ModelSpecError(
                 f"{path} is a folder but has no config.json, so it is not a Hugging Face model folder "
                 f"(one written by save_pretrained).{hint}"
             )
         return "folder", path
     if path.is_file():
         if not is_gguf_file(path):
-            raise ModelLoadError(
+            raise ModelSpecError(
                 f"{path} is not a GGUF file (it does not start with the magic bytes 'GGUF'). Pass a "
                 f"GGUF model file, a model folder with config.json, or a Hugging Face hub id."
             )
         return "gguf", path
     if path.exists():
-        raise ModelLoadError(f"{path} is neither a regular file nor a folder.")
+        raise ModelSpecError(f"{path} is neither a regular file nor a folder.")
     if _looks_like_path(text):
-        raise ModelLoadError(
+        raise ModelSpecError(
             f"{path} does not exist. Check the path (a .gguf file or a model folder), or use "
             f"'default-target' / 'default-draft' for the built-in pair."
         )
@@ -319,18 +371,86 @@ def _gguf_legacy_module() -> Any:
 # --- GGUF files and their conversion cache ----------------------------------------------------
 
 
-def _conversion_entry(path: Path, cache_root: Path) -> Path:
-    """Cache folder for conversions of this GGUF file.
+def content_fingerprint(path: str | os.PathLike[str]) -> str:
+    """A sha256 over a GGUF file's size, its first MiB and 32 blocks of 64 KiB spread evenly over the rest.
 
-    Keyed by content hash when one is known (the default pair's verification
-    stamp), else by size and mtime: hashing a 1 GB file on every load would cost
-    more than the cache saves.
+    Reads about 3 MiB whatever the file's size (a full sha256 of a 1 GB file costs
+    seconds on every load, more than the cache saves); files of up to 3 MiB are
+    hashed whole. Why that is enough to tell one model file from another: the
+    first MiB holds the GGUF header (architecture, hyperparameters, the start of
+    the tokenizer, tensor names, shapes, types and offsets), so any two files
+    that differ there differ here; two different models with identical headers
+    (two fine-tunes or two quantizations of one architecture) differ in nearly
+    every weight block, so each of the 33 sampled blocks tells them apart. What
+    it cannot see is an edit of a few bytes that no sampled block covers, i.e.
+    deliberate tampering, which a conversion cache does not defend against (the
+    default pair is checked by its full sha256 instead).
     """
-    st = path.stat()
-    sha256 = stamped_sha256(path)
-    key = f"sha256-{sha256[:16]}" if sha256 else f"size{st.st_size}-mtime{st.st_mtime_ns}"
+    path = Path(path)
+    size = path.stat().st_size
+    digest = hashlib.sha256(f"exactspec-gguf-fingerprint-v1 {size}\n".encode())
+    with path.open("rb") as f:
+        if size <= _FINGERPRINT_HEAD + _FINGERPRINT_BLOCKS * _FINGERPRINT_BLOCK:
+            while chunk := f.read(_FINGERPRINT_HEAD):
+                digest.update(chunk)
+        else:
+            digest.update(f.read(_FINGERPRINT_HEAD))
+            span = size - _FINGERPRINT_HEAD - _FINGERPRINT_BLOCK
+            for index in range(_FINGERPRINT_BLOCKS):
+                # Evenly spaced from just after the head to the very end of the file.
+                f.seek(_FINGERPRINT_HEAD + span * index // (_FINGERPRINT_BLOCKS - 1))
+                digest.update(f.read(_FINGERPRINT_BLOCK))
+    return digest.hexdigest()
+
+
+def _content_key(path: Path) -> dict[str, Any]:
+    """What identifies the content of `path`: its size and its verified sha256 or its fingerprint."""
+    try:
+        size = path.stat().st_size
+        sha256 = stamped_sha256(path)
+        if sha256:
+            return {"size": size, "sha256": sha256}
+        return {"size": size, "fingerprint": content_fingerprint(path)}
+    except OSError as error:
+        raise ModelLoadError(f"Could not read the GGUF file {path}: {error.strerror or error}") from error
+
+
+def _conversion_entry(path: Path, cache_root: Path) -> Path:
+    """Cache folder for conversions of this GGUF file, keyed by its content (`_content_key`).
+
+    A verified sha256 (the default pair's stamp) is the key when there is one,
+    else the content fingerprint; never the name, size or mtime alone.
+    """
+    content = _content_key(path)
+    key = f"sha256-{content['sha256'][:16]}" if "sha256" in content else f"fp-{content['fingerprint'][:16]}"
     stem = re.sub(r"[^\w.-]+", "_", path.stem)
     return cache_root / _CONVERSION_CACHE / f"{stem}-{key}"
+
+
+def _check_provenance(model_dir: Path, path: Path) -> None:
+    """Raise unless the record beside a cached conversion says it was made from a file with this content."""
+    record_path = model_dir / _PROVENANCE_FILE
+    fix = f"Delete {model_dir.parent} and load again to convert {path} afresh."
+    try:
+        record = json.loads(record_path.read_text())
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(
+            f"The cached conversion {model_dir} has no readable provenance record {record_path.name} "
+            f"({error}), so it cannot be trusted to be a conversion of {path}. {fix}"
+        ) from error
+    content = _content_key(path)
+    known = {name: value for name, value in content.items() if isinstance(record, dict) and name in record}
+    if (
+        not isinstance(record, dict)
+        or "size" not in known
+        or len(known) < 2
+        or any(record[name] != value for name, value in known.items())
+    ):
+        raise ModelLoadError(
+            f"The cached conversion {model_dir} was not made from {path}: its provenance record says "
+            f"{ {name: record.get(name) for name in content} if isinstance(record, dict) else record }, "
+            f"the file has {content}. {fix}"
+        )
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -344,6 +464,7 @@ def _load_gguf(
     tokenizer = _gguf_tokenizer(path, entry, progress)
     model_dir = entry / _dtype_name(dtype)
     if model_dir.is_dir():
+        _check_provenance(model_dir, path)
         return _load_converted(model_dir, dtype, progress), tokenizer
     return _convert_gguf_model(path, model_dir, dtype, progress), tokenizer
 
@@ -384,6 +505,9 @@ def _gguf_tokenizer(path: Path, entry: Path, progress: bool) -> PreTrainedTokeni
         tokenizer.save_pretrained(str(tmp))
         reloaded = transformers.AutoTokenizer.from_pretrained(str(tmp), local_files_only=True)
         _check_same_tokenizer(tokenizer, reloaded, path)
+    except OSError as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _cache_failure(tmp, error) from error
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -438,6 +562,9 @@ def _convert_gguf_model(path: Path, model_dir: Path, dtype: torch.dtype, progres
     tmp = _staging_dir(model_dir)
     try:
         _save_dense(gguf_model, tmp, dtype, path)
+    except OSError as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _cache_failure(tmp, error) from error
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -486,16 +613,18 @@ def _save_dense(model: PreTrainedModel, folder: Path, dtype: torch.dtype, source
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(str(folder))
     st = source.stat()
+    content = _content_key(source)
     provenance = {
         "source": str(source.resolve()),
         "size": st.st_size,
         "mtime_ns": st.st_mtime_ns,
-        "sha256": stamped_sha256(source),
+        "sha256": content.get("sha256"),
+        "fingerprint": content.get("fingerprint"),
         "dtype": _dtype_name(dtype),
         "transformers": _transformers().__version__,
         "torch": torch.__version__,
     }
-    (folder / "exactspec-conversion.json").write_text(json.dumps(provenance, indent=2) + "\n")
+    (folder / _PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
 
 
 def _probe_ids(vocab_size: int) -> torch.Tensor:
@@ -508,19 +637,52 @@ def _probe_logits(model: PreTrainedModel, ids: torch.Tensor) -> torch.Tensor:
     return model(ids, use_cache=False).logits
 
 
+_STAGING = re.compile(r"^\..+\.tmp-(\d+)-[^/]*$")
+"""Staging folder names: `.<final name>.tmp-<pid>-<random>` (the pid lets a later run clean up after a
+killed one)."""
+
+
 def _staging_dir(final: Path) -> Path:
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    # mkdtemp makes private (0700) folders; cache entries are plain readable files.
-    tmp.chmod(0o755)
+    """A fresh, uniquely named folder beside `final` to build in (removing those of dead processes first)."""
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_staging(final.parent)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-{os.getpid()}-", dir=final.parent))
+        # mkdtemp makes private (0700) folders; cache entries are plain readable files.
+        tmp.chmod(0o755)
+    except OSError as error:
+        raise _cache_failure(final.parent, error) from error
     return tmp
+
+
+def _remove_stale_staging(folder: Path) -> None:
+    """Delete staging folders left by processes that no longer run (a killed conversion leaves GBs)."""
+    for child in folder.iterdir():
+        match = _STAGING.match(child.name)
+        if match and child.is_dir() and not process_alive(int(match.group(1))):
+            shutil.rmtree(child, ignore_errors=True)
+
+
+def _cache_failure(path: Path, error: OSError) -> ModelLoadError:
+    """One clear message for a filesystem failure in the conversion cache: the path, why, and the fix."""
+    if isinstance(error, FileExistsError | NotADirectoryError):
+        why = "a regular file stands where a folder of that path should be"
+    elif error.errno == 28:  # ENOSPC
+        why = "the disk is full"
+    else:
+        why = error.strerror or str(error)
+    return ModelLoadError(
+        f"Cannot write the model conversion cache at {path} ({why}). Make it a writable folder with free "
+        f"space (a 1.5B model needs about 3 GB), or pass --cache-dir (or set EXACTSPEC_CACHE) to another "
+        f"folder."
+    )
 
 
 def _publish(tmp: Path, final: Path) -> None:
     """Move a finished folder into place atomically; if another process won, keep theirs."""
     try:
         os.rename(tmp, final)
-    except OSError:
+    except OSError as error:
         shutil.rmtree(tmp, ignore_errors=True)
         if not final.is_dir():
-            raise
+            raise _cache_failure(final.parent, error) from error

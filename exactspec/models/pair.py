@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from exactspec.core.errors import InvalidArgument
 from exactspec.core.gamma import CostModel, measure_cost_model
 from exactspec.models.base import LanguageModel
 from exactspec.models.tokenizers import check_tokenizers_compatible, end_of_generation_ids
@@ -29,6 +31,8 @@ class ModelPair:
         draft_model: the draft's transformers module, or None (plain decoding only).
         draft: our adapter around it, or None.
         tokenizer: the shared tokenizer, or None (token ids only).
+        lock: held by whoever runs the adapters, whose KV caches one call at a time may use
+            (every `SpeculativeDecoder` over this pair holds it for each call).
     """
 
     target_model: Any
@@ -36,6 +40,7 @@ class ModelPair:
     draft_model: Any | None = None
     draft: LanguageModel | None = None
     tokenizer: Any | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _costs: CostModel | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
@@ -63,16 +68,16 @@ class ModelPair:
             eos_token_ids = model_eos_ids(target_model)
             if tokenizer is not None:
                 eos_token_ids = end_of_generation_ids(tokenizer, eos_token_ids)
-        target = HFLanguageModel(target_model, eos_token_ids=eos_token_ids)
+        target = _adapter("target", HFLanguageModel, target_model, eos_token_ids)
         draft = None
         if draft_model is not None:
             draft_vocab = output_rows(draft_model)
             if draft_vocab > target.vocab_size:
-                raise ValueError(
+                raise InvalidArgument(
                     f"the draft model has {draft_vocab} output rows, more than the target's "
                     f"{target.vocab_size}; the draft vocabulary must be a prefix of the target's"
                 )
-            draft = HFLanguageModel(draft_model, eos_token_ids=eos_token_ids)
+            draft = _adapter("draft", HFLanguageModel, draft_model, target.eos_token_ids)
         return cls(target_model, target, draft_model, draft, tokenizer)
 
     @classmethod
@@ -134,3 +139,17 @@ class ModelPair:
             clear = getattr(model, "clear_cache", None)
             if clear is not None:
                 clear()
+
+
+def _adapter(role: str, adapter: Any, model: Any, eos_token_ids: Collection[int] | None) -> Any:
+    """The adapter around `model`; a model that does not fit says whether it is the target or the draft."""
+    try:
+        return adapter(model, eos_token_ids=eos_token_ids)
+    except ValueError as error:
+        hint = (
+            " (the end-of-generation ids are the target's and its tokenizer's; the draft's vocabulary "
+            "must hold every one of them)"
+            if role == "draft"
+            else ""
+        )
+        raise InvalidArgument(f"the {role} model does not fit: {error}{hint}") from error

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from exactspec.core.errors import InvalidArgument
+
 END_OF_TURN_TOKENS = (
     "<|im_end|>",
     "<|endoftext|>",
@@ -26,7 +28,7 @@ def check_tokenizers_compatible(target_tokenizer: Any, draft_tokenizer: Any) -> 
     draft_tokens = {index: token for token, index in draft_tokenizer.get_vocab().items()}
     for index in sorted(set(target_tokens) & set(draft_tokens)):
         if target_tokens[index] != draft_tokens[index]:
-            raise ValueError(
+            raise InvalidArgument(
                 f"the draft and target tokenizers disagree on token id {index}: "
                 f"target {target_tokens[index]!r}, "
                 f"draft {draft_tokens[index]!r}; speculative decoding needs a draft that shares the target's "
@@ -34,7 +36,7 @@ def check_tokenizers_compatible(target_tokenizer: Any, draft_tokenizer: Any) -> 
             )
     missing = sorted(set(draft_tokens) - set(target_tokens))
     if missing:
-        raise ValueError(
+        raise InvalidArgument(
             f"the draft tokenizer has id {missing[0]} ({draft_tokens[missing[0]]!r}) that the target lacks; "
             "the draft vocabulary must be a prefix of the target's"
         )

