@@ -7,6 +7,7 @@ import math
 import sys
 import time
 
+from exactspec.bench.prompts import SELECTIONS
 from exactspec.bench.runner import (
     DEFAULT_GAMMAS,
     DEFAULT_MAX_NEW_TOKENS,
@@ -71,7 +72,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help=f"tokens per run (default {DEFAULT_MAX_NEW_TOKENS}, --quick {QUICK_MAX_NEW_TOKENS})",
     )
     parser.add_argument(
-        "--prompts", choices=("all", "coding", "prose"), default="all", help="prompt set (default all)"
+        "--prompts",
+        choices=SELECTIONS,
+        default="all",
+        help="prompt set: all (the 16 coding and prose prompts, the default), coding, prose, grounded "
+        "(input-grounded edit / fix / question / summary requests), all+grounded",
     )
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT}/)")
     parser.add_argument("--no-hf", action="store_true", help="skip both Hugging Face peers")

@@ -116,3 +116,9 @@ class SamplingSettings:
 def _require_finite(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
+
+
+# The "realistic chat settings" row of the benchmark: the sampling defaults that the Qwen2.5 instruct
+# models publish in their generation_config.json (temperature 0.7, top-p 0.8, top-k 20, repetition
+# penalty 1.05), i.e. what a chat user of these models samples with unless they change it.
+REALISTIC_CHAT_SETTINGS = SamplingSettings(temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.05)

@@ -8,23 +8,233 @@ were drawn from, and the output would silently stop being exact.
 Order and definitions follow Hugging Face `generate` (logit bias, repetition
 penalty, temperature, top-k, top-p, min-p), so exactspec's p is the p that a
 Hugging Face user already means by these settings.
+
+`probabilities` is the fast path; `_probabilities_reference` is the original
+straightforward implementation (a full stable sort for top-p, a second softmax
+for min-p, Python index lists for the repetition penalty), kept as the
+definition the fast path is tested against. The fast path returns the same
+tensor bit for bit: it decides every filter exactly as the reference does and
+then runs the very same final softmax on the very same masked scores
+(tests/core/test_transforms_fast.py checks this on random and adversarial rows).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from itertools import chain
 
+import numpy as np
 import torch
 
 from exactspec.core.settings import SamplingSettings
+
+# Rows whose finite scores (after top-k) number at most 1/_TOPK_SHARE of the vocabulary get their sorted
+# values from one `torch.topk`; denser rows use a full sort of the values.
+_TOPK_SHARE = 8
+# Half-width of min-p's "too close to call" band, in units of the dtype's eps, times (1 + |ln min_p|).
+# It covers the softmax kernel's exp (a few ulps), its reciprocal and products, and min_p's rounding to
+# the dtype; a token inside the band sends its row to the reference rule, so the band only costs time.
+_MIN_P_MARGIN_EPS = 128
 
 
 def probabilities(
     logits: torch.Tensor,
     settings: SamplingSettings,
     histories: Sequence[Sequence[int]] | None = None,
+    *,
+    validate: bool = True,
 ) -> torch.Tensor:
     """Turn rows of logits into the probability vectors that are sampled from.
+
+    Args:
+        logits: [N, V] raw next-token logits (any float dtype; -inf marks ids
+            the model cannot produce, such as the rows a smaller draft
+            vocabulary lacks).
+        settings: the request's sampling settings.
+        histories: N token histories, the one each row really has (prompt plus
+            every token before this position). Needed only for the repetition
+            penalty.
+        validate: check every row for NaN, +inf and "-inf everywhere" (one
+            reduction over [N, V] and one host sync). With False the caller
+            vouches for the logits; invalid rows then give NaN rows instead of
+            an error. Shapes, settings and histories are always checked.
+
+    Returns:
+        [N, V] probabilities in float64 if `logits` is float64, else float32.
+        Each row sums to 1. Temperature 0 gives a one-hot row on the argmax of
+        the biased and penalised logits, ties broken by the lowest id.
+        Bit-identical to `_probabilities_reference`.
+    """
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [N, V], got shape {tuple(logits.shape)}")
+    num_rows, vocab_size = logits.shape
+    scores = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
+    if settings.logit_bias:
+        scores = _apply_logit_bias(scores, settings)
+    if settings.repetition_penalty != 1.0:
+        if histories is None or len(histories) != num_rows:
+            raise ValueError("the repetition penalty needs one history per row of logits")
+        scores = _apply_repetition_penalty(scores, histories, settings.repetition_penalty)
+    if validate:
+        _check_rows(scores)
+
+    if settings.greedy:
+        # torch.argmax returns the first maximal index: ties go to the lowest id.
+        best = scores.argmax(dim=-1)  # [N]
+        return torch.nn.functional.one_hot(best, vocab_size).to(scores.dtype)
+
+    scores = scores / settings.temperature
+    if settings.top_k:
+        scores = _top_k(scores, settings.top_k)
+    if settings.top_p < 1.0:
+        scores = _top_p(scores, settings.top_p)
+    if settings.min_p > 0.0:
+        scores = _min_p(scores, settings.min_p)
+    return torch.softmax(scores, dim=-1)
+
+
+def _check_rows(scores: torch.Tensor) -> None:
+    # One reduction checks every row: amax propagates NaN, is +inf if any entry is, and is -inf
+    # only when the whole row is (no token possible).
+    row_max = scores.amax(dim=-1)  # [N]
+    if (torch.isnan(row_max) | torch.isposinf(row_max)).any():
+        raise ValueError("logits contain NaN or +inf; the model produced invalid scores")
+    if torch.isneginf(row_max).any():
+        raise ValueError("a row of logits is -inf everywhere: no token is possible")
+
+
+def _apply_repetition_penalty(
+    scores: torch.Tensor, histories: Sequence[Sequence[int]], penalty: float
+) -> torch.Tensor:
+    """Hugging Face's rule on each distinct token of the row's own history, by one gather and one scatter.
+
+    If histories = [[5, 2, 5], [], [7]] then rows = [0, 0, 0, 2] and tokens = [5, 2, 5, 7]: entries
+    (0, 5), (0, 2) and (2, 7) are penalised. A token repeated in a history is written twice with the
+    same value, so it is penalised once, as in the reference. Indexing follows Python's rules, as the
+    reference's does (an id >= V raises IndexError).
+    """
+    lengths = [len(history) for history in histories]
+    total = sum(lengths)
+    if total == 0:
+        return scores
+    tokens = torch.from_numpy(np.fromiter(chain.from_iterable(histories), dtype=np.int64, count=total))
+    rows = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))  # [total]
+    tokens, rows = tokens.to(scores.device), rows.to(scores.device)
+    seen = scores[rows, tokens]  # [total]
+    # The same elementwise operations as the reference's torch.where over [N, V]: bit-identical values.
+    penalised = torch.where(seen < 0, seen * penalty, seen / penalty)
+    scores = scores.clone()
+    scores[rows, tokens] = penalised
+    return scores
+
+
+def _top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The reference's top-p (ascending stable sort, cumulative <= 1 - top_p removed, the last kept),
+    decided without the stable argsort.
+
+    The cumulative sums depend only on the sorted VALUES, which are the same whatever the sort
+    (equal values are interchangeable), so they are computed by the reference's own softmax and
+    cumsum on an identical tensor: the same floats, the same decisions. What the stable argsort
+    adds is which ids sit at the sorted positions; the kept set is a suffix of the ascending order,
+    so it is "every id above the first kept value, and the highest ids among those equal to it".
+    Example: scores [2, 5, 2, 1] with 2 positions removed: sorted values [1, 2, 2, 5], first kept
+    value 2 at position 2, one id is below it, so 2 - 1 = 1 of the tied ids (the lowest, id 0,
+    first in stable order) is removed: kept ids {1, 2}.
+    """
+    sorted_scores = _ascending_values(scores)  # [N, V]
+    cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)  # [N, V]
+    remove_sorted = cumulative <= (1.0 - top_p)
+    remove_sorted[:, -1] = False  # the most likely token always stays
+    # cumulative is non-decreasing (a sum of non-negative terms), so the removed positions are a prefix.
+    num_removed = remove_sorted.sum(dim=-1, keepdim=True)  # [N, 1]
+    first_kept = sorted_scores.gather(1, num_removed)  # [N, 1]
+    keep = scores > first_kept  # [N, V]
+    tied = scores == first_kept  # [N, V]
+    tied_removed = num_removed - (scores < first_kept).sum(dim=-1, keepdim=True)  # [N, 1]
+    if bool((tied_removed > 0).any()):
+        # Stable order lists tied ids by increasing id, so the lowest tied_removed of them go.
+        tie_rank = tied.cumsum(dim=-1) - 1  # [N, V]: 0 for the lowest tied id of the row
+        tied &= tie_rank >= tied_removed
+    return scores.masked_fill(~(keep | tied), float("-inf"))
+
+
+def _ascending_values(scores: torch.Tensor) -> torch.Tensor:
+    """[N, V] -> the values of each row in ascending order (equal to torch.sort(scores).values)."""
+    num_rows, vocab_size = scores.shape
+    finite_mask = scores > float("-inf")  # [N, V]
+    counts = finite_mask.sum(dim=-1)  # [N]
+    finite = int(counts.max())
+    if finite * _TOPK_SHARE <= vocab_size:
+        # After top-k (or a bias that bans most ids) a row holds few finite scores: sort just those
+        # and put them after the -inf ones. (torch.topk over a row of mostly equal -inf is slow.)
+        rows, cols = finite_mask.nonzero(as_tuple=True)  # row-major: each row's ids in order
+        starts = torch.cumsum(counts, dim=0) - counts  # [N]: where each row's entries begin
+        slot = torch.arange(rows.numel(), device=scores.device) - starts[rows]  # rank within the row
+        compact = scores.new_full((num_rows, finite), float("-inf"))  # [N, finite]
+        compact[rows, slot] = scores[rows, cols]
+        ascending = torch.full_like(scores, float("-inf"))
+        ascending[:, vocab_size - finite :] = torch.sort(compact, dim=-1).values
+        return ascending
+    if scores.device.type == "cpu":
+        return _numpy_sort(scores)
+    return torch.sort(scores, dim=-1).values
+
+
+def _numpy_sort(scores: torch.Tensor) -> torch.Tensor:
+    """numpy's sort of each row's values (about twice as fast as torch.sort here), rows split over
+    torch's thread count (numpy releases the GIL while it sorts)."""
+    values = scores.numpy()  # [N, V], shares memory
+    workers = min(torch.get_num_threads(), values.shape[0])
+    if workers <= 1:
+        return torch.from_numpy(np.sort(values, axis=-1))
+    out = np.empty_like(values)
+    chunks = np.array_split(np.arange(values.shape[0]), workers)
+
+    def sort_rows(rows: np.ndarray) -> None:
+        out[rows[0] : rows[-1] + 1] = np.sort(values[rows[0] : rows[-1] + 1], axis=-1)
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(sort_rows, chunks))
+    return torch.from_numpy(out)
+
+
+def _min_p(scores: torch.Tensor, min_p: float) -> torch.Tensor:
+    """The reference's min-p (probs < min_p * max prob removed) decided on the scores, without a softmax.
+
+    probs = exp(s - max) / sum, so "probs < min_p * max prob" is "s - max < ln min_p" up to the
+    rounding of the reference's softmax; tokens clear of ln min_p by the margin are decided here,
+    and a row with a token inside the band is decided by the reference rule itself. Tokens at the
+    max (s - max = 0) always stay: their probability is the max, and min_p <= 1.
+    """
+    finfo = torch.finfo(scores.dtype)
+    vocab_size = scores.shape[-1]
+    if min_p / vocab_size < 1e4 * finfo.tiny:
+        # The reference's threshold could be subnormal, where rounding is no longer relative.
+        return _min_p_reference(scores, min_p)
+    log_min_p = math.log(min_p)
+    margin = _MIN_P_MARGIN_EPS * finfo.eps * (1.0 + abs(log_min_p))
+    gap = scores - scores.amax(dim=-1, keepdim=True)  # [N, V], <= 0; -inf where banned
+    remove = gap <= log_min_p - margin
+    unsure = ~remove & (gap < log_min_p + margin) & (gap != 0)  # [N, V]
+    unsure_rows = unsure.any(dim=-1).nonzero().flatten().tolist()
+    filtered = scores.masked_fill(remove, float("-inf"))
+    if unsure_rows:
+        # These rows need the reference's own rounded probabilities, from the unfiltered scores.
+        filtered[unsure_rows] = _min_p_reference(scores[unsure_rows], min_p)
+    return filtered
+
+
+# ---------------------------------------------------------------- the reference
+
+
+def _probabilities_reference(
+    logits: torch.Tensor,
+    settings: SamplingSettings,
+    histories: Sequence[Sequence[int]] | None = None,
+) -> torch.Tensor:
+    """The original implementation of `probabilities`, kept as its definition (see the module docstring).
 
     Args:
         logits: [N, V] raw next-token logits (any float dtype; -inf marks ids
@@ -49,7 +259,7 @@ def probabilities(
     if settings.repetition_penalty != 1.0:
         if histories is None or len(histories) != num_rows:
             raise ValueError("the repetition penalty needs one history per row of logits")
-        scores = _apply_repetition_penalty(scores, histories, settings.repetition_penalty)
+        scores = _repetition_penalty_reference(scores, histories, settings.repetition_penalty)
     # One reduction checks every row: amax propagates NaN, is +inf if any entry is, and is -inf
     # only when the whole row is (no token possible).
     row_max = scores.amax(dim=-1)  # [N]
@@ -67,9 +277,9 @@ def probabilities(
     if settings.top_k:
         scores = _top_k(scores, settings.top_k)
     if settings.top_p < 1.0:
-        scores = _top_p(scores, settings.top_p)
+        scores = _top_p_reference(scores, settings.top_p)
     if settings.min_p > 0.0:
-        scores = _min_p(scores, settings.min_p)
+        scores = _min_p_reference(scores, settings.min_p)
     return torch.softmax(scores, dim=-1)
 
 
@@ -82,7 +292,7 @@ def _apply_logit_bias(scores: torch.Tensor, settings: SamplingSettings) -> torch
     return scores
 
 
-def _apply_repetition_penalty(
+def _repetition_penalty_reference(
     scores: torch.Tensor, histories: Sequence[Sequence[int]], penalty: float
 ) -> torch.Tensor:
     # Hugging Face's rule, applied at most once per distinct token of the row's own history.
@@ -102,7 +312,7 @@ def _top_k(scores: torch.Tensor, top_k: int) -> torch.Tensor:
     return scores.masked_fill(scores < kth_best, float("-inf"))
 
 
-def _top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+def _top_p_reference(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     # Ascending sort, as Hugging Face does; stable so equal scores always resolve the same way.
     sorted_scores, order = torch.sort(scores, dim=-1, stable=True)  # [N, V]
     cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
@@ -112,7 +322,7 @@ def _top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     return scores.masked_fill(remove, float("-inf"))
 
 
-def _min_p(scores: torch.Tensor, min_p: float) -> torch.Tensor:
+def _min_p_reference(scores: torch.Tensor, min_p: float) -> torch.Tensor:
     probs = torch.softmax(scores, dim=-1)
     threshold = min_p * probs.amax(dim=-1, keepdim=True)  # [N, 1]
     remove = probs < threshold
