@@ -330,6 +330,23 @@ def test_non_utf8_argv_and_stdin(files: dict[str, str]) -> None:
     assert "standard input is not valid UTF-8" in one_error_line(stdin.stderr.decode())
 
 
+def _wait_until_torch_is_loading(pid: int, timeout: float = 60.0) -> None:
+    """Block until process `pid` has mapped libtorch: it is then past interpreter start-up and inside
+    exactspec's own imports. A fixed sleep raced with start-up on a loaded machine (the signal then hit
+    `site` before exactspec's handler existed)."""
+    maps = Path(f"/proc/{pid}/maps")
+    if not maps.exists():
+        pytest.skip("needs /proc to see when the child is importing torch")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if "libtorch" in maps.read_text():
+                return
+        except OSError:  # the process ended
+            return
+        time.sleep(0.005)
+
+
 def test_ctrl_c_during_start_up_and_during_a_run() -> None:
     """Before: Ctrl-C while the imports ran printed a KeyboardInterrupt traceback."""
     starting = subprocess.Popen(
@@ -345,7 +362,7 @@ def test_ctrl_c_during_start_up_and_during_a_run() -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(0.5)  # inside the imports (torch alone takes seconds)
+    _wait_until_torch_is_loading(starting.pid)  # inside the imports (torch alone takes seconds)
     starting.send_signal(signal.SIGINT)
     assert running.stdout is not None
     running.stdout.readline()  # the table header: the grid is running
