@@ -220,7 +220,8 @@ class SpeculativeDecoder:
         engine = self.engine(gamma)
         states = engine.start(ids, config)
         stop_strings = StopStrings(self.tokenizer, stop) if stop else None
-        return _Run(engine, states, config, SeededSampler(seed=seed, num_rows=len(states)), stop_strings)
+        sampler = SeededSampler(seed=seed, num_rows=len(states), device=engine.device)
+        return _Run(engine, states, config, sampler, stop_strings)
 
     def _check_context(self, ids: list[list[int]], config: DecodeConfig) -> None:
         if not self.context_length or not ids:  # no prompts: engine.start says so

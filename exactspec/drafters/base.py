@@ -46,9 +46,13 @@ class Drafter(Protocol):
         self,
         histories: Sequence[Sequence[int]],
         max_tokens: Sequence[int],
-        settings: SamplingSettings,
+        settings: SamplingSettings | Sequence[SamplingSettings],
         sampler: Sampler,
         rows: Sequence[int],
     ) -> Proposal:
-        """Draw the draft block for each row (each row uses its own random stream, rows[b])."""
+        """Draw the draft block for each row (each row uses its own random stream, rows[b]).
+
+        `settings` is one `SamplingSettings` for every row or one per row (settings[b] defines
+        row b's q, docs/algorithm.md 6). Tensors go on the models' device.
+        """
         ...

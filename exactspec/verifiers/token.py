@@ -64,12 +64,14 @@ def verify(
     if validate:
         _validate(draft_tokens, q, p, draft_lengths, rows)
     batch_size, gamma = draft_tokens.shape
-    eos = torch.tensor(sorted(eos_token_ids), dtype=torch.long)
+    device = p.device  # every tensor lives where the models' probabilities do
+    eos = torch.tensor(sorted(eos_token_ids), dtype=torch.long, device=device)
 
-    tokens = torch.full((batch_size, gamma + 1), NO_TOKEN, dtype=torch.long)  # [B, gamma + 1]
-    num_accepted = torch.zeros(batch_size, dtype=torch.long)  # [B]
-    hit_eos = torch.zeros(batch_size, dtype=torch.bool)  # [B]
-    finished = torch.zeros(batch_size, dtype=torch.bool)  # [B] rejected or EOS: nothing more this round
+    tokens = torch.full((batch_size, gamma + 1), NO_TOKEN, dtype=torch.long, device=device)  # [B, gamma + 1]
+    num_accepted = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
+    hit_eos = torch.zeros(batch_size, dtype=torch.bool, device=device)  # [B]
+    # [B] rejected or EOS: nothing more this round
+    finished = torch.zeros(batch_size, dtype=torch.bool, device=device)
 
     for i in range(gamma):
         active = ((draft_lengths > i) & ~finished).nonzero().squeeze(-1)  # [A]
@@ -158,12 +160,14 @@ def _validate(
         raise ValueError(f"rows must name one random stream per batch row: {len(rows)} for {batch_size} rows")
     if ((draft_lengths < 0) | (draft_lengths > gamma)).any():
         raise ValueError(f"draft_lengths must be in 0..gamma={gamma}, got {draft_lengths.tolist()}")
-    position = torch.arange(gamma)
+    position = torch.arange(gamma, device=draft_lengths.device)
     used_draft = position.unsqueeze(0) < draft_lengths.unsqueeze(1)  # [B, gamma]
     used_tokens = draft_tokens[used_draft]
     if ((used_tokens < 0) | (used_tokens >= vocab_size)).any():
         raise ValueError(f"draft token ids must be in 0..{vocab_size - 1}")
-    used_target = torch.arange(gamma + 1).unsqueeze(0) <= draft_lengths.unsqueeze(1)  # [B, gamma + 1]
+    used_target = torch.arange(gamma + 1, device=draft_lengths.device).unsqueeze(
+        0
+    ) <= draft_lengths.unsqueeze(1)  # [B, gamma + 1]
     _check_distributions("q", q[used_draft])
     _check_distributions("p", p[used_target])
 
