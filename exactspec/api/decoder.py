@@ -100,10 +100,16 @@ class SpeculativeDecoder:
         dtype: Any = "auto",
         cache_dir: str | os.PathLike[str] | None = None,
         progress: bool = True,
+        device: Any = "cpu",
     ) -> SpeculativeDecoder:
-        """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair)."""
+        """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair).
+
+        `device`: "cpu", "cuda" or "auto" (CUDA when available).
+        """
         return cls.from_pair(
-            ModelPair.from_pretrained(target, draft, dtype=dtype, cache_dir=cache_dir, progress=progress)
+            ModelPair.from_pretrained(
+                target, draft, dtype=dtype, cache_dir=cache_dir, progress=progress, device=device
+            )
         )
 
     @property

@@ -77,6 +77,17 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    """--device auto|cpu|cuda (generate, serve)."""
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where the models run: auto = cuda when available, else cpu (default auto); "
+        "--dtype auto is bfloat16 on both",
+    )
+
+
 def gamma_argument(text: str) -> int:
     """argparse type: a draft length in 1..MAX_GAMMA."""
     try:

@@ -1,4 +1,4 @@
-"""The `exactspec` entry point: one subcommand per module of this package (verify, generate, bench, audit).
+"""The `exactspec` entry point: one subcommand per module (verify, generate, bench, audit, serve).
 
 Usage errors (bad flags, invalid settings, missing files) exit with code 2
 and a one-line message; a failed check exits with 1.
@@ -10,10 +10,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from exactspec.cli import audit, bench, generate, verify
+from exactspec.cli import audit, bench, generate, serve, verify
 from exactspec.cli.common import EXIT_FAILED, EXIT_USAGE, UsageError
 
-COMMANDS = (verify, generate, bench, audit)
+COMMANDS = (verify, generate, bench, audit, serve)
 """Each module adds its subparser with `add_parser(commands)` and sets `run` as the parser's default."""
 
 
