@@ -310,12 +310,13 @@ class Scheduler:
 
     def _retire(self, row: int, event: RowEvent) -> None:
         """Take a row out of the batch, free its caches and stream, and send its last event."""
-        handle = self._active.pop(row)
-        self._states.pop(row, None)
+        # Free first, then leave `_active`: whoever sees the row gone (running == 0) sees its cache gone.
         self.engine.release([row])
         remove_row = getattr(self.sampler, "remove_row", None)
         if remove_row is not None:
             remove_row(row)
+        handle = self._active.pop(row)
+        self._states.pop(row, None)
         handle._emit(event)
 
     def _stop(self, row: int, generated: list[int]) -> int | None:

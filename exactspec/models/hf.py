@@ -43,10 +43,11 @@ class HFLanguageModel:
         row 0       a  b  c  x  y  z      mask 1 1 1 1 0 1   positions 0 1 2 3 . 4
         row 1       .  d  e  u  v  w      mask 0 1 1 1 1 1   positions . 0 1 2 3 4
 
-    Rows join and leave independently (continuous batching, docs/algorithm.md 6): an unknown row
-    id gets a fresh batch index whose slots are all holes, `release(rows)` drops rows, and a
-    call that names only some of the cached rows feeds the others nothing (they ride along
-    with padding, their cache untouched); no call recomputes a row it did not name.
+    Rows join and leave independently (continuous batching, docs/algorithm.md 6): rows with
+    unknown ids are prefilled in a batch of their own and then appended to the cache (holes
+    in front align the slot counts), `release(rows)` drops rows, and a call that names only
+    some of the cached rows feeds the others nothing (they ride along with padding, their
+    cache untouched); no call recomputes a row it did not name.
 
     Slots that are holes in every row at the end of the cache are cropped away
     (with one row there are therefore never holes: rollback is a crop). When
@@ -169,6 +170,74 @@ class HFLanguageModel:
     # ---------------------------------------------------------------- internals
 
     def _logits(self, history_lists: list[list[int]], k: int, row_ids: list[int]) -> torch.Tensor:
+        joining = [j for j, r in enumerate(row_ids) if r not in self._row_ids]
+        staying = [j for j, r in enumerate(row_ids) if r in self._row_ids]
+        if not joining or not staying or self._cache is None:
+            return self._logits_together(history_lists, k, row_ids)
+        # Rows that join are prefilled on their own: in one batch with the running rows, every
+        # running row would be padded to the new prompts' length (their MLPs run on padding).
+        running = self._take_state()
+        new_logits = self._logits_together(
+            [history_lists[j] for j in joining], k, [row_ids[j] for j in joining]
+        )
+        joined = self._take_state()
+        self._put_state(running)
+        old_logits = self._logits_together(
+            [history_lists[j] for j in staying], k, [row_ids[j] for j in staying]
+        )
+        self._merge_state(joined)
+        logits = old_logits.new_empty(len(row_ids), *old_logits.shape[1:])  # [B, k, V]
+        logits[torch.tensor(staying, device=logits.device)] = old_logits
+        logits[torch.tensor(joining, device=logits.device)] = new_logits
+        return logits
+
+    def _take_state(self) -> tuple:
+        """This adapter's cache and bookkeeping, leaving it empty."""
+        state = (self._cache, self._row_ids, self._tokens, self._slots, self._valid)
+        self.clear_cache()
+        return state
+
+    def _put_state(self, state: tuple) -> None:
+        self._cache, self._row_ids, self._tokens, self._slots, self._valid = state
+
+    def _merge_state(self, other: tuple) -> None:
+        """Append another state's rows (disjoint row ids) as new batch indices; no row is recomputed.
+
+        The one with fewer slots gets holes in front, so both have the same number of slots:
+        holes are masked and positions count real tokens only, so a row's results do not move.
+        """
+        cache, row_ids, tokens, slots, valid = other
+        width = max(self._valid.shape[1], valid.shape[1])
+        mine = self._front_padded(self._cache, self._slots, self._valid, width)
+        theirs = self._front_padded(cache, slots, valid, width)
+        merged = []
+        for (keys, values), (other_keys, other_values) in zip(mine[0], theirs[0], strict=True):
+            merged.append((torch.cat([keys, other_keys]), torch.cat([values, other_values])))
+        self._cache = DynamicCache(ddp_cache_data=merged)
+        self._row_ids = self._row_ids + row_ids
+        self._tokens = self._tokens + tokens
+        self._slots = mine[1] + theirs[1]
+        self._valid = torch.cat([mine[2], theirs[2]])
+
+    @staticmethod
+    def _front_padded(
+        cache: DynamicCache | None, slots: list[torch.Tensor], valid: torch.Tensor, width: int
+    ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[torch.Tensor], torch.Tensor]:
+        """(per layer (K, V) [B, H_kv, width, D], slots, valid [B, width]) with holes added in front."""
+        assert cache is not None
+        extra = width - valid.shape[1]
+        layers = []
+        for keys, values, *_ in cache:  # each [B, H_kv, S, D]
+            if extra:
+                pad = (keys.shape[0], keys.shape[1], extra, keys.shape[3])
+                keys = torch.cat([keys.new_zeros(pad), keys], dim=2)
+                values = torch.cat([values.new_zeros(pad), values], dim=2)
+            layers.append((keys, values))
+        holes = torch.zeros(valid.shape[0], extra, dtype=torch.bool)
+        return layers, [s + extra for s in slots], torch.cat([holes, valid], dim=1)
+
+    def _logits_together(self, history_lists: list[list[int]], k: int, row_ids: list[int]) -> torch.Tensor:
+        """One forward over the cache's batch: requested rows fed their new tokens, the others nothing."""
         self._add_rows(row_ids)
         # index[j]: the cache batch index of requested row j. Cached rows that are not requested
         # ride along with an empty feed (padding only): their cache is neither recomputed nor lost.

@@ -169,11 +169,27 @@ def test_subset_of_rows_after_a_row_finishes():
         histories[7] = [5, 6, 7]
         histories[2].append(9)
         out = lm.logits([histories[2], histories[7]], rows=[2, 7])
-        assert shapes[-1] == (2, 3)  # row 7's prompt, and row 2's one new token (left-padded)
+        # Row 7's prompt is prefilled on its own, then row 2 feeds its one new token: nobody is padded.
+        assert shapes[-2:] == [(1, 3), (1, 1)]
+        assert sorted(lm.cached_rows) == [2, 7]
         for b, r in enumerate([2, 7]):
             torch.testing.assert_close(out[b, 0], reference(model, histories[r], 1)[0], atol=ATOL, rtol=0)
         for old_keys, (keys, _) in zip(before, lm.cached_kv(2), strict=True):
             assert torch.equal(keys[:, : old_keys.shape[1]], old_keys)
+        for r in (2, 7):
+            fresh = HFLanguageModel(model)
+            fresh.logits([histories[r]])
+            for (keys, values), (fresh_keys, fresh_values) in zip(
+                lm.cached_kv(r), fresh.cached_kv(0), strict=True
+            ):
+                torch.testing.assert_close(keys, fresh_keys, atol=1e-6, rtol=0)
+                torch.testing.assert_close(values, fresh_values, atol=1e-6, rtol=0)
+        histories[2].append(10)
+        histories[7].append(11)
+        out = lm.logits([histories[7], histories[2]], rows=[7, 2])
+        assert shapes[-1] == (2, 1)
+        for b, r in enumerate([7, 2]):
+            torch.testing.assert_close(out[b, 0], reference(model, histories[r], 1)[0], atol=ATOL, rtol=0)
 
 
 def test_rows_that_are_not_named_keep_their_cache_and_ride_along():

@@ -273,7 +273,8 @@ def test_a_full_queue_answers_429_and_capacity_comes_back() -> None:
             slow_rounds(pair),
             httpx.stream("POST", base + "/v1/completions", json=body, timeout=60) as stream,
         ):
-            next(stream.iter_lines())
+            lines = stream.iter_lines()  # kept: a dropped iterator closes the stream (a disconnect)
+            assert next(lines).startswith("data: {")
             status, error = error_of(lambda: client.completions.create(model=MODEL, prompt="b", max_tokens=2))
             assert status == 429 and error["code"] == "queue_full"
         deadline = time.monotonic() + 20
