@@ -231,7 +231,12 @@ class SpeculativeEngine:
             )
             for row in active
         ]
-        proposal = self._draft(histories, max_draft, settings, sampler, active)  # 2.1
+        # A drafter gets one SamplingSettings when every row shares it (drafters written for
+        # one batch-wide setting keep working), else one per row.
+        shared = all(row_settings == settings[0] for row_settings in settings)
+        proposal = self._draft(
+            histories, max_draft, settings[0] if shared else settings, sampler, active
+        )  # 2.1
         p = self._target_probabilities(histories, proposal, settings, active)  # 2.2
         clock = time.perf_counter()
         result = verify(
@@ -259,7 +264,7 @@ class SpeculativeEngine:
         self,
         histories: list[list[int]],
         max_draft: list[int],
-        settings: list[SamplingSettings],
+        settings: SamplingSettings | list[SamplingSettings],
         sampler: Sampler,
         rows: list[int],
     ) -> Proposal:

@@ -52,7 +52,9 @@ class Drafter(Protocol):
     ) -> Proposal:
         """Draw the draft block for each row (each row uses its own random stream, rows[b]).
 
-        `settings` is one `SamplingSettings` for every row or one per row (settings[b] defines
-        row b's q, docs/algorithm.md 6). Tensors go on the models' device.
+        `settings` is one `SamplingSettings` when every row shares it (the engine passes that
+        whenever it can, so a drafter that handles only this case works for uniform batches),
+        else one per row: settings[b] defines row b's q (docs/algorithm.md 6). Tensors go on the
+        models' device.
         """
         ...
