@@ -422,13 +422,18 @@ async def _generate(
         )
     try:
         remaining = len(choices)
+        checked = time.monotonic()
         while remaining:
-            try:
-                choice, event = await asyncio.wait_for(events.get(), DISCONNECT_POLL_SECONDS)
-            except TimeoutError:
+            # Look for a client that went away at least every DISCONNECT_POLL_SECONDS, also while
+            # events keep coming (a round is usually longer than that on real models).
+            if time.monotonic() - checked >= DISCONNECT_POLL_SECONDS:
+                checked = time.monotonic()
                 if await request.is_disconnected():
                     service.cancel(choices)
                     return PlainTextResponse("", status_code=499)
+            try:
+                choice, event = await asyncio.wait_for(events.get(), DISCONNECT_POLL_SECONDS)
+            except TimeoutError:
                 continue
             _apply(choice, event)
             if event.finish_reason is not None:

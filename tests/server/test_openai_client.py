@@ -31,6 +31,7 @@ VOCAB = len(TOKENIZER_VOCAB)
 CONTEXT = 256
 GAMMA = 3
 MODEL = "exactspec"
+NO_EOS = {str(TOKENIZER_EOS_ID): -100, str(TOKENIZER_VOCAB.index("<|im_end|>")): -100}  # logit_bias
 
 
 @contextlib.contextmanager
@@ -257,6 +258,18 @@ def test_a_disconnected_stream_is_cancelled_and_frees_its_row(server: tuple[str,
         "exactspec_requests_waiting",
     ):
         assert name in text
+
+
+def test_a_non_streaming_client_that_gives_up_is_cancelled(server: tuple[str, ModelPair]) -> None:
+    base = server[0]
+    before = metric(base, "exactspec_requests_total", '{outcome="cancelled"}')
+    body = {"model": MODEL, "prompt": "long", "max_tokens": 200, "logit_bias": NO_EOS}
+    with slow_rounds(server[1]), pytest.raises(httpx.ReadTimeout):
+        httpx.post(base + "/v1/completions", json=body, timeout=0.5)  # gives up and disconnects
+    deadline = time.monotonic() + 20
+    while metric(base, "exactspec_requests_total", '{outcome="cancelled"}') <= before:
+        assert time.monotonic() < deadline, "the abandoned request was not cancelled"
+        time.sleep(0.05)
 
 
 def test_a_full_queue_answers_429_and_capacity_comes_back() -> None:
