@@ -18,10 +18,13 @@ from dataclasses import dataclass
 import torch
 
 from exactspec.core.engine import DecodeConfig, SpeculativeEngine
+from exactspec.core.gamma import GammaPolicy
 from exactspec.core.settings import SamplingSettings
 from exactspec.core.transforms import probabilities
 from exactspec.drafters.base import Drafter
 from exactspec.models.base import LanguageModel
+from exactspec.verifiers.base import Verifier
+from exactspec.verifiers.token import verify
 
 DEFAULT_MAX_PATHS = 500_000
 """Enumeration stops with an error past this many random paths (a grid case that is too big)."""
@@ -151,14 +154,19 @@ def check_speculative(
     prompts: Sequence[Sequence[int]],
     config: DecodeConfig,
     max_paths: int = DEFAULT_MAX_PATHS,
+    *,
+    verifier: Verifier = verify,
+    gamma_policy: GammaPolicy | None = None,
 ) -> ExactCheck:
     """Exact TV distance between the engine's joint output over all rows and the target's.
 
     The target's joint distribution over a batch is the product of each row's
     own distribution (docs/algorithm.md 4: a row must not depend on the other rows), so
-    a batch check also catches rows leaking into each other.
+    a batch check also catches rows leaking into each other. `verifier` and
+    `gamma_policy` are passed to the `SpeculativeEngine` (the policy restarts
+    with every enumerated run, so every path sees the same rule).
     """
-    engine = SpeculativeEngine(target, drafter)
+    engine = SpeculativeEngine(target, drafter, verifier=verifier, gamma_policy=gamma_policy)
 
     def run(sampler: EnumeratingSampler) -> tuple[tuple[int, ...], ...]:
         states = engine.generate(prompts, config, sampler)

@@ -4,7 +4,9 @@ The exact grid covers what docs/algorithm.md says must hold: every gamma, tiny
 vocabularies with EOS, length limits below gamma, a draft equal to the target
 (beta = 0), supports that miss each other's tokens, a deterministic (one-hot)
 draft, every sampling transform, and a batch whose rows have different
-histories.
+histories; then the same for block verification, the prompt-lookup and hybrid
+drafters (including rounds where the lookup finds no match) and adaptive
+gamma (`round_two_grid`).
 """
 
 from __future__ import annotations
@@ -25,9 +27,16 @@ from exactspec.checking.statistical import (
 )
 from exactspec.checking.toy import TabularModel, random_tabular_model
 from exactspec.core.engine import DecodeConfig, SpeculativeEngine
+from exactspec.core.gamma import AdaptiveGamma, CostModel
 from exactspec.core.sampler import SeededSampler
 from exactspec.core.settings import SamplingSettings
+from exactspec.drafters.base import Drafter
+from exactspec.drafters.hybrid import HybridDrafter
 from exactspec.drafters.model import ModelDrafter
+from exactspec.drafters.ngram import NgramDrafter
+from exactspec.verifiers.base import Verifier
+from exactspec.verifiers.block import verify_block
+from exactspec.verifiers.token import verify
 
 EXACT_TOLERANCE = 1e-12
 """The exact check fails when a TV distance exceeds this (float64 rounding is ~1e-16)."""
@@ -42,9 +51,12 @@ class ExactCase:
     gamma: int
     max_new_tokens: int
     settings: SamplingSettings = field(default_factory=SamplingSettings)
-    draft: str = "random"  # random | same | misses-target | target-misses | one-hot
+    draft: str = "random"  # random | same | misses-target | target-misses | one-hot | no-eos
     prompts: tuple[tuple[int, ...], ...] = ((1,),)
     seed: int = 0
+    verifier: str = "token"  # token | block
+    drafter: str = "model"  # model | ngram | hybrid (ngram and hybrid ignore `draft` where unused)
+    adaptive: bool = False  # gamma per row per round from `adaptive_policy`, capped by `gamma`
     # Set for the scheduler cases: the rows (own settings, limits, join round) that the real
     # `Scheduler` runs with at most `max_batch` rows at a time; `settings` and `prompts` are unused.
     schedule: tuple[ScheduledRow, ...] = ()
@@ -58,10 +70,45 @@ class ExactCase:
         if self.draft == "same":
             return target, target
         draft_zeros = (1,) if self.draft == "misses-target" else ()
+        # A draft without EOS keeps drafting past the target's EOS: an EOS inside the block.
+        draft_eos = None if self.draft == "no-eos" else 0
         draft = random_tabular_model(
-            vocab, seed=2 * self.seed + 2, zero_ids=draft_zeros, one_hot=self.draft == "one-hot"
+            vocab,
+            seed=2 * self.seed + 2,
+            zero_ids=draft_zeros,
+            one_hot=self.draft == "one-hot",
+            eos_token_id=draft_eos,
         )
         return target, draft
+
+    def build_drafter(self, target: TabularModel, draft: TabularModel) -> Drafter:
+        model = ModelDrafter(draft, target.vocab_size)
+        if self.drafter == "model":
+            return model
+        lookup = NgramDrafter(target.eos_token_ids)
+        if self.drafter == "ngram":
+            return lookup
+        if self.drafter == "hybrid":
+            return HybridDrafter(lookup, model, target.vocab_size)
+        raise ValueError(f"unknown drafter {self.drafter!r}: model, ngram or hybrid")
+
+    def build_verifier(self) -> Verifier:
+        verifiers: dict[str, Verifier] = {"token": verify, "block": verify_block}
+        if self.verifier not in verifiers:
+            raise ValueError(f"unknown verifier {self.verifier!r}: token or block")
+        return verifiers[self.verifier]
+
+
+def adaptive_policy(max_gamma: int) -> AdaptiveGamma:
+    """Made-up costs and a weak prior, so that a few rounds already move gamma between 0, 1 and 2.
+
+    c = 0.3, v(k) = 1 + 0.1 (k - 1): the prior alpha 0.5 gives gamma 1, one
+    accepted trial (alpha 0.75) gives 2, one rejection (alpha 0.25) gives 0,
+    and a row at 0 probes with 1 token in the next round.
+    """
+    return AdaptiveGamma(
+        CostModel.linear(0.3, 0.1, max_gamma), prior_accepted=0.5, prior_rejected=0.5, probe_after=1
+    )
 
 
 @dataclass(frozen=True)
@@ -114,7 +161,78 @@ def exact_grid() -> list[ExactCase]:
             prompts=((2, 2), (1,)),
         )
     )
-    cases.extend(scheduler_cases())
+    return cases + round_two_grid() + scheduler_cases()
+
+
+def round_two_grid() -> list[ExactCase]:
+    """Block verification, prompt lookup, the hybrid drafter and adaptive gamma (docs/algorithm.md 5)."""
+    all_transforms = SamplingSettings(
+        temperature=0.8, top_k=3, top_p=0.9, min_p=0.05, repetition_penalty=1.3, logit_bias={1: 0.5}
+    )
+    cases: list[ExactCase] = []
+    for gamma in (1, 2, 3, 4, 5):
+        cases.append(ExactCase(f"block gamma={gamma} V=3 n=4", 3, gamma, 4, verifier="block"))
+    cases.append(ExactCase("block gamma=3 V=6 n=2", 6, 3, 2, verifier="block"))
+    for n in (1, 2):
+        cases.append(ExactCase(f"block n={n} < gamma=5", 3, 5, n, verifier="block"))
+    for kind in ("same", "misses-target", "target-misses", "one-hot", "no-eos"):
+        cases.append(ExactCase(f"block draft {kind}", 4, 3, 3, draft=kind, verifier="block"))
+    block_transforms = {
+        "T=0": SamplingSettings(temperature=0.0),
+        "T=1.7": SamplingSettings(temperature=1.7),
+        "top_k=2": SamplingSettings(top_k=2),
+        "top_p=0.7": SamplingSettings(top_p=0.7),
+        "min_p=0.3": SamplingSettings(min_p=0.3),
+        "repetition_penalty=1.5": SamplingSettings(repetition_penalty=1.5),
+        "logit_bias": SamplingSettings(logit_bias={2: 1.5, 3: -2.0}),
+        "all transforms, T=0.8": all_transforms,
+    }
+    for name, settings in block_transforms.items():
+        cases.append(ExactCase(f"block {name}", 4, 3, 3, settings, verifier="block"))
+    cases.append(
+        ExactCase("block batch of 2, different prompts", 3, 3, 2, prompts=((1,), (2, 1)), verifier="block")
+    )
+    # (1, 2, 1) repeats from the start; (3,) has no match until the output repeats a token.
+    lookup_and_adaptive: list[tuple[str, int, int, int, dict]] = [
+        # name ({} = verifier), V, gamma, max_new_tokens, other ExactCase fields
+        ("ngram {}, repeats", 4, 3, 3, {"prompts": ((1, 2, 1),), "drafter": "ngram"}),
+        ("ngram {}, no match at first", 4, 3, 3, {"prompts": ((3,),), "drafter": "ngram"}),
+        (
+            "ngram {}, all transforms",
+            4,
+            3,
+            3,
+            {"settings": all_transforms, "prompts": ((2, 1, 2),), "drafter": "ngram"},
+        ),
+        ("ngram {}, batch of 2", 3, 3, 2, {"prompts": ((1, 2, 1), (2,)), "drafter": "ngram"}),
+        ("hybrid {}", 4, 3, 3, {"prompts": ((1, 2, 3),), "drafter": "hybrid"}),
+        ("hybrid {}, batch of 2", 3, 2, 2, {"prompts": ((1, 2, 1), (2,)), "drafter": "hybrid"}),
+        # Adaptive gamma: rows draft 0, 1 and 2 tokens in different rounds (n = 5 leaves room for 2).
+        ("adaptive gamma {}, V=3 n=5", 3, 3, 5, {"adaptive": True}),
+        ("adaptive gamma {}, batch of 2, V=2", 2, 3, 5, {"prompts": ((1,), (1, 1)), "adaptive": True}),
+        (
+            "adaptive gamma {}, ngram",
+            4,
+            4,
+            5,
+            {"prompts": ((1, 2, 1),), "drafter": "ngram", "adaptive": True},
+        ),
+        (
+            "adaptive gamma {}, hybrid, rep=1.4",
+            3,
+            3,
+            5,
+            {
+                "settings": SamplingSettings(repetition_penalty=1.4),
+                "prompts": ((1, 2),),
+                "drafter": "hybrid",
+                "adaptive": True,
+            },
+        ),
+    ]
+    for verifier in ("token", "block"):
+        for name, vocab, gamma, n, options in lookup_and_adaptive:
+            cases.append(ExactCase(name.format(verifier), vocab, gamma, n, verifier=verifier, **options))
     return cases
 
 
@@ -167,13 +285,20 @@ def run_exact_case(case: ExactCase) -> ExactResult:
     target, draft = case.models()
     config = DecodeConfig(gamma=case.gamma, max_new_tokens=case.max_new_tokens, settings=case.settings)
     started = time.perf_counter()
-    drafter = ModelDrafter(draft, target.vocab_size)
+    drafter = case.build_drafter(target, draft)
     if case.schedule:
         check = check_scheduler(target, drafter, case.schedule, case.gamma, max_batch=case.max_batch)
         return ExactResult(
             case, check.total_variation, check.paths, check.sequences, time.perf_counter() - started
         )
-    check = check_speculative(target, drafter, case.prompts, config)
+    check = check_speculative(
+        target,
+        drafter,
+        case.prompts,
+        config,
+        verifier=case.build_verifier(),
+        gamma_policy=adaptive_policy(case.gamma) if case.adaptive else None,
+    )
     return ExactResult(
         case, check.total_variation, check.paths, check.sequences, time.perf_counter() - started
     )

@@ -16,12 +16,14 @@ from typing import Literal
 
 import torch
 
+from exactspec.core.gamma import GammaPolicy, record_round
 from exactspec.core.metrics import DecodeMetrics
 from exactspec.core.sampler import Sampler
 from exactspec.core.settings import SamplingSettings
 from exactspec.core.transforms import probabilities_per_row
 from exactspec.drafters.base import Drafter, Proposal
 from exactspec.models.base import LanguageModel
+from exactspec.verifiers.base import Verifier
 from exactspec.verifiers.token import verify
 
 FinishReason = Literal["eos", "length", "stop"]
@@ -112,9 +114,23 @@ class SpeculativeEngine:
     True
     """
 
-    def __init__(self, target: LanguageModel, drafter: Drafter | None = None) -> None:
+    def __init__(
+        self,
+        target: LanguageModel,
+        drafter: Drafter | None = None,
+        verifier: Verifier = verify,
+        gamma_policy: GammaPolicy | None = None,
+    ) -> None:
+        """Args:
+        verifier: token verification (`exactspec.verifiers.token.verify`, the default) or block
+            verification (`exactspec.verifiers.block.verify_block`); both are exact.
+        gamma_policy: if given (`exactspec.core.gamma.AdaptiveGamma`), row b drafts
+            min(policy's choice, config.gamma, room left before max_new_tokens) tokens each round.
+        """
         self.target = target
         self.drafter = drafter
+        self.verifier = verifier
+        self.gamma_policy = gamma_policy
         self.metrics = DecodeMetrics()
         # Row ids that took part in the last round: a row that is gone by the next round has its
         # caches freed then (docs/algorithm.md 6), without touching the other rows.
@@ -140,7 +156,10 @@ class SpeculativeEngine:
         if not prompts:
             raise ValueError("no prompts given")
         config.settings.check_vocab(self.target.vocab_size)
-        return [self.new_row(prompt, index=index) for index, prompt in enumerate(prompts)]
+        states = [self.new_row(prompt, index=index) for index, prompt in enumerate(prompts)]
+        if self.gamma_policy is not None:
+            self.gamma_policy.start(len(states))
+        return states
 
     def new_row(
         self,
@@ -231,6 +250,12 @@ class SpeculativeEngine:
             )
             for row in active
         ]
+        if self.gamma_policy is not None:
+            # docs/algorithm.md 5: a draft length chosen from past rounds only keeps the round exact.
+            max_draft = [
+                min(limit, self.gamma_policy.draft_length(row))
+                for row, limit in zip(active, max_draft, strict=True)
+            ]
         # A drafter gets one SamplingSettings when every row shares it (drafters written for
         # one batch-wide setting keep working), else one per row.
         shared = all(row_settings == settings[0] for row_settings in settings)
@@ -239,7 +264,7 @@ class SpeculativeEngine:
         )  # 2.1
         p = self._target_probabilities(histories, proposal, settings, active)  # 2.2
         clock = time.perf_counter()
-        result = verify(
+        result = self.verifier(
             proposal.tokens,
             proposal.q,
             p,
@@ -250,6 +275,8 @@ class SpeculativeEngine:
         )
         self.metrics.verify_seconds += time.perf_counter() - clock
         proposed, accepted = self._record(proposal, result.num_accepted, result.num_emitted)
+        if self.gamma_policy is not None:
+            record_round(self.gamma_policy, active, proposed, accepted)
         output = self._append(states, active, result.tokens, result.num_emitted, result.hit_eos, config, stop)
         output.proposed.update(zip(active, proposed, strict=True))
         output.accepted.update(zip(active, accepted, strict=True))
@@ -280,7 +307,16 @@ class SpeculativeEngine:
         proposal = self.drafter.propose(histories, max_draft, settings, sampler, rows)
         self.metrics.draft_seconds += time.perf_counter() - clock
         self.metrics.draft_forward_seconds += proposal.forward_seconds
-        self.metrics.draft_calls += int(proposal.lengths.max())
+        if proposal.tokens.device != self.device:  # a host-side drafter (prompt lookup) on a GPU run
+            proposal = Proposal(
+                tokens=proposal.tokens.to(self.device),
+                q=None if proposal.q is None else proposal.q.to(self.device),
+                lengths=proposal.lengths.to(self.device),
+                forward_seconds=proposal.forward_seconds,
+                deterministic=proposal.deterministic,
+            )
+        # A deterministic proposal (prompt lookup) ran no draft model.
+        self.metrics.draft_calls += 0 if proposal.deterministic else int(proposal.lengths.max())
         return proposal
 
     def _target_probabilities(

@@ -37,6 +37,8 @@ from exactspec.core.sampler import Sampler, SeededSampler
 from exactspec.core.settings import SamplingSettings
 from exactspec.drafters.base import Drafter
 from exactspec.models.base import LanguageModel
+from exactspec.verifiers.base import Verifier
+from exactspec.verifiers.token import verify
 
 EndReason = FinishReason | Literal["cancelled", "error"]
 
@@ -149,6 +151,7 @@ class Scheduler:
         max_batch: int = DEFAULT_MAX_BATCH,
         max_waiting: int = DEFAULT_MAX_WAITING,
         sampler: Sampler | None = None,
+        verifier: Verifier = verify,
     ) -> None:
         """
         Args:
@@ -159,10 +162,11 @@ class Scheduler:
             sampler: the random source; default a `SeededSampler` on the models' device with
                 one stream per row id. A sampler without `add_row` (the exact check's
                 enumerating sampler) is used as it is.
+            verifier: token (default) or block verification, as in `SpeculativeEngine`.
         """
         if max_batch < 1 or max_waiting < 0:
             raise ValueError(f"max_batch must be >= 1 and max_waiting >= 0, got {max_batch}, {max_waiting}")
-        self.engine = SpeculativeEngine(target, drafter)
+        self.engine = SpeculativeEngine(target, drafter, verifier=verifier)
         self.config = DecodeConfig(gamma=gamma if drafter is not None else 0, max_new_tokens=1)
         self.max_batch = max_batch
         self.max_waiting = max_waiting

@@ -21,18 +21,26 @@ class Proposal:
             lengths[b] are padding (any valid id).
         q: [B, gamma, V] the distributions the tokens were drawn from, over the
             *target's* vocabulary (ids the draft lacks have q = 0); rows at or
-            past lengths[b] are unused.
+            past lengths[b] are unused. None only for a deterministic proposal.
         lengths: [B] long, how many tokens row b proposes (a draft that
             proposes EOS stops there: nothing after EOS can be output).
         forward_seconds: wall time the drafter spent in model forward passes
             (0 for drafters without a model), so the engine can tell model
             time from orchestration overhead.
+        deterministic: q is one-hot on `tokens` (prompt lookup, n-gram drafts;
+            docs/algorithm.md 5). Such a proposal may carry q = None: the verifiers then
+            use q_i(X_i) = 1 without a dense [B, gamma, V] tensor.
     """
 
     tokens: torch.Tensor
-    q: torch.Tensor
+    q: torch.Tensor | None
     lengths: torch.Tensor
     forward_seconds: float = 0.0
+    deterministic: bool = False
+
+    def __post_init__(self) -> None:
+        if self.q is None and not self.deterministic:
+            raise ValueError("a Proposal without q must be deterministic (q one-hot on its tokens)")
 
     def row_tokens(self, row: int) -> list[int]:
         return self.tokens[row, : int(self.lengths[row])].tolist()

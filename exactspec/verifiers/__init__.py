@@ -1,1 +1,6 @@
-"""Verifiers: pure functions that turn a draft block and the target's p into the tokens a round emits."""
+"""Verifiers: pure functions that turn draft tokens, q, p and a random source into the round's output.
+
+`exactspec.verifiers.token.verify` checks token by token (docs/algorithm.md 2);
+`exactspec.verifiers.block.verify_block` decides on the whole block jointly (docs/algorithm.md 5). Both follow
+the `exactspec.verifiers.base.Verifier` signature, so the engine takes either.
+"""

@@ -19,14 +19,13 @@ from collections.abc import Collection, Sequence
 import torch
 
 from exactspec.core.sampler import Sampler
-from exactspec.verifiers.base import NO_TOKEN, VerifyResult
-
-_SUM_TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-3}
+from exactspec.verifiers.base import NO_TOKEN, VerifyResult, check_inputs
+from exactspec.verifiers.residual import draft_probability, residual_distribution
 
 
 def verify(
     draft_tokens: torch.Tensor,
-    q: torch.Tensor,
+    q: torch.Tensor | None,
     p: torch.Tensor,
     draft_lengths: torch.Tensor,
     eos_token_ids: Collection[int],
@@ -41,7 +40,9 @@ def verify(
         draft_tokens: [B, gamma] long, X_1..X_gamma per row (entries past the
             row's draft length are ignored).
         q: [B, gamma, V] the draft distributions the tokens were drawn from,
-            after the request's transforms (docs/algorithm.md 2.7).
+            after the request's transforms (docs/algorithm.md 2.7); None for a
+            deterministic draft (q one-hot on draft_tokens: accept X with
+            probability p(X), residual p with X removed; docs/algorithm.md 5).
         p: [B, gamma + 1, V] the target distributions at the same positions,
             plus the bonus distribution; p[b, i] conditions on X_1..X_i.
         draft_lengths: [B] long, how many draft tokens row b really proposes
@@ -62,7 +63,7 @@ def verify(
         raise ValueError(f"draft_tokens must be [B, gamma], got shape {tuple(draft_tokens.shape)}")
     rows = list(range(draft_tokens.shape[0])) if rows is None else list(rows)
     if validate:
-        _validate(draft_tokens, q, p, draft_lengths, rows)
+        check_inputs(draft_tokens, q, p, draft_lengths, rows)
     batch_size, gamma = draft_tokens.shape
     device = p.device  # every tensor lives where the models' probabilities do
     eos = torch.tensor(sorted(eos_token_ids), dtype=torch.long, device=device)
@@ -80,7 +81,7 @@ def verify(
         active_rows = [rows[b] for b in active.tolist()]
         candidate = draft_tokens[active, i]  # [A]
         p_x = p[active, i].gather(1, candidate.unsqueeze(-1)).squeeze(-1)  # [A]
-        q_x = q[active, i].gather(1, candidate.unsqueeze(-1)).squeeze(-1)  # [A]
+        q_x = draft_probability(None if q is None else q[active, i], candidate, p.dtype)  # [A]
         # docs/algorithm.md 1.2: a(x) = min(1, p/q); where q(x) = 0 the candidate could not have been
         # drawn, so a(x) = 1 (the safe denominator only keeps the unused branch finite).
         safe_q = torch.where(q_x > 0, q_x, torch.ones_like(q_x))
@@ -96,7 +97,10 @@ def verify(
 
         rejected_idx = active[~accepted]
         if rejected_idx.numel():
-            residual = _residual(p[rejected_idx, i], q[rejected_idx, i])  # [R, V]
+            if q is None:
+                residual = residual_distribution(p[rejected_idx, i], None, candidate[~accepted])  # [R, V]
+            else:
+                residual = _residual(p[rejected_idx, i], q[rejected_idx, i])  # [R, V]
             drawn = sampler.categorical(residual, [rows[b] for b in rejected_idx.tolist()])  # [R]
             tokens[rejected_idx, i] = drawn
             hit_eos[rejected_idx] = torch.isin(drawn, eos)
@@ -129,64 +133,3 @@ def _residual(p_rows: torch.Tensor, q_rows: torch.Tensor) -> torch.Tensor:
     degenerate = beta <= 0
     safe_beta = torch.where(degenerate, torch.ones_like(beta), beta)
     return torch.where(degenerate, p_rows, excess / safe_beta)
-
-
-def _validate(
-    draft_tokens: torch.Tensor,
-    q: torch.Tensor,
-    p: torch.Tensor,
-    draft_lengths: torch.Tensor,
-    rows: Sequence[int],
-) -> None:
-    batch_size, gamma = draft_tokens.shape  # verify() has checked the rank
-    if draft_tokens.dtype != torch.long:
-        raise ValueError(f"draft_tokens must be int64 token ids, got {draft_tokens.dtype}")
-    if p.dim() != 3 or p.shape[0] != batch_size or p.shape[1] != gamma + 1:
-        raise ValueError(
-            f"p must be [B, gamma + 1, V] = [{batch_size}, {gamma + 1}, V], got {tuple(p.shape)}"
-        )
-    vocab_size = p.shape[2]
-    if q.dim() != 3 or tuple(q.shape) != (batch_size, gamma, vocab_size):
-        raise ValueError(
-            f"q must be [B, gamma, V] = [{batch_size}, {gamma}, {vocab_size}] (the target's vocabulary; "
-            f"pad a smaller draft vocabulary with q = 0), got {tuple(q.shape)}"
-        )
-    if draft_lengths.shape != (batch_size,) or draft_lengths.dtype != torch.long:
-        raise ValueError(
-            f"draft_lengths must be int64 of shape [{batch_size}], got {draft_lengths.dtype} "
-            f"{tuple(draft_lengths.shape)}"
-        )
-    if len(rows) != batch_size:
-        raise ValueError(f"rows must name one random stream per batch row: {len(rows)} for {batch_size} rows")
-    if ((draft_lengths < 0) | (draft_lengths > gamma)).any():
-        raise ValueError(f"draft_lengths must be in 0..gamma={gamma}, got {draft_lengths.tolist()}")
-    position = torch.arange(gamma, device=draft_lengths.device)
-    used_draft = position.unsqueeze(0) < draft_lengths.unsqueeze(1)  # [B, gamma]
-    used_tokens = draft_tokens[used_draft]
-    if ((used_tokens < 0) | (used_tokens >= vocab_size)).any():
-        raise ValueError(f"draft token ids must be in 0..{vocab_size - 1}")
-    used_target = torch.arange(gamma + 1, device=draft_lengths.device).unsqueeze(
-        0
-    ) <= draft_lengths.unsqueeze(1)  # [B, gamma + 1]
-    _check_distributions("q", q[used_draft])
-    _check_distributions("p", p[used_target])
-
-
-def _check_distributions(name: str, rows: torch.Tensor) -> None:
-    """rows: [N, V] probability vectors that the verifier will use."""
-    if rows.dtype not in _SUM_TOLERANCE:
-        raise ValueError(f"{name} must be float32 or float64 probabilities, got {rows.dtype}")
-    if rows.numel() == 0:
-        return
-    # Two reductions check everything: a NaN or infinite entry makes its row sum non-finite.
-    sums = rows.sum(dim=-1)  # [N]
-    if not torch.isfinite(sums).all():
-        raise ValueError(f"{name} contains NaN or infinite probabilities")
-    if rows.amin() < 0:
-        raise ValueError(f"{name} contains negative probabilities")
-    worst = (sums - 1.0).abs().max().item()
-    if worst > _SUM_TOLERANCE[rows.dtype]:
-        raise ValueError(
-            f"{name} rows must sum to 1 (worst row is off by {worst:.3g}); pass probabilities "
-            f"(exactspec.core.transforms.probabilities), not logits"
-        )

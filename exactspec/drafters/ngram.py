@@ -1,0 +1,119 @@
+"""Prompt lookup: drafts copied from earlier in the row's own history, at no model cost.
+
+Code editing, refactoring, question answering over a given document and chat
+with pasted context repeat long spans of the prompt. When the last n tokens
+of the history occurred earlier, the tokens that followed that occurrence are
+a good guess for what comes next. The proposal is deterministic (q one-hot on
+the proposed tokens), which docs/algorithm.md 5 verifies exactly: accept X with
+probability p(X), on rejection draw from p with X removed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+import torch
+
+from exactspec.core.sampler import Sampler
+from exactspec.core.settings import SamplingSettings
+from exactspec.drafters.base import Proposal
+
+DEFAULT_MAX_NGRAM = 2
+"""Longest suffix tried first; Hugging Face's prompt lookup (`max_matching_ngram_size`) defaults to 2."""
+
+DEFAULT_MIN_NGRAM = 1
+"""Shortest suffix tried last (Hugging Face tries down to 1)."""
+
+
+def lookup_continuation(
+    history: Sequence[int],
+    max_tokens: int,
+    eos_token_ids: Collection[int],
+    min_ngram: int = DEFAULT_MIN_NGRAM,
+    max_ngram: int = DEFAULT_MAX_NGRAM,
+) -> list[int]:
+    """The tokens that followed the most recent earlier occurrence of the history's longest matching suffix.
+
+    For n = max_ngram down to min_ngram: if the last n tokens also occur
+    earlier in the history, take the most recent such occurrence and return
+    up to `max_tokens` of the tokens after it, stopping after an EOS (nothing
+    after an EOS can be output). The first n that matches wins; no match
+    gives [].
+
+    Unlike Hugging Face's prompt lookup, which takes the earliest occurrence,
+    the most recent one is used: in an edit or a chat the nearby copy is the
+    one most likely to continue the same way.
+
+    >>> lookup_continuation([5, 6, 7, 8, 5, 6], max_tokens=3, eos_token_ids={0})
+    [7, 8, 5]
+    >>> lookup_continuation([5, 6, 7, 0, 9, 6], max_tokens=3, eos_token_ids={0})
+    [7, 0]
+    >>> lookup_continuation([1, 2, 3], max_tokens=3, eos_token_ids={0})
+    []
+    """
+    if max_tokens <= 0:
+        return []
+    length = len(history)
+    tokens = torch.tensor(history, dtype=torch.long)  # [T]
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        suffix = tokens[length - n :]  # [n]
+        # Windows starting at 0..length-n-1: every occurrence that ends before the suffix itself does.
+        windows = tokens[: length - 1].unfold(0, n, 1)  # [length - n, n]
+        matches = (windows == suffix).all(dim=-1).nonzero().squeeze(-1)  # [M] window starts
+        if matches.numel() == 0:
+            continue
+        start = int(matches[-1]) + n  # most recent occurrence; at least one token follows it
+        continuation = history[start : start + max_tokens]
+        for index, token in enumerate(continuation):
+            if token in eos_token_ids:
+                return list(continuation[: index + 1])
+        return list(continuation)
+    return []
+
+
+class NgramDrafter:
+    """A `Drafter` that proposes `lookup_continuation` of each row's history (prompt plus output so far).
+
+    A row without a match proposes 0 tokens; the engine's round then emits one
+    token from the target for that row, exactly as plain decoding would. The
+    proposal is deterministic with q = None: no dense [B, gamma, V] tensor.
+
+    >>> drafter = NgramDrafter(eos_token_ids={0})
+    >>> proposal = drafter.propose([[3, 4, 5, 3, 4], [1, 2]], [2, 2], SamplingSettings(), None, [0, 1])
+    >>> proposal.tokens.tolist(), proposal.lengths.tolist(), proposal.deterministic
+    ([[5, 3], [0, 0]], [2, 0], True)
+    """
+
+    def __init__(
+        self,
+        eos_token_ids: Collection[int],
+        min_ngram: int = DEFAULT_MIN_NGRAM,
+        max_ngram: int = DEFAULT_MAX_NGRAM,
+    ) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.min_ngram = min_ngram
+        self.max_ngram = max_ngram
+
+    def propose(
+        self,
+        histories: Sequence[Sequence[int]],
+        max_tokens: Sequence[int],
+        settings: SamplingSettings | Sequence[SamplingSettings],
+        sampler: Sampler,
+        rows: Sequence[int],
+    ) -> Proposal:
+        # No randomness and no model: settings, sampler and rows are not needed. The transforms still
+        # apply, through p: a proposed token the transforms rule out (p = 0) is simply rejected.
+        del settings, sampler, rows
+        drafts = [
+            lookup_continuation(history, limit, self.eos_token_ids, self.min_ngram, self.max_ngram)
+            for history, limit in zip(histories, max_tokens, strict=True)
+        ]
+        width = max((len(draft) for draft in drafts), default=0)
+        tokens = torch.zeros(len(drafts), width, dtype=torch.long)  # [B, gamma]; padding is id 0
+        for b, draft in enumerate(drafts):
+            tokens[b, : len(draft)] = torch.tensor(draft, dtype=torch.long)
+        lengths = torch.tensor([len(draft) for draft in drafts], dtype=torch.long)  # [B]
+        return Proposal(tokens=tokens, q=None, lengths=lengths, deterministic=True)

@@ -1,0 +1,180 @@
+"""Adaptive gamma: the cost model, the per-row rule, the engine hook, and exactness with per-round gamma."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from exactspec.checking.exact import check_speculative
+from exactspec.checking.grid import EXACT_TOLERANCE, ExactCase, adaptive_policy, exact_grid, run_exact_case
+from exactspec.checking.toy import random_tabular_model
+from exactspec.core.engine import DecodeConfig, SpeculativeEngine
+from exactspec.core.gamma import AdaptiveGamma, CostModel, GammaPolicy, expected_tokens
+from exactspec.core.sampler import SeededSampler
+from exactspec.drafters import ModelDrafter
+
+
+def test_expected_tokens_formula() -> None:
+    assert expected_tokens(0.5, 0) == 1.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens(0.8, 4) == pytest.approx(sum(0.8**k for k in range(5)))
+    assert expected_tokens(1.0, 3) == 4.0
+
+
+def test_speedup_is_one_without_speculation_and_follows_the_spec_formula() -> None:
+    costs = CostModel(draft_cost=0.4, verify_costs=(1.0, 1.1, 1.3))
+    assert costs.max_gamma == 2
+    assert costs.speedup(0.3, 0) == 1.0
+    assert costs.speedup(0.7, 2) == pytest.approx((1 + 0.7 + 0.49) / (2 * 0.4 + 1.3))
+    assert CostModel.linear(0.1, 0.05, max_gamma=3).verify_costs == pytest.approx((1.0, 1.05, 1.1, 1.15))
+
+
+@pytest.mark.parametrize(
+    "bad", [{"draft_cost": -0.1, "verify_costs": (1.0,)}, {"draft_cost": 0.1, "verify_costs": ()}]
+)
+def test_cost_model_rejects_nonsense(bad: dict) -> None:
+    with pytest.raises(ValueError):
+        CostModel(**bad)
+
+
+def test_best_gamma_grows_with_alpha_and_shrinks_with_draft_cost() -> None:
+    cheap = AdaptiveGamma(CostModel.linear(0.0, 0.0, max_gamma=6))
+    assert cheap.best_gamma(0.9) == 6  # free drafts and free verification: draft as much as allowed
+    costly = AdaptiveGamma(CostModel.linear(0.5, 0.1, max_gamma=6))
+    assert costly.best_gamma(0.2) == 0
+    choices = [costly.best_gamma(alpha) for alpha in (0.2, 0.5, 0.7, 0.9, 0.99)]
+    assert choices == sorted(choices) and choices[-1] > choices[0]
+
+
+def test_alpha_estimate_counts_only_tried_tokens() -> None:
+    policy = AdaptiveGamma(CostModel.linear(0.1, 0.05, 4), prior_accepted=1.0, prior_rejected=1.0)
+    policy.start(2)
+    assert policy.acceptance_estimate(0) == 0.5
+    policy.record(0, proposed=4, accepted=1)  # 1 accepted, 1 rejected; tokens 3 and 4 never tried
+    assert policy.acceptance_estimate(0) == pytest.approx((1 + 1) / (2 + 2))
+    policy.record(1, proposed=4, accepted=4)  # 4 accepted, no rejection
+    assert policy.acceptance_estimate(1) == pytest.approx((4 + 1) / (4 + 2))
+    policy.record(1, proposed=0, accepted=0)  # no draft: no evidence
+    assert policy.acceptance_estimate(1) == pytest.approx(5 / 6)
+    with pytest.raises(ValueError):
+        policy.record(0, proposed=2, accepted=3)
+
+
+def test_rows_reach_zero_then_probe_with_one_token() -> None:
+    policy = AdaptiveGamma(CostModel.linear(0.3, 0.1, 4), probe_after=2)
+    policy.start(1)
+    for _ in range(4):
+        policy.record(0, proposed=1, accepted=0)
+    assert policy.draft_length(0) == 0
+    policy.record(0, proposed=0, accepted=0)
+    assert policy.draft_length(0) == 0
+    policy.record(0, proposed=0, accepted=0)
+    assert policy.draft_length(0) == 1  # two rounds at 0: probe
+    policy.record(0, proposed=1, accepted=0)
+    assert policy.draft_length(0) == 0
+
+
+def test_start_forgets_every_row() -> None:
+    policy = adaptive_policy(4)
+    policy.start(1)
+    policy.record(0, proposed=1, accepted=0)
+    policy.start(1)
+    assert policy.acceptance_estimate(0) == 0.5
+
+
+class ScriptedPolicy:
+    """Row r drafts script[r][k] tokens in its k-th round; records every report."""
+
+    def __init__(self, script: dict[int, list[int]]) -> None:
+        self.script = script
+        self.reports: list[tuple[int, int, int]] = []
+        self._round: collections.Counter[int] = collections.Counter()
+
+    def start(self, num_rows: int) -> None:
+        self.reports = []
+        self._round = collections.Counter()
+
+    def draft_length(self, row: int) -> int:
+        choices = self.script[row]
+        return choices[min(self._round[row], len(choices) - 1)]
+
+    def record(self, row: int, proposed: int, accepted: int) -> None:
+        self._round[row] += 1
+        self.reports.append((row, proposed, accepted))
+
+
+def test_engine_caps_the_policy_and_reports_every_round() -> None:
+    assert isinstance(ScriptedPolicy({}), GammaPolicy)
+    target = random_tabular_model(5, seed=1, eos_token_id=None)
+    draft = random_tabular_model(5, seed=2, eos_token_id=None)
+    policy = ScriptedPolicy({0: [9, 0, 2], 1: [1, 3]})
+    engine = SpeculativeEngine(target, ModelDrafter(draft, 5), gamma_policy=policy)
+    config = DecodeConfig(gamma=4, max_new_tokens=8)
+    engine.generate([[1], [2, 3]], config, SeededSampler(0, num_rows=2))
+    by_row = {
+        row: [(proposed, accepted) for r, proposed, accepted in policy.reports if r == row] for row in (0, 1)
+    }
+    assert by_row[0][0][0] == 4  # 9 capped by config.gamma
+    assert by_row[0][1][0] == 0
+    assert all(proposed <= 2 for proposed, _ in by_row[0][2:])
+    assert by_row[1][0][0] == 1
+    assert all(proposed <= 3 for proposed, _ in by_row[1][1:])
+    assert sum(proposed for _, proposed, _ in policy.reports) == engine.metrics.proposed_tokens
+    assert sum(accepted for _, _, accepted in policy.reports) == engine.metrics.accepted_tokens
+
+
+def test_a_policy_that_always_says_zero_is_plain_decoding() -> None:
+    target = random_tabular_model(6, seed=3)
+    draft = random_tabular_model(6, seed=4)
+    config = DecodeConfig(gamma=4, max_new_tokens=10)
+    adaptive = SpeculativeEngine(
+        target, ModelDrafter(draft, 6), gamma_policy=ScriptedPolicy({0: [0], 1: [0]})
+    )
+    plain = SpeculativeEngine(target)
+    first = adaptive.generate([[1], [2]], config, SeededSampler(7, num_rows=2))
+    second = plain.generate(
+        [[1], [2]], DecodeConfig(gamma=0, max_new_tokens=10), SeededSampler(7, num_rows=2)
+    )
+    assert [s.generated for s in first] == [s.generated for s in second]
+    assert adaptive.metrics.draft_calls == 0
+
+
+ADAPTIVE_CASES = [case for case in exact_grid() if case.adaptive]
+
+
+@pytest.mark.parametrize("case", ADAPTIVE_CASES, ids=lambda case: case.name)
+def test_adaptive_gamma_is_exact(case: ExactCase) -> None:
+    result = run_exact_case(case)
+    assert result.total_variation <= EXACT_TOLERANCE, result.total_variation
+
+
+class RecordingPolicy:
+    """Wraps a policy and counts the (row, proposed) pairs the engine reports."""
+
+    def __init__(self, inner: AdaptiveGamma) -> None:
+        self.inner = inner
+        self.proposed: collections.Counter[tuple[int, int]] = collections.Counter()
+
+    def start(self, num_rows: int) -> None:
+        self.inner.start(num_rows)
+
+    def draft_length(self, row: int) -> int:
+        return self.inner.draft_length(row)
+
+    def record(self, row: int, proposed: int, accepted: int) -> None:
+        self.proposed[(row, proposed)] += 1
+        self.inner.record(row, proposed, accepted)
+
+
+def test_the_exact_check_sees_gamma_0_1_and_2_in_both_rows() -> None:
+    case = next(case for case in ADAPTIVE_CASES if "batch of 2" in case.name and case.verifier == "block")
+    target, draft = case.models()
+    policy = RecordingPolicy(adaptive_policy(case.gamma))
+    config = DecodeConfig(gamma=case.gamma, max_new_tokens=case.max_new_tokens)
+    drafter = case.build_drafter(target, draft)
+    result = check_speculative(
+        target, drafter, case.prompts, config, verifier=case.build_verifier(), gamma_policy=policy
+    )
+    assert result.total_variation <= EXACT_TOLERANCE
+    assert {key for key in policy.proposed} >= {(row, g) for row in (0, 1) for g in (0, 1, 2)}

@@ -1,0 +1,228 @@
+"""Prompt lookup and the hybrid drafter: what they propose, that the engine takes it, and exactness."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from exactspec.checking.exact import check_speculative
+from exactspec.checking.grid import EXACT_TOLERANCE, ExactCase, exact_grid, run_exact_case
+from exactspec.checking.toy import random_tabular_model
+from exactspec.core.engine import DecodeConfig, SpeculativeEngine
+from exactspec.core.sampler import Sampler, SeededSampler
+from exactspec.core.settings import SamplingSettings
+from exactspec.drafters import ModelDrafter, Proposal
+from exactspec.drafters.hybrid import HybridDrafter
+from exactspec.drafters.ngram import NgramDrafter, lookup_continuation
+from exactspec.verifiers.block import verify_block
+from exactspec.verifiers.token import verify
+
+SETTINGS = SamplingSettings()
+EOS = {0}
+
+
+@pytest.mark.parametrize(
+    ("history", "max_tokens", "expected"),
+    [
+        ([5, 6, 7, 8, 5, 6], 3, [7, 8, 5]),  # bigram match, continuation capped at 3
+        ([5, 6, 7, 8, 5, 6], 10, [7, 8, 5, 6]),  # ... or at the end of the history
+        ([4, 6, 9, 5, 6, 8, 3, 6], 2, [8, 3]),  # unigram: the most recent earlier 6 (index 4), not index 1
+        ([5, 6, 1, 9, 6, 2, 5, 6], 2, [1, 9]),  # the longest suffix (5, 6) wins over the more recent 6
+        ([5, 6, 7, 0, 9, 6], 3, [7, 0]),  # stops after an EOS
+        ([7, 7, 7], 3, [7]),  # overlapping occurrence (7, 7) at 0: one token follows it
+        ([1, 2, 3], 3, []),  # no match
+        ([4], 3, []),  # nothing earlier to match
+        ([5, 6, 5], 0, []),  # no room
+    ],
+)
+def test_lookup_continuation(history: list[int], max_tokens: int, expected: list[int]) -> None:
+    assert lookup_continuation(history, max_tokens, EOS) == expected
+
+
+def test_min_and_max_ngram_bound_the_suffix_length() -> None:
+    history = [1, 2, 3, 9, 2, 3, 8, 1, 2, 3]
+    assert lookup_continuation(history, 1, EOS, max_ngram=3) == [9]  # (1, 2, 3) at 0
+    assert lookup_continuation(history, 1, EOS, max_ngram=2) == [8]  # (2, 3) most recently at 4
+    assert lookup_continuation([4, 6, 9, 6], 2, EOS, min_ngram=2) == []  # only a unigram matches
+    with pytest.raises(ValueError):
+        NgramDrafter(EOS, min_ngram=3, max_ngram=2)
+
+
+def test_proposal_is_deterministic_without_dense_q() -> None:
+    drafter = NgramDrafter(EOS)
+    proposal = drafter.propose(
+        [[3, 4, 5, 3, 4], [1, 2], [6, 6]], [2, 2, 0], SETTINGS, SeededSampler(0), [0, 1, 2]
+    )
+    assert proposal.deterministic and proposal.q is None
+    assert proposal.tokens.shape == (3, 2)
+    assert proposal.lengths.tolist() == [2, 0, 0]
+    assert proposal.row_tokens(0) == [5, 3]
+
+
+def test_no_match_anywhere_gives_an_empty_block() -> None:
+    proposal = NgramDrafter(EOS).propose([[1, 2], [3]], [4, 4], SETTINGS, SeededSampler(0), [0, 1])
+    assert proposal.tokens.shape == (2, 0)
+    assert proposal.lengths.tolist() == [0, 0]
+
+
+def test_a_proposal_without_q_must_say_deterministic() -> None:
+    with pytest.raises(ValueError, match="deterministic"):
+        Proposal(tokens=torch.zeros(1, 1, dtype=torch.long), q=None, lengths=torch.ones(1, dtype=torch.long))
+
+
+class CountingDrafter:
+    """Wraps a drafter and keeps each round's proposed lengths."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.lengths: list[list[int]] = []
+
+    def propose(self, histories, max_tokens, settings, sampler, rows) -> Proposal:
+        proposal = self.inner.propose(histories, max_tokens, settings, sampler, rows)
+        self.lengths.append(proposal.lengths.tolist())
+        return proposal
+
+    @property
+    def empty_rounds(self) -> int:
+        """Rounds in which no row proposed anything."""
+        return sum(max(lengths) == 0 for lengths in self.lengths)
+
+
+@pytest.mark.parametrize("verifier", [verify, verify_block], ids=["token", "block"])
+def test_engine_runs_rounds_where_no_row_matches(verifier) -> None:
+    target = random_tabular_model(50, seed=1, eos_token_id=None)
+    drafter = CountingDrafter(NgramDrafter(EOS))
+    engine = SpeculativeEngine(target, drafter, verifier=verifier)
+    config = DecodeConfig(gamma=4, max_new_tokens=6)
+    states = engine.generate([[1, 2, 3], [4, 5, 6]], config, SeededSampler(0, num_rows=2))
+    assert drafter.lengths[0] == [0, 0]  # no repeats in either prompt: a round of one target token each
+    assert all(len(state.generated) == 6 for state in states)
+    assert engine.metrics.proposed_tokens == sum(sum(lengths) for lengths in drafter.lengths)
+    assert engine.metrics.draft_calls == 0  # no draft model ran
+
+
+NGRAM_CASES = [case for case in exact_grid() if case.drafter in ("ngram", "hybrid")]
+
+
+@pytest.mark.parametrize("case", NGRAM_CASES, ids=lambda case: case.name)
+def test_lookup_and_hybrid_are_exact(case: ExactCase) -> None:
+    result = run_exact_case(case)
+    assert result.total_variation <= EXACT_TOLERANCE, result.total_variation
+
+
+def test_the_no_match_case_really_has_rounds_without_a_match() -> None:
+    case = next(case for case in NGRAM_CASES if "no match" in case.name)
+    target, _ = case.models()
+    drafter = CountingDrafter(NgramDrafter(target.eos_token_ids))
+    config = DecodeConfig(gamma=case.gamma, max_new_tokens=case.max_new_tokens)
+    result = check_speculative(target, drafter, case.prompts, config)
+    assert result.total_variation <= EXACT_TOLERANCE
+    assert 0 < drafter.empty_rounds < len(drafter.lengths)
+
+
+# ---------------------------------------------------------------- hybrid
+
+
+def test_hybrid_uses_the_lookup_where_it_matches_and_the_model_elsewhere() -> None:
+    draft = random_tabular_model(7, seed=2)
+    model = ModelDrafter(draft, 7)
+    hybrid = HybridDrafter(NgramDrafter(EOS), model, 7)
+    histories = [[3, 4, 5, 3, 4], [1, 2]]
+    proposal = hybrid.propose(histories, [2, 3], SETTINGS, SeededSampler(0, 2), [0, 1])
+    assert not proposal.deterministic and proposal.q is not None
+    assert proposal.q.shape == (2, 3, 7)
+    assert proposal.row_tokens(0) == [5, 3]
+    assert torch.equal(
+        proposal.q[0, :2], torch.nn.functional.one_hot(torch.tensor([5, 3]), 7).to(proposal.q.dtype)
+    )
+    alone = model.propose([[1, 2]], [3], SETTINGS, SeededSampler(0, 2), [1])  # row 1's own stream
+    length = int(alone.lengths[0])
+    assert proposal.lengths[1] == length
+    assert torch.equal(proposal.tokens[1, :length], alone.tokens[0, :length])
+    assert torch.equal(proposal.q[1, :length], alone.q[0, :length])
+
+
+def test_hybrid_passes_a_single_source_through() -> None:
+    model = ModelDrafter(random_tabular_model(7, seed=2), 7)
+    hybrid = HybridDrafter(NgramDrafter(EOS), model, 7)
+    all_lookup = hybrid.propose([[3, 4, 3]], [2], SETTINGS, SeededSampler(0), [0])
+    assert all_lookup.deterministic and all_lookup.q is None
+    all_model = hybrid.propose([[1, 2]], [2], SETTINGS, SeededSampler(0), [0])
+    assert not all_model.deterministic and all_model.q is not None
+
+
+# ---------------------------------------------------------------- teeth: drafters that lie
+
+
+class OneHotOnTheWrongToken:
+    """Proposes the lookup's tokens but reports q one-hot on the next id: q(X) = 0 for what it drew."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.lookup = NgramDrafter(EOS)
+        self.vocab_size = vocab_size
+
+    def propose(self, histories, max_tokens, settings, sampler, rows) -> Proposal:
+        proposal = self.lookup.propose(histories, max_tokens, settings, sampler, rows)
+        claimed = (proposal.tokens + 1) % self.vocab_size
+        q = torch.nn.functional.one_hot(claimed, self.vocab_size).to(torch.float64)
+        return Proposal(tokens=proposal.tokens, q=q, lengths=proposal.lengths, deterministic=True)
+
+
+class LookupTokensUniformQ:
+    """Proposes the lookup's tokens but reports a uniform q, as if it had drawn them at random."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.lookup = NgramDrafter(EOS)
+        self.vocab_size = vocab_size
+
+    def propose(self, histories, max_tokens, settings, sampler, rows) -> Proposal:
+        proposal = self.lookup.propose(histories, max_tokens, settings, sampler, rows)
+        batch_size, width = proposal.tokens.shape
+        q = torch.full((batch_size, width, self.vocab_size), 1.0 / self.vocab_size, dtype=torch.float64)
+        return Proposal(tokens=proposal.tokens, q=q, lengths=proposal.lengths)
+
+
+class SamplesButClaimsDeterministic:
+    """Draws from the draft model but reports a deterministic proposal (q = None)."""
+
+    def __init__(self, model: ModelDrafter) -> None:
+        self.model = model
+
+    def propose(
+        self,
+        histories: Sequence[Sequence[int]],
+        max_tokens: Sequence[int],
+        settings: SamplingSettings,
+        sampler: Sampler,
+        rows: Sequence[int],
+    ) -> Proposal:
+        proposal = self.model.propose(histories, max_tokens, settings, sampler, rows)
+        return Proposal(tokens=proposal.tokens, q=None, lengths=proposal.lengths, deterministic=True)
+
+
+TEETH_CASE = ExactCase("teeth", 4, 3, 3, prompts=((1, 2, 1),))
+
+
+@pytest.mark.parametrize("verifier", [verify, verify_block], ids=["token", "block"])
+def test_teeth_lying_lookup_drafters_are_caught(verifier) -> None:
+    target, _ = TEETH_CASE.models()
+    config = DecodeConfig(gamma=TEETH_CASE.gamma, max_new_tokens=TEETH_CASE.max_new_tokens)
+    honest = check_speculative(target, NgramDrafter(EOS), TEETH_CASE.prompts, config, verifier=verifier)
+    assert honest.total_variation <= EXACT_TOLERANCE
+    for liar in (OneHotOnTheWrongToken(4), LookupTokensUniformQ(4)):
+        caught = check_speculative(target, liar, TEETH_CASE.prompts, config, verifier=verifier)
+        assert caught.total_variation > 1e-6, type(liar).__name__
+
+
+@pytest.mark.parametrize("verifier", [verify, verify_block], ids=["token", "block"])
+def test_sampled_tokens_verified_as_one_hot_stay_exact(verifier) -> None:
+    # Not a lie that can be caught: given the proposed X, "accept with p(X), else draw from p without X"
+    # outputs y with probability p(X) [y = X] + (1 - p(X)) p(y) [y != X] / (1 - p(X)) = p(y), whatever
+    # produced X. A deterministic proposal may therefore come from any source; it only accepts less.
+    target, draft = TEETH_CASE.models()
+    config = DecodeConfig(gamma=TEETH_CASE.gamma, max_new_tokens=TEETH_CASE.max_new_tokens)
+    drafter = SamplesButClaimsDeterministic(ModelDrafter(draft, 4))
+    result = check_speculative(target, drafter, TEETH_CASE.prompts, config, verifier=verifier)
+    assert result.total_variation <= EXACT_TOLERANCE
