@@ -98,3 +98,17 @@ def test_scheduler_with_mixed_settings_runs_on_the_device(device: str) -> None:
     ]
     scheduler.run_until_idle()
     assert all(h.finish_reason in ("eos", "length") and h.generated for h in handles)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_gpu)])
+def test_block_verifier_and_lookup_drafts_run_on_the_device(device: str) -> None:
+    from exactspec.drafters.hybrid import HybridDrafter
+    from exactspec.drafters.ngram import NgramDrafter
+    from exactspec.verifiers.block import verify_block
+
+    target, draft = _pair(device)
+    drafter = HybridDrafter(NgramDrafter(target.eos_token_ids), ModelDrafter(draft, 64), 64)
+    engine = SpeculativeEngine(target, drafter, verifier=verify_block)
+    config = DecodeConfig(gamma=3, max_new_tokens=10, settings=SamplingSettings(temperature=0.8))
+    rows = engine.generate([[5, 9, 5, 9, 5], [7, 8]], config, SeededSampler(0, 2, device=device))
+    assert all(row.finish_reason is not None and row.generated for row in rows)
