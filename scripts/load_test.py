@@ -205,6 +205,24 @@ def plot(levels: dict[str, list[dict]], path: Path) -> None:
     plt.close(figure)
 
 
+def write(out: Path, levels: dict[str, list[dict]], args: argparse.Namespace, argv, seconds: float) -> None:
+    conditions = {
+        "command": " ".join(["python scripts/load_test.py", *(argv if argv is not None else sys.argv[1:])]),
+        "target": args.target,
+        "draft": args.draft,
+        "dtype": args.dtype,
+        "device": args.device,
+        "gamma": args.gamma,
+        "max_batch": args.max_batch,
+        "max_tokens": args.max_tokens,
+        "settings_mix": SETTINGS_MIX,
+        "total_seconds": seconds,
+    }
+    (out / "results.json").write_text(json.dumps({"conditions": conditions, "levels": levels}, indent=2))
+    (out / "table.md").write_text(table(levels))
+    plot(levels, out / "serve.png")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", help="drive this running server instead of starting one")
@@ -227,9 +245,11 @@ def main(argv: list[str] | None = None) -> int:
     base = args.url or start_server(args)
     levels: dict[str, list[dict]] = {}
     started = time.perf_counter()
-    for mode in args.modes:
-        gamma = 0 if mode == "plain" else None
-        for concurrency in args.concurrency:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for concurrency in args.concurrency:  # both modes at each level: a run cut short still compares them
+        for mode in args.modes:
+            gamma = 0 if mode == "plain" else None
             requests = max(concurrency, args.min_requests)
             level = asyncio.run(run_level(base, concurrency, requests, gamma, args.max_tokens))
             levels.setdefault(mode, []).append(level)
@@ -241,23 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    conditions = {
-        "command": " ".join(["python scripts/load_test.py", *(argv if argv is not None else sys.argv[1:])]),
-        "target": args.target,
-        "draft": args.draft,
-        "dtype": args.dtype,
-        "device": args.device,
-        "gamma": args.gamma,
-        "max_batch": args.max_batch,
-        "max_tokens": args.max_tokens,
-        "settings_mix": SETTINGS_MIX,
-        "total_seconds": time.perf_counter() - started,
-    }
-    (out / "results.json").write_text(json.dumps({"conditions": conditions, "levels": levels}, indent=2))
-    (out / "table.md").write_text(table(levels))
-    plot(levels, out / "serve.png")
+            write(out, levels, args, argv, time.perf_counter() - started)  # after every level
     print(table(levels))
     return 0
 
