@@ -1,5 +1,5 @@
 # The two quick-start commands (README): `make run` and `make test`.
-.PHONY: setup run test lint slow
+.PHONY: setup run serve test lint slow
 
 setup:
 	bash scripts/setup.sh
@@ -8,6 +8,10 @@ setup:
 run: setup
 	.venv/bin/exactspec generate --chat --max-new-tokens 200 \
 	  "Write a Python function is_prime(n) with a docstring, then a short example of using it."
+
+# The OpenAI-compatible server on the built-in default pair, http://127.0.0.1:8000/v1 (README, Serving).
+serve: setup
+	.venv/bin/exactspec serve
 
 test: setup
 	.venv/bin/ruff check exactspec tests

@@ -11,6 +11,6 @@ stamp=.venv/.exactspec-setup
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$0" -nt "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
   .venv/bin/python -m pip install --quiet "torch==2.13.0"
-  .venv/bin/python -m pip install --quiet -e ".[hf,dev]"
+  .venv/bin/python -m pip install --quiet -e ".[hf,dev,serve]"
   touch "$stamp"
 fi

@@ -136,10 +136,16 @@ class SpeculativeDecoder:
         dtype: Any = "auto",
         cache_dir: str | os.PathLike[str] | None = None,
         progress: bool = True,
+        device: Any = "cpu",
     ) -> SpeculativeDecoder:
-        """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair)."""
+        """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair).
+
+        `device`: "cpu", "cuda" or "auto" (CUDA when available).
+        """
         return cls.from_pair(
-            ModelPair.from_pretrained(target, draft, dtype=dtype, cache_dir=cache_dir, progress=progress)
+            ModelPair.from_pretrained(
+                target, draft, dtype=dtype, cache_dir=cache_dir, progress=progress, device=device
+            )
         )
 
     @property
@@ -327,7 +333,7 @@ class SpeculativeDecoder:
         engine = self.engine(config.gamma, request.strategy)
         states = engine.start(request.prompts, config)
         stop_strings = StopStrings(self.tokenizer, request.stop) if request.stop else None
-        sampler = SeededSampler(seed=request.seed, num_rows=len(states))
+        sampler = SeededSampler(seed=request.seed, num_rows=len(states), device=engine.device)
         return _Run(engine, states, config, sampler, stop_strings)
 
     @contextlib.contextmanager

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from tqdm import tqdm
 
 from exactspec.checking.exact import check_speculative
+from exactspec.checking.scheduled import ScheduledRow, check_scheduler
 from exactspec.checking.statistical import (
     GoodnessOfFit,
     goodness_of_fit,
@@ -65,6 +66,10 @@ class ExactCase:
     verifier: str = "token"  # token | block
     drafter: str = "model"  # model | ngram | hybrid (ngram and hybrid ignore `draft` where unused)
     adaptive: bool = False  # gamma per row per round from `adaptive_policy`, capped by `gamma`
+    # Set for the scheduler cases: the rows (own settings, limits, join round) that the real
+    # `Scheduler` runs with at most `max_batch` rows at a time; `settings` and `prompts` are unused.
+    schedule: tuple[ScheduledRow, ...] = ()
+    max_batch: int = 8
 
     def models(self) -> tuple[TabularModel, TabularModel]:
         """(target, draft) for this case."""
@@ -215,7 +220,7 @@ def exact_grid() -> list[ExactCase]:
             prompts=((2, 2), (1,)),
         )
     )
-    return cases + round_two_grid() + adapter_cases()
+    return cases + round_two_grid() + scheduler_cases() + adapter_cases()
 
 
 def round_two_grid() -> list[ExactCase]:
@@ -348,13 +353,64 @@ def adapter_cases() -> list[AdapterCase]:
     return cases
 
 
+def scheduler_cases() -> list[ExactCase]:
+    """The real scheduler: rows with their own settings, gamma and limits, joining and leaving mid-run."""
+    hot = SamplingSettings(temperature=1.3, top_k=2)
+    penalised = SamplingSettings(temperature=0.7, repetition_penalty=1.5, logit_bias={2: 0.8})
+    greedy = SamplingSettings(temperature=0.0)
+    return [
+        ExactCase(
+            "scheduler: rows with own settings",
+            3,
+            2,
+            2,
+            schedule=(ScheduledRow((1,), hot, 2), ScheduledRow((2, 1), penalised, 2, gamma=1)),
+        ),
+        ExactCase(
+            "scheduler: a row joins after round 1",
+            3,
+            2,
+            3,
+            schedule=(
+                ScheduledRow((1,), SamplingSettings(), 3),
+                ScheduledRow((2,), penalised, 2, joins_after=1),
+            ),
+        ),
+        ExactCase(
+            "scheduler: one leaves, two join",
+            3,
+            3,
+            2,
+            schedule=(
+                ScheduledRow((1,), hot, 1),
+                ScheduledRow((2,), greedy, 2, joins_after=1),
+                ScheduledRow((2, 1), SamplingSettings(temperature=1.2), 2, gamma=0, joins_after=1),
+            ),
+        ),
+        ExactCase(
+            "scheduler: batch of 1, a row queues",
+            3,
+            2,
+            2,
+            schedule=(ScheduledRow((1,), penalised, 2), ScheduledRow((2,), hot, 2)),
+            max_batch=1,
+        ),
+    ]
+
+
 def run_exact_case(case: ExactCase) -> ExactResult:
     target, draft = case.models()
     config = DecodeConfig(gamma=case.gamma, max_new_tokens=case.max_new_tokens, settings=case.settings)
     started = time.perf_counter()
+    drafter = case.build_drafter(target, draft)
+    if case.schedule:
+        check = check_scheduler(target, drafter, case.schedule, case.gamma, max_batch=case.max_batch)
+        return ExactResult(
+            case, check.total_variation, check.paths, check.sequences, time.perf_counter() - started
+        )
     check = check_speculative(
         target,
-        case.build_drafter(target, draft),
+        drafter,
         case.prompts,
         config,
         verifier=case.build_verifier(),

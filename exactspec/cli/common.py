@@ -254,6 +254,17 @@ def check_model_arguments(args: argparse.Namespace, *, draft: bool = True) -> No
             raise UsageError(f"--cache-dir {args.cache_dir} is a file, not a folder; give a folder")
 
 
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    """--device auto|cpu|cuda (generate, serve)."""
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where the models run: auto = cuda when available, else cpu (default auto); "
+        "--dtype auto is bfloat16 on both",
+    )
+
+
 def gamma_argument(text: str) -> int:
     """argparse type: a draft length in 1..MAX_GAMMA."""
     try:

@@ -8,6 +8,7 @@ import sys
 from exactspec.cli.common import (
     EXIT_OK,
     UsageError,
+    add_device_argument,
     add_model_arguments,
     add_sampling_arguments,
     add_strategy_arguments,
@@ -50,6 +51,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no loading progress bars")
     add_strategy_arguments(parser)
     add_model_arguments(parser)
+    add_device_argument(parser)
     add_sampling_arguments(parser)
     parser.set_defaults(run=run, temperature=0.0)
 
@@ -119,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     progress = not args.no_progress
     started = time.perf_counter()
     decoder = SpeculativeDecoder.from_pretrained(
-        args.target, draft, dtype=args.dtype, cache_dir=args.cache_dir, progress=progress
+        args.target, draft, dtype=args.dtype, cache_dir=args.cache_dir, progress=progress, device=args.device
     )
     load_seconds = time.perf_counter() - started
     try:

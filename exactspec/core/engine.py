@@ -10,7 +10,7 @@ cannot drift apart.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -20,7 +20,7 @@ from exactspec.core.gamma import GammaPolicy, record_round
 from exactspec.core.metrics import DecodeMetrics
 from exactspec.core.sampler import Sampler
 from exactspec.core.settings import SamplingSettings
-from exactspec.core.transforms import probabilities
+from exactspec.core.transforms import probabilities_per_row
 from exactspec.drafters.base import Drafter, Proposal
 from exactspec.models.base import LanguageModel
 from exactspec.verifiers.base import Verifier
@@ -68,11 +68,19 @@ class DecodeConfig:
 
 @dataclass
 class RowState:
-    """One row's generation so far."""
+    """One row's generation so far, and the row's own settings (docs/algorithm.md 6).
+
+    `settings`, `gamma` and `max_new_tokens` override the `DecodeConfig` of the run for this row
+    (None: use the config's); that is how rows of one batch sample with different settings,
+    draft lengths and length limits.
+    """
 
     prompt: list[int]
     generated: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    settings: SamplingSettings | None = None
+    gamma: int | None = None
+    max_new_tokens: int | None = None
 
     @property
     def history(self) -> list[int]:
@@ -85,6 +93,12 @@ class RoundOutput:
 
     new_tokens: dict[int, list[int]]
     finished: dict[int, FinishReason]
+    proposed: dict[int, int] = field(default_factory=dict)  # row -> draft tokens it proposed
+    accepted: dict[int, int] = field(default_factory=dict)  # row -> draft tokens the verifier kept
+
+
+RowStates = Sequence[RowState] | Mapping[int, RowState]
+"""The rows of a run, indexed by row id: a list (ids 0..B-1) or, for a scheduler, a dict."""
 
 
 class SpeculativeEngine:
@@ -118,6 +132,9 @@ class SpeculativeEngine:
         self.verifier = verifier
         self.gamma_policy = gamma_policy
         self.metrics = DecodeMetrics()
+        # Row ids that took part in the last round: a row that is gone by the next round has its
+        # caches freed then (docs/algorithm.md 6), without touching the other rows.
+        self._live_rows: set[int] = set()
 
     def generate(
         self,
@@ -139,17 +156,54 @@ class SpeculativeEngine:
         if not prompts:
             raise ValueError("no prompts given")
         config.settings.check_vocab(self.target.vocab_size)
-        states = []
-        for index, prompt in enumerate(prompts):
-            tokens = [int(t) for t in prompt]
-            if not tokens:
-                raise ValueError(f"prompt {index} is empty; give at least one token")
-            if any(not 0 <= t < self.target.vocab_size for t in tokens):
-                raise ValueError(f"prompt {index} has token ids outside 0..{self.target.vocab_size - 1}")
-            states.append(RowState(prompt=tokens))
+        states = [self.new_row(prompt, index=index) for index, prompt in enumerate(prompts)]
         if self.gamma_policy is not None:
             self.gamma_policy.start(len(states))
         return states
+
+    def new_row(
+        self,
+        prompt: Sequence[int],
+        *,
+        settings: SamplingSettings | None = None,
+        gamma: int | None = None,
+        max_new_tokens: int | None = None,
+        index: int = 0,
+    ) -> RowState:
+        """A validated RowState for one prompt, with optional per-row settings (see `RowState`).
+
+        `index` only names the prompt in error messages.
+        """
+        tokens = [int(t) for t in prompt]
+        if not tokens:
+            raise ValueError(f"prompt {index} is empty; give at least one token")
+        if any(not 0 <= t < self.target.vocab_size for t in tokens):
+            raise ValueError(f"prompt {index} has token ids outside 0..{self.target.vocab_size - 1}")
+        if settings is not None:
+            settings.check_vocab(self.target.vocab_size)
+        if gamma is not None or max_new_tokens is not None:
+            # DecodeConfig holds the validation rules for both.
+            checked = DecodeConfig(
+                gamma=0 if gamma is None else gamma,
+                max_new_tokens=1 if max_new_tokens is None else max_new_tokens,
+            )
+            if checked.gamma > 0 and self.drafter is None:
+                raise ValueError("gamma > 0 needs a drafter; use gamma = 0 for plain decoding")
+        return RowState(prompt=tokens, settings=settings, gamma=gamma, max_new_tokens=max_new_tokens)
+
+    def release(self, rows: Iterable[int]) -> None:
+        """Free the models' caches of rows that left the batch (finished or cancelled).
+
+        Models without a `release` method (stateless toy models) have nothing to free.
+        """
+        rows = list(rows)
+        if not rows:
+            return
+        self._live_rows.difference_update(rows)
+        for model in (self.target, self.drafter):
+            release = getattr(model, "release", None)
+            if release is not None:
+                release(rows)
 
     def rounds(
         self,
@@ -168,21 +222,33 @@ class SpeculativeEngine:
                 output = self.round(states, active, config, sampler, stop)
                 yield output
         finally:
+            self.release(range(len(states)))
             self.metrics.total_seconds += time.perf_counter() - started
 
     def round(
         self,
-        states: list[RowState],
+        states: RowStates,
         active: list[int],
         config: DecodeConfig,
         sampler: Sampler,
         stop: StopCondition | None = None,
     ) -> RoundOutput:
-        """One round for the active rows: docs/algorithm.md 2.1 to 2.5."""
+        """One round for the active rows: docs/algorithm.md 2.1 to 2.5.
+
+        Each row uses its own settings, gamma and length limit (`RowState`, falling back to
+        `config`) and its own random stream (`sampler`, by row id).
+        """
+        self.release(self._live_rows - set(active))  # rows that left since the last round
+        self._live_rows = set(active)
         histories = [states[row].history for row in active]
+        settings = [states[row].settings or config.settings for row in active]
         # A round emits at most draft_length + 1 tokens, so never propose past max_new_tokens.
         max_draft = [
-            min(config.gamma, config.max_new_tokens - len(states[row].generated) - 1) for row in active
+            min(
+                config.gamma if states[row].gamma is None else states[row].gamma,
+                _max_new_tokens(states[row], config) - len(states[row].generated) - 1,
+            )
+            for row in active
         ]
         if self.gamma_policy is not None:
             # docs/algorithm.md 5: a draft length chosen from past rounds only keeps the round exact.
@@ -190,8 +256,13 @@ class SpeculativeEngine:
                 min(limit, self.gamma_policy.draft_length(row))
                 for row, limit in zip(active, max_draft, strict=True)
             ]
-        proposal = self._draft(histories, max_draft, config.settings, sampler, active)  # 2.1
-        p = self._target_probabilities(histories, proposal, config.settings, active)  # 2.2
+        # A drafter gets one SamplingSettings when every row shares it (drafters written for
+        # one batch-wide setting keep working), else one per row.
+        shared = all(row_settings == settings[0] for row_settings in settings)
+        proposal = self._draft(
+            histories, max_draft, settings[0] if shared else settings, sampler, active
+        )  # 2.1
+        p = self._target_probabilities(histories, proposal, settings, active)  # 2.2
         clock = time.perf_counter()
         result = self.verifier(
             proposal.tokens,
@@ -203,30 +274,47 @@ class SpeculativeEngine:
             active,
         )
         self.metrics.verify_seconds += time.perf_counter() - clock
-        self._record(proposal, result.num_accepted, result.num_emitted)
+        proposed, accepted = self._record(proposal, result.num_accepted, result.num_emitted)
         if self.gamma_policy is not None:
-            record_round(self.gamma_policy, active, proposal.lengths.tolist(), result.num_accepted.tolist())
-        return self._append(states, active, result.tokens, result.num_emitted, result.hit_eos, config, stop)
+            record_round(self.gamma_policy, active, proposed, accepted)
+        output = self._append(states, active, result.tokens, result.num_emitted, result.hit_eos, config, stop)
+        output.proposed.update(zip(active, proposed, strict=True))
+        output.accepted.update(zip(active, accepted, strict=True))
+        return output
+
+    @property
+    def device(self) -> torch.device:
+        """Where the models' tensors live (a model without a `device` is on the CPU)."""
+        return getattr(self.target, "device", torch.device("cpu"))
 
     def _draft(
         self,
         histories: list[list[int]],
         max_draft: list[int],
-        settings: SamplingSettings,
+        settings: SamplingSettings | list[SamplingSettings],
         sampler: Sampler,
         rows: list[int],
     ) -> Proposal:
-        if self.drafter is None or max(max_draft) == 0:
-            empty_q = torch.zeros(len(rows), 0, self.target.vocab_size)
+        if self.drafter is None or max(max_draft) <= 0:
+            device = self.device
+            empty_q = torch.zeros(len(rows), 0, self.target.vocab_size, device=device)
             return Proposal(
-                tokens=torch.zeros(len(rows), 0, dtype=torch.long),
+                tokens=torch.zeros(len(rows), 0, dtype=torch.long, device=device),
                 q=empty_q,
-                lengths=torch.zeros(len(rows), dtype=torch.long),
+                lengths=torch.zeros(len(rows), dtype=torch.long, device=device),
             )
         clock = time.perf_counter()
         proposal = self.drafter.propose(histories, max_draft, settings, sampler, rows)
         self.metrics.draft_seconds += time.perf_counter() - clock
         self.metrics.draft_forward_seconds += proposal.forward_seconds
+        if proposal.tokens.device != self.device:  # a host-side drafter (prompt lookup) on a GPU run
+            proposal = Proposal(
+                tokens=proposal.tokens.to(self.device),
+                q=None if proposal.q is None else proposal.q.to(self.device),
+                lengths=proposal.lengths.to(self.device),
+                forward_seconds=proposal.forward_seconds,
+                deterministic=proposal.deterministic,
+            )
         # A deterministic proposal (prompt lookup) ran no draft model.
         self.metrics.draft_calls += 0 if proposal.deterministic else int(proposal.lengths.max())
         return proposal
@@ -235,7 +323,7 @@ class SpeculativeEngine:
         self,
         histories: list[list[int]],
         proposal: Proposal,
-        settings: SamplingSettings,
+        settings: list[SamplingSettings],
         rows: list[int],
     ) -> torch.Tensor:
         """p [A, gamma + 1, V]: one target forward over each history plus its whole draft block.
@@ -252,17 +340,20 @@ class SpeculativeEngine:
         self.metrics.target_forward_seconds += time.perf_counter() - clock
         # The repetition penalty needs each position's real history; build it only when it is on.
         position_histories = None
-        if settings.repetition_penalty != 1.0:
+        if any(row_settings.repetition_penalty != 1.0 for row_settings in settings):
             position_histories = [
                 sequence[: len(sequence) - width + i] for sequence in extended for i in range(width + 1)
             ]
         flat = logits.reshape(-1, logits.shape[-1])  # [A * (gamma + 1), V]
-        p = probabilities(flat, settings, position_histories).reshape(logits.shape)
+        flat_settings = [row_settings for row_settings in settings for _ in range(width + 1)]
+        p = probabilities_per_row(flat, flat_settings, position_histories).reshape(logits.shape)
         self.metrics.target_seconds += time.perf_counter() - clock
         self.metrics.target_calls += 1
         return p
 
-    def _record(self, proposal: Proposal, num_accepted: torch.Tensor, num_emitted: torch.Tensor) -> None:
+    def _record(
+        self, proposal: Proposal, num_accepted: torch.Tensor, num_emitted: torch.Tensor
+    ) -> tuple[list[int], list[int]]:
         proposed = proposal.lengths.tolist()
         accepted = num_accepted.tolist()
         self.metrics.rounds += 1
@@ -270,10 +361,11 @@ class SpeculativeEngine:
         self.metrics.proposed_tokens += sum(proposed)
         self.metrics.accepted_tokens += sum(accepted)
         self.metrics.record_positions(proposed, accepted)
+        return proposed, accepted
 
     def _append(
         self,
-        states: list[RowState],
+        states: RowStates,
         active: list[int],
         tokens: torch.Tensor,
         num_emitted: torch.Tensor,
@@ -283,12 +375,14 @@ class SpeculativeEngine:
     ) -> RoundOutput:
         new_tokens: dict[int, list[int]] = {}
         finished: dict[int, FinishReason] = {}
-        emitted_rows = tokens.tolist()
+        emitted_rows = tokens.tolist()  # one host copy for the whole batch, not one per row
+        emitted_counts = num_emitted.tolist()
+        eos_flags = hit_eos.tolist()
         for b, row in enumerate(active):
             state = states[row]
             before = len(state.generated)
-            state.generated.extend(emitted_rows[b][: int(num_emitted[b])])
-            reason: FinishReason | None = "eos" if bool(hit_eos[b]) else None
+            state.generated.extend(emitted_rows[b][: emitted_counts[b]])
+            reason: FinishReason | None = "eos" if eos_flags[b] else None
             if stop is not None:
                 keep = stop(row, state.generated)
                 if keep is not None and not before <= keep <= len(state.generated):
@@ -299,7 +393,7 @@ class SpeculativeEngine:
                 if keep is not None:
                     del state.generated[keep:]
                     reason = "stop"
-            if reason is None and len(state.generated) >= config.max_new_tokens:
+            if reason is None and len(state.generated) >= _max_new_tokens(state, config):
                 reason = "length"
             state.finish_reason = reason
             new_tokens[row] = state.generated[before:]
@@ -307,3 +401,7 @@ class SpeculativeEngine:
             if reason is not None:
                 finished[row] = reason
         return RoundOutput(new_tokens=new_tokens, finished=finished)
+
+
+def _max_new_tokens(state: RowState, config: DecodeConfig) -> int:
+    return config.max_new_tokens if state.max_new_tokens is None else state.max_new_tokens

@@ -35,51 +35,81 @@ class SeededSampler:
 
     Row r's stream is seeded with `seeds[r]` (default `base_seed + r`), so a
     row's draws depend only on its own seed: adding rows to a batch never
-    changes the rows already in it.
+    changes the rows already in it. Rows can also join and leave by id
+    (`add_row`, `remove_row`), which is how the scheduler gives each request
+    its own stream (docs/algorithm.md 6).
+
+    The generators and the uniforms they draw live on `device` (the models'
+    device); a CUDA generator gives a different, equally valid stream than a
+    CPU one for the same seed.
 
     >>> sampler = SeededSampler(seed=0, num_rows=2)
     >>> sampler.categorical(torch.tensor([[0.0, 1.0], [1.0, 0.0]]), rows=[0, 1]).tolist()
     [1, 0]
     """
 
-    def __init__(self, seed: int = 0, num_rows: int = 1, seeds: Sequence[int] | None = None) -> None:
+    def __init__(
+        self,
+        seed: int = 0,
+        num_rows: int = 1,
+        seeds: Sequence[int] | None = None,
+        *,
+        device: torch.device | str | None = None,
+    ) -> None:
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
         if seeds is None:
             if isinstance(seed, bool) or not isinstance(seed, int):
                 raise ValueError(f"seed must be an integer, got {seed!r}")
             if num_rows < 1:
                 raise ValueError(f"num_rows must be >= 1, got {num_rows}")
             seeds = [seed + row for row in range(num_rows)]
-        self._generators = []
-        for row_seed in seeds:
-            if isinstance(row_seed, bool) or not isinstance(row_seed, int):
-                raise ValueError(f"seeds must be integers, got {row_seed!r}")
-            generator = torch.Generator()
-            # torch's CPU generator (mt19937) keeps only the low 32 bits of a seed, so seeds that
-            # differ by a multiple of 2**32 share a stream; folding here makes that explicit.
-            generator.manual_seed(row_seed % (1 << 32))
-            self._generators.append(generator)
+        self._generators: dict[int, torch.Generator] = {}
+        for row, row_seed in enumerate(seeds):
+            self.add_row(row, row_seed)
 
     @property
     def num_rows(self) -> int:
         return len(self._generators)
 
+    def add_row(self, row: int, seed: int) -> None:
+        """Give row id `row` a fresh stream seeded with `seed` (replacing any stream it had)."""
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seeds must be integers, got {seed!r}")
+        generator = torch.Generator(device=self.device)
+        # torch's CPU generator (mt19937) keeps only the low 32 bits of a seed, so seeds that
+        # differ by a multiple of 2**32 share a stream; folding here makes that explicit.
+        generator.manual_seed(seed % (1 << 32))
+        self._generators[row] = generator
+
+    def remove_row(self, row: int) -> None:
+        """Forget row id `row`'s stream (a row that left the batch); unknown ids are ignored."""
+        self._generators.pop(row, None)
+
     def _generator(self, row: int) -> torch.Generator:
-        if not 0 <= row < len(self._generators):
+        generator = self._generators.get(row)
+        if generator is None:
             raise ValueError(
-                f"row {row} has no random stream (this sampler has {len(self._generators)} rows)"
+                f"row {row} has no random stream (this sampler has rows {sorted(self._generators)})"
             )
-        return self._generators[row]
+        return generator
+
+    def _uniforms(self, rows: Sequence[int]) -> torch.Tensor:
+        """[N] float64 uniforms in [0, 1), one from each row's own stream (exactly one draw per row)."""
+        return torch.stack(
+            [
+                torch.rand((), generator=self._generator(r), dtype=torch.float64, device=self.device)
+                for r in rows
+            ]
+        )
 
     def categorical(self, probs: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
         if probs.dim() != 2 or probs.shape[0] != len(rows):
             raise ValueError(f"probs must be [len(rows), V], got {tuple(probs.shape)} for {len(rows)} rows")
         if not rows:
-            return torch.empty(0, dtype=torch.long)
+            return torch.empty(0, dtype=torch.long, device=probs.device)
         # Inverse-CDF with one uniform per row: a row consumes exactly one draw per call,
         # whatever the other rows do. Float64 cumsum avoids a gap at the top of the CDF.
-        uniforms = torch.stack(
-            [torch.rand((), generator=self._generator(r), dtype=torch.float64) for r in rows]
-        )
+        uniforms = self._uniforms(rows).to(probs.device)
         cdf = probs.to(torch.float64).cumsum(dim=-1)  # [N, V]
         cdf = cdf / cdf[:, -1:]  # rows sum to 1 up to rounding; renormalise so u < 1 always lands
         index = torch.searchsorted(cdf, uniforms.unsqueeze(-1), right=True).squeeze(-1)  # [N]
@@ -96,8 +126,5 @@ class SeededSampler:
         if probs.dim() != 1 or probs.shape[0] != len(rows):
             raise ValueError(f"probs must be [len(rows)], got {tuple(probs.shape)} for {len(rows)} rows")
         if not rows:
-            return torch.empty(0, dtype=torch.bool)
-        uniforms = torch.stack(
-            [torch.rand((), generator=self._generator(r), dtype=torch.float64) for r in rows]
-        )
-        return uniforms < probs.to(torch.float64)
+            return torch.empty(0, dtype=torch.bool, device=probs.device)
+        return self._uniforms(rows).to(probs.device) < probs.to(torch.float64)

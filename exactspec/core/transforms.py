@@ -283,10 +283,60 @@ def _probabilities_reference(
     return torch.softmax(scores, dim=-1)
 
 
+def probabilities_per_row(
+    logits: torch.Tensor,
+    settings: SamplingSettings | Sequence[SamplingSettings],
+    histories: Sequence[Sequence[int]] | None = None,
+) -> torch.Tensor:
+    """`probabilities` where each row of logits has its own settings (docs/algorithm.md 6).
+
+    Rows are grouped by identical settings and each group goes through `probabilities` once, so
+    the work is vectorised over rows (a loop over the distinct settings, never over the
+    vocabulary), and every row gets exactly what `probabilities` gives it alone.
+
+    Args:
+        logits: [N, V] raw logits.
+        settings: one `SamplingSettings` for every row, or N of them (row n uses settings[n]).
+        histories: N histories; needed only when some row has a repetition penalty.
+
+    Returns:
+        [N, V] probabilities, as `probabilities`.
+
+    >>> logits = torch.tensor([[0.0, 1.0], [0.0, 1.0], [2.0, 0.0]])
+    >>> greedy, hot = SamplingSettings(temperature=0), SamplingSettings(temperature=2)
+    >>> probabilities_per_row(logits, [greedy, hot, greedy]).tolist()[0::2]
+    [[0.0, 1.0], [1.0, 0.0]]
+    """
+    if isinstance(settings, SamplingSettings):
+        return probabilities(logits, settings, histories)
+    settings = list(settings)
+    if logits.dim() != 2 or len(settings) != logits.shape[0]:
+        raise ValueError(
+            f"need one SamplingSettings per row of logits [N, V]: {len(settings)} for {tuple(logits.shape)}"
+        )
+    groups: dict[SamplingSettings, list[int]] = {}
+    for n, row_settings in enumerate(settings):
+        groups.setdefault(row_settings, []).append(n)
+    if len(groups) == 1:
+        return probabilities(logits, settings[0], histories)
+    out: torch.Tensor | None = None
+    for group_settings, members in groups.items():
+        index = torch.tensor(members, device=logits.device)
+        group_histories = None
+        if histories is not None and group_settings.repetition_penalty != 1.0:
+            group_histories = [histories[n] for n in members]
+        probs = probabilities(logits[index], group_settings, group_histories)  # [N_group, V]
+        if out is None:
+            out = probs.new_empty(logits.shape)
+        out[index] = probs
+    assert out is not None
+    return out
+
+
 def _apply_logit_bias(scores: torch.Tensor, settings: SamplingSettings) -> torch.Tensor:
     settings.check_vocab(scores.shape[-1])
-    ids = torch.tensor(list(settings.logit_bias.keys()), dtype=torch.long)
-    bias = torch.tensor(list(settings.logit_bias.values()), dtype=scores.dtype)
+    ids = torch.tensor(list(settings.logit_bias.keys()), dtype=torch.long, device=scores.device)
+    bias = torch.tensor(list(settings.logit_bias.values()), dtype=scores.dtype, device=scores.device)
     scores = scores.clone()
     scores[:, ids] += bias
     return scores
@@ -297,11 +347,13 @@ def _repetition_penalty_reference(
 ) -> torch.Tensor:
     # Hugging Face's rule, applied at most once per distinct token of the row's own history.
     num_rows, vocab_size = scores.shape
-    seen = torch.zeros(num_rows, vocab_size, dtype=torch.bool)  # [N, V]
+    seen = torch.zeros(num_rows, vocab_size, dtype=torch.bool, device=scores.device)  # [N, V]
     row_index = [row for row, history in enumerate(histories) for _ in history]
     token_index = [token for history in histories for token in history]
     if token_index:
-        seen[row_index, token_index] = True
+        seen[
+            torch.tensor(row_index, device=scores.device), torch.tensor(token_index, device=scores.device)
+        ] = True
     penalised = torch.where(scores < 0, scores * penalty, scores / penalty)
     return torch.where(seen, penalised, scores)
 

@@ -54,9 +54,15 @@ class Drafter(Protocol):
         self,
         histories: Sequence[Sequence[int]],
         max_tokens: Sequence[int],
-        settings: SamplingSettings,
+        settings: SamplingSettings | Sequence[SamplingSettings],
         sampler: Sampler,
         rows: Sequence[int],
     ) -> Proposal:
-        """Draw the draft block for each row (each row uses its own random stream, rows[b])."""
+        """Draw the draft block for each row (each row uses its own random stream, rows[b]).
+
+        `settings` is one `SamplingSettings` when every row shares it (the engine passes that
+        whenever it can, so a drafter that handles only this case works for uniform batches),
+        else one per row: settings[b] defines row b's q (docs/algorithm.md 6). Tensors go on the
+        models' device.
+        """
         ...

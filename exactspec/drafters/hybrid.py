@@ -37,7 +37,7 @@ class HybridDrafter:
         self,
         histories: Sequence[Sequence[int]],
         max_tokens: Sequence[int],
-        settings: SamplingSettings,
+        settings: SamplingSettings | Sequence[SamplingSettings],
         sampler: Sampler,
         rows: Sequence[int],
     ) -> Proposal:
@@ -49,7 +49,7 @@ class HybridDrafter:
         drafted = self.model_drafter.propose(
             [histories[b] for b in model_rows],
             [max_tokens[b] for b in model_rows],
-            settings,
+            settings if isinstance(settings, SamplingSettings) else [settings[b] for b in model_rows],
             sampler,
             [rows[b] for b in model_rows],
         )
@@ -62,11 +62,12 @@ class HybridDrafter:
         batch_size = looked_up.tokens.shape[0]
         width = max(looked_up.tokens.shape[1], drafted.tokens.shape[1])
         dtype = drafted.q.dtype if drafted.q is not None else torch.float32
-        tokens = torch.zeros(batch_size, width, dtype=torch.long)  # [B, gamma]
-        tokens[:, : looked_up.tokens.shape[1]] = looked_up.tokens
+        device = drafted.tokens.device  # the draft model's device; the lookup ran on the host
+        tokens = torch.zeros(batch_size, width, dtype=torch.long, device=device)  # [B, gamma]
+        tokens[:, : looked_up.tokens.shape[1]] = looked_up.tokens.to(device)
         q = torch.nn.functional.one_hot(tokens, self.vocab_size).to(dtype)  # [B, gamma, V] one-hot everywhere
-        lengths = looked_up.lengths.clone()  # [B]
-        index = torch.tensor(model_rows, dtype=torch.long)  # [M]
+        lengths = looked_up.lengths.to(device, copy=True)  # [B]
+        index = torch.tensor(model_rows, dtype=torch.long, device=device)  # [M]
         model_width = drafted.tokens.shape[1]
         tokens[index] = 0
         tokens[index, :model_width] = drafted.tokens

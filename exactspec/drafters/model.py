@@ -9,7 +9,7 @@ import torch
 
 from exactspec.core.sampler import Sampler
 from exactspec.core.settings import SamplingSettings
-from exactspec.core.transforms import probabilities
+from exactspec.core.transforms import probabilities_per_row
 from exactspec.drafters.base import Proposal
 from exactspec.models.base import LanguageModel
 
@@ -44,15 +44,17 @@ class ModelDrafter:
         self,
         histories: Sequence[Sequence[int]],
         max_tokens: Sequence[int],
-        settings: SamplingSettings,
+        settings: SamplingSettings | Sequence[SamplingSettings],
         sampler: Sampler,
         rows: Sequence[int],
     ) -> Proposal:
         batch_size = len(histories)
         gamma = max(max_tokens, default=0)
-        tokens = torch.zeros(batch_size, gamma, dtype=torch.long)  # [B, gamma]
+        per_row = [settings] * batch_size if isinstance(settings, SamplingSettings) else list(settings)
+        device = getattr(self.model, "device", torch.device("cpu"))
+        tokens = torch.zeros(batch_size, gamma, dtype=torch.long, device=device)  # [B, gamma]
         q: torch.Tensor | None = None  # [B, gamma, V], allocated once the dtype is known
-        lengths = torch.zeros(batch_size, dtype=torch.long)  # [B]
+        lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
         drafted: list[list[int]] = [[] for _ in range(batch_size)]
         eos = self.model.eos_token_ids
         live = [b for b in range(batch_size) if max_tokens[b] > 0]
@@ -65,11 +67,13 @@ class ModelDrafter:
             logits = self.model.logits(contexts, 1, rows=[rows[b] for b in live])[:, 0]  # [A, V_draft]
             forward_seconds += time.perf_counter() - clock
             logits = _pad_vocab(logits, self.target_vocab_size)  # [A, V]
-            q_step = probabilities(logits, settings, contexts)  # [A, V]
+            q_step = probabilities_per_row(logits, [per_row[b] for b in live], contexts)  # [A, V]
             drawn = sampler.categorical(q_step, [rows[b] for b in live])  # [A]
             if q is None:
-                q = torch.zeros(batch_size, gamma, self.target_vocab_size, dtype=q_step.dtype)
-            index = torch.tensor(live)
+                q = torch.zeros(
+                    batch_size, gamma, self.target_vocab_size, dtype=q_step.dtype, device=q_step.device
+                )
+            index = torch.tensor(live, device=q.device)
             q[index, step] = q_step
             tokens[index, step] = drawn
             lengths[index] += 1
@@ -80,8 +84,14 @@ class ModelDrafter:
                     still_live.append(b)
             live = still_live
         if q is None:
-            q = torch.zeros(batch_size, gamma, self.target_vocab_size)
+            q = torch.zeros(batch_size, gamma, self.target_vocab_size, device=device)
         return Proposal(tokens=tokens, q=q, lengths=lengths, forward_seconds=forward_seconds)
+
+    def release(self, rows: Sequence[int]) -> None:
+        """Free the draft model's cache of these rows (rows that left the batch)."""
+        release = getattr(self.model, "release", None)
+        if release is not None:
+            release(rows)
 
 
 def _pad_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -100,7 +100,7 @@ class NgramDrafter:
         self,
         histories: Sequence[Sequence[int]],
         max_tokens: Sequence[int],
-        settings: SamplingSettings,
+        settings: SamplingSettings | Sequence[SamplingSettings],
         sampler: Sampler,
         rows: Sequence[int],
     ) -> Proposal:

@@ -43,6 +43,12 @@ class HFLanguageModel:
         row 0       a  b  c  x  y  z      mask 1 1 1 1 0 1   positions 0 1 2 3 . 4
         row 1       .  d  e  u  v  w      mask 0 1 1 1 1 1   positions . 0 1 2 3 4
 
+    Rows join and leave independently (continuous batching, docs/algorithm.md 6): rows with
+    unknown ids are prefilled in a batch of their own and then appended to the cache (holes
+    in front align the slot counts), `release(rows)` drops rows, and a call that names only
+    some of the cached rows feeds the others nothing (they ride along with padding, their
+    cache untouched); no call recomputes a row it did not name.
+
     Slots that are holes in every row at the end of the cache are cropped away
     (with one row there are therefore never holes: rollback is a crop). When
     compaction would free more than a fraction `max_hole_fraction` of the slots,
@@ -168,20 +174,97 @@ class HFLanguageModel:
     # ---------------------------------------------------------------- internals
 
     def _logits(self, history_lists: list[list[int]], k: int, row_ids: list[int]) -> torch.Tensor:
-        self._select_rows(row_ids)
-        # Keep the longest cached prefix, but always feed at least k tokens: the
+        joining = [j for j, r in enumerate(row_ids) if r not in self._row_ids]
+        staying = [j for j, r in enumerate(row_ids) if r in self._row_ids]
+        if not joining or not staying or self._cache is None:
+            return self._logits_together(history_lists, k, row_ids)
+        # Rows that join are prefilled on their own: in one batch with the running rows, every
+        # running row would be padded to the new prompts' length (their MLPs run on padding).
+        running = self._take_state()
+        new_logits = self._logits_together(
+            [history_lists[j] for j in joining], k, [row_ids[j] for j in joining]
+        )
+        joined = self._take_state()
+        self._put_state(running)
+        old_logits = self._logits_together(
+            [history_lists[j] for j in staying], k, [row_ids[j] for j in staying]
+        )
+        self._merge_state(joined)
+        logits = old_logits.new_empty(len(row_ids), *old_logits.shape[1:])  # [B, k, V]
+        logits[torch.tensor(staying, device=logits.device)] = old_logits
+        logits[torch.tensor(joining, device=logits.device)] = new_logits
+        return logits
+
+    def _take_state(self) -> tuple:
+        """This adapter's cache and bookkeeping, leaving it empty."""
+        state = (self._cache, self._row_ids, self._tokens, self._slots, self._valid)
+        self.clear_cache()
+        return state
+
+    def _put_state(self, state: tuple) -> None:
+        self._cache, self._row_ids, self._tokens, self._slots, self._valid = state
+
+    def _merge_state(self, other: tuple) -> None:
+        """Append another state's rows (disjoint row ids) as new batch indices; no row is recomputed.
+
+        The one with fewer slots gets holes in front, so both have the same number of slots:
+        holes are masked and positions count real tokens only, so a row's results do not move.
+        """
+        cache, row_ids, tokens, slots, valid = other
+        width = max(self._valid.shape[1], valid.shape[1])
+        mine = self._front_padded(self._cache, self._slots, self._valid, width)
+        theirs = self._front_padded(cache, slots, valid, width)
+        merged = []
+        for (keys, values), (other_keys, other_values) in zip(mine[0], theirs[0], strict=True):
+            merged.append((torch.cat([keys, other_keys]), torch.cat([values, other_values])))
+        self._cache = DynamicCache(ddp_cache_data=merged)
+        self._row_ids = self._row_ids + row_ids
+        self._tokens = self._tokens + tokens
+        self._slots = mine[1] + theirs[1]
+        self._valid = torch.cat([mine[2], theirs[2]])
+
+    @staticmethod
+    def _front_padded(
+        cache: DynamicCache | None, slots: list[torch.Tensor], valid: torch.Tensor, width: int
+    ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[torch.Tensor], torch.Tensor]:
+        """(per layer (K, V) [B, H_kv, width, D], slots, valid [B, width]) with holes added in front."""
+        assert cache is not None
+        extra = width - valid.shape[1]
+        layers = []
+        for keys, values, *_ in cache:  # each [B, H_kv, S, D]
+            if extra:
+                pad = (keys.shape[0], keys.shape[1], extra, keys.shape[3])
+                keys = torch.cat([keys.new_zeros(pad), keys], dim=2)
+                values = torch.cat([values.new_zeros(pad), values], dim=2)
+            layers.append((keys, values))
+        holes = torch.zeros(valid.shape[0], extra, dtype=torch.bool)
+        return layers, [s + extra for s in slots], torch.cat([holes, valid], dim=1)
+
+    def _logits_together(self, history_lists: list[list[int]], k: int, row_ids: list[int]) -> torch.Tensor:
+        """One forward over the cache's batch: requested rows fed their new tokens, the others nothing."""
+        self._add_rows(row_ids)
+        # index[j]: the cache batch index of requested row j. Cached rows that are not requested
+        # ride along with an empty feed (padding only): their cache is neither recomputed nor lost.
+        index = [self._row_ids.index(r) for r in row_ids]
+        targets: list[list[int]] = list(self._tokens)  # per batch index, the history after this call
+        for j, b in enumerate(index):
+            targets[b] = history_lists[j]
+        requested = set(index)
+        # Keep the longest cached prefix, but always feed at least k tokens to a requested row: the
         # logits of cached positions were not stored, so they are recomputed.
         keeps = [
-            min(_common_prefix_length(cached, history), len(history) - k)
-            for cached, history in zip(self._tokens, history_lists, strict=True)
+            min(_common_prefix_length(cached, history), len(history) - k) if b in requested else len(cached)
+            for b, (cached, history) in enumerate(zip(self._tokens, targets, strict=True))
         ]
         for b, keep in enumerate(keeps):
             self._roll_back(b, keep)
         self._crop_trailing_holes()
         self._maybe_compact()
-        logits = self._forward([h[keep:] for h, keep in zip(history_lists, keeps, strict=True)], k)
-        self._tokens = history_lists
-        return logits
+        logits = self._forward([h[keep:] for h, keep in zip(targets, keeps, strict=True)], k)
+        self._tokens = targets
+        if index == list(range(len(self._row_ids))):
+            return logits
+        return logits[torch.tensor(index, device=logits.device)]  # [B_requested, k, V]
 
     def _check_inputs(self, histories: list[list[int]], k: int, row_ids: list[int]) -> None:
         if not histories:
@@ -203,25 +286,57 @@ class HFLanguageModel:
                     f"history {b} has token ids outside 0..{self._vocab_size - 1}: min {low}, max {high}"
                 )
 
-    def _select_rows(self, row_ids: list[int]) -> None:
-        """Make batch index b of the cache hold row `row_ids[b]`."""
-        if row_ids == self._row_ids:
+    def _add_rows(self, row_ids: list[int]) -> None:
+        """Give every unknown row id a fresh, empty batch index of the cache; the other rows are untouched.
+
+        A new row's slots are all holes (zeros in the K/V tensors, masked out), so it starts from
+        its prompt while every other row keeps its cache as it was (docs/algorithm.md 6).
+        """
+        new = [r for r in row_ids if r not in self._row_ids]
+        if not new:
             return
-        if self._cache is None or not set(row_ids) <= set(self._row_ids):
-            # An unknown row: rebuild from scratch (rows are normally all new at the
-            # start of a generation, so nothing worth keeping is lost).
-            self._cache = None
-            self._row_ids = list(row_ids)
-            self._tokens = [[] for _ in row_ids]
-            self._slots = [torch.zeros(0, dtype=torch.long) for _ in row_ids]
-            self._valid = torch.zeros(len(row_ids), 0, dtype=torch.bool)
+        self._row_ids.extend(new)
+        self._tokens.extend([] for _ in new)
+        self._slots.extend(torch.zeros(0, dtype=torch.long) for _ in new)
+        self._valid = torch.cat([self._valid, torch.zeros(len(new), self._valid.shape[1], dtype=torch.bool)])
+        if self._cache is None:
             return
-        index = [self._row_ids.index(r) for r in row_ids]
-        self._cache.batch_select_indices(torch.tensor(index, device=self._device))
-        self._row_ids = list(row_ids)
-        self._tokens = [self._tokens[i] for i in index]
-        self._slots = [self._slots[i] for i in index]
-        self._valid = self._valid[index]
+        grown = []
+        for keys, values, *_ in self._cache:  # each [B, H_kv, S, D]
+            pad = (len(new), *keys.shape[1:])
+            grown.append(
+                (
+                    torch.cat([keys, keys.new_zeros(pad)]),
+                    torch.cat([values, values.new_zeros(pad)]),
+                )
+            )
+        self._cache = DynamicCache(ddp_cache_data=grown)
+
+    def release(self, rows: Iterable[int]) -> None:
+        """Free the cache of these row ids (unknown ids are ignored); the other rows keep theirs untouched."""
+        gone = {int(r) for r in rows} & set(self._row_ids)
+        if not gone:
+            return
+        keep = [b for b, r in enumerate(self._row_ids) if r not in gone]
+        if not keep:
+            self.clear_cache()
+            return
+        if self._cache is not None:
+            self._cache.batch_select_indices(torch.tensor(keep, device=self._device))
+        self._row_ids = [self._row_ids[b] for b in keep]
+        self._tokens = [self._tokens[b] for b in keep]
+        self._slots = [self._slots[b] for b in keep]
+        self._valid = self._valid[keep]
+        self._crop_trailing_holes()
+
+    @property
+    def cached_rows(self) -> list[int]:
+        """Row ids that currently hold a cache (in batch-index order)."""
+        return list(self._row_ids)
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
 
     def _roll_back(self, b: int, keep: int) -> None:
         """Keep only the first `keep` real tokens of batch index b; later slots become holes."""
@@ -291,7 +406,8 @@ class HFLanguageModel:
         for b, f in enumerate(fed.tolist()):
             self._slots[b] = torch.cat([self._slots[b], torch.arange(end - f, end)])
         self._valid = attention_mask.bool()
-        # Every row fed at least k tokens, so the last k slots are real for every row.
+        # Every requested row fed at least k tokens, so its last k slots are real (rows riding along
+        # with an empty feed get padding logits, which `_logits` drops).
         logits = out.logits[:, -k:, : self._vocab_size]  # [B, k, V]
         # float64 stays float64 (the exact grid runs the adapter in float64); anything else is float32.
         return logits if logits.dtype == torch.float64 else logits.float()

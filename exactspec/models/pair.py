@@ -89,16 +89,27 @@ class ModelPair:
         dtype: Any = "auto",
         cache_dir: str | os.PathLike[str] | None = None,
         progress: bool = True,
+        device: Any = "cpu",
     ) -> ModelPair:
-        """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair)."""
+        """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair).
+
+        `device`: "cpu", "cuda" or "auto" (CUDA when available); dtype "auto" then means the
+        device's default (`exactspec.models.device.auto_dtype`).
+        """
+        from exactspec.models.device import auto_dtype, resolve_device
         from exactspec.models.loading import load_hf_model
 
+        where = resolve_device(device)
+        if dtype == "auto":
+            dtype = auto_dtype(where)
         target_model, tokenizer = load_hf_model(target, dtype=dtype, cache_dir=cache_dir, progress=progress)
+        target_model = target_model.to(where)
         draft_model = draft_tokenizer = None
         if draft is not None:
             draft_model, draft_tokenizer = load_hf_model(
                 draft, dtype=dtype, cache_dir=cache_dir, progress=progress
             )
+            draft_model = draft_model.to(where)
         return cls.from_models(
             target_model, draft_model, tokenizer=tokenizer, draft_tokenizer=draft_tokenizer
         )

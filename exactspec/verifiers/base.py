@@ -115,12 +115,14 @@ def check_inputs(
         raise ValueError(f"rows must name one random stream per batch row: {len(rows)} for {batch_size} rows")
     if ((draft_lengths < 0) | (draft_lengths > gamma)).any():
         raise ValueError(f"draft_lengths must be in 0..gamma={gamma}, got {draft_lengths.tolist()}")
-    position = torch.arange(gamma)
+    position = torch.arange(gamma, device=draft_lengths.device)
     used_draft = position.unsqueeze(0) < draft_lengths.unsqueeze(1)  # [B, gamma]
     used_tokens = draft_tokens[used_draft]
     if ((used_tokens < 0) | (used_tokens >= vocab_size)).any():
         raise ValueError(f"draft token ids must be in 0..{vocab_size - 1}")
-    used_target = torch.arange(gamma + 1).unsqueeze(0) <= draft_lengths.unsqueeze(1)  # [B, gamma + 1]
+    used_target = (
+        torch.arange(gamma + 1, device=draft_lengths.device)[None, :] <= draft_lengths[:, None]
+    )  # [B, gamma + 1]
     if q is not None:
         _check_distributions("q", q[used_draft])
     _check_distributions("p", p[used_target])

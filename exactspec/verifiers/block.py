@@ -96,15 +96,17 @@ def verify_block(
     if validate:
         check_inputs(draft_tokens, q, p, draft_lengths, rows)
     batch_size, gamma = draft_tokens.shape
-    eos = torch.tensor(sorted(eos_token_ids), dtype=torch.long)
+    eos = torch.tensor(sorted(eos_token_ids), dtype=torch.long, device=p.device)
 
     lengths, ends_in_eos = _cut_after_first_eos(draft_tokens, draft_lengths, eos)  # [B], [B]
     weights = _weights(draft_tokens, q, p, lengths)  # [B, gamma + 1]
     stop = _stop_probabilities(draft_tokens, q, p, lengths, weights)  # [B, gamma]
     tau = _draw_tau(stop, lengths, sampler, rows)  # [B]
 
-    tokens = torch.full((batch_size, gamma + 1), NO_TOKEN, dtype=torch.long)  # [B, gamma + 1]
-    position = torch.arange(gamma)  # [gamma]
+    tokens = torch.full(
+        (batch_size, gamma + 1), NO_TOKEN, dtype=torch.long, device=p.device
+    )  # [B, gamma + 1]
+    position = torch.arange(gamma, device=p.device)  # [gamma]
     kept = position.unsqueeze(0) < tau.unsqueeze(1)  # [B, gamma]
     tokens[:, :gamma] = torch.where(kept, draft_tokens, tokens[:, :gamma])
     hit_eos = (tau == lengths) & ends_in_eos  # [B]
@@ -144,8 +146,8 @@ def _cut_after_first_eos(
     """
     batch_size, gamma = draft_tokens.shape
     if gamma == 0:  # an empty block (a plain round): nothing to cut
-        return draft_lengths, torch.zeros(batch_size, dtype=torch.bool)
-    position = torch.arange(gamma)  # [gamma]
+        return draft_lengths, torch.zeros(batch_size, dtype=torch.bool, device=draft_tokens.device)
+    position = torch.arange(gamma, device=draft_tokens.device)  # [gamma]
     is_eos = torch.isin(draft_tokens, eos) & (
         position.unsqueeze(0) < draft_lengths.unsqueeze(1)
     )  # [B, gamma]
@@ -164,7 +166,7 @@ def _weights(
     1.2 "use 1"), which also never divides by zero.
     """
     batch_size, gamma = draft_tokens.shape
-    weights = torch.ones(batch_size, gamma + 1, dtype=p.dtype)  # [B, gamma + 1]
+    weights = torch.ones(batch_size, gamma + 1, dtype=p.dtype, device=p.device)  # [B, gamma + 1]
     for i in range(gamma):
         drafted = draft_tokens[:, i]  # [B]
         p_x = p[:, i].gather(1, drafted.unsqueeze(-1)).squeeze(-1)  # [B]
@@ -189,7 +191,7 @@ def _stop_probabilities(
     0/0 case w_i = 1, p_{i+1} = q_{i+1}, where a later coin has h = 1 anyway).
     """
     batch_size, gamma = draft_tokens.shape
-    stop = torch.zeros(batch_size, gamma, dtype=p.dtype)  # [B, gamma]
+    stop = torch.zeros(batch_size, gamma, dtype=p.dtype, device=p.device)  # [B, gamma]
     for i in range(1, gamma + 1):
         w_i = weights[:, i]  # [B]
         if i < gamma:
@@ -216,7 +218,7 @@ def _draw_tau(
     `EnumeratingSampler`, fewer paths).
     """
     batch_size, gamma = stop.shape
-    tau = torch.zeros(batch_size, dtype=torch.long)  # [B]
+    tau = torch.zeros(batch_size, dtype=torch.long, device=stop.device)  # [B]
     undecided = lengths > 0  # [B]
     for i in range(gamma, 0, -1):
         active = (undecided & (lengths >= i)).nonzero().squeeze(-1)  # [A]

@@ -22,7 +22,7 @@ import torch
 def draft_probability(q_rows: torch.Tensor | None, drafted: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """q(X) of each drafted token: q_rows [N, V] (or None: one-hot), drafted [N] long -> [N] of `dtype`."""
     if q_rows is None:
-        return torch.ones(drafted.shape[0], dtype=dtype)
+        return torch.ones(drafted.shape[0], dtype=dtype, device=drafted.device)
     return q_rows.gather(1, drafted.unsqueeze(-1)).squeeze(-1)
 
 
@@ -64,7 +64,11 @@ def residual_distribution(
         # Weight cancels for a one-hot q: the residual is p with X removed, renormalised.
         excess = p_rows.scatter(1, drafted.unsqueeze(-1), 0.0)  # [N, V]
     else:
-        scale = torch.ones(p_rows.shape[0], dtype=p_rows.dtype) if weight is None else weight.to(p_rows.dtype)
+        scale = (
+            torch.ones(p_rows.shape[0], dtype=p_rows.dtype, device=p_rows.device)
+            if weight is None
+            else weight.to(p_rows.dtype)
+        )
         excess = (scale.unsqueeze(-1) * p_rows - q_rows).clamp(min=0.0)  # [N, V]
     mass = excess.sum(dim=-1, keepdim=True)  # [N, 1]
     degenerate = mass <= 0

@@ -65,12 +65,14 @@ def verify(
     if validate:
         check_inputs(draft_tokens, q, p, draft_lengths, rows)
     batch_size, gamma = draft_tokens.shape
-    eos = torch.tensor(sorted(eos_token_ids), dtype=torch.long)
+    device = p.device  # every tensor lives where the models' probabilities do
+    eos = torch.tensor(sorted(eos_token_ids), dtype=torch.long, device=device)
 
-    tokens = torch.full((batch_size, gamma + 1), NO_TOKEN, dtype=torch.long)  # [B, gamma + 1]
-    num_accepted = torch.zeros(batch_size, dtype=torch.long)  # [B]
-    hit_eos = torch.zeros(batch_size, dtype=torch.bool)  # [B]
-    finished = torch.zeros(batch_size, dtype=torch.bool)  # [B] rejected or EOS: nothing more this round
+    tokens = torch.full((batch_size, gamma + 1), NO_TOKEN, dtype=torch.long, device=device)  # [B, gamma + 1]
+    num_accepted = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
+    hit_eos = torch.zeros(batch_size, dtype=torch.bool, device=device)  # [B]
+    # [B] rejected or EOS: nothing more this round
+    finished = torch.zeros(batch_size, dtype=torch.bool, device=device)
 
     for i in range(gamma):
         active = ((draft_lengths > i) & ~finished).nonzero().squeeze(-1)  # [A]

@@ -73,10 +73,10 @@ class Events:
 
         def counting_record(
             engine: SpeculativeEngine, proposal: Any, accepted: torch.Tensor, *rest: Any
-        ) -> None:
+        ) -> Any:
             # A rejection: a row kept fewer draft tokens than it proposed.
             self.rejections += int((accepted < proposal.lengths).sum())
-            record(engine, proposal, accepted, *rest)
+            return record(engine, proposal, accepted, *rest)
 
         monkeypatch.setattr(HFLanguageModel, "_roll_back", counting_roll_back)
         monkeypatch.setattr(HFLanguageModel, "_maybe_compact", counting_compact)

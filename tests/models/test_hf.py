@@ -155,18 +155,62 @@ def test_subset_of_rows_after_a_row_finishes():
     with fed_shapes(model) as shapes:
         lm.logits(list(histories.values()))
         for live in ([0, 1, 2], [0, 2], [0, 2], [2], [2]):
+            lm.release(set(lm.cached_rows) - set(live))  # rows that finished leave the cache
             for r in live:
                 histories[r].append(rng.randrange(VOCAB))
             out = lm.logits([histories[r] for r in live], rows=live)
             # Finished rows cost nothing: only the live rows' new tokens are fed.
             assert shapes[-1] == (len(live), 1)
+            assert lm.cached_rows == live
             for b, r in enumerate(live):
                 torch.testing.assert_close(out[b, 0], reference(model, histories[r], 1)[0], atol=ATOL, rtol=0)
-        # A row id the cache does not hold: rebuilt from scratch, still right.
+        # A row id the cache does not hold joins beside row 2: row 2 is not recomputed.
+        before = [kv[0].clone() for kv in lm.cached_kv(2)]
         histories[7] = [5, 6, 7]
+        histories[2].append(9)
         out = lm.logits([histories[2], histories[7]], rows=[2, 7])
+        # Row 7's prompt is prefilled on its own, then row 2 feeds its one new token: nobody is padded.
+        assert shapes[-2:] == [(1, 3), (1, 1)]
+        assert sorted(lm.cached_rows) == [2, 7]
         for b, r in enumerate([2, 7]):
             torch.testing.assert_close(out[b, 0], reference(model, histories[r], 1)[0], atol=ATOL, rtol=0)
+        for old_keys, (keys, _) in zip(before, lm.cached_kv(2), strict=True):
+            assert torch.equal(keys[:, : old_keys.shape[1]], old_keys)
+        for r in (2, 7):
+            fresh = HFLanguageModel(model)
+            fresh.logits([histories[r]])
+            for (keys, values), (fresh_keys, fresh_values) in zip(
+                lm.cached_kv(r), fresh.cached_kv(0), strict=True
+            ):
+                torch.testing.assert_close(keys, fresh_keys, atol=1e-6, rtol=0)
+                torch.testing.assert_close(values, fresh_values, atol=1e-6, rtol=0)
+        histories[2].append(10)
+        histories[7].append(11)
+        out = lm.logits([histories[7], histories[2]], rows=[7, 2])
+        assert shapes[-1] == (2, 1)
+        for b, r in enumerate([7, 2]):
+            torch.testing.assert_close(out[b, 0], reference(model, histories[r], 1)[0], atol=ATOL, rtol=0)
+
+
+def test_rows_that_are_not_named_keep_their_cache_and_ride_along():
+    """A call naming some of the cached rows (a drafter whose other rows stopped early) loses nothing."""
+    model = tiny_model()
+    lm = HFLanguageModel(model)
+    histories = [[1, 2, 3, 4], [5, 6], [7, 8, 9]]
+    lm.logits(histories)
+    histories[1] = histories[1] + [10]
+    out = lm.logits([histories[1]], rows=[1])
+    torch.testing.assert_close(out[0, 0], reference(model, histories[1], 1)[0], atol=ATOL, rtol=0)
+    assert lm.cached_rows == [0, 1, 2]
+    with fed_shapes(model) as shapes:
+        histories = [h + [11] for h in histories]
+        order = [2, 0, 1]  # any order
+        out = lm.logits([histories[r] for r in order], rows=order)
+        assert shapes[-1] == (3, 1)  # nobody was recomputed
+    for j, r in enumerate(order):
+        torch.testing.assert_close(out[j, 0], reference(model, histories[r], 1)[0], atol=ATOL, rtol=0)
+    lm.release([0, 1, 2])
+    assert lm.cached_rows == [] and lm._cache is None
 
 
 def test_rollback_leaves_the_cache_as_if_built_from_accepted_tokens():

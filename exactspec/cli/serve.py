@@ -1,0 +1,86 @@
+"""`exactspec serve`: an OpenAI-compatible HTTP server (continuous batching) over a target/draft pair."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from exactspec.cli.common import (
+    EXIT_OK,
+    add_device_argument,
+    add_model_arguments,
+    gamma_argument,
+    positive_int,
+)
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "serve",
+        help="serve the OpenAI completions and chat APIs (continuous batching, exact speculative decoding)",
+        description="Serve POST /v1/completions and /v1/chat/completions (streaming or not), GET /v1/models, "
+        "/health and /metrics (Prometheus). Requests join the running batch between rounds, each with its "
+        "own sampling settings, seed, stop strings and length limit. Without --target/--draft the built-in "
+        "pair is served.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    parser.add_argument("--gamma", type=gamma_argument, default=4, help="draft tokens per round (default 4)")
+    parser.add_argument(
+        "--plain", action="store_true", help="plain decoding with the target alone (no draft)"
+    )
+    parser.add_argument(
+        "--served-model-name", default="exactspec", help='the model id clients send (default "exactspec")'
+    )
+    parser.add_argument(
+        "--max-batch", type=positive_int, default=8, help="most requests decoded together (default 8)"
+    )
+    parser.add_argument(
+        "--max-waiting",
+        type=int,
+        default=64,
+        help="most requests waiting for a row; more get 429 (default 64)",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        default=256,
+        help="max_tokens when a request gives none (default 256)",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no loading progress bars")
+    add_model_arguments(parser)
+    add_device_argument(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from exactspec.models.pair import ModelPair
+    from exactspec.server.app import Service, create_app
+
+    draft = None if args.plain or args.draft.lower() == "none" else args.draft
+    pair = ModelPair.from_pretrained(
+        args.target,
+        draft,
+        dtype=args.dtype,
+        cache_dir=args.cache_dir,
+        progress=not args.no_progress,
+        device=args.device,
+    )
+    service = Service(
+        pair,
+        model_name=args.served_model_name,
+        gamma=args.gamma,
+        max_batch=args.max_batch,
+        max_waiting=args.max_waiting,
+        default_max_tokens=args.max_tokens,
+    )
+    device = next(pair.target_model.parameters()).device
+    print(
+        f"[exactspec] serving {args.served_model_name!r} ({args.target} / {draft or 'no draft'}, "
+        f"gamma {service.gamma}, {device}) on http://{args.host}:{args.port}",
+        file=sys.stderr,
+    )
+    uvicorn.run(create_app(service), host=args.host, port=args.port, log_level="warning")
+    return EXIT_OK

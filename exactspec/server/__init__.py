@@ -1,0 +1,1 @@
+"""The OpenAI-compatible server (`exactspec serve`): routes, request schemas, scheduler glue."""

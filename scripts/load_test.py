@@ -1,0 +1,270 @@
+"""Load test of `exactspec serve`: N concurrent streaming clients with mixed settings, speculative vs plain.
+
+For each mode (speculative: the server's gamma; plain: gamma = 0 per request, the same engine
+without a draft) and each concurrency level, it sends `max(concurrency, --min-requests)`
+streaming requests, at most `concurrency` in flight, and reports p50 / p95 time to first token,
+tokens/s per request (completion tokens / request wall time) and in total (all completion
+tokens / wall time of the level). Prompts are the built-in coding benchmark prompts (chat ones
+through /v1/chat/completions, completion prefixes through /v1/completions); settings rotate
+through greedy, T=0.7 top-p 0.9, T=1 top-k 40 and T=0.8 with a repetition penalty, every
+sampled request seeded.
+
+    # the built-in pair, started in this process (what docs/bench/serve/ was made with):
+    flock /tmp/exactspec-heavy.lock python scripts/load_test.py --out docs/bench/serve
+    # or drive a server that is already running:
+    python scripts/load_test.py --url http://127.0.0.1:8000 --out load-out
+
+Writes `results.json`, `table.md` and `serve.png` into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+SETTINGS_MIX: list[dict[str, Any]] = [
+    {"temperature": 0.0},
+    {"temperature": 0.7, "top_p": 0.9},
+    {"temperature": 1.0, "extra_body": {"top_k": 40}},
+    {"temperature": 0.8, "extra_body": {"repetition_penalty": 1.1}},
+]
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def start_server(args: argparse.Namespace) -> str:
+    """Load the pair and serve it from a thread of this process; returns the base URL."""
+    import uvicorn
+
+    from exactspec.models.pair import ModelPair
+    from exactspec.server.app import Service, create_app
+
+    pair = ModelPair.from_pretrained(args.target, args.draft, dtype=args.dtype, device=args.device)
+    service = Service(pair, gamma=args.gamma, max_batch=args.max_batch, max_waiting=1024)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(service), host="127.0.0.1", port=port, log_level="warning")
+    )
+    threading.Thread(target=server.run, daemon=True).start()
+    while not server.started:
+        time.sleep(0.05)
+    return f"http://127.0.0.1:{port}"
+
+
+async def one_request(client: Any, index: int, gamma: int | None, max_tokens: int) -> dict[str, Any]:
+    from exactspec.bench.prompts import PROMPTS
+
+    coding = [p for p in PROMPTS if p.category == "coding"]
+    prompt = coding[index % len(coding)]
+    options = dict(SETTINGS_MIX[index % len(SETTINGS_MIX)])
+    extra = dict(options.pop("extra_body", {}))
+    if gamma is not None:
+        extra["gamma"] = gamma
+    if options["temperature"] > 0:
+        options["seed"] = index
+    common = dict(
+        model="exactspec",
+        max_tokens=max_tokens,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body=extra,
+        **options,
+    )
+    started = time.perf_counter()
+    first = None
+    usage = None
+    stats = None
+    if prompt.chat:
+        stream = await client.chat.completions.create(
+            messages=[{"role": "user", "content": prompt.text}], **common
+        )
+    else:
+        stream = await client.completions.create(prompt=prompt.text, **common)
+    async for chunk in stream:
+        if chunk.choices:
+            piece = chunk.choices[0].delta.content if prompt.chat else chunk.choices[0].text
+            if piece and first is None:
+                first = time.perf_counter()
+        if chunk.usage is not None:
+            usage = chunk.usage
+            stats = (chunk.model_extra or {}).get("exactspec")
+    ended = time.perf_counter()
+    tokens = usage.completion_tokens if usage is not None else 0
+    return {
+        "prompt": prompt.name,
+        "settings": SETTINGS_MIX[index % len(SETTINGS_MIX)],
+        "ttft": (first or ended) - started,
+        "seconds": ended - started,
+        "tokens": tokens,
+        "tokens_per_second": tokens / (ended - started),
+        "acceptance_rate": (stats or {}).get("acceptance_rate"),
+        "tokens_per_round": (stats or {}).get("tokens_per_round"),
+    }
+
+
+async def run_level(base: str, concurrency: int, requests: int, gamma: int | None, max_tokens: int) -> dict:
+    import openai
+
+    limit = asyncio.Semaphore(concurrency)
+    async with openai.AsyncOpenAI(
+        base_url=base + "/v1", api_key="none", max_retries=0, timeout=3600
+    ) as client:
+
+        async def bounded(index: int) -> dict[str, Any]:
+            async with limit:
+                return await one_request(client, index, gamma, max_tokens)
+
+        started = time.perf_counter()
+        results = await asyncio.gather(*(bounded(i) for i in range(requests)))
+        wall = time.perf_counter() - started
+    ttfts = [r["ttft"] for r in results]
+    per_request = [r["tokens_per_second"] for r in results]
+    accept = [r["acceptance_rate"] for r in results if r["acceptance_rate"] is not None]
+    rounds = [r["tokens_per_round"] for r in results if r["tokens_per_round"] is not None]
+    total_tokens = sum(r["tokens"] for r in results)
+    return {
+        "concurrency": concurrency,
+        "requests": requests,
+        "wall_seconds": wall,
+        "completion_tokens": total_tokens,
+        "ttft_p50": percentile(ttfts, 0.5),
+        "ttft_p95": percentile(ttfts, 0.95),
+        "tokens_per_second_per_request_p50": percentile(per_request, 0.5),
+        "tokens_per_second_total": total_tokens / wall,
+        "acceptance_rate_mean": statistics.fmean(accept) if accept else None,
+        "tokens_per_round_mean": statistics.fmean(rounds) if rounds else None,
+        "results": results,
+    }
+
+
+def table(levels: dict[str, list[dict]]) -> str:
+    lines = [
+        "| mode | concurrent | requests | TTFT p50 (s) | TTFT p95 (s) | tokens/s per request (p50) "
+        "| tokens/s total | speculative / plain (total) | acceptance | tokens/round |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    plain = {level["concurrency"]: level for level in levels.get("plain", [])}
+    for mode, rows in levels.items():
+        for level in rows:
+            base = plain.get(level["concurrency"])
+            ratio = (
+                f"{level['tokens_per_second_total'] / base['tokens_per_second_total']:.2f}"
+                if mode != "plain" and base
+                else ""
+            )
+            accept = level["acceptance_rate_mean"]
+            per_round = level["tokens_per_round_mean"]
+            lines.append(
+                f"| {mode} | {level['concurrency']} | {level['requests']} | {level['ttft_p50']:.2f} | "
+                f"{level['ttft_p95']:.2f} | {level['tokens_per_second_per_request_p50']:.2f} | "
+                f"{level['tokens_per_second_total']:.2f} | {ratio} | "
+                f"{'' if accept is None else f'{accept:.2f}'} | "
+                f"{'' if per_round is None else f'{per_round:.2f}'} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def plot(levels: dict[str, list[dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for mode, rows in levels.items():
+        xs = [level["concurrency"] for level in rows]
+        left.plot(xs, [level["tokens_per_second_total"] for level in rows], marker="o", label=mode)
+        right.plot(xs, [level["ttft_p50"] for level in rows], marker="o", label=f"{mode} p50")
+        right.plot(xs, [level["ttft_p95"] for level in rows], marker="x", linestyle="--", label=f"{mode} p95")
+    left.set(xlabel="concurrent requests", ylabel="tokens/s (all requests)", title="throughput", xscale="log")
+    right.set(xlabel="concurrent requests", ylabel="seconds", title="time to first token", xscale="log")
+    for axis in (left, right):
+        axis.set_xticks([1, 4, 16], ["1", "4", "16"])
+        axis.legend()
+        axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def write(out: Path, levels: dict[str, list[dict]], args: argparse.Namespace, argv, seconds: float) -> None:
+    conditions = {
+        "command": " ".join(["python scripts/load_test.py", *(argv if argv is not None else sys.argv[1:])]),
+        "target": args.target,
+        "draft": args.draft,
+        "dtype": args.dtype,
+        "device": args.device,
+        "gamma": args.gamma,
+        "max_batch": args.max_batch,
+        "max_tokens": args.max_tokens,
+        "settings_mix": SETTINGS_MIX,
+        "total_seconds": seconds,
+    }
+    (out / "results.json").write_text(json.dumps({"conditions": conditions, "levels": levels}, indent=2))
+    (out / "table.md").write_text(table(levels))
+    plot(levels, out / "serve.png")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", help="drive this running server instead of starting one")
+    parser.add_argument("--target", default="default-target")
+    parser.add_argument("--draft", default="default-draft")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--gamma", type=int, default=4, help="draft tokens per round (speculative mode)")
+    parser.add_argument("--max-batch", type=int, default=16, help="server batch rows (default 16)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--min-requests", type=int, default=4, help="requests per level at least (default 4)")
+    parser.add_argument(
+        "--max-tokens", type=int, default=32, help="completion tokens per request (default 32)"
+    )
+    parser.add_argument(
+        "--modes", nargs="+", default=["speculative", "plain"], choices=["speculative", "plain"]
+    )
+    parser.add_argument("--out", default="load-out", help="output folder (default load-out)")
+    args = parser.parse_args(argv)
+    base = args.url or start_server(args)
+    levels: dict[str, list[dict]] = {}
+    started = time.perf_counter()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for concurrency in args.concurrency:  # both modes at each level: a run cut short still compares them
+        for mode in args.modes:
+            gamma = 0 if mode == "plain" else None
+            requests = max(concurrency, args.min_requests)
+            level = asyncio.run(run_level(base, concurrency, requests, gamma, args.max_tokens))
+            levels.setdefault(mode, []).append(level)
+            print(
+                f"{mode:>11} c={concurrency:<3} ttft p50 {level['ttft_p50']:.2f}s "
+                f"p95 {level['ttft_p95']:.2f}s, {level['tokens_per_second_total']:.2f} tokens/s total, "
+                f"{level['tokens_per_second_per_request_p50']:.2f} per request "
+                f"({level['wall_seconds']:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+            write(out, levels, args, argv, time.perf_counter() - started)  # after every level
+    print(table(levels))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

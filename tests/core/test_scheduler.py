@@ -1,0 +1,185 @@
+"""The scheduler: rows with their own settings join and leave between rounds, and never affect each other."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from conftest import tiny_causal_lm
+
+from exactspec.checking import grid
+from exactspec.checking.toy import random_tabular_model
+from exactspec.core import engine as engine_module
+from exactspec.core.scheduler import QueueFull, Request, Scheduler
+from exactspec.core.settings import SamplingSettings
+from exactspec.drafters.model import ModelDrafter
+from exactspec.models.hf import HFLanguageModel
+
+VOCAB = 6
+SETTINGS = [
+    SamplingSettings(),
+    SamplingSettings(temperature=0.0),
+    SamplingSettings(temperature=0.7, top_k=3),
+    SamplingSettings(temperature=1.3, top_p=0.8, repetition_penalty=1.4),
+    SamplingSettings(min_p=0.2, logit_bias={2: 1.0}),
+]
+
+
+def toy_scheduler(**kwargs: object) -> Scheduler:
+    target, draft = random_tabular_model(VOCAB, seed=1), random_tabular_model(VOCAB, seed=2)
+    return Scheduler(target, ModelDrafter(draft, VOCAB), **kwargs)
+
+
+def requests() -> list[Request]:
+    return [
+        Request([1 + i % 4, 2], SETTINGS[i % len(SETTINGS)], max_new_tokens=3 + i, gamma=i % 4, seed=100 + i)
+        for i in range(8)
+    ]
+
+
+def run_alone(make, request: Request) -> list[int]:
+    scheduler = make()
+    handle = scheduler.submit(request)
+    scheduler.run_until_idle()
+    assert handle.finish_reason in ("eos", "length")
+    return handle.generated
+
+
+def run_staggered(make, batch: list[Request], max_batch: int = 8) -> list[list[int]]:
+    """Submit one request per round, so every row joins a batch that is already running."""
+    scheduler = make(max_batch=max_batch)
+    handles = []
+    pending = list(batch)
+    while pending or scheduler.running or scheduler.waiting:
+        if pending:
+            handles.append(scheduler.submit(pending.pop(0)))
+        scheduler.step()
+    assert all(h.finish_reason in ("eos", "length") for h in handles)
+    return [h.generated for h in handles]
+
+
+@pytest.mark.parametrize("max_batch", [1, 3, 8])
+def test_a_seeded_row_gives_the_same_tokens_whoever_shares_the_batch_and_whenever_it_joins(max_batch: int):
+    batch = requests()
+    alone = [run_alone(toy_scheduler, request) for request in batch]
+    assert run_staggered(toy_scheduler, batch, max_batch) == alone
+    assert len({tuple(tokens) for tokens in alone}) > 4  # the rows really differ
+
+
+def test_hf_rows_joining_a_running_batch_equal_each_row_alone_in_float32():
+    target_model = tiny_causal_lm(vocab_size=64, seed=0, initializer_range=0.2, eos_token_id=3)
+    draft_model = tiny_causal_lm(vocab_size=64, seed=1, initializer_range=0.2, eos_token_id=3)
+
+    def make(max_batch: int = 8) -> Scheduler:
+        return Scheduler(
+            HFLanguageModel(target_model), ModelDrafter(HFLanguageModel(draft_model), 64), max_batch=max_batch
+        )
+
+    batch = [
+        Request([5 + i, 9, 11, 2][: 2 + i % 3], SETTINGS[i % len(SETTINGS)], 6 + i, gamma=1 + i % 4, seed=i)
+        for i in range(6)
+    ]
+    alone = [run_alone(make, request) for request in batch]
+    assert run_staggered(make, batch, max_batch=4) == alone
+
+
+def test_cancelled_and_finished_rows_leave_and_free_their_cache():
+    target = HFLanguageModel(tiny_causal_lm(vocab_size=64, seed=0, eos_token_id=3))
+    draft = HFLanguageModel(tiny_causal_lm(vocab_size=64, seed=1, eos_token_id=3))
+    scheduler = Scheduler(target, ModelDrafter(draft, 64), gamma=2)
+    short = scheduler.submit(Request([5, 6], max_new_tokens=1, seed=0))
+    long = scheduler.submit(Request([7, 8, 9], max_new_tokens=50, seed=1))
+    scheduler.step()
+    assert short.finish_reason == "length" and target.cached_rows == [long.row]
+    assert draft.cached_rows in ([long.row], [])
+    long.cancel()
+    assert scheduler.step() is False
+    assert long.finish_reason == "cancelled" and target.cached_rows == [] and draft.cached_rows == []
+    assert scheduler.running == 0
+    events = []
+    while not long.events.empty():
+        events.append(long.events.get())
+    assert events[-1].finish_reason == "cancelled"
+
+
+def test_admission_by_free_capacity_and_a_bounded_queue():
+    scheduler = toy_scheduler(max_batch=2, max_waiting=1)
+    handles = [scheduler.submit(Request([1], max_new_tokens=20, seed=i)) for i in range(3)]
+    with pytest.raises(QueueFull):
+        scheduler.submit(Request([1], max_new_tokens=2))
+    scheduler.step()
+    assert scheduler.waiting == 1 and handles[0].rounds == handles[1].rounds == 1 and handles[2].rounds == 0
+    scheduler.run_until_idle()
+    assert all(h.done.is_set() for h in handles)
+
+
+def test_invalid_requests_are_refused_at_submit():
+    scheduler = toy_scheduler()
+    for bad in (
+        Request([]),
+        Request([VOCAB]),
+        Request([1], max_new_tokens=0),
+        Request([1], gamma=-1),
+        Request([1], SamplingSettings(logit_bias={VOCAB: 1.0})),
+    ):
+        with pytest.raises(ValueError):
+            scheduler.submit(bad)
+    assert scheduler.waiting == 0
+
+
+def test_background_thread_serves_requests_from_other_threads():
+    scheduler = toy_scheduler(max_batch=3)
+    scheduler.start()
+    try:
+        batch = requests()
+        handles: list = [None] * len(batch)
+
+        def submit(i: int) -> None:
+            handles[i] = scheduler.submit(batch[i])
+
+        threads = [threading.Thread(target=submit, args=(i,)) for i in range(len(batch))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for handle in handles:
+            assert handle.done.wait(30)
+        assert [h.generated for h in handles] == [run_alone(toy_scheduler, r) for r in batch]
+    finally:
+        scheduler.stop()
+
+
+def test_a_failing_round_ends_its_rows_with_an_error_and_the_scheduler_goes_on(monkeypatch):
+    scheduler = toy_scheduler()
+    first = scheduler.submit(Request([1], max_new_tokens=3, seed=0))
+    original = scheduler.engine.round
+    monkeypatch.setattr(
+        scheduler.engine, "round", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom"))
+    )
+    scheduler.step()
+    assert first.finish_reason == "error"
+    monkeypatch.setattr(scheduler.engine, "round", original)
+    second = scheduler.submit(Request([1], max_new_tokens=3, seed=0))
+    scheduler.run_until_idle()
+    assert second.finish_reason in ("eos", "length")
+
+
+def test_the_scheduler_grid_catches_an_engine_that_ignores_per_row_settings(monkeypatch):
+    case = next(c for c in grid.exact_grid() if c.name == "scheduler: rows with own settings")
+    assert grid.run_exact_case(case).passed
+    # A broken engine: every row samples with the batch's settings, not its own.
+    original = engine_module.SpeculativeEngine.round
+
+    def shared_settings(self, states, active, config, sampler, stop=None):
+        for row in active:
+            states[row].settings = states[active[0]].settings
+        return original(self, states, active, config, sampler, stop)
+
+    monkeypatch.setattr(engine_module.SpeculativeEngine, "round", shared_settings)
+    assert not grid.run_exact_case(case).passed
+
+
+def test_scheduler_rows_draw_on_the_models_device():
+    scheduler = toy_scheduler()
+    assert scheduler.sampler.device == torch.device("cpu")
