@@ -129,10 +129,16 @@ class SpeculativeDecoder:
         dtype: Any = "auto",
         cache_dir: str | os.PathLike[str] | None = None,
         progress: bool = True,
+        weights: str = "bf16",
     ) -> SpeculativeDecoder:
-        """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair)."""
+        """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair).
+
+        `weights`: "bf16" (dense), "int4" or "int8" (packed CPU kernels; see `ModelPair.from_pretrained`).
+        """
         return cls.from_pair(
-            ModelPair.from_pretrained(target, draft, dtype=dtype, cache_dir=cache_dir, progress=progress)
+            ModelPair.from_pretrained(
+                target, draft, dtype=dtype, cache_dir=cache_dir, progress=progress, weights=weights
+            )
         )
 
     @property

@@ -105,7 +105,12 @@ def run(args: argparse.Namespace) -> int:
     progress = not args.no_progress
     started = time.perf_counter()
     decoder = SpeculativeDecoder.from_pretrained(
-        args.target, draft, dtype=args.dtype, cache_dir=args.cache_dir, progress=progress
+        args.target,
+        draft,
+        dtype=args.dtype,
+        cache_dir=args.cache_dir,
+        progress=progress,
+        weights=args.weights,
     )
     load_seconds = time.perf_counter() - started
     try:

@@ -87,16 +87,24 @@ class ModelPair:
         dtype: Any = "auto",
         cache_dir: str | os.PathLike[str] | None = None,
         progress: bool = True,
+        weights: str = "bf16",
     ) -> ModelPair:
-        """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair)."""
+        """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair).
+
+        `weights`: "bf16" keeps the dense weights in `dtype`; "int4", "int4-g128", "int8" pack both
+        models' linear layers for torch's CPU kernels (`exactspec.models.packed`).
+        """
         from exactspec.models.loading import load_hf_model
+        from exactspec.models.packed import pack_model
 
         target_model, tokenizer = load_hf_model(target, dtype=dtype, cache_dir=cache_dir, progress=progress)
+        pack_model(target_model, weights)
         draft_model = draft_tokenizer = None
         if draft is not None:
             draft_model, draft_tokenizer = load_hf_model(
                 draft, dtype=dtype, cache_dir=cache_dir, progress=progress
             )
+            pack_model(draft_model, weights)
         return cls.from_models(
             target_model, draft_model, tokenizer=tokenizer, draft_tokenizer=draft_tokenizer
         )
