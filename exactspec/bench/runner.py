@@ -27,12 +27,13 @@ from typing import Any
 import torch
 
 from exactspec.bench.costs import measure_costs
-from exactspec.bench.runs import run_engine, run_hf
+from exactspec.bench.runs import run_engine, run_hf, run_llamacpp
 from exactspec.models.pair import ModelPair
 from exactspec.peers import hf as hf_peer
 
 PLAIN, SPECULATIVE, HF_ASSISTED, HF_PLAIN = "plain", "speculative", "hf-assisted", "hf-plain"
-METHODS = (PLAIN, SPECULATIVE, HF_ASSISTED, HF_PLAIN)
+LLAMACPP_PLAIN = "llamacpp-plain"
+METHODS = (PLAIN, SPECULATIVE, HF_ASSISTED, HF_PLAIN, LLAMACPP_PLAIN)
 
 DEFAULT_GAMMAS = (1, 2, 4, 6, 8)
 DEFAULT_TEMPERATURES = (0.0, 0.7)
@@ -54,6 +55,7 @@ class BenchConfig:
     seed: int = 0
     hf_assisted: bool = True
     hf_plain: bool = True
+    llamacpp: bool = False  # plain llama.cpp on the target's GGUF (run_bench gets the loaded model)
     ignore_eos: bool = True
     cost_repeats: int = 5
     warmup_tokens: int = 4
@@ -77,6 +79,8 @@ class BenchConfig:
             order.append((HF_ASSISTED, 0))
         if self.hf_plain:
             order.append((HF_PLAIN, 0))
+        if self.llamacpp:
+            order.append((LLAMACPP_PLAIN, 0))
         return order
 
 
@@ -125,15 +129,19 @@ def run_bench(
     log: Callable[[str], None] | None = None,
     all_prompt_tokens: Sequence[int] | None = None,
     description: dict[str, Any] | None = None,
+    llamacpp_model: Any | None = None,
 ) -> dict[str, Any]:
     """Run everything and return the raw result (JSON-ready; see the module docstring).
 
     `all_prompt_tokens`: token counts of the whole built-in prompt set, kept to estimate how long
     the full run takes at the speeds measured here. `description`: how the models were asked for
-    (specs, load time), stored beside what the models are.
+    (specs, load time), stored beside what the models are. `llamacpp_model`: the loaded
+    `llama_cpp.Llama` that `config.llamacpp` runs (`exactspec.peers.llamacpp.load`).
     """
     if not prompts:
         raise ValueError("no prompts to run")
+    if config.llamacpp and llamacpp_model is None:
+        raise ValueError("config.llamacpp is set but no llamacpp_model was given")
     say = log or (lambda message: None)
     started = time.perf_counter()
     env = environment()
@@ -175,7 +183,17 @@ def run_bench(
     warm_tokens = min(config.warmup_tokens, config.max_new_tokens)
     for method, gamma in config.methods():
         with contextlib.suppress(Exception):  # a failing method is reported by its real runs below
-            _run_one(pair, method, gamma, warm_ids, config.temperatures[-1], warm_tokens, config)
+            _run_one(
+                pair,
+                method,
+                gamma,
+                warm_ids,
+                config.temperatures[-1],
+                warm_tokens,
+                config,
+                None,
+                llamacpp_model,
+            )
     result["warmup_seconds"] = time.perf_counter() - warm_started
 
     methods = config.methods()
@@ -195,10 +213,18 @@ def run_bench(
                         continue
                     try:
                         record = _run_one(
-                            pair, method, gamma, prompt.ids, temperature, config.max_new_tokens, config, seed
+                            pair,
+                            method,
+                            gamma,
+                            prompt.ids,
+                            temperature,
+                            config.max_new_tokens,
+                            config,
+                            seed,
+                            llamacpp_model,
                         )
                     except Exception as error:  # HF's assisted path can refuse a pair; keep the rest
-                        if method not in (HF_ASSISTED, HF_PLAIN):
+                        if method not in (HF_ASSISTED, HF_PLAIN, LLAMACPP_PLAIN):
                             raise
                         message = f"{method} at T={temperature:g} failed on {prompt.name}: {error!r}"
                         say(message)
@@ -238,10 +264,13 @@ def _run_one(
     max_new_tokens: int,
     config: BenchConfig,
     seed: int | None = None,
+    llamacpp_model: Any | None = None,
 ) -> dict[str, Any]:
     seed = config.seed if seed is None else seed
     if method in (PLAIN, SPECULATIVE):
         return run_engine(pair, ids, gamma, temperature, max_new_tokens, seed, config.ignore_eos)
+    if method == LLAMACPP_PLAIN:
+        return run_llamacpp(llamacpp_model, pair, ids, temperature, max_new_tokens, seed, config.ignore_eos)
     return run_hf(pair, ids, method == HF_ASSISTED, temperature, max_new_tokens, seed, config.ignore_eos)
 
 

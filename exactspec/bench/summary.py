@@ -17,7 +17,7 @@ from typing import Any
 
 from exactspec.bench import theory
 from exactspec.bench.costs import cost_ratios
-from exactspec.bench.runner import HF_ASSISTED, HF_PLAIN, PLAIN, SPECULATIVE
+from exactspec.bench.runner import HF_ASSISTED, HF_PLAIN, LLAMACPP_PLAIN, PLAIN, SPECULATIVE
 from exactspec.bench.theory import NAN, Spread
 
 # Which speedup is "the" prediction: E from measured alpha, as in docs/algorithm.md "Measured quantities".
@@ -43,7 +43,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         hf_plain_by_prompt = {r["prompt"]: r for r in at_t if r["method"] == HF_PLAIN}
         plain_step = _median_forward([r for r in at_t if r["method"] == PLAIN], "target_forwards", width=1)
         settings = [(PLAIN, 0)] + [(SPECULATIVE, g) for g in result["config"]["gammas"]]
-        settings += [(HF_ASSISTED, 0), (HF_PLAIN, 0)]
+        settings += [(HF_ASSISTED, 0), (HF_PLAIN, 0), (LLAMACPP_PLAIN, 0)]
         for method, gamma in settings:
             group = [r for r in at_t if r["method"] == method and r["gamma"] == gamma]
             if not group:
@@ -188,7 +188,12 @@ def _row(
 def label(method: str, gamma: int) -> str:
     if method == SPECULATIVE:
         return f"speculative gamma={gamma}"
-    return {PLAIN: "plain (ours, gamma=0)", HF_ASSISTED: "HF assisted", HF_PLAIN: "HF plain generate"}[method]
+    return {
+        PLAIN: "plain (ours, gamma=0)",
+        HF_ASSISTED: "HF assisted",
+        HF_PLAIN: "HF plain generate",
+        LLAMACPP_PLAIN: "llama.cpp plain",
+    }[method]
 
 
 def _recommend(rows: list[dict[str, Any]], costs: dict[str, Any]) -> dict[str, Any]:
