@@ -38,6 +38,7 @@ INT4_CENTER = 8  # the kernel computes (q - 8) * scale + zero
 INT4_N_MULTIPLE = 16  # _convert_weight_to_int4pack_for_cpu needs out_features % 16 == 0
 INT4_INNER_K_TILES = 1  # unused by the CPU layout; the value torchao passes on CPU
 INT8_MAX = 127
+QUANTIZE_ROWS = 4096
 DEFAULT_INT4_GROUP_SIZE = 32
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 
@@ -93,17 +94,21 @@ def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, 
         layout: value = (code - 8) * scale + zero.
     """
     n, k = weight.shape
-    groups = weight.float().reshape(n, k // group_size, group_size)  # [N, G, g]
-    low = groups.amin(dim=2)  # [N, G]
-    high = groups.amax(dim=2)
-    scale = ((high - low) / INT4_LEVELS).to(weight.dtype).float()  # [N, G], rounded as stored
-    # A constant group has scale 0: any code gives the value zero = low, so code 8 is used.
-    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-    zero = (low + INT4_CENTER * scale).to(weight.dtype).float()  # [N, G]
-    codes = torch.round((groups - zero[..., None]) / safe[..., None]) + INT4_CENTER  # [N, G, g]
-    codes = codes.clamp(0, INT4_LEVELS).to(torch.int32).reshape(n, k)
-    scale_and_zero = torch.stack([scale, zero], dim=2).transpose(0, 1).contiguous()  # [G, N, 2]
-    return codes, scale_and_zero.to(weight.dtype)
+    codes = torch.empty(n, k, dtype=torch.int32)
+    scale_and_zero = torch.empty(k // group_size, n, 2, dtype=weight.dtype)
+    for start in range(0, n, QUANTIZE_ROWS):  # in row chunks: the float32 copies of a big head are GBs
+        stop = min(start + QUANTIZE_ROWS, n)
+        groups = weight[start:stop].float().reshape(stop - start, k // group_size, group_size)  # [n, G, g]
+        low = groups.amin(dim=2)  # [n, G]
+        high = groups.amax(dim=2)
+        scale = ((high - low) / INT4_LEVELS).to(weight.dtype).float()  # [n, G], rounded as stored
+        # A constant group has scale 0: any code gives the value zero = low, so code 8 is used.
+        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+        zero = (low + INT4_CENTER * scale).to(weight.dtype).float()  # [n, G]
+        chunk = torch.round((groups - zero[..., None]) / safe[..., None]) + INT4_CENTER  # [n, G, g]
+        codes[start:stop] = chunk.clamp(0, INT4_LEVELS).to(torch.int32).reshape(stop - start, k)
+        scale_and_zero[:, start:stop] = torch.stack([scale, zero], dim=2).transpose(0, 1).to(weight.dtype)
+    return codes, scale_and_zero
 
 
 def int4_shape_ok(out_features: int, in_features: int, group_size: int) -> bool:
@@ -125,6 +130,9 @@ class PackedInt4Linear(nn.Module):
                 f"== 0; got [{self.out_features}, {self.in_features}], group size {group_size}"
             )
         self.group_size = group_size
+        # Rows (tokens) per kernel call; None = all at once. A k-token block can be scored in
+        # kernel-friendly pieces (scripts/measure_packed.py measures which is cheapest).
+        self.max_rows: int | None = None
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.contiguous(), INT4_INNER_K_TILES)
         self.register_buffer("packed_weight", packed)  # [N, K / 2] uint8
         self.register_buffer("scale_and_zero", scale_and_zero.contiguous())  # [K / g, N, 2]
@@ -143,12 +151,18 @@ class PackedInt4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = self.scale_and_zero.dtype
         flat = x.reshape(-1, self.in_features).to(dtype).contiguous()  # [M, K]
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            flat, self.packed_weight, self.group_size, self.scale_and_zero
-        )  # [M, N]
+        if self.max_rows is None or flat.shape[0] <= self.max_rows:
+            out = self._mm(flat)  # [M, N]
+        else:
+            out = torch.cat([self._mm(part.contiguous()) for part in flat.split(self.max_rows)])
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def _mm(self, flat: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(
+            flat, self.packed_weight, self.group_size, self.scale_and_zero
+        )
 
     def dequantized_weight(self) -> torch.Tensor:
         """[N, K] the weight the kernel multiplies by, read back through the kernel itself (one-hot rows)."""
@@ -202,6 +216,13 @@ class PackedInt8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}"
+
+
+def set_max_rows(model: nn.Module, max_rows: int | None) -> None:
+    """Score at most `max_rows` tokens per int4 kernel call in every packed layer (None = no limit)."""
+    for module in model.modules():
+        if isinstance(module, PackedInt4Linear):
+            module.max_rows = max_rows
 
 
 def _linears(model: nn.Module) -> Iterator[tuple[nn.Module, str, nn.Linear]]:

@@ -1,4 +1,4 @@
-"""Packed int4 / int8 weights (`exactspec.models.packed`): the packing itself, then the engine on packed models.
+"""Packed int4 / int8 weights (`exactspec.models.packed`): the packing, then the engine on packed models.
 
 Packing: a packed linear multiplies by exactly the weight it stores (read back through the
 kernel), reproduces weights that lie on its grid bit for bit, and stays within half a
@@ -181,7 +181,9 @@ def test_packed_greedy_equals_plain_greedy(weights: str, gamma: int) -> None:
     speculative = [s.generated for s in engine.generate(PROMPTS, config, SeededSampler(0, len(PROMPTS)))]
     plain_engine = SpeculativeEngine(HFLanguageModel(tiny_model(packed=weights)), None)
     plain_config = DecodeConfig(gamma=0, max_new_tokens=12, settings=GREEDY)
-    plain = [s.generated for s in plain_engine.generate(PROMPTS, plain_config, SeededSampler(0, len(PROMPTS)))]
+    plain = [
+        s.generated for s in plain_engine.generate(PROMPTS, plain_config, SeededSampler(0, len(PROMPTS)))
+    ]
     assert speculative == plain
     assert engine.metrics.accepted_tokens > 0  # the accepted-block path really ran
     assert all(len(set(row)) >= 3 for row in plain)  # a non-trivial reference
@@ -235,3 +237,12 @@ def test_packed_exact_distribution_through_the_adapter(
     check = check_speculative(target, ModelDrafter(draft, SMALL_VOCAB), [[1, 2]], config)
     assert check.paths > 1 and check.sequences > 1
     assert check.total_variation <= PACKED_EXACT_TOLERANCE
+
+
+def test_int4_split_rows_gives_the_same_output() -> None:
+    torch.manual_seed(0)
+    packed = PackedInt4Linear.from_linear(nn.Linear(64, 32), 32)
+    x = torch.randn(7, 64)
+    whole = packed(x)
+    packed.max_rows = 3
+    torch.testing.assert_close(packed(x), whole, atol=1e-6, rtol=1e-6)
