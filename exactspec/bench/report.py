@@ -95,8 +95,10 @@ def _header(
         m = models[role]
         spec = models.get(f"{role}_spec")
         name = f"`{spec}` " if spec else ""
+        weights = m.get("weights", "dense")
+        packed = f" ({weights} packed linear weights)" if weights != "dense" else ""
         return (
-            f"- {role}: {name}{m['class']}, {_count(m['parameters'])} parameters, {m['dtype']}, "
+            f"- {role}: {name}{m['class']}, {_count(m['parameters'])} parameters, {m['dtype']}{packed}, "
             f"{m['layers']} layers, vocabulary {m['vocab_size']}"
         )
 
@@ -316,8 +318,14 @@ def _greedy_check(summary: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+LLAMACPP_NOTE = (
+    "- llama.cpp plain: llama-cpp-python on the target's GGUF file (its own Q4_K / Q6_K kernels), the "
+    "same prompt token ids, every token timestamped as it comes out; it runs after our settings."
+)
+
+
 def _method_notes(config: dict[str, Any]) -> list[str]:
-    return [
+    lines = [
         "## How this was measured",
         "",
         "- For each prompt and temperature the settings run back to back (plain, each gamma, HF assisted, HF "
@@ -333,6 +341,9 @@ def _method_notes(config: dict[str, Any]) -> list[str]:
         "- " + FULL_RUN_NOTE,
         "",
     ]
+    if config.get("llamacpp"):
+        lines.insert(-1, LLAMACPP_NOTE)
+    return lines
 
 
 def _prediction_note() -> str:

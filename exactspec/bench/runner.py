@@ -114,6 +114,7 @@ def describe_model(model: Any) -> dict[str, Any]:
         "class": type(model).__name__,
         "parameters": parameters,
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "weights": getattr(model, "exactspec_weights", "dense"),  # set by models.packed.pack_model
         "vocab_size": hf_peer.config_vocab(model),
         "layers": getattr(model.config, "num_hidden_layers", None),
         "hidden_size": getattr(model.config, "hidden_size", None),
