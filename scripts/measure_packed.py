@@ -94,14 +94,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--weights", default="bf16,int4,int4-g128,int8", help="comma-separated formats")
+    parser.add_argument(
+        "--weights", default="bf16,int4,int4-gguf,int4-g128,int8", help="comma-separated formats"
+    )
     parser.add_argument("--max-k", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--prompts", type=int, default=3, help="coding prompts for the gap")
     parser.add_argument("--gap-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
-        "--splits", default="1,2,4", help="int4: also time k-token blocks scored in pieces of this many rows"
+        "--splits",
+        default="1,2,4",
+        help="for the first int4 format: also time k-token blocks scored in pieces of this many rows",
     )
     parser.add_argument("--out", default="docs/bench/packed-costs", help="writes OUT.json and OUT.md")
     args = parser.parse_args()
@@ -152,7 +156,7 @@ def main() -> int:
             f"{1000 * ratios['draft_step_seconds']:.1f} ms, c {ratios['c']:.3f}, v "
             + " ".join(f"{k}:{v:.2f}" for k, v in ratios["v"].items())
         )
-        if WeightFormat.parse(name).bits == 4:
+        if WeightFormat.parse(name).bits == 4 and not any("split" in e for e in result["formats"].values()):
             entry["split"] = {}
             for rows in [int(s) for s in args.splits.split(",") if s.strip()]:
                 set_max_rows(pair.target_model, rows)

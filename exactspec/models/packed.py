@@ -43,7 +43,8 @@ DEFAULT_INT4_GROUP_SIZE = 32
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 
 DENSE = "bf16"
-WEIGHT_CHOICES = ("bf16", "int8", "int4", "int4-g32", "int4-g64", "int4-g128", "int4-g256")
+GGUF_INT4 = "int4-gguf"  # Q4_K codes taken from the GGUF file (exactspec.models.gguf_int4)
+WEIGHT_CHOICES = ("bf16", "int8", "int4", GGUF_INT4, "int4-g32", "int4-g64", "int4-g128", "int4-g256")
 
 
 @dataclass(frozen=True)
@@ -51,11 +52,13 @@ class WeightFormat:
     """How linear weights are stored: dense (as loaded), int8, or int4 with a group size.
 
     Parsed from the `--weights` names: "bf16" (or "dense": the loaded weights as they are, in
-    `--dtype`), "int8", "int4" (group size `DEFAULT_INT4_GROUP_SIZE`), "int4-g128".
+    `--dtype`), "int8", "int4" (group size `DEFAULT_INT4_GROUP_SIZE`), "int4-g128", "int4-gguf"
+    (group 32, the GGUF file's own Q4_K codes; only for models loaded from a GGUF file).
     """
 
     bits: int | None = None  # None = dense
     group_size: int = DEFAULT_INT4_GROUP_SIZE
+    from_gguf: bool = False  # int4 codes read from the GGUF file's Q4_K blocks, not re-quantized
 
     @classmethod
     def parse(cls, text: str | WeightFormat | None) -> WeightFormat:
@@ -68,6 +71,8 @@ class WeightFormat:
             return cls(bits=8)
         if name == "int4":
             return cls(bits=4)
+        if name == GGUF_INT4:
+            return cls(bits=4, group_size=32, from_gguf=True)
         prefix = "int4-g"
         if name.startswith(prefix) and name[len(prefix) :].isdigit():
             group = int(name[len(prefix) :])
@@ -81,6 +86,8 @@ class WeightFormat:
             return DENSE
         if self.bits == 8:
             return "int8"
+        if self.from_gguf:
+            return GGUF_INT4
         return "int4" if self.group_size == DEFAULT_INT4_GROUP_SIZE else f"int4-g{self.group_size}"
 
 
@@ -240,6 +247,10 @@ def pack_model(model: nn.Module, weights: str | WeightFormat) -> dict[str, int]:
     lookup reads one row per token). Returns {"packed": n, "dense": m}.
     """
     fmt = WeightFormat.parse(weights)
+    if fmt.from_gguf:
+        raise ValueError(
+            f"{GGUF_INT4} reads the GGUF file: use exactspec.models.gguf_int4.pack_model_from_gguf"
+        )
     counts = {"packed": 0, "dense": 0}
     if fmt.bits is None:
         return counts
