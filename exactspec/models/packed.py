@@ -212,8 +212,16 @@ class PackedInt8Linear(nn.Module):
         return cls(codes, scales.to(weight.dtype), linear.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).to(self.scales.dtype)  # [M, K]
-        out = torch.ops.aten._weight_int8pack_mm(flat, self.weight_int8, self.scales)  # [M, N]
+        flat = x.reshape(-1, self.in_features).to(self.scales.dtype).contiguous()  # [M, K]
+        if flat.shape[0] == 1:
+            # The kernel's one-row path is ~10x slower than its two-row path on this CPU
+            # (docs/bench/packed-costs.md: 1220 ms vs 122 ms a step): score the row twice.
+            out = torch.ops.aten._weight_int8pack_mm(
+                flat.expand(2, -1).contiguous(), self.weight_int8, self.scales
+            )
+            out = out[:1]  # [1, N]
+        else:
+            out = torch.ops.aten._weight_int8pack_mm(flat, self.weight_int8, self.scales)  # [M, N]
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)

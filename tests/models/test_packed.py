@@ -246,3 +246,10 @@ def test_int4_split_rows_gives_the_same_output() -> None:
     whole = packed(x)
     packed.max_rows = 3
     torch.testing.assert_close(packed(x), whole, atol=1e-6, rtol=1e-6)
+
+
+def test_int8_one_row_equals_the_row_in_a_block() -> None:
+    torch.manual_seed(0)
+    packed = PackedInt8Linear.from_linear(nn.Linear(64, 32))
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(packed(x[:1]), packed(x)[:1], atol=1e-6, rtol=1e-6)
