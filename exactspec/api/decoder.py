@@ -137,14 +137,22 @@ class SpeculativeDecoder:
         cache_dir: str | os.PathLike[str] | None = None,
         progress: bool = True,
         device: Any = "cpu",
+        weights: str = "bf16",
     ) -> SpeculativeDecoder:
         """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair).
 
-        `device`: "cpu", "cuda" or "auto" (CUDA when available).
+        `device`: "cpu", "cuda" or "auto" (CUDA when available). `weights`: "bf16" (dense), "int4" or
+        "int8" (packed CPU kernels; see `ModelPair.from_pretrained`).
         """
         return cls.from_pair(
             ModelPair.from_pretrained(
-                target, draft, dtype=dtype, cache_dir=cache_dir, progress=progress, device=device
+                target,
+                draft,
+                dtype=dtype,
+                cache_dir=cache_dir,
+                progress=progress,
+                device=device,
+                weights=weights,
             )
         )
 

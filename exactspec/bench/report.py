@@ -108,8 +108,10 @@ def _header(
         m = models[role]
         spec = models.get(f"{role}_spec")
         name = f"`{spec}` " if spec else ""
+        weights = m.get("weights", "dense")
+        packed = f" ({weights} packed linear weights)" if weights != "dense" else ""
         return (
-            f"- {role}: {name}{m['class']}, {_count(m['parameters'])} parameters, {m['dtype']}, "
+            f"- {role}: {name}{m['class']}, {_count(m['parameters'])} parameters, {m['dtype']}{packed}, "
             f"{m['layers']} layers, vocabulary {m['vocab_size']}"
         )
 
@@ -493,8 +495,14 @@ def _greedy_check(summary: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+LLAMACPP_NOTE = (
+    "- llama.cpp plain: llama-cpp-python on the target's GGUF file (its own Q4_K / Q6_K kernels), the "
+    "same prompt token ids, every token timestamped as it comes out; it runs after our settings."
+)
+
+
 def _method_notes(config: dict[str, Any]) -> list[str]:
-    return [
+    lines = [
         "## How this was measured",
         "",
         "- For each prompt and sampling row the methods run back to back (plain, each method and gamma, HF "
@@ -516,6 +524,9 @@ def _method_notes(config: dict[str, Any]) -> list[str]:
         "- " + FULL_RUN_NOTE,
         "",
     ]
+    if config.get("llamacpp"):
+        lines.insert(-1, LLAMACPP_NOTE)
+    return lines
 
 
 def _prediction_note() -> str:

@@ -34,15 +34,26 @@ import torch
 
 from exactspec.api.strategy import Strategy
 from exactspec.bench.costs import measure_costs
-from exactspec.bench.runs import run_engine, run_hf
+from exactspec.bench.runs import run_engine, run_hf, run_llamacpp
 from exactspec.core.settings import REALISTIC_CHAT_SETTINGS, SamplingSettings
 from exactspec.models.pair import ModelPair
 from exactspec.peers import hf as hf_peer
 
 PLAIN, SPECULATIVE, HF_ASSISTED, HF_PLAIN = "plain", "speculative", "hf-assisted", "hf-plain"
 SPECULATIVE_BLOCK, NGRAM, HYBRID, ADAPTIVE = "speculative-block", "ngram", "hybrid", "adaptive"
-METHODS = (PLAIN, SPECULATIVE, SPECULATIVE_BLOCK, NGRAM, HYBRID, ADAPTIVE, HF_ASSISTED, HF_PLAIN)
-HF_METHODS = (HF_ASSISTED, HF_PLAIN)
+LLAMACPP_PLAIN = "llamacpp-plain"
+METHODS = (
+    PLAIN,
+    SPECULATIVE,
+    SPECULATIVE_BLOCK,
+    NGRAM,
+    HYBRID,
+    ADAPTIVE,
+    HF_ASSISTED,
+    HF_PLAIN,
+    LLAMACPP_PLAIN,
+)
+PEER_METHODS = (HF_ASSISTED, HF_PLAIN, LLAMACPP_PLAIN)
 
 NAMED_SETTINGS: dict[str, SamplingSettings] = {"realistic": REALISTIC_CHAT_SETTINGS}
 """Sampling rows that are more than a temperature, by the name `--settings` and the report use."""
@@ -58,8 +69,8 @@ WARMUP_PROMPT_TOKENS = 16
 
 
 def is_engine_method(method: str) -> bool:
-    """Plain decoding or one of our engine's strategies (not a transformers peer)."""
-    return method not in HF_METHODS
+    """Plain decoding or one of our engine's strategies (not a peer: transformers or llama.cpp)."""
+    return method not in PEER_METHODS
 
 
 def strategy_of(method: str) -> Strategy:
@@ -93,6 +104,7 @@ class BenchConfig:
     seed: int = 0
     hf_assisted: bool = True
     hf_plain: bool = True
+    llamacpp: bool = False  # plain llama.cpp on the target's GGUF (run_bench gets the loaded model)
     ignore_eos: bool = True
     cost_repeats: int = 5
     warmup_tokens: int = 4
@@ -128,6 +140,8 @@ class BenchConfig:
             order.append((HF_ASSISTED, 0))
         if self.hf_plain:
             order.append((HF_PLAIN, 0))
+        if self.llamacpp:
+            order.append((LLAMACPP_PLAIN, 0))
         return order
 
     def sampling_rows(self) -> list[SamplingRow]:
@@ -169,6 +183,7 @@ def describe_model(model: Any) -> dict[str, Any]:
         "class": type(model).__name__,
         "parameters": parameters,
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "weights": getattr(model, "exactspec_weights", "dense"),  # set by models.packed.pack_model
         "vocab_size": hf_peer.config_vocab(model),
         "layers": getattr(model.config, "num_hidden_layers", None),
         "hidden_size": getattr(model.config, "hidden_size", None),
@@ -184,15 +199,19 @@ def run_bench(
     log: Callable[[str], None] | None = None,
     all_prompt_tokens: Sequence[int] | None = None,
     description: dict[str, Any] | None = None,
+    llamacpp_model: Any | None = None,
 ) -> dict[str, Any]:
     """Run everything and return the raw result (JSON-ready; see the module docstring).
 
     `all_prompt_tokens`: token counts of the whole built-in prompt set, kept to estimate how long
     the full run takes at the speeds measured here. `description`: how the models were asked for
-    (specs, load time), stored beside what the models are.
+    (specs, load time), stored beside what the models are. `llamacpp_model`: the loaded
+    `llama_cpp.Llama` that `config.llamacpp` runs (`exactspec.peers.llamacpp.load`).
     """
     if not prompts:
         raise ValueError("no prompts to run")
+    if config.llamacpp and llamacpp_model is None:
+        raise ValueError("config.llamacpp is set but no llamacpp_model was given")
     say = log or (lambda message: None)
     started = time.perf_counter()
     env = environment()
@@ -246,7 +265,9 @@ def run_bench(
     warm_tokens = min(config.warmup_tokens, config.max_new_tokens)
     for method, gamma in config.methods():
         with contextlib.suppress(Exception):  # a failing method is reported by its real runs below
-            _run_one(pair, method, gamma, warm_ids, rows[-1].settings, warm_tokens, config)
+            _run_one(
+                pair, method, gamma, warm_ids, rows[-1].settings, warm_tokens, config, None, llamacpp_model
+            )
     result["warmup_seconds"] = time.perf_counter() - warm_started
 
     methods = config.methods()
@@ -266,9 +287,17 @@ def run_bench(
                         continue
                     try:
                         record = _run_one(
-                            pair, method, gamma, prompt.ids, row.settings, config.max_new_tokens, config, seed
+                            pair,
+                            method,
+                            gamma,
+                            prompt.ids,
+                            row.settings,
+                            config.max_new_tokens,
+                            config,
+                            seed,
+                            llamacpp_model,
                         )
-                    except Exception as error:  # HF's assisted path can refuse a pair; keep the rest
+                    except Exception as error:  # a peer can refuse a pair or a setting; keep the rest
                         if is_engine_method(method):
                             raise
                         message = f"{method} at {row.name} failed on {prompt.name}: {error!r}"
@@ -310,11 +339,14 @@ def _run_one(
     max_new_tokens: int,
     config: BenchConfig,
     seed: int | None = None,
+    llamacpp_model: Any | None = None,
 ) -> dict[str, Any]:
     seed = config.seed if seed is None else seed
     if is_engine_method(method):
         strategy = strategy_of(method)
         return run_engine(pair, ids, gamma, settings, max_new_tokens, seed, config.ignore_eos, strategy)
+    if method == LLAMACPP_PLAIN:
+        return run_llamacpp(llamacpp_model, pair, ids, settings, max_new_tokens, seed, config.ignore_eos)
     return run_hf(pair, ids, method == HF_ASSISTED, settings, max_new_tokens, seed, config.ignore_eos)
 
 

@@ -21,6 +21,7 @@ from exactspec.core.settings import SamplingSettings
 from exactspec.models.base import LanguageModel
 from exactspec.models.pair import ModelPair
 from exactspec.peers import hf as hf_peer
+from exactspec.peers import llamacpp as llamacpp_peer
 
 
 class NoEos:
@@ -152,3 +153,34 @@ def run_hf(
             "accepted_tokens": sum(accepted),
         }
     return record
+
+
+def run_llamacpp(
+    llm: Any,
+    pair: ModelPair,
+    ids: Sequence[int],
+    settings: SamplingSettings,
+    max_new_tokens: int,
+    seed: int,
+    ignore_eos: bool,
+) -> dict[str, Any]:
+    """One plain llama.cpp generation (`exactspec.peers.llamacpp`), timed like `run_engine`."""
+    started = time.perf_counter()
+    out = llamacpp_peer.generate(
+        llm,
+        ids,
+        settings,
+        max_new_tokens,
+        seed=seed,
+        eos_token_ids=() if ignore_eos else pair.eos_token_ids,
+    )
+    wall = time.perf_counter() - started
+    return {
+        "wall_seconds": wall,
+        **steady_state(out["events"], started),
+        "tokens": out["tokens"],
+        "finish_reason": out["finish_reason"],
+        "target_forwards": [],
+        "draft_forwards": [],
+        "model_seconds": wall,  # all of llama.cpp's time is inside llama.cpp
+    }

@@ -23,6 +23,7 @@ from exactspec.bench.runner import (
     ADAPTIVE,
     HF_ASSISTED,
     HF_PLAIN,
+    LLAMACPP_PLAIN,
     NGRAM,
     PLAIN,
     SPECULATIVE,
@@ -59,13 +60,13 @@ def run_setting(run: dict[str, Any]) -> str:
 
 
 def configured_methods(result: dict[str, Any]) -> list[tuple[str, int]]:
-    """(method, gamma) in run order, HF peers last (for old results: plain, each gamma, the peers)."""
+    """(method, gamma) in run order, the peers last (for old results: plain, each gamma, the peers)."""
     config = result["config"]
     if config.get("methods"):
         order = [(m, int(g)) for m, g in config["methods"] if is_engine_method(m)]
     else:
         order = [(PLAIN, 0)] + [(SPECULATIVE, g) for g in config["gammas"]]
-    return order + [(HF_ASSISTED, 0), (HF_PLAIN, 0)]
+    return order + [(HF_ASSISTED, 0), (HF_PLAIN, 0), (LLAMACPP_PLAIN, 0)]
 
 
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
@@ -242,7 +243,12 @@ def _row(
 
 def label(method: str, gamma: int) -> str:
     """`speculative gamma=4`, `speculative-block gamma=4`, `adaptive gamma<=4`, `plain (ours, gamma=0)`."""
-    fixed = {PLAIN: "plain (ours, gamma=0)", HF_ASSISTED: "HF assisted", HF_PLAIN: "HF plain generate"}
+    fixed = {
+        PLAIN: "plain (ours, gamma=0)",
+        HF_ASSISTED: "HF assisted",
+        HF_PLAIN: "HF plain generate",
+        LLAMACPP_PLAIN: "llama.cpp plain",
+    }
     if method in fixed:
         return fixed[method]
     return f"{method} gamma{'<=' if strategy_of(method).adaptive_gamma else '='}{gamma}"

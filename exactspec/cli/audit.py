@@ -234,7 +234,12 @@ def _load_pair(args: argparse.Namespace, progress: bool) -> tuple[ModelPair, Any
         raise UsageError("the audit needs a draft model (--draft)")
     # The pair checks the tokenizers agree and finds every end-of-generation id, as `generate` does.
     pair = ModelPair.from_pretrained(
-        args.target, args.draft, dtype=args.dtype, cache_dir=args.cache_dir, progress=progress
+        args.target,
+        args.draft,
+        dtype=args.dtype,
+        cache_dir=args.cache_dir,
+        progress=progress,
+        weights=args.weights,
     )
     prompt = SpeculativeDecoder.from_pair(pair).encode([args.prompt], chat=args.chat)[0]
     tokenizer = pair.tokenizer

@@ -6,6 +6,8 @@ import argparse
 import math
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 from exactspec.bench.prompts import SELECTIONS
 from exactspec.bench.runner import (
@@ -120,6 +122,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         action="store_true",
         help="let EOS end a run (default: EOS is ignored by every side so all runs make the same tokens)",
     )
+    parser.add_argument(
+        "--llamacpp",
+        action="store_true",
+        help="also run plain llama.cpp (llama-cpp-python, the target's GGUF file, --threads or 2 threads); "
+        "skipped with a message when the package is not installed",
+    )
     parser.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--no-plots", action="store_true", help="no PNG plots")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -171,6 +179,11 @@ def run(args: argparse.Namespace) -> int:
     # Created and test-written now: the full run takes about 1.5 hours, and its results must not be lost
     # to an output folder that turns out to be a file at the end.
     output_folder("--out", args.out)
+
+    def say(message: str) -> None:
+        print(f"[exactspec bench] {message}", file=sys.stderr, flush=True)
+
+    llm = _load_llamacpp(args, say) if args.llamacpp else None
     config = BenchConfig(
         gammas=tuple(sorted(set(gammas))),
         temperatures=temperatures,
@@ -181,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         hf_assisted=not args.no_hf,
         hf_plain=not (args.no_hf or args.no_hf_plain or args.quick),
+        llamacpp=llm is not None,
         ignore_eos=not args.stop_at_eos,
         cost_repeats=args.repeats or (QUICK_COST_REPEATS if args.quick else FULL_COST_REPEATS),
     )
@@ -188,13 +202,15 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     progress = not args.no_progress
 
-    def say(message: str) -> None:
-        print(f"[exactspec bench] {message}", file=sys.stderr, flush=True)
-
     started = time.perf_counter()
     say(f"loading {args.target} and {args.draft}")
     pair = ModelPair.from_pretrained(
-        args.target, args.draft, dtype=args.dtype, cache_dir=args.cache_dir, progress=progress
+        args.target,
+        args.draft,
+        dtype=args.dtype,
+        cache_dir=args.cache_dir,
+        progress=progress,
+        weights=args.weights,
     )
     load_seconds = time.perf_counter() - started
     decoder = SpeculativeDecoder.from_pair(pair)  # tokenizes the prompts as `generate` does
@@ -202,7 +218,12 @@ def run(args: argparse.Namespace) -> int:
         EncodedPrompt(p.name, p.category, decoder.encode([p.text], chat=p.chat)[0], p.text, p.chat)
         for p in prompts
     ]
-    description = {"target_spec": args.target, "draft_spec": args.draft, "load_seconds": load_seconds}
+    description = {
+        "target_spec": args.target,
+        "draft_spec": args.draft,
+        "weights": args.weights,
+        "load_seconds": load_seconds,
+    }
     rows = config.sampling_rows()
     runs = len(encoded) * len(rows) * len(config.methods())
     say(
@@ -218,6 +239,7 @@ def run(args: argparse.Namespace) -> int:
         log=say,
         all_prompt_tokens=all_tokens,
         description=description,
+        llamacpp_model=llm,
     )
     paths = write_outputs(result, args.out, plots=not args.no_plots)
     summary = summarize(result)
@@ -271,6 +293,23 @@ def _method_list(text: str) -> list[tuple[str, int]]:
         if not sep:
             raise argparse.ArgumentTypeError(f"expected NAME:GAMMA, e.g. ngram:8; got {part!r}")
     return methods
+
+
+def _load_llamacpp(args: argparse.Namespace, say: Callable[[str], None]) -> Any:
+    """The llama.cpp model over the target's GGUF file, or None (with a line saying why) to skip it."""
+    from exactspec.models.loading import gguf_path
+    from exactspec.peers import llamacpp
+
+    if not llamacpp.available():
+        say(f"llama.cpp column skipped: llama-cpp-python is not installed ({llamacpp.INSTALL_HINT})")
+        return None
+    path = gguf_path(args.target, args.cache_dir, progress=not args.no_progress)
+    if path is None:
+        say(f"llama.cpp column skipped: the target {args.target} is not a GGUF file")
+        return None
+    threads = args.threads or llamacpp.DEFAULT_THREADS
+    say(f"llama.cpp peer: {path.name}, {threads} threads")
+    return llamacpp.load(path, threads=threads)
 
 
 def _int_list(text: str) -> list[int]:

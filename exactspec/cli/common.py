@@ -18,6 +18,7 @@ from exactspec.cli import EXIT_BROKEN_PIPE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_
 from exactspec.core.engine import MAX_GAMMA
 from exactspec.core.errors import InvalidArgument
 from exactspec.core.settings import SamplingSettings
+from exactspec.models.packed import WEIGHT_CHOICES
 
 __all__ = [
     "EXIT_BROKEN_PIPE",
@@ -212,7 +213,7 @@ def strategy(args: argparse.Namespace) -> Strategy:
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """--target / --draft / --dtype / --cache-dir, shared by generate, bench and audit."""
+    """--target / --draft / --dtype / --weights / --cache-dir, shared by generate, bench and audit."""
     group = parser.add_argument_group("models")
     group.add_argument(
         "--target",
@@ -228,6 +229,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--dtype", default="auto", help="weight dtype: auto (fastest measured), float32, bfloat16"
+    )
+    group.add_argument(
+        "--weights",
+        default="bf16",
+        choices=WEIGHT_CHOICES,
+        help="linear-layer weights: bf16 (dense, in --dtype; default), int4 (packed 4-bit, group 32; "
+        "int4-g128 etc.: other group sizes), int8; torch CPU kernels; the packed model is the target",
     )
     group.add_argument(
         "--cache-dir",

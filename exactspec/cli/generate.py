@@ -121,7 +121,13 @@ def run(args: argparse.Namespace) -> int:
     progress = not args.no_progress
     started = time.perf_counter()
     decoder = SpeculativeDecoder.from_pretrained(
-        args.target, draft, dtype=args.dtype, cache_dir=args.cache_dir, progress=progress, device=args.device
+        args.target,
+        draft,
+        dtype=args.dtype,
+        cache_dir=args.cache_dir,
+        progress=progress,
+        device=args.device,
+        weights=args.weights,
     )
     load_seconds = time.perf_counter() - started
     try:

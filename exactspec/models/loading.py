@@ -186,6 +186,14 @@ def load_tokenizer(
 # --- spec resolution --------------------------------------------------------------------------
 
 
+def gguf_path(
+    spec: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None, progress: bool = True
+) -> Path | None:
+    """The GGUF file a model spec names ("default-target" / "default-draft" or a .gguf path), else None."""
+    kind, target = _resolve(spec, cache_dir, progress)
+    return target if kind == "gguf" else None
+
+
 def _cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
     return Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
 

@@ -90,11 +90,14 @@ class ModelPair:
         cache_dir: str | os.PathLike[str] | None = None,
         progress: bool = True,
         device: Any = "cpu",
+        weights: str = "bf16",
     ) -> ModelPair:
         """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair).
 
         `device`: "cpu", "cuda" or "auto" (CUDA when available); dtype "auto" then means the
-        device's default (`exactspec.models.device.auto_dtype`).
+        device's default (`exactspec.models.device.auto_dtype`). `weights`: "bf16" keeps the dense
+        weights in `dtype`; "int4", "int4-g128", "int8" pack both models' linear layers for torch's
+        CPU kernels (`exactspec.models.packed`).
         """
         from exactspec.models.device import auto_dtype, resolve_device
         from exactspec.models.loading import load_hf_model
@@ -104,12 +107,14 @@ class ModelPair:
             dtype = auto_dtype(where)
         target_model, tokenizer = load_hf_model(target, dtype=dtype, cache_dir=cache_dir, progress=progress)
         target_model = target_model.to(where)
+        _pack(target_model, target, weights, cache_dir)
         draft_model = draft_tokenizer = None
         if draft is not None:
             draft_model, draft_tokenizer = load_hf_model(
                 draft, dtype=dtype, cache_dir=cache_dir, progress=progress
             )
             draft_model = draft_model.to(where)
+            _pack(draft_model, draft, weights, cache_dir)
         return cls.from_models(
             target_model, draft_model, tokenizer=tokenizer, draft_tokenizer=draft_tokenizer
         )
@@ -164,3 +169,19 @@ def _adapter(role: str, adapter: Any, model: Any, eos_token_ids: Collection[int]
             else ""
         )
         raise InvalidArgument(f"the {role} model does not fit: {error}{hint}") from error
+
+
+def _pack(model: Any, spec: str | os.PathLike[str], weights: str, cache_dir: Any) -> None:
+    """Pack the model's linear layers as `weights` says (models.packed; "int4-gguf": models.gguf_int4)."""
+    from exactspec.models.packed import WeightFormat, pack_model
+
+    if not WeightFormat.parse(weights).from_gguf:
+        pack_model(model, weights)
+        return
+    from exactspec.models.gguf_int4 import pack_model_from_gguf
+    from exactspec.models.loading import gguf_path
+
+    path = gguf_path(spec, cache_dir, progress=False)
+    if path is None:
+        raise ValueError(f"--weights {weights} needs a GGUF model; {spec} is not one")
+    pack_model_from_gguf(model, path)
