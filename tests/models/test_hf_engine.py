@@ -21,12 +21,12 @@ transformers = pytest.importorskip("transformers")
 
 from conftest import tiny_causal_lm  # noqa: E402
 
+from exactspec.audit.broken import BrokenArgmaxDrafter  # noqa: E402
 from exactspec.checking.statistical import goodness_of_fit, likely_sequences  # noqa: E402
 from exactspec.checking.toy import TabularModel  # noqa: E402
 from exactspec.core.engine import DecodeConfig, RowState, SpeculativeEngine  # noqa: E402
-from exactspec.core.sampler import Sampler, SeededSampler  # noqa: E402
+from exactspec.core.sampler import SeededSampler  # noqa: E402
 from exactspec.core.settings import SamplingSettings  # noqa: E402
-from exactspec.drafters.base import Proposal  # noqa: E402
 from exactspec.drafters.model import ModelDrafter  # noqa: E402
 from exactspec.models.base import LanguageModel  # noqa: E402
 from exactspec.models.hf import HFLanguageModel  # noqa: E402
@@ -183,35 +183,12 @@ def stat_pair() -> tuple[HFLanguageModel, HFLanguageModel]:
     return HFLanguageModel(target), HFLanguageModel(draft)
 
 
-class _ArgmaxDrafter:
-    """Broken on purpose (docs/algorithm.md 2.7): proposes the draft's argmax but reports its softmax q."""
-
-    def __init__(self, inner: ModelDrafter) -> None:
-        self.inner = inner
-
-    def propose(
-        self,
-        histories: Sequence[Sequence[int]],
-        max_tokens: Sequence[int],
-        settings: SamplingSettings,
-        sampler: Sampler,
-        rows: Sequence[int],
-    ) -> Proposal:
-        class Argmax:
-            def categorical(self, probs: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
-                return probs.argmax(dim=-1)
-
-            def bernoulli(self, probs: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
-                return sampler.bernoulli(probs, rows)
-
-        return self.inner.propose(histories, max_tokens, settings, Argmax(), rows)
-
-
 def _first_two_tokens_fit(drafter_kind: str = "model") -> float:
     """G-test p-value of the first 2 tokens of STAT_SAMPLES rows (gamma 2, 3 new tokens, one batch)."""
     target, draft = stat_pair()
-    drafter = ModelDrafter(draft, STAT_VOCAB)
-    engine = SpeculativeEngine(target, _ArgmaxDrafter(drafter) if drafter_kind == "argmax" else drafter)
+    # The audit's deliberately broken drafter (argmax proposed, softmax q reported: docs/algorithm.md 2.7).
+    drafter_class = BrokenArgmaxDrafter if drafter_kind == "argmax" else ModelDrafter
+    engine = SpeculativeEngine(target, drafter_class(draft, STAT_VOCAB))
     # 3 new tokens with gamma 2: the first two come from accepted drafts, residuals and bonuses.
     config = DecodeConfig(gamma=2, max_new_tokens=3, settings=SAMPLED)
     sampler = SeededSampler(seed=12345, num_rows=STAT_SAMPLES)
