@@ -177,13 +177,27 @@ def check_speculative(
         return tuple(tuple(state.generated) for state in states)
 
     speculative, paths = enumerate_outputs(run, max_paths)
+    laws = [
+        target_distribution(reference or target, prompt, config.settings, config.max_new_tokens)
+        for prompt in prompts
+    ]
+    return compare_with_independent_rows(speculative, paths, laws)
+
+
+def compare_with_independent_rows(
+    speculative: dict[Hashable, float], paths: int, row_laws: Sequence[dict[tuple[int, ...], float]]
+) -> ExactCheck:
+    """Compare an enumerated joint output law with the product of each row's own target law.
+
+    Rows must not depend on each other (docs/algorithm.md 4 and 6), so the target's joint law
+    of a batch is the product: (y_1, ..., y_B) -> prod_b P_b(y_b).
+    """
     joint: dict[Hashable, float] = {(): 1.0}
-    for prompt in prompts:
-        row = target_distribution(reference or target, prompt, config.settings, config.max_new_tokens)
+    for law in row_laws:
         joint = {
             (*before, sequence): mass * prob
             for before, mass in joint.items()
-            for sequence, prob in row.items()
+            for sequence, prob in law.items()
         }
     return ExactCheck(
         total_variation=total_variation(speculative, joint),

@@ -10,16 +10,16 @@ zero (docs/algorithm.md 6).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from exactspec.checking.exact import (
     DEFAULT_MAX_PATHS,
     EnumeratingSampler,
     ExactCheck,
+    compare_with_independent_rows,
     enumerate_outputs,
     target_distribution,
-    total_variation,
 )
 from exactspec.core.scheduler import Request, RowHandle, Scheduler
 from exactspec.core.settings import SamplingSettings
@@ -69,18 +69,5 @@ def check_scheduler(
         return tuple(outputs)
 
     speculative, paths = enumerate_outputs(run, max_paths)
-    joint: dict[Hashable, float] = {(): 1.0}
-    for row in rows:
-        law = target_distribution(target, row.prompt, row.settings, row.max_new_tokens)
-        joint = {
-            (*before, sequence): mass * prob
-            for before, mass in joint.items()
-            for sequence, prob in law.items()
-        }
-    return ExactCheck(
-        total_variation=total_variation(speculative, joint),
-        paths=paths,
-        sequences=len(joint),
-        speculative=speculative,
-        target=joint,
-    )
+    laws = [target_distribution(target, row.prompt, row.settings, row.max_new_tokens) for row in rows]
+    return compare_with_independent_rows(speculative, paths, laws)
