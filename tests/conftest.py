@@ -99,3 +99,13 @@ def tiny_causal_lm(
     fields.update(config)
     torch.manual_seed(seed)
     return model_class(config_class(**fields)).eval()
+
+
+def add_weight_noise(model: Any, noise: float, seed: int) -> Any:
+    """Add N(0, noise^2) to every weight of `model` in place, from a generator seeded `seed + 1000`
+    (a draft that is the target plus a little noise is accepted often, but not always)."""
+    generator = torch.Generator().manual_seed(seed + 1000)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(noise * torch.randn(parameter.shape, generator=generator))
+    return model

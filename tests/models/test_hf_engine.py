@@ -19,7 +19,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from conftest import tiny_causal_lm  # noqa: E402
+from conftest import add_weight_noise, tiny_causal_lm  # noqa: E402
 
 from exactspec.audit.broken import BrokenArgmaxDrafter  # noqa: E402
 from exactspec.checking.statistical import goodness_of_fit, likely_sequences  # noqa: E402
@@ -65,11 +65,9 @@ def tiny_model(
         pad_token_id=0,
         tie_word_embeddings=False,
     )
-    generator = torch.Generator().manual_seed(seed + 1000)
+    if noise:
+        add_weight_noise(model, noise, seed)
     with torch.no_grad():
-        if noise:
-            for parameter in model.parameters():
-                parameter.add_(noise * torch.randn(parameter.shape, generator=generator))
         model.lm_head.weight.mul_(lm_head_scale)
     return model
 

@@ -18,7 +18,7 @@ from torch import nn
 
 transformers = pytest.importorskip("transformers")
 
-from conftest import tiny_causal_lm  # noqa: E402
+from conftest import add_weight_noise, tiny_causal_lm  # noqa: E402
 
 from exactspec.checking.exact import check_speculative  # noqa: E402
 from exactspec.core.engine import DecodeConfig, SpeculativeEngine  # noqa: E402
@@ -162,11 +162,8 @@ def tiny_model(
         pad_token_id=0,
         tie_word_embeddings=False,
     )
-    generator = torch.Generator().manual_seed(seed + 1000)
-    with torch.no_grad():
-        if noise:
-            for parameter in model.parameters():
-                parameter.add_(noise * torch.randn(parameter.shape, generator=generator))
+    if noise:
+        add_weight_noise(model, noise, seed)
     pack_model(model, packed)
     return model
 
