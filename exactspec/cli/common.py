@@ -45,15 +45,20 @@ def finite_float(text: str) -> float:
     return value
 
 
-def non_negative_int(text: str) -> int:
-    """argparse type: an integer >= 0."""
+def _int_at_least(text: str, low: int) -> int:
+    """An integer >= low from a flag's text, or the argparse error that says which rule it broke."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
     return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    return _int_at_least(text, 0)
 
 
 def check_significance(value: float) -> None:
@@ -286,10 +291,4 @@ def gamma_argument(text: str) -> int:
 
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+    return _int_at_least(text, 1)
