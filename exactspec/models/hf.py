@@ -15,6 +15,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
+from exactspec.models.attention import use_grouped_attention
+
 # Token written into padding slots. Its value never matters: padding slots are
 # masked out of every attention, so any valid id will do.
 _PAD_TOKEN_ID = 0
@@ -70,6 +72,7 @@ class HFLanguageModel:
         eos_token_ids: Iterable[int] | None = None,
         vocab_size: int | None = None,
         max_hole_fraction: float = 0.5,
+        grouped_attention: bool = True,
     ) -> None:
         """
         Args:
@@ -83,6 +86,11 @@ class HFLanguageModel:
             max_hole_fraction: compact the cache when more than this fraction of
                 its slots could be freed by compaction (0 compacts whenever
                 possible, 1 never compacts).
+            grouped_attention: on CPU, switch a model that uses transformers' "sdpa" attention to
+                `exactspec.models.attention` (torch's fused CPU kernel is several times slower
+                for decoding's few query tokens in bfloat16; the module says what was measured).
+                The switch is made on `model` itself, so transformers' own `generate` on the same
+                module uses it too.
         """
         if not 0.0 <= max_hole_fraction <= 1.0:
             raise ValueError(f"max_hole_fraction must lie in [0, 1], got {max_hole_fraction}")
@@ -111,6 +119,8 @@ class HFLanguageModel:
             )
 
         self._model = model.eval()
+        if grouped_attention:
+            use_grouped_attention(model)
         self._vocab_size = vocab_size
         self._eos_token_ids = eos
         self._max_hole_fraction = max_hole_fraction
