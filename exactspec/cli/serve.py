@@ -7,10 +7,13 @@ import sys
 
 from exactspec.cli.common import (
     EXIT_OK,
+    UsageError,
     add_device_argument,
     add_model_arguments,
+    add_strategy_arguments,
     gamma_argument,
     positive_int,
+    strategy,
 )
 
 
@@ -50,6 +53,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no loading progress bars")
     add_model_arguments(parser)
     add_device_argument(parser)
+    add_strategy_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -59,7 +63,13 @@ def run(args: argparse.Namespace) -> int:
     from exactspec.models.pair import ModelPair
     from exactspec.server.app import Service, create_app
 
-    draft = None if args.plain or args.draft.lower() == "none" else args.draft
+    chosen = strategy(args)
+    if chosen.adaptive_gamma:
+        raise UsageError("--adaptive-gamma is not available in serve yet; give a fixed --gamma")
+    no_draft = args.draft.lower() == "none"
+    if no_draft and chosen.drafter == "hybrid" and not args.plain:
+        raise UsageError("--drafter hybrid needs a draft model; drop --draft none or use --drafter ngram")
+    draft = None if args.plain or no_draft or not chosen.needs_draft_model else args.draft
     pair = ModelPair.from_pretrained(
         args.target,
         draft,
@@ -67,19 +77,22 @@ def run(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
         progress=not args.no_progress,
         device=args.device,
+        weights=args.weights,
     )
     service = Service(
         pair,
         model_name=args.served_model_name,
-        gamma=args.gamma,
+        gamma=0 if args.plain else args.gamma,
         max_batch=args.max_batch,
         max_waiting=args.max_waiting,
         default_max_tokens=args.max_tokens,
+        strategy=chosen,
     )
     device = next(pair.target_model.parameters()).device
     print(
         f"[exactspec] serving {args.served_model_name!r} ({args.target} / {draft or 'no draft'}, "
-        f"gamma {service.gamma}, {device}) on http://{args.host}:{args.port}",
+        f"{chosen.drafter} drafter, {chosen.verifier} verification, gamma {service.gamma}, "
+        f"{args.weights} weights, {device}) on http://{args.host}:{args.port}",
         file=sys.stderr,
     )
     uvicorn.run(create_app(service), host=args.host, port=args.port, log_level="warning")

@@ -37,6 +37,7 @@ from prometheus_client import (
 )
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from exactspec.api.strategy import Strategy, build_components
 from exactspec.api.text import StopStrings, TextStream
 from exactspec.core.engine import MAX_GAMMA
 from exactspec.core.scheduler import (
@@ -50,7 +51,6 @@ from exactspec.core.scheduler import (
 from exactspec.core.scheduler import (
     Request as RowRequest,
 )
-from exactspec.drafters.model import ModelDrafter
 from exactspec.models.pair import ModelPair
 from exactspec.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 
@@ -161,16 +161,34 @@ class Service:
         max_batch: int = DEFAULT_MAX_BATCH,
         max_waiting: int = DEFAULT_MAX_WAITING,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        strategy: Strategy | None = None,
     ) -> None:
+        """`strategy`: the drafter and verifier (default: the draft model, token verification). Prompt
+        lookup ("ngram") needs no draft model; adaptive gamma is not served yet (its per-row statistics
+        are kept by batch index, and a server's batch changes every round)."""
+        strategy = strategy or Strategy()
+        if strategy.adaptive_gamma:
+            raise ValueError("adaptive gamma is not available in the server yet; give a fixed gamma")
         if pair.tokenizer is None:
             raise ValueError("the server needs the pair's tokenizer")
         self.pair = pair
         self.tokenizer = pair.tokenizer
         self.model_name = model_name
-        self.gamma = gamma if pair.draft is not None else 0
-        drafter = ModelDrafter(pair.draft, pair.target.vocab_size) if pair.draft is not None else None
+        can_draft = pair.draft is not None or not strategy.needs_draft_model
+        self.strategy = strategy
+        self.gamma = gamma if can_draft else 0
+        # Components for the largest gamma a request may ask for: the drafter and verifier do not
+        # depend on gamma, and a request's own gamma caps each round.
+        drafter, verifier, _ = build_components(
+            pair.target, pair.draft, strategy, MAX_GAMMA if can_draft else 0
+        )
         self.scheduler = Scheduler(
-            pair.target, drafter, gamma=self.gamma, max_batch=max_batch, max_waiting=max_waiting
+            pair.target,
+            drafter,
+            gamma=self.gamma,
+            max_batch=max_batch,
+            max_waiting=max_waiting,
+            verifier=verifier,
         )
         self.metrics = ServerMetrics(self.scheduler)
         self.default_max_tokens = default_max_tokens
@@ -189,8 +207,8 @@ class Service:
         unsupported = body.unsupported()
         if unsupported is not None:
             raise ApiError(400, unsupported[1], param=unsupported[0], code="unsupported_parameter")
-        if body.gamma is not None and body.gamma > 0 and self.pair.draft is None:
-            raise ApiError(400, "gamma > 0 needs a draft model; this server has none", param="gamma")
+        if body.gamma is not None and body.gamma > 0 and self.scheduler.engine.drafter is None:
+            raise ApiError(400, "gamma > 0 needs a drafter; this server decodes plainly", param="gamma")
         if body.gamma is not None and body.gamma > MAX_GAMMA:
             raise ApiError(400, f"gamma must be in 0..{MAX_GAMMA}", param="gamma")
 

@@ -339,3 +339,23 @@ def test_32_concurrent_streams_with_mixed_settings_each_equal_their_run_alone(
     alone = asyncio.run(run_all(concurrently=False))
     assert together == alone
     assert len(set(alone)) > 10
+
+
+def test_a_prompt_lookup_server_without_a_draft_model_equals_plain_greedy_decoding() -> None:
+    from exactspec.api.strategy import Strategy
+
+    prompt = "def fib(n): return fib(n - 1) + fib(n - 2)\ndef fib(n):"
+    with live_server(strategy=Strategy(drafter="ngram")) as (base, pair):
+        pair_without_draft = ModelPair.from_models(pair.target_model, None, tokenizer=pair.tokenizer)
+        client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=60)
+        response = client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=16, temperature=0, logit_bias=NO_EOS
+        )
+    plain = SpeculativeDecoder.from_pair(pair_without_draft).generate(
+        prompt,
+        gamma=0,
+        max_new_tokens=16,
+        settings=SamplingSettings(temperature=0, logit_bias={int(k): v for k, v in NO_EOS.items()}),
+    )
+    assert response.choices[0].text == plain.completions[0].text
+    assert response.model_extra["exactspec"]["proposed_tokens"] > 0  # the lookup did draft

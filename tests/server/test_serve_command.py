@@ -41,3 +41,47 @@ def test_serve_flags_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--gamma" in capsys.readouterr().err
     assert main(["serve", "--device", "tpu"]) == 2
     assert "--device" in capsys.readouterr().err
+
+
+def _capture_serve(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> tuple[dict, dict]:
+    import uvicorn
+
+    loaded: dict = {}
+    served: dict = {}
+
+    def fake_load(target, draft, **options):
+        loaded.update(target=target, draft=draft, **options)
+        models = [
+            tiny_causal_lm(vocab_size=len(TOKENIZER_VOCAB), seed=s, eos_token_id=TOKENIZER_EOS_ID)
+            for s in (0, 1)
+        ]
+        return ModelPair.from_models(models[0], models[1] if draft else None, tokenizer=tiny_tokenizer())
+
+    monkeypatch.setattr(ModelPair, "from_pretrained", staticmethod(fake_load))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: served.update(app=app, **options))
+    assert main(["serve", "--no-progress", *argv]) == 0
+    return loaded, served
+
+
+def test_serve_passes_weights_and_uses_the_chosen_drafter_and_verifier(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from exactspec.drafters.ngram import NgramDrafter
+    from exactspec.verifiers.block import verify_block
+
+    loaded, served = _capture_serve(
+        monkeypatch, ["--weights", "int4", "--drafter", "ngram", "--verifier", "block", "--gamma", "6"]
+    )
+    assert loaded["weights"] == "int4"
+    assert loaded["draft"] is None  # prompt lookup loads no draft model
+    service = served["app"].state.service
+    assert service.gamma == 6
+    assert isinstance(service.scheduler.engine.drafter, NgramDrafter)
+    assert service.scheduler.engine.verifier is verify_block
+
+
+def test_serve_refuses_adaptive_gamma_and_hybrid_without_a_draft(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--adaptive-gamma"]) == 2
+    assert "--adaptive-gamma" in capsys.readouterr().err
+    assert main(["serve", "--drafter", "hybrid", "--draft", "none"]) == 2
+    assert "--drafter hybrid" in capsys.readouterr().err
