@@ -178,7 +178,9 @@ def environment() -> dict[str, Any]:
 
 
 def describe_model(model: Any) -> dict[str, Any]:
-    parameters = sum(p.numel() for p in model.parameters())
+    from exactspec.models.packed import weight_count
+
+    parameters = weight_count(model)
     return {
         "class": type(model).__name__,
         "parameters": parameters,

@@ -240,6 +240,20 @@ def set_max_rows(model: nn.Module, max_rows: int | None) -> None:
             module.max_rows = max_rows
 
 
+def weight_count(model: nn.Module) -> int:
+    """Parameters of the model as it computes: its tensors' elements, packed layers at one weight per entry.
+
+    A packed layer's weights are buffers (codes, scales), not parameters, so `model.parameters()`
+    alone would count an int4 model at a sixth of its size.
+    """
+    count = sum(p.numel() for p in model.parameters())
+    for module in model.modules():
+        if isinstance(module, (PackedInt4Linear, PackedInt8Linear)):
+            count += module.out_features * module.in_features
+            count += 0 if module.bias is None else module.bias.numel()
+    return count
+
+
 def _linears(model: nn.Module) -> Iterator[tuple[nn.Module, str, nn.Linear]]:
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):

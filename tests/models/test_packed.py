@@ -32,6 +32,7 @@ from exactspec.models.packed import (  # noqa: E402
     WeightFormat,
     pack_model,
     quantize_int4,
+    weight_count,
 )
 
 VOCAB = 64
@@ -143,6 +144,16 @@ def test_pack_model_replaces_every_linear_and_keeps_dense_what_does_not_fit() ->
     counts = pack_model(odd, "int4")
     assert counts["dense"] > 0 and counts["packed"] > 0  # only down_proj ([48, 64]) fits
     assert isinstance(odd.lm_head, nn.Linear)  # 40 rows: not a multiple of 16
+
+
+@pytest.mark.parametrize("weights", ["int4", "int8"])
+def test_weight_count_of_a_packed_model_is_its_dense_parameter_count(weights: str) -> None:
+    dense = tiny_model(packed="bf16")
+    dense_count = sum(p.numel() for p in dense.parameters())
+    assert weight_count(dense) == dense_count
+    packed = tiny_model(packed=weights)
+    assert sum(p.numel() for p in packed.parameters()) < dense_count  # buffers are not parameters
+    assert weight_count(packed) == dense_count
 
 
 # --- the engine on packed models -----------------------------------------------------------------
