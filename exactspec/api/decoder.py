@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import exactspec.api.arguments as arguments
-from exactspec.api.strategy import DrafterName, Strategy, VerifierName, build_engine
+from exactspec.api.strategy import DrafterName, Strategy, VerifierName, build_engine, default_gamma
 from exactspec.api.text import StopStrings, TextStream
 from exactspec.core.engine import DecodeConfig, FinishReason, RowState, SpeculativeEngine
 from exactspec.core.errors import InvalidArgument
@@ -137,12 +137,12 @@ class SpeculativeDecoder:
         cache_dir: str | os.PathLike[str] | None = None,
         progress: bool = True,
         device: Any = "cpu",
-        weights: str = "bf16",
+        weights: str = "auto",
     ) -> SpeculativeDecoder:
         """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair).
 
-        `device`: "cpu", "cuda" or "auto" (CUDA when available). `weights`: "bf16" (dense), "int4" or
-        "int8" (packed CPU kernels; see `ModelPair.from_pretrained`).
+        `device`: "cpu", "cuda" or "auto" (CUDA when available). `weights`: "auto" (int4 on the CPU, bf16 on
+        CUDA), "bf16" (dense), "int4" or "int8" (packed CPU kernels; see `ModelPair.from_pretrained`).
         """
         return cls.from_pair(
             ModelPair.from_pretrained(
@@ -217,7 +217,7 @@ class SpeculativeDecoder:
         self,
         prompts: Prompt | Sequence[Prompt],
         *,
-        gamma: int = 4,
+        gamma: int | None = None,
         max_new_tokens: int = 128,
         settings: SamplingSettings | None = None,
         seed: int = 0,
@@ -253,7 +253,7 @@ class SpeculativeDecoder:
         self,
         prompts: Prompt | Sequence[Prompt],
         *,
-        gamma: int = 4,
+        gamma: int | None = None,
         max_new_tokens: int = 128,
         settings: SamplingSettings | None = None,
         seed: int = 0,
@@ -267,6 +267,8 @@ class SpeculativeDecoder:
 
         Args:
             prompts: a str, a sequence of int token ids, or a list of those (a batch).
+            gamma: draft tokens per round (0 = plain decoding); None = `default_gamma` of the pair's
+                weights (4 dense, 2 packed int4), or 0 when there is no drafter.
             stop: one stop string (a str, used whole) or a sequence of them.
             seed: any integer (int, numpy or torch integer).
             settings: a `SamplingSettings` (default: `SamplingSettings()`).
@@ -325,9 +327,12 @@ class SpeculativeDecoder:
             settings.check_vocab(self.target.vocab_size)
         except ValueError as error:
             raise InvalidArgument(f"settings: {error}") from None
+        # Prompt lookup runs no draft model, so it may speculate without one.
+        can_draft = self.draft is not None or not strategy.needs_draft_model
+        if gamma is None:
+            gamma = default_gamma(self.pair.weights) if can_draft else 0
         config = DecodeConfig(
-            # Prompt lookup runs no draft model, so it may speculate without one.
-            gamma=arguments.gamma_value(gamma, self.draft is not None or not strategy.needs_draft_model),
+            gamma=arguments.gamma_value(gamma, can_draft),
             max_new_tokens=arguments.max_new_tokens_value(max_new_tokens),
             settings=settings,
         )

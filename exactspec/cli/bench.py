@@ -221,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
     description = {
         "target_spec": args.target,
         "draft_spec": args.draft,
-        "weights": args.weights,
+        "weights": pair.weights,
         "load_seconds": load_seconds,
     }
     rows = config.sampling_rows()

@@ -237,10 +237,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--weights",
-        default="bf16",
+        default="auto",
         choices=WEIGHT_CHOICES,
-        help="linear-layer weights: bf16 (dense, in --dtype; default), int4 (packed 4-bit, group 32; "
-        "int4-g128 etc.: other group sizes), int8; torch CPU kernels; the packed model is the target",
+        help="linear-layer weights: auto (default: int4 on the CPU, where it is fastest, bf16 on CUDA), "
+        "bf16 (dense, in --dtype: the dequantized GGUF), int4 (packed 4-bit, group 32, re-quantized), "
+        "int4-gguf (the GGUF's own 4-bit codes; slower to load), int4-g128 etc. (other group sizes), "
+        "int8; torch CPU kernels; the packed model is the target",
     )
     group.add_argument(
         "--cache-dir",

@@ -36,8 +36,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--gamma",
         type=gamma_argument,
-        default=4,
-        help="draft tokens per round (default 4; the maximum with --adaptive-gamma)",
+        default=None,
+        help="draft tokens per round (default 4 with dense weights, 2 with int4 ones: the best measured "
+        "for each; the maximum with --adaptive-gamma)",
     )
     parser.add_argument(
         "--plain", action="store_true", help="plain decoding with the target alone (no draft)"
@@ -106,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from exactspec.api.decoder import SpeculativeDecoder
+    from exactspec.api.strategy import default_gamma
 
     prompt = read_prompt(args)
     settings = sampling_settings(args)
@@ -117,7 +119,6 @@ def run(args: argparse.Namespace) -> int:
     draft = None if args.plain or no_draft or not chosen.needs_draft_model else args.draft
     check_model_arguments(args, draft=draft is not None)
     plain = args.plain or (draft is None and chosen.needs_draft_model)
-    gamma = 0 if plain else args.gamma
     progress = not args.no_progress
     started = time.perf_counter()
     decoder = SpeculativeDecoder.from_pretrained(
@@ -130,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
         weights=args.weights,
     )
     load_seconds = time.perf_counter() - started
+    gamma = 0 if plain else (default_gamma(decoder.pair.weights) if args.gamma is None else args.gamma)
     try:
         settings.check_vocab(decoder.target.vocab_size)  # known only now that the target is loaded
     except ValueError as error:
@@ -154,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
             "finish_reason": completion.finish_reason,
             "prompt_tokens": completion.prompt_tokens,
             "gamma": gamma,
+            "weights": decoder.pair.weights,
             "drafter": chosen.drafter if gamma else None,
             "verifier": chosen.verifier,
             "adaptive_gamma": chosen.adaptive_gamma if gamma else False,
@@ -181,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
         gamma_text = f"adaptive gamma <= {gamma}" if chosen.adaptive_gamma else f"gamma {gamma}"
         summary += (
             f", {chosen.drafter} drafter, {chosen.verifier} verification, {gamma_text}, "
+            f"{decoder.pair.weights} weights, "
             f"acceptance {metrics.acceptance_rate:.2f}, {metrics.tokens_per_round:.2f} tokens/round"
         )
     print(summary + f" (models loaded in {load_seconds:.1f} s)", file=sys.stderr)

@@ -28,7 +28,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    parser.add_argument("--gamma", type=gamma_argument, default=4, help="draft tokens per round (default 4)")
+    parser.add_argument(
+        "--gamma",
+        type=gamma_argument,
+        default=None,
+        help="default draft tokens per round (default 4 with dense weights, 2 with int4 ones)",
+    )
     parser.add_argument(
         "--plain", action="store_true", help="plain decoding with the target alone (no draft)"
     )
@@ -60,6 +65,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from exactspec.api.strategy import default_gamma
     from exactspec.models.pair import ModelPair
     from exactspec.server.app import Service, create_app
 
@@ -82,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     service = Service(
         pair,
         model_name=args.served_model_name,
-        gamma=0 if args.plain else args.gamma,
+        gamma=0 if args.plain else (default_gamma(pair.weights) if args.gamma is None else args.gamma),
         max_batch=args.max_batch,
         max_waiting=args.max_waiting,
         default_max_tokens=args.max_tokens,
@@ -92,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"[exactspec] serving {args.served_model_name!r} ({args.target} / {draft or 'no draft'}, "
         f"{chosen.drafter} drafter, {chosen.verifier} verification, gamma {service.gamma}, "
-        f"{args.weights} weights, {device}) on http://{args.host}:{args.port}",
+        f"{pair.weights} weights, {device}) on http://{args.host}:{args.port}",
         file=sys.stderr,
     )
     uvicorn.run(create_app(service), host=args.host, port=args.port, log_level="warning")

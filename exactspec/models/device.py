@@ -9,6 +9,13 @@ dtype "auto" per device:
   pair on the 2-core AVX-512-bf16 development machine (README, Speed).
 - CUDA: bfloat16, the usual choice for inference on current GPUs. Not measured here: the
   development machine has no GPU.
+
+weights "auto" per device (`auto_weights`):
+- CPU: "int4", torch's packed 4-bit CPU kernel (`exactspec.models.packed`): on the 2-core
+  development machine the default pair decodes about 2.2x faster than with dense bfloat16 weights
+  (docs/bench/packed-int4 and packed-bf16, README "Speed on a CPU"). The packed model is the
+  target; "bf16" gives the dense (dequantized GGUF) model instead.
+- CUDA: "bf16" (the packed kernels used here are CPU kernels).
 """
 
 from __future__ import annotations
@@ -40,6 +47,11 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     if name == "cpu":
         return torch.device("cpu")
     raise InvalidArgument(f"unknown device {device!r}; use one of {', '.join(DEVICE_CHOICES)}")
+
+
+def auto_weights(device: torch.device) -> str:
+    """What weights "auto" means on this device (see the module docstring)."""
+    return "int4" if device.type == "cpu" else "bf16"
 
 
 def auto_dtype(device: torch.device) -> torch.dtype:

@@ -44,7 +44,8 @@ INT4_GROUP_SIZES = (32, 64, 128, 256)
 
 DENSE = "bf16"
 GGUF_INT4 = "int4-gguf"  # Q4_K codes taken from the GGUF file (exactspec.models.gguf_int4)
-WEIGHT_CHOICES = ("bf16", "int8", "int4", GGUF_INT4, "int4-g32", "int4-g64", "int4-g128", "int4-g256")
+AUTO = "auto"  # resolved per device by exactspec.models.device.auto_weights
+WEIGHT_CHOICES = (AUTO, "bf16", "int8", "int4", GGUF_INT4, "int4-g32", "int4-g64", "int4-g128", "int4-g256")
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,10 @@ class WeightFormat:
         if isinstance(text, WeightFormat):
             return text
         name = (text or DENSE).lower()
+        if name == AUTO:
+            raise ValueError(
+                'weights "auto" depend on the device: resolve them with models.device.auto_weights'
+            )
         if name in ("bf16", "dense", "none"):
             return cls()
         if name == "int8":

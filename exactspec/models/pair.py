@@ -33,6 +33,9 @@ class ModelPair:
         tokenizer: the shared tokenizer, or None (token ids only).
         lock: held by whoever runs the adapters, whose KV caches one call at a time may use
             (every `SpeculativeDecoder` over this pair holds it for each call).
+        weights: the target's weight format ("bf16" = dense, "int4", ...: `models.packed`), read
+            from the module `pack_model` marked; it picks the default draft length
+            (`exactspec.api.strategy.default_gamma`).
     """
 
     target_model: Any
@@ -41,6 +44,7 @@ class ModelPair:
     draft: LanguageModel | None = None
     tokenizer: Any | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    weights: str = "bf16"
     _costs: CostModel | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
@@ -78,7 +82,8 @@ class ModelPair:
                     f"{target.vocab_size}; the draft vocabulary must be a prefix of the target's"
                 )
             draft = _adapter("draft", HFLanguageModel, draft_model, target.eos_token_ids)
-        return cls(target_model, target, draft_model, draft, tokenizer)
+        weights = getattr(target_model, "exactspec_weights", "bf16")  # set by models.packed
+        return cls(target_model, target, draft_model, draft, tokenizer, weights=weights)
 
     @classmethod
     def from_pretrained(
@@ -90,21 +95,24 @@ class ModelPair:
         cache_dir: str | os.PathLike[str] | None = None,
         progress: bool = True,
         device: Any = "cpu",
-        weights: str = "bf16",
+        weights: str = "auto",
     ) -> ModelPair:
         """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair).
 
         `device`: "cpu", "cuda" or "auto" (CUDA when available); dtype "auto" then means the
-        device's default (`exactspec.models.device.auto_dtype`). `weights`: "bf16" keeps the dense
-        weights in `dtype`; "int4", "int4-g128", "int8" pack both models' linear layers for torch's
-        CPU kernels (`exactspec.models.packed`).
+        device's default (`exactspec.models.device.auto_dtype`). `weights`: "auto" (default) is
+        "int4" on the CPU and "bf16" on CUDA (`exactspec.models.device.auto_weights`); "bf16" keeps
+        the dense weights in `dtype`; "int4", "int4-g128", "int4-gguf", "int8" pack both models'
+        linear layers for torch's CPU kernels (`exactspec.models.packed`).
         """
-        from exactspec.models.device import auto_dtype, resolve_device
+        from exactspec.models.device import auto_dtype, auto_weights, resolve_device
         from exactspec.models.loading import load_hf_model
 
         where = resolve_device(device)
         if dtype == "auto":
             dtype = auto_dtype(where)
+        if str(weights).lower() == "auto":
+            weights = auto_weights(where)
         target_model, tokenizer = load_hf_model(target, dtype=dtype, cache_dir=cache_dir, progress=progress)
         target_model = target_model.to(where)
         _pack(target_model, target, weights, cache_dir)

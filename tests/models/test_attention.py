@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+
 from exactspec.models.attention import NAME, grouped_query_attention, use_grouped_attention
 from exactspec.models.hf import HFLanguageModel
-
 from tests.conftest import tiny_causal_lm
 
 VOCAB = 40
