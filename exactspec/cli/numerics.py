@@ -98,9 +98,13 @@ def run(args: argparse.Namespace) -> int:
 
     prompts = select_prompts(args.prompts, quick=args.quick)
     started = time.perf_counter()
-    say(f"loading {args.target} (dtype {args.dtype})")
-    pair = ModelPair.from_pretrained(args.target, None, dtype=args.dtype, cache_dir=args.cache_dir)
+    say(f"loading {args.target} (dtype {args.dtype}, weights {args.weights})")
+    pair = ModelPair.from_pretrained(
+        args.target, None, dtype=args.dtype, cache_dir=args.cache_dir, weights=args.weights
+    )
+    weights = pair.weights
     dtype = str(next(pair.target_model.parameters()).dtype).removeprefix("torch.")
+    label = dtype if weights == "bf16" else f"{dtype} {weights}"  # e.g. "bfloat16 int4"
     decoder = SpeculativeDecoder.from_pair(pair)
     encoded = [decoder.encode([p.text], chat=p.chat)[0] for p in prompts]
     timings: dict[str, Any] = {}
@@ -117,8 +121,10 @@ def run(args: argparse.Namespace) -> int:
     if dtype != "float32" and not args.no_float32:
         del pair, decoder
         gc.collect()  # free the first copy of the weights before loading the float32 one
-        say(f"loading {args.target} (float32)")
-        pair32 = ModelPair.from_pretrained(args.target, None, dtype="float32", cache_dir=args.cache_dir)
+        say(f"loading {args.target} (float32, weights {weights})")
+        pair32 = ModelPair.from_pretrained(
+            args.target, None, dtype="float32", cache_dir=args.cache_dir, weights=weights
+        )
         clock = time.perf_counter()
         reference = [
             numerics.score_passes(pair32.target, ids, p.tokens, args.gamma, args.blocks)
@@ -126,10 +132,11 @@ def run(args: argparse.Namespace) -> int:
         ]
         timings["float32_seconds"] = time.perf_counter() - clock
     comparisons = numerics.compare(passes, reference, temperatures)
-    table = numerics.markdown_table(comparisons, dtype, temperatures)
+    table = numerics.markdown_table(comparisons, label, temperatures)
     result = {
         "target": args.target,
         "dtype": dtype,
+        "weights": weights,
         "gamma": args.gamma,
         "k": args.gamma + 1,
         "blocks": args.blocks,
@@ -167,7 +174,8 @@ def _time_steps(model: Any, prompt: list[int], gamma: int, blocks: int) -> dict[
 def _markdown(result: dict[str, Any], table: str) -> str:
     names = ", ".join(p["name"] for p in result["prompts"])
     return (
-        f"# Numerics: block pass vs one-token passes ({result['target']}, {result['dtype']})\n\n"
+        f"# Numerics: block pass vs one-token passes ({result['target']}, {result['dtype']}, "
+        f"{result['weights']} weights)\n\n"
         f"k = gamma + 1 = {result['k']} tokens per verification pass, {result['blocks']} blocks per prompt, "
         f"prompts: {names}. TV = total variation between the two passes' p = softmax(logits / T) at the "
         "same position; greedy token differs = their argmax differs.\n\n"

@@ -15,20 +15,26 @@ from exactspec.bench.numerics import COMPARISONS  # noqa: E402
 from exactspec.cli.main import main  # noqa: E402
 
 
-def test_numerics_writes_the_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("weights, label", [("bf16", "bfloat16"), (None, "bfloat16 int4")])  # None: auto
+def test_numerics_writes_the_table_and_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], weights: str | None, label: str
+) -> None:
     folder = tmp_path / "model"
     model = tiny_causal_lm(vocab_size=len(TOKENIZER_VOCAB), seed=0, eos_token_id=TOKENIZER_EOS_ID)
     model.save_pretrained(folder)
     tiny_tokenizer().save_pretrained(folder)
     out = tmp_path / "out"
     argv = ["numerics", "--target", str(folder), "--dtype", "bfloat16", "--quick", "--prompts", "coding"]
+    if weights is not None:
+        argv += ["--weights", weights]
     code = main([*argv, "--gamma", "2", "--blocks", "1", "--padded", "--out", str(out)])
     assert code == 0
     result = json.loads((out / "numerics.json").read_text())
     assert result["dtype"] == "bfloat16" and result["k"] == 3
+    assert result["weights"] == (weights or "int4")  # auto is int4 on the CPU
     assert list(result["comparisons"]) == list(COMPARISONS)
     assert set(result["timings"]) >= {"single_step_seconds", "padded_step_seconds", "float32_seconds"}
-    assert "| bfloat16: block pass vs one-token passes |" in (out / "numerics.md").read_text()
+    assert f"| {label}: block pass vs one-token passes |" in (out / "numerics.md").read_text()
     assert "greedy token differs" in capsys.readouterr().out
 
 
