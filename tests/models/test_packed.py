@@ -261,3 +261,26 @@ def test_int8_one_row_equals_the_row_in_a_block() -> None:
     packed = PackedInt8Linear.from_linear(nn.Linear(64, 32))
     x = torch.randn(3, 64)
     torch.testing.assert_close(packed(x[:1]), packed(x)[:1], atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("k", [3, 5])
+def test_int4_block_pass_equals_one_token_passes_bitwise_in_bfloat16(k: int) -> None:
+    """With packed int4 linears, bfloat16 activations (the CPU default) and the grouped CPU attention,
+    every row is computed as it would be alone, so the verifier's block pass gives the same logits, bit
+    for bit, as plain decoding's one-token passes (docs/bench/numerics-int4). Measured not to hold
+    with float32 activations, nor for dense bfloat16 matmuls (README, Numerics)."""
+    dtype = torch.bfloat16
+    model = tiny_causal_lm(
+        vocab_size=VOCAB, seed=0, initializer_range=INIT_STD, eos_token_id=EOS, tie_word_embeddings=False
+    ).to(dtype)
+    pack_model(model, "int4")
+    history = [5, 9, 11, 2, 7, 8, 40, 41]
+    block = [12, 13, 14, 15, 16][:k]
+    together = HFLanguageModel(model).logits([history + block], k)  # [1, k, V]
+    alone = HFLanguageModel(model)
+    alone.logits([history], 1)
+    one_by_one = torch.cat(
+        [alone.logits([history + block[: i + 1]], 1) for i in range(k)], dim=1
+    )  # [1, k, V]
+    # Position i of the block scores the token after history + block[: i + 1] in both.
+    assert torch.equal(together, one_by_one)
