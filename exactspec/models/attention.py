@@ -17,6 +17,16 @@ query that may attend to no slot (left padding of a batched block) gets a
 finite average of the values instead of NaN, like eager attention; those
 outputs are never read.
 
+Why the two matmuls stay in the activation dtype (bfloat16), measured on the
+default pair: with packed int4 weights, every row of a block is then computed
+exactly as it would be alone, and the verifier's block pass equals one-token
+passes bit for bit (docs/bench/numerics-int4: 384 positions, k = 3 and 5).
+The price: scores are rounded to bfloat16, so the dense bfloat16 model is
+further from its float32 self than with SDPA, which accumulates in float32
+(median per-position TV at T = 1: 0.0056 against 0.0032, docs/bench/numerics.md).
+A variant computing scores and values in float32 broke the identity (block vs
+one-token TV up to 0.044 at k = 5, int4) and was not kept.
+
 Only the adapter's own models are switched (`use_grouped_attention`), on CPU,
 and only from "sdpa"; a model loaded with another implementation keeps it.
 """
