@@ -202,7 +202,8 @@ def test_the_walk_over_the_nonzero_entries_finds_the_full_walks_index(dtype: tor
     for case in range(200):
         num_rows = 1 + case % 4
         logits = torch.randn(num_rows, vocab_size, generator=generator, dtype=dtype) * (1 + case % 5)
-        keep = torch.rand(num_rows, vocab_size, generator=generator) < [0.001, 0.01, 0.1][case % 3]
+        density = [0.001, 0.01, 0.05][case % 3]
+        keep = torch.rand(num_rows, vocab_size, generator=generator) < density
         keep[:, case % vocab_size] = True  # at least one entry per row
         probs = torch.softmax(logits.masked_fill(~keep, float("-inf")), dim=-1)
         uniforms = torch.rand(num_rows, generator=generator, dtype=torch.float64)
@@ -211,7 +212,11 @@ def test_the_walk_over_the_nonzero_entries_finds_the_full_walks_index(dtype: tor
         cdf = cdf / cdf[:, -1:]
         on_cdf = cdf[torch.arange(num_rows), keep.to(torch.int64).argmax(dim=-1)].clamp(max=0.999)
         for u in (uniforms, on_cdf, torch.zeros(num_rows, dtype=torch.float64)):
-            assert torch.equal(_inverse_cdf_on_support(probs, u), _full_walk(probs, u))
+            index = _inverse_cdf_on_support(probs, u)
+            # The denser rows may be sent to the full walk by the probe; the sparse ones never are.
+            assert index is not None or density > 0.01
+            if index is not None:
+                assert torch.equal(index, _full_walk(probs, u))
 
 
 def test_the_walk_over_the_nonzero_entries_declines_dense_empty_or_invalid_rows() -> None:
