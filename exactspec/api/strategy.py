@@ -172,9 +172,14 @@ def build_engine(
     strategy: Strategy,
     gamma: int,
     costs: CostSource | None = None,
+    *,
+    validate: bool = True,
 ) -> SpeculativeEngine:
-    """A `SpeculativeEngine` over `build_components` (same arguments)."""
-    return SpeculativeEngine(target, *build_components(target, draft, strategy, gamma, costs))
+    """A `SpeculativeEngine` over `build_components` (same arguments); `validate` as the engine's
+    (generate and bench pass False: the per-round input checks of the verifier change no token)."""
+    return SpeculativeEngine(
+        target, *build_components(target, draft, strategy, gamma, costs), validate=validate
+    )
 
 
 def _cost_model(

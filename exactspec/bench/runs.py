@@ -64,7 +64,8 @@ def run_engine(
     draft: LanguageModel | None = None
     if pair.draft is not None:
         draft = NoEos(pair.draft) if ignore_eos else pair.draft
-    engine = build_engine(target, draft, strategy or Strategy(), gamma, costs=pair.cost_model)
+    # As `generate` runs it: no per-round input checks in the verifier.
+    engine = build_engine(target, draft, strategy or Strategy(), gamma, costs=pair.cost_model, validate=False)
     pair.clear_caches()
     config = DecodeConfig(gamma=gamma, max_new_tokens=max_new_tokens, settings=settings)
     states = engine.start([list(ids)], config)

@@ -120,17 +120,25 @@ class SpeculativeEngine:
         drafter: Drafter | None = None,
         verifier: Verifier = verify,
         gamma_policy: GammaPolicy | None = None,
+        *,
+        validate: bool = True,
     ) -> None:
         """Args:
         verifier: token verification (`exactspec.verifiers.token.verify`, the default) or block
             verification (`exactspec.verifiers.block.verify_block`); both are exact.
         gamma_policy: if given (`exactspec.core.gamma.AdaptiveGamma`), row b drafts
             min(policy's choice, config.gamma, room left before max_new_tokens) tokens each round.
+        validate: the verifier checks its inputs every round (shapes, ids, finite normalised p
+            and q: passes over [B, gamma + 1, V] and host syncs). The engine builds p and q itself
+            from logits that the transforms check, so serving entry points turn it off
+            (`exactspec.api.strategy.build_engine(validate=False)`); tests and `exactspec verify`
+            keep it on. Off changes no token.
         """
         self.target = target
         self.drafter = drafter
         self.verifier = verifier
         self.gamma_policy = gamma_policy
+        self.validate = validate
         self.metrics = DecodeMetrics()
         # Row ids that took part in the last round: a row that is gone by the next round has its
         # caches freed then (docs/algorithm.md 6), without touching the other rows.
@@ -272,6 +280,7 @@ class SpeculativeEngine:
             self.target.eos_token_ids,
             sampler,
             active,
+            validate=self.validate,
         )
         self.metrics.verify_seconds += time.perf_counter() - clock
         proposed, accepted = self._record(proposal, result.num_accepted, result.num_emitted)

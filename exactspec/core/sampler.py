@@ -110,9 +110,11 @@ class SeededSampler:
         # Inverse-CDF with one uniform per row: a row consumes exactly one draw per call,
         # whatever the other rows do. Float64 cumsum avoids a gap at the top of the CDF.
         uniforms = self._uniforms(rows).to(probs.device)
-        cdf = probs.to(torch.float64).cumsum(dim=-1)  # [N, V]
-        cdf = cdf / cdf[:, -1:]  # rows sum to 1 up to rounding; renormalise so u < 1 always lands
-        index = torch.searchsorted(cdf, uniforms.unsqueeze(-1), right=True).squeeze(-1)  # [N]
+        index = _inverse_cdf_on_support(probs, uniforms) if probs.device.type == "cpu" else None
+        if index is None:
+            cdf = probs.to(torch.float64).cumsum(dim=-1)  # [N, V]
+            cdf = cdf / cdf[:, -1:]  # rows sum to 1 up to rounding; renormalise so u < 1 always lands
+            index = torch.searchsorted(cdf, uniforms.unsqueeze(-1), right=True).squeeze(-1)  # [N]
         # searchsorted can land on a zero-probability id only through rounding at the top; clamp and
         # step back to the last id with mass.
         index = index.clamp(max=probs.shape[-1] - 1)
@@ -128,3 +130,54 @@ class SeededSampler:
         if not rows:
             return torch.empty(0, dtype=torch.bool, device=probs.device)
         return self._uniforms(rows).to(probs.device) < probs.to(torch.float64)
+
+
+SPARSE_SHARE = 8
+"""`SeededSampler.categorical` walks only the nonzero entries of rows that have at most 1/SPARSE_SHARE of
+the vocabulary nonzero (top-k, top-p and one-hot rows), which gives the same index as the full walk."""
+
+_PROBE_STRIDE = 64
+
+
+def _inverse_cdf_on_support(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor | None:
+    """The index `categorical`'s full inverse-CDF walk finds, from each row's nonzero entries alone.
+
+    None (use the full walk) unless every row has at least one and at most V / SPARSE_SHARE nonzero
+    entries, all positive and finite.
+    Why it is the same index: the CPU cumsum adds left to right in float64, and adding a zero
+    changes nothing, so the full CDF at a nonzero entry equals the CDF of the nonzero entries alone
+    at that entry (the row total, the last value, too), and the normalised values are the same
+    floats. searchsorted(right=True) finds the first entry whose CDF exceeds u; the CDF only rises
+    at nonzero entries, so that entry is a nonzero one, the first of them whose CDF exceeds u
+    (one always does: the last CDF value is 1 and u < 1; past the end would be V, as in the full
+    walk). A CUDA cumsum is a parallel scan, which may round differently: the caller uses this on
+    the CPU only.
+
+    Example: probs [[0, 0.25, 0, 0.75]], u = 0.5: nonzero entries at ids [1, 3] with CDF
+    [0.25, 1.0]; the first above 0.5 is the second, id 3, as the full CDF [0, 0.25, 0.25, 1.0] gives.
+    """
+    num_rows, vocab_size = probs.shape
+    # A look at every _PROBE_STRIDE-th entry tells dense rows from sparse ones for a fraction of a pass
+    # (only which walk runs depends on it, never the index).
+    probe = probs[:, ::_PROBE_STRIDE]
+    if int(torch.count_nonzero(probe)) * SPARSE_SHARE > probe.numel():
+        return None
+    row_of, ids = probs.nonzero(as_tuple=True)  # row-major: each row's ids in increasing order
+    counts = torch.bincount(row_of, minlength=num_rows)  # [N]
+    width = int(counts.max()) if row_of.numel() else 0
+    if width == 0 or int(counts.min()) == 0 or width * SPARSE_SHARE > vocab_size:
+        return None
+    values = probs[row_of, ids]
+    if not bool(((values > 0) & torch.isfinite(values)).all()):
+        return None
+    starts = torch.cumsum(counts, dim=0) - counts  # [N]
+    slot = torch.arange(row_of.numel()) - starts[row_of]  # rank of each entry within its row
+    compact = torch.zeros(num_rows, width, dtype=torch.float64)  # [N, W], zeros after a row's entries
+    compact[row_of, slot] = values.to(torch.float64)
+    compact_ids = torch.full((num_rows, width), vocab_size, dtype=torch.long)  # [N, W]; V past the entries
+    compact_ids[row_of, slot] = ids
+    cdf = compact.cumsum(dim=-1)  # [N, W]
+    cdf = cdf / cdf[:, -1:]
+    found = torch.searchsorted(cdf, uniforms.unsqueeze(-1), right=True)  # [N, 1] in 0..W
+    past_end = torch.full((num_rows, 1), vocab_size, dtype=torch.long)
+    return torch.cat([compact_ids, past_end], dim=1).gather(1, found).squeeze(-1)  # [N]

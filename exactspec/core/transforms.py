@@ -16,6 +16,9 @@ definition the fast path is tested against. The fast path returns the same
 tensor bit for bit: it decides every filter exactly as the reference does and
 then runs the very same final softmax on the very same masked scores
 (tests/core/test_transforms_fast.py checks this on random and adversarial rows).
+With top-k on, top-k and top-p are decided on the few top candidates
+(`_top_k_top_p_compact`), not over the vocabulary; rows it cannot decide for
+certain take the full route.
 """
 
 from __future__ import annotations
@@ -33,6 +36,15 @@ from exactspec.core.settings import SamplingSettings
 # Rows whose finite scores (after top-k) number at most 1/_TOPK_SHARE of the vocabulary get their sorted
 # values from one `torch.topk`; denser rows use a full sort of the values.
 _TOPK_SHARE = 8
+# Candidates fetched beyond top_k by the compact top-k/top-p route, so that ties with the k-th best
+# value are seen among them (a row whose last candidate still ties takes the full route).
+_TOPK_EXTRA = 8
+# Chunk length of `_top_candidates`' first stage (row maxima per chunk).
+_CHUNK = 64
+# Half-width of the compact top-p route's "too close to call" band around 1 - top_p, in units of the
+# dtype's eps times (candidates + 8): a few times the rounding the two softmax-and-cumsum orders can
+# differ by (see `_top_k_top_p_compact`); a row with a cumulative sum inside it takes the full route.
+_TOP_P_MARGIN_EPS = 8
 # Half-width of min-p's "too close to call" band, in units of the dtype's eps, times (1 + |ln min_p|).
 # It covers the softmax kernel's exp (a few ulps), its reciprocal and products, and min_p's rounding to
 # the dtype; a token inside the band sends its row to the reference rule, so the band only costs time.
@@ -86,10 +98,17 @@ def probabilities(
         return torch.nn.functional.one_hot(best, vocab_size).to(scores.dtype)
 
     scores = scores / settings.temperature
-    if settings.top_k:
-        scores = _top_k(scores, settings.top_k)
-    if settings.top_p < 1.0:
-        scores = _top_p(scores, settings.top_p)
+    # The rows were checked finite above, which the compact route needs (topk ranks NaN first).
+    compact = (
+        _top_k_top_p_compact(scores, settings.top_k, settings.top_p) if settings.top_k and validate else None
+    )
+    if compact is not None:
+        scores = compact
+    else:
+        if settings.top_k:
+            scores = _top_k(scores, settings.top_k)
+        if settings.top_p < 1.0:
+            scores = _top_p(scores, settings.top_p)
     if settings.min_p > 0.0:
         scores = _min_p(scores, settings.min_p)
     return torch.softmax(scores, dim=-1)
@@ -158,6 +177,97 @@ def _top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
         tie_rank = tied.cumsum(dim=-1) - 1  # [N, V]: 0 for the lowest tied id of the row
         tied &= tie_rank >= tied_removed
     return scores.masked_fill(~(keep | tied), float("-inf"))
+
+
+def _top_k_top_p_compact(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor | None:
+    """`_top_p(_top_k(scores, top_k), top_p)` (or `_top_k` alone when top_p = 1), bit for bit, from
+    one `torch.topk` of W = top_k + _TOPK_EXTRA candidates instead of passes over [N, V].
+
+    None when W is too large a share of the vocabulary for this to pay. Rows of finite scores only.
+
+    Which ids top-k keeps: every id scoring at least the k-th best value (ties with it stay). They
+    are all among the W candidates unless the W-th candidate still ties the k-th; such rows (and
+    rows whose top-p decision is too close to call, below) are decided by the full route.
+
+    Top-p on the candidates: after top-k the full ascending row is (V - W) -inf entries followed by
+    the W candidates' values (-inf for those top-k removed), so its softmax and cumulative sums are
+    those of the W values alone, up to rounding: every term is the same exp of the same difference
+    (the maximum is exact), and only the order of the float32 sum and the exp kernel can differ.
+    Each cumulative sum of both is within (W + 6) eps of the exact one (W nonzero terms, each exp
+    and the division a few ulps), so a position whose cumulative sum lies further than the margin
+    8 (W + 8) eps from 1 - top_p gets the same decision in both; a row with a position inside it
+    goes to the full route. The -inf positions have cumulative sum exactly 0 in both. The kept set
+    and the tie rule (lowest tied ids removed first) then follow `_top_p`, counted on the
+    candidates: the full row has V - W more -inf entries, all removed and all below the first kept
+    value, which cancel in its tie count. The result has each kept id's own score and -inf
+    elsewhere, the very tensor the masked_fills of the full route give.
+
+    Example: top_k = 2, candidate values [5, 3, 3, 1] (W = 4): the 2nd best is 3, the third
+    candidate ties it, the fourth (1) is below, so top-k keeps the three ids scoring 5, 3 and 3.
+    """
+    num_rows, vocab_size = scores.shape
+    k = min(top_k, vocab_size)
+    width = k + _TOPK_EXTRA
+    if width * _TOPK_SHARE > vocab_size:
+        return None
+    values, ids = _top_candidates(scores, width)  # [N, W] each, values descending
+    kth = values[:, k - 1 : k]  # [N, 1]
+    member = values >= kth  # [N, W]: the candidates top-k keeps (a prefix, in descending order)
+    # Rows whose top-k set may reach past the W candidates: the last candidate ties the k-th.
+    full_route = values[:, -1] >= kth[:, 0]  # [N]
+    if top_p < 1.0:
+        ascending = torch.where(member, values, float("-inf")).flip(-1)  # [N, W]
+        cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)  # [N, W]
+        threshold = 1.0 - top_p
+        margin = _TOP_P_MARGIN_EPS * (width + 8) * torch.finfo(scores.dtype).eps
+        close = (cumulative.double() - threshold).abs() <= margin  # [N, W]
+        close &= ascending > float("-inf")
+        close[:, -1] = False  # the most likely token stays whatever its cumulative sum
+        full_route |= close.any(dim=-1)
+        remove_sorted = cumulative <= threshold
+        remove_sorted[:, -1] = False
+        num_removed = remove_sorted.sum(dim=-1, keepdim=True)  # [N, 1], a prefix as in `_top_p`
+        first_kept = ascending.gather(1, num_removed)  # [N, 1]
+        keep = values > first_kept  # [N, W]; candidates outside top-k lie below first_kept
+        tied = values == first_kept  # [N, W]
+        tied_removed = num_removed - (ascending < first_kept).sum(dim=-1, keepdim=True)  # [N, 1]
+        if bool((tied_removed > 0).any()):
+            # tie_rank[n, i]: tied candidates of row n with a lower id than candidate i.
+            lower = tied.unsqueeze(1) & (ids.unsqueeze(1) < ids.unsqueeze(2))  # [N, W, W]
+            tied &= lower.sum(dim=-1) >= tied_removed
+        member = keep | tied
+    out = torch.full_like(scores, float("-inf"))
+    out.scatter_(1, ids, torch.where(member, values, float("-inf")))
+    redo = full_route.nonzero().flatten().tolist()
+    if redo:
+        filtered = _top_k(scores[redo], top_k)
+        out[redo] = _top_p(filtered, top_p) if top_p < 1.0 else filtered
+    return out
+
+
+def _top_candidates(scores: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `width` highest values of each row, descending, and ids holding them: torch.topk's values.
+
+    In two stages, each a few times cheaper than one topk over the vocabulary: the row is cut into
+    chunks of _CHUNK entries, and the top `width` values all lie in the `width` chunks with the
+    highest maxima. (Every chunk whose maximum beats the width-th highest maximum m is chosen, so
+    every value above m is among the chosen chunks; the chosen chunks whose maximum is m hold at
+    least as many values equal to m as the top `width` needs.) Among ids with equal values the
+    choice may differ from torch.topk's; the values, in order, are the same.
+    """
+    num_rows, vocab_size = scores.shape
+    num_chunks = -(-vocab_size // _CHUNK)
+    if num_chunks < 2 * width:
+        return torch.topk(scores, width, dim=-1)
+    padded = scores
+    if vocab_size % _CHUNK:
+        padded = torch.nn.functional.pad(scores, (0, num_chunks * _CHUNK - vocab_size), value=float("-inf"))
+    chunks = padded.view(num_rows, num_chunks, _CHUNK)  # [N, C, _CHUNK]
+    chosen = torch.topk(chunks.amax(dim=-1), width, dim=-1).indices  # [N, W]
+    candidates = chunks.gather(1, chosen.unsqueeze(-1).expand(-1, -1, _CHUNK))  # [N, W, _CHUNK]
+    values, where = torch.topk(candidates.reshape(num_rows, -1), width, dim=-1)  # [N, W]
+    ids = chosen.gather(1, where // _CHUNK) * _CHUNK + where % _CHUNK  # [N, W]
+    return values, ids
 
 
 def _ascending_values(scores: torch.Tensor) -> torch.Tensor:

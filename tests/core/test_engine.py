@@ -13,6 +13,8 @@ from exactspec.core.settings import SamplingSettings
 from exactspec.core.transforms import probabilities
 from exactspec.drafters import ModelDrafter, Proposal
 from exactspec.models.base import LanguageModel
+from exactspec.verifiers.block import verify_block
+from exactspec.verifiers.token import verify
 
 VOCAB = 6
 EOS = 0
@@ -375,3 +377,25 @@ def test_metrics_counts_are_consistent(gamma: int) -> None:
     else:
         assert metrics.proposed_tokens > 0
         assert len(metrics.proposed_by_position) <= gamma
+
+
+@pytest.mark.parametrize("verifier_name", ["token", "block"])
+def test_validate_off_skips_the_verifiers_checks_and_changes_no_token(verifier_name: str) -> None:
+    chosen = {"token": verify, "block": verify_block}[verifier_name]
+    flags: list[bool] = []
+
+    def recording(*args: object, validate: bool = True) -> object:
+        flags.append(validate)
+        return chosen(*args, validate=validate)
+
+    config = DecodeConfig(gamma=3, max_new_tokens=12, settings=SamplingSettings(temperature=0.9))
+    outputs = []
+    for validate in (True, False):
+        target = _target()
+        engine = SpeculativeEngine(
+            target, ModelDrafter(_draft(), target.vocab_size), verifier=recording, validate=validate
+        )
+        outputs.append(_outputs(engine.generate(PROMPTS, config, SeededSampler(3, num_rows=len(PROMPTS)))))
+        assert set(flags) == {validate}
+        flags.clear()
+    assert outputs[0] == outputs[1]

@@ -6,7 +6,8 @@ import pytest
 import torch
 from scipy import stats
 
-from exactspec.core.sampler import Sampler, SeededSampler
+from exactspec.core import sampler as sampler_module
+from exactspec.core.sampler import Sampler, SeededSampler, _inverse_cdf_on_support
 
 
 def test_seeded_sampler_implements_the_protocol() -> None:
@@ -185,3 +186,63 @@ def test_empty_rows_give_empty_results() -> None:
     sampler = SeededSampler(seed=0)
     assert sampler.categorical(torch.zeros(0, 3), []).shape == (0,)
     assert sampler.bernoulli(torch.zeros(0), []).dtype == torch.bool
+
+
+def _full_walk(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """The inverse-CDF walk over every entry (what `categorical` does on dense rows)."""
+    cdf = probs.to(torch.float64).cumsum(dim=-1)
+    cdf = cdf / cdf[:, -1:]
+    return torch.searchsorted(cdf, uniforms.unsqueeze(-1), right=True).squeeze(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_walk_over_the_nonzero_entries_finds_the_full_walks_index(dtype: torch.dtype) -> None:
+    generator = torch.Generator().manual_seed(0)
+    vocab_size = 3000
+    for case in range(200):
+        num_rows = 1 + case % 4
+        logits = torch.randn(num_rows, vocab_size, generator=generator, dtype=dtype) * (1 + case % 5)
+        density = [0.001, 0.01, 0.05][case % 3]
+        keep = torch.rand(num_rows, vocab_size, generator=generator) < density
+        keep[:, case % vocab_size] = True  # at least one entry per row
+        probs = torch.softmax(logits.masked_fill(~keep, float("-inf")), dim=-1)
+        uniforms = torch.rand(num_rows, generator=generator, dtype=torch.float64)
+        # Also uniforms exactly on a CDF value, where right=True must step past it.
+        cdf = probs.to(torch.float64).cumsum(dim=-1)
+        cdf = cdf / cdf[:, -1:]
+        on_cdf = cdf[torch.arange(num_rows), keep.to(torch.int64).argmax(dim=-1)].clamp(max=0.999)
+        for u in (uniforms, on_cdf, torch.zeros(num_rows, dtype=torch.float64)):
+            index = _inverse_cdf_on_support(probs, u)
+            # The denser rows may be sent to the full walk by the probe; the sparse ones never are.
+            assert index is not None or density > 0.01
+            if index is not None:
+                assert torch.equal(index, _full_walk(probs, u))
+
+
+def test_the_walk_over_the_nonzero_entries_declines_dense_empty_or_invalid_rows() -> None:
+    u = torch.full((2,), 0.5, dtype=torch.float64)
+    dense = torch.full((2, 80), 1 / 80)
+    assert _inverse_cdf_on_support(dense, u) is None
+    sparse = torch.zeros(2, 80)
+    sparse[:, 3] = 1.0
+    assert _inverse_cdf_on_support(sparse, u).tolist() == [3, 3]
+    for bad in (-0.5, float("nan")):
+        invalid = sparse.clone()
+        invalid[1, 7] = bad
+        assert _inverse_cdf_on_support(invalid, u) is None
+    empty_row = sparse.clone()
+    empty_row[1] = 0.0
+    assert _inverse_cdf_on_support(empty_row, u) is None
+
+
+def test_categorical_draws_the_same_ids_with_or_without_the_sparse_walk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    generator = torch.Generator().manual_seed(1)
+    probs = torch.softmax(torch.randn(3, 5000, generator=generator), dim=-1)
+    probs = probs * (probs > probs.topk(20, dim=-1).values[:, -1:])  # 19 nonzero entries per row
+    sparse = SeededSampler(seed=4, num_rows=3)
+    draws = [sparse.categorical(probs, [0, 1, 2]).tolist() for _ in range(50)]
+    monkeypatch.setattr(sampler_module, "_inverse_cdf_on_support", lambda probs, uniforms: None)
+    dense = SeededSampler(seed=4, num_rows=3)
+    assert draws == [dense.categorical(probs, [0, 1, 2]).tolist() for _ in range(50)]

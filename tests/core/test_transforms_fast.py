@@ -264,3 +264,104 @@ def test_validate_false_skips_the_row_checks_only() -> None:
     )
     with pytest.raises(ValueError, match="one history per row"):
         probabilities(good, settings, None, validate=False)
+
+
+# ---------------------------------------------------------------- the compact top-k / top-p route
+
+
+def _bf16_rows(generator: torch.Generator, num_rows: int, vocab_size: int) -> torch.Tensor:
+    """Rows like a bfloat16 model's logits, in float32: a heavy head, a long tail, many exact ties."""
+    logits = torch.randn(num_rows, vocab_size, generator=generator) * 2.5
+    logits[:, :64] += torch.rand(num_rows, 64, generator=generator) * 12.0
+    return logits.to(torch.bfloat16).float()
+
+
+@pytest.mark.parametrize("vocab_size", [1000, 4099, QWEN_VOCAB])
+def test_compact_top_k_route_matches_the_reference_bit_for_bit(vocab_size: int) -> None:
+    rng = random.Random(vocab_size)
+    generator = torch.Generator().manual_seed(vocab_size)
+    cases = 40 if vocab_size < QWEN_VOCAB else 8
+    for _ in range(cases):
+        num_rows = rng.randrange(1, 6)
+        kind = rng.choice(["bf16", "ties", "peaked"])
+        if kind == "bf16":
+            logits = _bf16_rows(generator, num_rows, vocab_size)
+        elif kind == "ties":  # few distinct values: ties at the k-th candidate and at the top-p cut
+            logits = torch.randint(0, 40, (num_rows, vocab_size), generator=generator).float() / 4
+        else:
+            logits = torch.randn(num_rows, vocab_size, generator=generator)
+            logits[:, rng.randrange(vocab_size)] += rng.choice([3.0, 30.0])
+        settings = SamplingSettings(
+            temperature=rng.choice([0.3, 0.7, 1.0, 1.7]),
+            top_k=rng.choice([1, 2, 5, 20, 40]),
+            top_p=rng.choice([1.0, 0.5, 0.8, 0.9, 0.95, 1e-6]),
+            min_p=rng.choice([0.0, 0.0, 0.05]),
+            repetition_penalty=rng.choice([1.0, 1.05, 1.3]),
+        )
+        histories = _random_histories(rng, num_rows, vocab_size, 300)
+        _assert_same(logits, settings, histories)
+
+
+def test_compact_route_sends_only_undecidable_rows_to_the_full_route(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    original = transforms._top_k
+
+    def counting(scores: torch.Tensor, top_k: int) -> torch.Tensor:
+        calls.append(scores.shape[0])
+        return original(scores, top_k)
+
+    monkeypatch.setattr(transforms, "_top_k", counting)
+    vocab_size = 2000
+    clear = torch.linspace(-5.0, 5.0, vocab_size)  # distinct values, cumulative sums far from the cut
+    # Row 1: 30 ids tie the 20th best value, more than the candidates hold.
+    ties = clear.clone()
+    ties[-40:] = 7.0
+    ties[-10:] = 9.0
+    # Row 2: two ids carry exactly the mass 1 - top_p = 0.25 below the rest (cumulative on the cut).
+    cut = -1e4 - torch.arange(vocab_size, dtype=torch.float32)  # probability 0 after the softmax
+    cut[:4] = torch.tensor([0.0, 0.0, math.log(3.0), math.log(3.0)])  # 1/8, 1/8, 3/8, 3/8
+    logits = torch.stack([clear, ties, cut])
+    for settings in [SamplingSettings(top_k=20, top_p=0.75), SamplingSettings(temperature=0.7, top_k=20)]:
+        expected = _probabilities_reference(logits, settings)
+        calls.clear()
+        assert torch.equal(probabilities(logits, settings), expected)
+        # One call of the full route, on rows 1 and 2 with top-p, on row 1 alone without.
+        assert calls == ([2] if settings.top_p < 1.0 else [1]), settings.describe()
+
+
+def test_compact_route_is_skipped_without_validation_and_for_a_large_top_k(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = []
+    original = transforms._top_k_top_p_compact
+
+    def counting(*args: object) -> torch.Tensor | None:
+        result = original(*args)
+        calls.append(result is not None)
+        return result
+
+    monkeypatch.setattr(transforms, "_top_k_top_p_compact", counting)
+    logits = _bf16_rows(torch.Generator().manual_seed(8), 2, 1000)
+    probabilities(logits, SamplingSettings(top_k=20, top_p=0.8))
+    probabilities(logits, SamplingSettings(top_k=200, top_p=0.8))  # 208 candidates of 1000: full route
+    probabilities(logits, SamplingSettings(top_k=20, top_p=0.8), validate=False)
+    assert calls == [True, False]
+
+
+@pytest.mark.parametrize("vocab_size", [64 * 60, 64 * 60 + 17, 151936])
+def test_top_candidates_give_torch_topk_values_and_ids_that_hold_them(vocab_size: int) -> None:
+    generator = torch.Generator().manual_seed(vocab_size)
+    rows = [
+        _bf16_rows(generator, 3, vocab_size),
+        torch.randint(0, 3, (2, vocab_size), generator=generator).float(),  # ties everywhere
+        torch.full((1, vocab_size), 2.5),
+    ]
+    sparse = torch.full((1, vocab_size), NEG_INF)
+    sparse[0, torch.randperm(vocab_size, generator=generator)[:40]] = torch.randn(40, generator=generator)
+    rows.append(sparse)
+    for scores in rows:
+        for width in [1, 9, 28]:
+            values, ids = transforms._top_candidates(scores, width)
+            assert torch.equal(values, torch.topk(scores, width, dim=-1).values)
+            assert torch.equal(scores.gather(1, ids), values)
+            assert all(len(set(row)) == width for row in ids.tolist())
