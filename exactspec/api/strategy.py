@@ -8,8 +8,9 @@ engine's parts here, so every entry point means the same thing by `--drafter ngr
   the history has a match, the draft model elsewhere, `HybridDrafter`).
 - verifier: "token" (`verifiers.token.verify`, docs/algorithm.md 2) or "block"
   (`verifiers.block.verify_block`, docs/algorithm.md 5); both exact.
-- adaptive gamma: each row drafts argmax_g S(alpha_hat, g) tokens per round, g in 0..gamma
-  (`core.gamma.AdaptiveGamma`), with c and v(k) measured on the backend in use
+- adaptive gamma: each row drafts argmax_g S(g) tokens per round, g in 0..gamma, S from its
+  acceptance so far at each draft position (`core.gamma.AdaptiveGamma`), with c and v(k) measured on
+  the backend in use
   (`core.gamma.measure_cost_model`, cached on the `ModelPair`); gamma is then the maximum.
 
 >>> from exactspec.checking.toy import random_tabular_model

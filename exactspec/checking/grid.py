@@ -161,9 +161,9 @@ class AdapterCase(ExactCase):
 def adaptive_policy(max_gamma: int) -> AdaptiveGamma:
     """Made-up costs and a weak prior, so that a few rounds already move gamma between 0, 1 and 2.
 
-    c = 0.3, v(k) = 1 + 0.1 (k - 1): the prior alpha 0.5 gives gamma 1, one
-    accepted trial (alpha 0.75) gives 2, one rejection (alpha 0.25) gives 0,
-    and a row at 0 probes with 1 token in the next round.
+    c = 0.3, v(k) = 1 + 0.1 (k - 1): the prior rate 0.5 gives gamma 1, one
+    accepted trial (a_1 = a_2 = 0.83) gives 2, one rejection (a_1 = 0.17)
+    gives 0, and a row at 0 probes with 1 token in the next round.
     """
     return AdaptiveGamma(
         CostModel.linear(0.3, 0.1, max_gamma), prior_accepted=0.5, prior_rejected=0.5, probe_after=1

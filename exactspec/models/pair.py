@@ -149,7 +149,7 @@ class ModelPair:
     def cost_model(self, max_gamma: int) -> CostModel:
         """c and v(1..max_gamma + 1) of this pair's backend, measured on first use and cached on the pair.
 
-        `exactspec.core.gamma.measure_cost_model` times a few forwards through the adapters (about 4 s
+        `exactspec.core.gamma.measure_cost_model` times a few forwards through the adapters (about 7 s
         for the default pair at max_gamma 4); a later call with a larger max_gamma measures again, a
         smaller one reuses the cached numbers. Without a draft model c is 0. Clears both KV caches.
         """

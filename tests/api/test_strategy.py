@@ -76,10 +76,10 @@ def test_adaptive_gamma_takes_given_or_lazily_measured_costs() -> None:
     assert measured.costs.max_gamma == 2 and measured.costs.verify_costs[0] == 1.0
 
 
-def test_measured_cost_model_is_normalised_and_monotone() -> None:
+def test_measured_cost_model_is_normalised() -> None:
     costs = measure_cost_model(TARGET, DRAFT, 4, repeats=2)
     assert costs.max_gamma == 4 and costs.verify_costs[0] == 1.0 and costs.draft_cost > 0
-    assert list(costs.verify_costs) == sorted(costs.verify_costs)
+    assert all(cost > 0 for cost in costs.verify_costs)  # as measured: not forced non-decreasing
     assert measure_cost_model(TARGET, None, 1, repeats=1).draft_cost == 0.0
     with pytest.raises(ValueError):
         costs.up_to(5)

@@ -61,6 +61,70 @@ def test_alpha_estimate_counts_only_tried_tokens() -> None:
         policy.record(0, proposed=2, accepted=3)
 
 
+def test_position_rates_shrink_each_position_towards_the_one_before() -> None:
+    policy = AdaptiveGamma(CostModel.linear(0.4, 0.05, 4), prior_accepted=3.0, prior_rejected=1.0, memory=1.0)
+    policy.start(1)
+    assert policy.position_rates(0) == [0.75] * 4  # no evidence: the prior rate everywhere
+    policy.record(0, proposed=4, accepted=0)  # position 1 reached and rejected
+    policy.record(0, proposed=4, accepted=4)  # positions 1..4 reached and accepted
+    policy.record(0, proposed=2, accepted=2)  # positions 1, 2 accepted; 3 and 4 not proposed
+    r = (0 + 4 + 2 + 3) / (1 + 4 + 2 + 4)  # 7 positions reached, 6 accepted
+    a1 = (2 + 2 * r) / (3 + 2)
+    a2 = (2 + 2 * a1) / (2 + 2)
+    a3 = (1 + 2 * a2) / (1 + 2)
+    a4 = (1 + 2 * a3) / (1 + 2)
+    assert policy.acceptance_estimate(0) == pytest.approx(r)
+    assert policy.position_rates(0) == pytest.approx([a1, a2, a3, a4])
+
+
+def test_bursty_acceptance_drafts_longer_than_the_same_rate_spread_evenly() -> None:
+    # Rounds that either fail at once (5 of 12) or accept all four (7 of 12). One pooled rate over the
+    # tried positions (28 of 33) says gamma 2; by position, a round that passes the first token
+    # passes the rest, and drafting all four pays.
+    costs = CostModel(draft_cost=0.39, verify_costs=(1.0, 0.98, 0.97, 1.01, 1.05))
+    bursty = AdaptiveGamma(costs, memory=1.0)
+    bursty.start(1)
+    for accepted in [4, 0, 4, 4, 0, 4, 0, 4, 4, 0, 4, 0]:
+        bursty.record(0, proposed=4, accepted=accepted)
+    assert bursty.acceptance_estimate(0) == pytest.approx((28 + 3) / (33 + 4))
+    assert bursty.best_gamma(bursty.acceptance_estimate(0)) == 2  # the i.i.d. formula at that rate
+    assert bursty.draft_length(0) == 4
+
+
+def test_memory_weighs_older_rounds_down() -> None:
+    policy = AdaptiveGamma(CostModel.linear(0.4, 0.05, 2), prior_accepted=1.0, prior_rejected=1.0, memory=0.5)
+    policy.start(1)
+    policy.record(0, proposed=2, accepted=0)  # two rounds back: weight 0.25
+    policy.record(0, proposed=0, accepted=0)  # no draft: no evidence, no ageing
+    policy.record(0, proposed=2, accepted=2)  # one round back: weight 0.5
+    policy.record(0, proposed=1, accepted=1)  # the last round: weight 1
+    # n_1 = 0.25 + 0.5 + 1, k_1 = 0.5 + 1; n_2 = k_2 = 0.5.
+    assert policy.acceptance_estimate(0) == pytest.approx((1.5 + 0.5 + 1) / (1.75 + 0.5 + 2))
+
+
+def test_a_row_stuck_short_by_early_rejections_tries_longer_drafts_again() -> None:
+    costs = CostModel(draft_cost=0.383, verify_costs=(1.0, 0.945, 0.976, 1.037, 1.055))
+    policy = AdaptiveGamma(costs)
+    policy.start(1)
+    for accepted in [2, 1, 1]:  # position 2 rejected twice early on
+        policy.record(0, proposed=2, accepted=accepted)
+    lengths = []
+    for _ in range(12):  # then every first draft token is accepted
+        lengths.append(policy.draft_length(0))
+        policy.record(0, proposed=lengths[-1], accepted=min(lengths[-1], 1))
+    assert lengths[0] == 1 and max(lengths) >= 2
+
+
+def test_an_untried_position_inherits_the_deepest_tried_rate() -> None:
+    policy = AdaptiveGamma(CostModel.linear(0.2, 0.05, 4))
+    policy.start(1)
+    for _ in range(10):
+        policy.record(0, proposed=2, accepted=2)
+    rates = policy.position_rates(0)
+    assert rates[2] == rates[3] == rates[1] > 0.9
+    assert policy.draft_length(0) == 4
+
+
 def test_rows_reach_zero_then_probe_with_one_token() -> None:
     policy = AdaptiveGamma(CostModel.linear(0.3, 0.1, 4), probe_after=2)
     policy.start(1)
