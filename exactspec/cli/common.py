@@ -217,6 +217,15 @@ def strategy(args: argparse.Namespace) -> Strategy:
     return Strategy(drafter=args.drafter, verifier=args.verifier, adaptive_gamma=args.adaptive_gamma)
 
 
+def draft_to_load(args: argparse.Namespace, chosen: Strategy) -> str | None:
+    """The --draft to load for `chosen` (generate, serve), or None: --plain, --draft none, or prompt
+    lookup, which runs no draft model. Raises UsageError for the hybrid drafter without a draft."""
+    no_draft = args.draft.lower() == "none"
+    if no_draft and chosen.drafter == "hybrid" and not args.plain:
+        raise UsageError("--drafter hybrid needs a draft model; drop --draft none or use --drafter ngram")
+    return None if args.plain or no_draft or not chosen.needs_draft_model else args.draft
+
+
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """--target / --draft / --dtype / --weights / --cache-dir, shared by generate, bench and audit."""
     group = parser.add_argument_group("models")

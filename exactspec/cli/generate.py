@@ -14,6 +14,7 @@ from exactspec.cli.common import (
     add_strategy_arguments,
     check_model_arguments,
     decode_utf8,
+    draft_to_load,
     gamma_argument,
     non_empty,
     positive_int,
@@ -112,11 +113,8 @@ def run(args: argparse.Namespace) -> int:
     prompt = read_prompt(args)
     settings = sampling_settings(args)
     chosen = strategy(args)
-    no_draft = args.draft.lower() == "none"
-    if no_draft and chosen.drafter == "hybrid" and not args.plain:
-        raise UsageError("--drafter hybrid needs a draft model; drop --draft none or use --drafter ngram")
     # Prompt lookup needs no draft model: do not load one. `--draft none` with the draft model is plain.
-    draft = None if args.plain or no_draft or not chosen.needs_draft_model else args.draft
+    draft = draft_to_load(args, chosen)
     check_model_arguments(args, draft=draft is not None)
     plain = args.plain or (draft is None and chosen.needs_draft_model)
     progress = not args.no_progress

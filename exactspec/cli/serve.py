@@ -11,6 +11,7 @@ from exactspec.cli.common import (
     add_device_argument,
     add_model_arguments,
     add_strategy_arguments,
+    draft_to_load,
     gamma_argument,
     positive_int,
     strategy,
@@ -72,10 +73,7 @@ def run(args: argparse.Namespace) -> int:
     chosen = strategy(args)
     if chosen.adaptive_gamma:
         raise UsageError("--adaptive-gamma is not available in serve yet; give a fixed --gamma")
-    no_draft = args.draft.lower() == "none"
-    if no_draft and chosen.drafter == "hybrid" and not args.plain:
-        raise UsageError("--drafter hybrid needs a draft model; drop --draft none or use --drafter ngram")
-    draft = None if args.plain or no_draft or not chosen.needs_draft_model else args.draft
+    draft = draft_to_load(args, chosen)
     pair = ModelPair.from_pretrained(
         args.target,
         draft,
