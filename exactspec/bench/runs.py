@@ -22,6 +22,8 @@ from exactspec.models.base import LanguageModel
 from exactspec.models.pair import ModelPair
 from exactspec.peers import hf as hf_peer
 from exactspec.peers import llamacpp as llamacpp_peer
+from exactspec.verifiers.base import Verifier, VerifyResult
+from exactspec.verifiers.expected import expected_accepted
 
 
 class NoEos:
@@ -42,6 +44,46 @@ class NoEos:
         self, histories: Sequence[Sequence[int]], num_positions: int = 1, rows: Sequence[int] | None = None
     ) -> torch.Tensor:
         return self._model.logits(histories, num_positions, rows)
+
+
+class ExpectationRecorder:
+    """A verifier that runs `verifier` and adds up each rule's expected kept draft tokens on the same rounds.
+
+    Two runs with different verifiers sample different paths, so their tokens per
+    round differ by chance as well as by rule; scoring both rules on one run's own
+    rounds (`exactspec.verifiers.expected`) compares them on identical drafts and
+    targets. `seconds` is the time spent scoring, which `run_engine` takes out of
+    the run's timings so that the timed work is the verifier's alone.
+    """
+
+    def __init__(self, verifier: Verifier) -> None:
+        self.verifier = verifier
+        self.expected = {"token": 0.0, "block": 0.0}
+        self.rounds = 0
+        self.seconds = 0.0
+
+    def __call__(
+        self,
+        draft_tokens: torch.Tensor,
+        q: torch.Tensor | None,
+        p: torch.Tensor,
+        draft_lengths: torch.Tensor,
+        eos_token_ids: Any,
+        sampler: Any,
+        rows: Sequence[int] | None = None,
+        *,
+        validate: bool = True,
+    ) -> VerifyResult:
+        started = time.perf_counter()
+        for rule in self.expected:
+            self.expected[rule] += float(
+                expected_accepted(draft_tokens, q, p, draft_lengths, eos_token_ids, rule).sum()
+            )
+        self.rounds += draft_tokens.shape[0]  # row-rounds: one per row verified
+        self.seconds += time.perf_counter() - started
+        return self.verifier(
+            draft_tokens, q, p, draft_lengths, eos_token_ids, sampler, rows, validate=validate
+        )
 
 
 def run_engine(
@@ -66,6 +108,8 @@ def run_engine(
         draft = NoEos(pair.draft) if ignore_eos else pair.draft
     # As `generate` runs it: no per-round input checks in the verifier.
     engine = build_engine(target, draft, strategy or Strategy(), gamma, costs=pair.cost_model, validate=False)
+    recorder = ExpectationRecorder(engine.verifier)
+    engine.verifier = recorder
     pair.clear_caches()
     config = DecodeConfig(gamma=gamma, max_new_tokens=max_new_tokens, settings=settings)
     states = engine.start([list(ids)], config)
@@ -74,9 +118,12 @@ def run_engine(
     with ForwardTimer(pair.target_model) as target_timer, ForwardTimer(pair.draft_model) as draft_timer:
         started = time.perf_counter()
         for output in engine.rounds(states, config, sampler):
-            events.append((time.perf_counter(), len(output.new_tokens.get(0, []))))
-        wall = time.perf_counter() - started
+            # The recorder's scoring is not the method's work: its time comes off every clock.
+            events.append((time.perf_counter() - recorder.seconds, len(output.new_tokens.get(0, []))))
+        wall = time.perf_counter() - started - recorder.seconds
     metrics = engine.metrics
+    metrics.verify_seconds -= recorder.seconds
+    metrics.total_seconds -= recorder.seconds
     record = {
         "wall_seconds": wall,
         **steady_state(events, started),
@@ -90,6 +137,8 @@ def run_engine(
         "target_forwards": [list(c) for c in target_timer.calls],
         "draft_forwards": [list(c) for c in draft_timer.calls],
         "model_seconds": target_timer.seconds + draft_timer.seconds,
+        # E[kept draft tokens] summed over this run's rounds under each rule, on identical inputs.
+        "expected_accepted": {**recorder.expected, "rounds": recorder.rounds},
     }
     costs = getattr(engine.gamma_policy, "costs", None)
     if costs is not None:  # what adaptive gamma optimised with (measured once per pair)

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("matplotlib")
@@ -18,7 +19,11 @@ from conftest import tiny_causal_lm  # noqa: E402
 
 from exactspec.bench.report import render_markdown, write_outputs  # noqa: E402
 from exactspec.bench.runner import BenchConfig, EncodedPrompt, run_bench  # noqa: E402
+from exactspec.bench.runs import ExpectationRecorder  # noqa: E402
+from exactspec.core.sampler import SeededSampler  # noqa: E402
 from exactspec.models.pair import ModelPair  # noqa: E402
+from exactspec.verifiers.block import verify_block  # noqa: E402
+from exactspec.verifiers.expected import expected_accepted  # noqa: E402
 
 VOCAB = 97
 EOS = 3
@@ -173,6 +178,14 @@ def test_bench_runs_every_engine_method_and_named_settings(tmp_path: Path) -> No
     assert ("realistic", "adaptive gamma<=3") in labels and ("0", "ngram gamma=4") in labels
     assert len(summary["per_prompt"]) == len(runs)
     assert len(summary["block_vs_token"]) == 2 * 2
+    for run in runs:  # both rules scored on every round of every engine run, untimed
+        assert run["expected_accepted"]["rounds"] == run["metrics"]["rounds"]
+    for pair_row in summary["block_vs_token"]:
+        for scored in (pair_row["expected_on_token_rounds"], pair_row["expected_on_block_rounds"]):
+            assert 1.0 <= scored["token"] <= 3.0 and 1.0 <= scored["block"] <= 3.0  # gamma 2: 1 + 0..2
+            if pair_row["setting"] == "0":  # greedy p and q: both rules keep the same tokens
+                assert scored["block"] == pytest.approx(scored["token"], abs=1e-12)
+    assert summary["targets"]["block"]["scored_pairs"] == 2 * 2
     targets = summary["targets"]
     assert set(targets["lookup"]) == {"0 gamma=4"} and "edit" in targets["lookup"]["0 gamma=4"]["per_prompt"]
     assert isinstance(targets["adaptive"]["floor_met"], bool) and targets["outside_models"]["per_method"]
@@ -205,3 +218,17 @@ def test_old_results_without_sampling_rows_still_render() -> None:
         del run["setting"]
     text = render_markdown(result, plots=False)
     assert "## Temperature 0 (greedy)" in text and "speculative gamma=1" in text
+
+
+def test_expectation_recorder_passes_the_verifier_through_and_scores_both_rules() -> None:
+    generator = torch.Generator().manual_seed(3)
+    p = torch.softmax(torch.randn(2, 3, 5, generator=generator, dtype=torch.float64), dim=-1)
+    q = torch.softmax(torch.randn(2, 2, 5, generator=generator, dtype=torch.float64), dim=-1)
+    tokens, lengths = torch.tensor([[1, 2], [3, 0]]), torch.tensor([2, 1])
+    recorder = ExpectationRecorder(verify_block)
+    got = recorder(tokens, q, p, lengths, (), SeededSampler(seed=5, num_rows=2), [0, 1])
+    want = verify_block(tokens, q, p, lengths, (), SeededSampler(seed=5, num_rows=2), [0, 1])
+    assert torch.equal(got.tokens, want.tokens) and recorder.rounds == 2 and recorder.seconds > 0
+    for rule in ("token", "block"):
+        total = float(expected_accepted(tokens, q, p, lengths, (), rule).sum())
+        assert recorder.expected[rule] == pytest.approx(total, abs=1e-12)

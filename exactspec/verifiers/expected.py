@@ -1,0 +1,73 @@
+"""How many draft tokens each verifier keeps in expectation, given the drafted tokens: no coins flipped.
+
+A sampled run tells how many tokens one verifier kept on its own path; two
+runs with different verifiers drift apart after their first different token,
+so comparing their tokens per round compares two random paths. Given one
+round's inputs (draft tokens, q, p), the expected number of kept draft tokens
+under each rule is a closed form, so both rules can be scored on the very
+same rounds (`exactspec bench` does this for its block-against-token table):
+
+- token verification (docs/algorithm.md 2): X_k is kept when X_1..X_k all pass
+  their coins, so E[tau] = sum_k prod_{i <= k} a_i with a_i = min(1, p_i(X_i) / q_i(X_i)).
+- block verification (docs/algorithm.md 5): tau is the largest i whose coin
+  (probability h_i) succeeds, so P(tau >= k) = 1 - prod_{i >= k} (1 - h_i).
+
+Both rules first cut a block after its first drafted EOS, as the verifiers do.
+Block verification keeps at least as many tokens as token verification in
+expectation over the drafts, not on every single draft (`verifiers.block`'s
+example), so on real rounds the two sums are compared, not single rounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Literal
+
+import torch
+
+from exactspec.verifiers.block import _cut_after_first_eos, _stop_probabilities, _weights
+
+Rule = Literal["token", "block"]
+
+
+def expected_accepted(
+    draft_tokens: torch.Tensor,
+    q: torch.Tensor | None,
+    p: torch.Tensor,
+    draft_lengths: torch.Tensor,
+    eos_token_ids: Collection[int],
+    rule: Rule,
+) -> torch.Tensor:
+    """E[tau | drafts] [B] float64 under `rule`, for one round's verifier inputs.
+
+    Args (as `exactspec.verifiers.token.verify`): draft_tokens [B, gamma] long, q [B, gamma, V]
+    or None (deterministic drafts), p [B, gamma + 1, V], draft_lengths [B] long.
+
+    Example (`verifiers.block`'s p = (1/3, 2/3), q = (2/3, 1/3), gamma = 2): the draft (a, b)
+    keeps 1/2 + 1/2 = 1 token under token verification (a passes half of the time, then b always)
+    and 2 under block verification (w_2 = 1, so h_2 = 1).
+    """
+    if rule not in ("token", "block"):
+        raise ValueError(f"rule must be 'token' or 'block', got {rule!r}")
+    p = p.to(torch.float64)
+    q = None if q is None else q.to(torch.float64)
+    batch_size, gamma = draft_tokens.shape
+    if gamma == 0:
+        return torch.zeros(batch_size, dtype=torch.float64, device=p.device)
+    eos = torch.tensor(sorted(eos_token_ids), dtype=torch.long, device=p.device)
+    lengths, _ = _cut_after_first_eos(draft_tokens, draft_lengths, eos)  # [B]
+    position = torch.arange(1, gamma + 1, device=p.device)  # [gamma] 1-based
+    inside = position.unsqueeze(0) <= lengths.unsqueeze(1)  # [B, gamma]
+    if rule == "token":
+        p_x = p[:, :gamma].gather(2, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [B, gamma]
+        q_x = torch.ones_like(p_x) if q is None else q.gather(2, draft_tokens.unsqueeze(-1)).squeeze(-1)
+        safe_q = torch.where(q_x > 0, q_x, torch.ones_like(q_x))
+        accept = torch.where(q_x > 0, (p_x / safe_q).clamp(max=1.0), torch.ones_like(q_x))  # [B, gamma]
+        kept_through = torch.cumprod(torch.where(inside, accept, torch.zeros_like(accept)), dim=-1)
+        return kept_through.sum(dim=-1)
+    weights = _weights(draft_tokens, q, p, lengths)  # [B, gamma + 1]
+    stop = _stop_probabilities(draft_tokens, q, p, lengths, weights)  # [B, gamma]; 0 past L
+    # P(no coin at i..gamma succeeds) = prod_{j >= i} (1 - h_j): a reversed cumulative product.
+    none_from = torch.flip(torch.cumprod(torch.flip(1.0 - stop, [-1]), dim=-1), [-1])  # [B, gamma]
+    at_least = torch.where(inside, 1.0 - none_from, torch.zeros_like(none_from))  # [B, gamma] P(tau >= i)
+    return at_least.sum(dim=-1)

@@ -1,0 +1,75 @@
+"""Closed-form expected kept tokens per round equal the verifiers' exact (enumerated) means."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from exactspec.checking.exact import EnumeratingSampler, enumerate_outputs
+from exactspec.verifiers.block import verify_block
+from exactspec.verifiers.expected import expected_accepted
+from exactspec.verifiers.token import verify
+
+VERIFIERS = {"token": verify, "block": verify_block}
+
+
+def _enumerated_mean(rule: str, tokens, q, p, lengths, eos) -> torch.Tensor:
+    """E[num_accepted] per row [B], exactly, by enumerating the verifier's coins and draws."""
+
+    def run(sampler: EnumeratingSampler) -> tuple[int, ...]:
+        return tuple(VERIFIERS[rule](tokens, q, p, lengths, eos, sampler).num_accepted.tolist())
+
+    distribution, _ = enumerate_outputs(run)
+    mean = torch.zeros(tokens.shape[0], dtype=torch.float64)
+    for accepted, probability in distribution.items():
+        mean += probability * torch.tensor(accepted, dtype=torch.float64)
+    return mean
+
+
+def _random_round(seed: int, batch: int, gamma: int, vocab: int, sparse: bool):
+    generator = torch.Generator().manual_seed(seed)
+    p = torch.rand(batch, gamma + 1, vocab, generator=generator, dtype=torch.float64)
+    q = torch.rand(batch, gamma, vocab, generator=generator, dtype=torch.float64)
+    if sparse:  # zeros in p and q: rejections forced, q(X) = 0 entries never divided by
+        p[..., 0] = 0.0
+        q[..., 1] = 0.0
+    p, q = p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True)
+    tokens = torch.randint(0, vocab, (batch, gamma), generator=generator)
+    lengths = torch.randint(0, gamma + 1, (batch,), generator=generator)
+    return tokens, q, p, lengths
+
+
+@pytest.mark.parametrize("rule", ["token", "block"])
+@pytest.mark.parametrize(
+    ("seed", "gamma", "sparse"), list(itertools.product((0, 1, 2), (1, 2, 3), (False, True)))
+)
+def test_expected_accepted_equals_the_enumerated_mean(rule: str, seed: int, gamma: int, sparse: bool) -> None:
+    tokens, q, p, lengths = _random_round(seed, batch=3, gamma=gamma, vocab=3, sparse=sparse)
+    eos = {2}  # drafted EOS tokens cut the block, as in the verifiers
+    for dense_q in (q, None):  # a sampled draft and a deterministic one
+        got = expected_accepted(tokens, dense_q, p, lengths, eos, rule)
+        want = _enumerated_mean(rule, tokens, dense_q, p, lengths, eos)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+def test_paper_example_per_draft() -> None:
+    # verifiers.block's example: draft (a, b) keeps 1 token by token, 2 by block; (a, a) 3/4 and 1/2.
+    p = torch.tensor([[[1 / 3, 2 / 3]] * 3], dtype=torch.float64)
+    q = torch.tensor([[[2 / 3, 1 / 3]] * 2], dtype=torch.float64)
+    lengths = torch.tensor([2])
+    for draft, token, block in (((0, 1), 1.0, 2.0), ((0, 0), 0.75, 0.5)):
+        tokens = torch.tensor([list(draft)])
+        assert expected_accepted(tokens, q, p, lengths, (), "token").item() == pytest.approx(token, abs=1e-12)
+        assert expected_accepted(tokens, q, p, lengths, (), "block").item() == pytest.approx(block, abs=1e-12)
+
+
+def test_empty_blocks_and_unknown_rule() -> None:
+    tokens, q, p, _ = _random_round(0, batch=2, gamma=2, vocab=3, sparse=False)
+    zero = expected_accepted(tokens, q, p, torch.tensor([0, 0]), (), "block")
+    assert zero.tolist() == [0.0, 0.0]
+    empty = expected_accepted(tokens[:, :0], q[:, :0], p[:, :1], torch.tensor([0, 0]), (), "token")
+    assert empty.tolist() == [0.0, 0.0]
+    with pytest.raises(ValueError, match="rule"):
+        expected_accepted(tokens, q, p, torch.tensor([1, 1]), (), "tree")  # type: ignore[arg-type]
