@@ -18,8 +18,12 @@ from exactspec.core.sampler import Sampler
 from exactspec.core.settings import SamplingSettings
 from exactspec.drafters.base import Proposal
 
-DEFAULT_MAX_NGRAM = 2
-"""Longest suffix tried first; Hugging Face's prompt lookup (`max_matching_ngram_size`) defaults to 2."""
+DEFAULT_MAX_NGRAM = 4
+"""Longest suffix tried first. Hugging Face's prompt lookup (`max_matching_ngram_size`) defaults to 2;
+replaying the greedy answers of the bench's grounded prompts (Qwen2.5-Coder 1.5B, bf16), suffixes of
+up to 4 kept at least as many tokens per round as up to 2 on every prompt and answer length tried
+(64 to 400 tokens), and up to 11 % more: a longer match picks the right copy of a repeated short
+span (an indented `if`, a closing bracket)."""
 
 DEFAULT_MIN_NGRAM = 1
 """Shortest suffix tried last (Hugging Face tries down to 1)."""
