@@ -152,6 +152,7 @@ class Scheduler:
         max_waiting: int = DEFAULT_MAX_WAITING,
         sampler: Sampler | None = None,
         verifier: Verifier = verify,
+        validate: bool = True,
     ) -> None:
         """
         Args:
@@ -163,10 +164,12 @@ class Scheduler:
                 one stream per row id. A sampler without `add_row` (the exact check's
                 enumerating sampler) is used as it is.
             verifier: token (default) or block verification, as in `SpeculativeEngine`.
+            validate: the verifier checks its inputs every round, as in `SpeculativeEngine`
+                (the server turns it off: the engine builds those inputs itself).
         """
         if max_batch < 1 or max_waiting < 0:
             raise ValueError(f"max_batch must be >= 1 and max_waiting >= 0, got {max_batch}, {max_waiting}")
-        self.engine = SpeculativeEngine(target, drafter, verifier=verifier)
+        self.engine = SpeculativeEngine(target, drafter, verifier=verifier, validate=validate)
         self.config = DecodeConfig(gamma=gamma if drafter is not None else 0, max_new_tokens=1)
         self.max_batch = max_batch
         self.max_waiting = max_waiting

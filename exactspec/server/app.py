@@ -189,6 +189,7 @@ class Service:
             max_batch=max_batch,
             max_waiting=max_waiting,
             verifier=verifier,
+            validate=False,  # as `generate` runs: no per-round input checks in production rounds
         )
         self.metrics = ServerMetrics(self.scheduler)
         self.default_max_tokens = default_max_tokens

@@ -23,6 +23,7 @@ import uvicorn
 from conftest import TOKENIZER_EOS_ID, TOKENIZER_VOCAB, tiny_causal_lm, tiny_tokenizer
 
 from exactspec.api.decoder import SpeculativeDecoder
+from exactspec.core.scheduler import Scheduler
 from exactspec.core.settings import SamplingSettings
 from exactspec.models.pair import ModelPair
 from exactspec.server.app import Service, create_app
@@ -359,3 +360,11 @@ def test_a_prompt_lookup_server_without_a_draft_model_equals_plain_greedy_decodi
     )
     assert response.choices[0].text == plain.completions[0].text
     assert response.model_extra["exactspec"]["proposed_tokens"] > 0  # the lookup did draft
+
+
+def test_production_rounds_skip_the_per_round_input_checks() -> None:
+    # Issue 12: validation on in tests and `exactspec verify`, off in production rounds (as `generate`).
+    target = tiny_causal_lm(vocab_size=VOCAB, seed=0, context=CONTEXT, eos_token_id=TOKENIZER_EOS_ID)
+    pair = ModelPair.from_models(target, None, tokenizer=tiny_tokenizer())
+    assert Service(pair, gamma=0).scheduler.engine.validate is False
+    assert Scheduler(pair.target).engine.validate is True  # a scheduler on its own keeps them
