@@ -215,9 +215,10 @@ def _targets(summary: dict[str, Any]) -> list[str]:
             lines.append(
                 "- block verification: expected tokens/round of the block rule >= the token rule's, both "
                 f"scored on the same rounds, on all {block['scored_pairs']} prompt x setting x gamma pairs "
-                f"(each on both runs' rounds) {verdict(block['met'])} (fewer on: {expected_short})"
+                f"(each on both runs' rounds) {verdict(block['met'])} (fewer on: {expected_short}); "
+                f"median gain {_f(block['median_expected_gain'], 3)}x"
             )
-            judged = "sampled"
+            judged = "(reported, not judged: two sampled runs differ by chance)"
         else:
             judged = verdict(block["met"])
         lines.append(

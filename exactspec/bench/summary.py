@@ -433,19 +433,29 @@ def targets(
     pairs = block_vs_token(per_prompt)
     if pairs:
         short = [p for p in pairs if not p["block_tokens_per_round"] >= p["token_tokens_per_round"]]
-        scored = [p for p in pairs if p.get("expected_on_block_rounds") is not None]
-        expected_short = [p for p in scored if _expected_shortfalls(p)]
+        scored_pairs = [p for p in pairs if p.get("expected_on_block_rounds") is not None]
+        expected_short = [p for p in scored_pairs if _expected_shortfalls(p)]
         out["block"] = {
             "pairs": len(pairs),
             "fewer_tokens_per_round": [f"{p['prompt']} ({p['setting']}, gamma={p['gamma']})" for p in short],
-            "scored_pairs": len(scored),
+            "scored_pairs": len(scored_pairs),
             "fewer_expected_tokens_per_round": [
                 f"{p['prompt']} ({p['setting']}, gamma={p['gamma']}, "
                 f"on the {' and '.join(_expected_shortfalls(p))} run's rounds)"
                 for p in expected_short
             ],
+            "median_expected_gain": theory.median(
+                [
+                    theory.ratio(scored["block"], scored["token"])
+                    for p in scored_pairs
+                    for scored in (p["expected_on_token_rounds"], p["expected_on_block_rounds"])
+                    if scored is not None
+                ]
+            )
+            if scored_pairs
+            else NAN,
             # Judged on the paired expectation where the runs carry it, else on the sampled counts.
-            "met": not expected_short if scored else not short,
+            "met": not expected_short if scored_pairs else not short,
             "median_wall_clock_gain": theory.median([p["wall_clock_gain"] for p in pairs]),
             "median_tokens_per_round_gain": theory.median(
                 [theory.ratio(p["block_tokens_per_round"], p["token_tokens_per_round"]) for p in pairs]

@@ -186,6 +186,7 @@ def test_bench_runs_every_engine_method_and_named_settings(tmp_path: Path) -> No
             if pair_row["setting"] == "0":  # greedy p and q: both rules keep the same tokens
                 assert scored["block"] == pytest.approx(scored["token"], abs=1e-12)
     assert summary["targets"]["block"]["scored_pairs"] == 2 * 2
+    assert summary["targets"]["block"]["median_expected_gain"] > 0.5  # a ratio of two expected counts
     targets = summary["targets"]
     assert set(targets["lookup"]) == {"0 gamma=4"} and "edit" in targets["lookup"]["0 gamma=4"]["per_prompt"]
     assert isinstance(targets["adaptive"]["floor_met"], bool) and targets["outside_models"]["per_method"]
@@ -196,6 +197,7 @@ def test_bench_runs_every_engine_method_and_named_settings(tmp_path: Path) -> No
         "## Realistic settings (T=0.7 top_k=20 top_p=0.8 rep=1.05)",
         "### Per prompt, T=0: speedup over plain / tokens per round",
         "## Block against token verification",
+        "expected tokens/round of the block rule >= the token rule's",
     ):
         assert heading in text, heading
 
