@@ -149,10 +149,14 @@ def _header(
             + FULL_RUN_NOTE
         )
     cpus = env.get("cpu_count") or 0
-    if load_start and cpus and max(load_start[0], (load_end or [0])[0]) > 0.5 * cpus:
+    # The end figure counts the bench's own threads; what is left of it is other work.
+    own = min(env.get("torch_threads") or 0, cpus)
+    others = max(load_start[0] if load_start else 0.0, (load_end[0] - own) if load_end else 0.0)
+    if load_start and cpus and others > 0.5 * cpus:
         lines.append(
-            "- **the machine was loaded during this run** (load average above half the CPU count): absolute "
-            "timings are noisy and ratios less so, because every setting of a prompt ran back to back."
+            "- **the machine was loaded during this run** (load average, less the bench's own threads at "
+            "the end, above half the CPU count): absolute timings are noisy and ratios less so, because "
+            "every setting of a prompt ran back to back."
         )
     return lines + [""]
 

@@ -225,3 +225,13 @@ def test_report_without_plots_or_speculative_gain(tmp_path: Path) -> None:
     assert set(paths) == {"json", "report"}
     text = paths["report"].read_text()
     assert "**plain decoding**" in text and "png" not in text
+
+
+def test_the_load_warning_discounts_the_bench_s_own_threads() -> None:
+    # 2 CPUs, 2 torch threads: an end load of 2.0 is the bench itself; 3.5 means other work too.
+    result = fake_result()
+    env = result["environment"]
+    env["load_average_start"], env["load_average_end"] = [0.2, 0.2, 0.2], [2.0, 2.0, 2.0]
+    assert "the machine was loaded" not in render_markdown(result)
+    env["load_average_end"] = [3.5, 3.5, 3.5]
+    assert "the machine was loaded" in render_markdown(result)
