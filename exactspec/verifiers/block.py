@@ -98,9 +98,9 @@ def verify_block(
     batch_size, gamma = draft_tokens.shape
     eos = torch.tensor(sorted(eos_token_ids), dtype=torch.long, device=p.device)
 
-    lengths, ends_in_eos = _cut_after_first_eos(draft_tokens, draft_lengths, eos)  # [B], [B]
-    weights = _weights(draft_tokens, q, p, lengths)  # [B, gamma + 1]
-    stop = _stop_probabilities(draft_tokens, q, p, lengths, weights)  # [B, gamma]
+    lengths, ends_in_eos = cut_after_first_eos(draft_tokens, draft_lengths, eos)  # [B], [B]
+    weights = block_weights(draft_tokens, q, p, lengths)  # [B, gamma + 1]
+    stop = stop_probabilities(draft_tokens, q, p, lengths, weights)  # [B, gamma]
     tau = _draw_tau(stop, lengths, sampler, rows)  # [B]
 
     tokens = torch.full(
@@ -137,7 +137,7 @@ def verify_block(
     return VerifyResult(tokens=tokens, num_emitted=num_emitted, num_accepted=tau, hit_eos=hit_eos)
 
 
-def _cut_after_first_eos(
+def cut_after_first_eos(
     draft_tokens: torch.Tensor, draft_lengths: torch.Tensor, eos: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(lengths [B] cut just after the first drafted EOS, ends_in_eos [B] bool).
@@ -157,7 +157,7 @@ def _cut_after_first_eos(
     return lengths, ends_in_eos
 
 
-def _weights(
+def block_weights(
     draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor, lengths: torch.Tensor
 ) -> torch.Tensor:
     """w [B, gamma + 1]: w_0 = 1, w_i = min(1, w_{i-1} p_i(X_i) / q_i(X_i)) for i <= L, 1 past L.
@@ -178,7 +178,7 @@ def _weights(
     return weights
 
 
-def _stop_probabilities(
+def stop_probabilities(
     draft_tokens: torch.Tensor,
     q: torch.Tensor | None,
     p: torch.Tensor,

@@ -25,7 +25,7 @@ from typing import Literal
 
 import torch
 
-from exactspec.verifiers.block import _cut_after_first_eos, _stop_probabilities, _weights
+from exactspec.verifiers.block import block_weights, cut_after_first_eos, stop_probabilities
 
 Rule = Literal["token", "block"]
 
@@ -55,7 +55,7 @@ def expected_accepted(
     if gamma == 0:
         return torch.zeros(batch_size, dtype=torch.float64, device=p.device)
     eos = torch.tensor(sorted(eos_token_ids), dtype=torch.long, device=p.device)
-    lengths, _ = _cut_after_first_eos(draft_tokens, draft_lengths, eos)  # [B]
+    lengths, _ = cut_after_first_eos(draft_tokens, draft_lengths, eos)  # [B]
     position = torch.arange(1, gamma + 1, device=p.device)  # [gamma] 1-based
     inside = position.unsqueeze(0) <= lengths.unsqueeze(1)  # [B, gamma]
     if rule == "token":
@@ -65,8 +65,8 @@ def expected_accepted(
         accept = torch.where(q_x > 0, (p_x / safe_q).clamp(max=1.0), torch.ones_like(q_x))  # [B, gamma]
         kept_through = torch.cumprod(torch.where(inside, accept, torch.zeros_like(accept)), dim=-1)
         return kept_through.sum(dim=-1)
-    weights = _weights(draft_tokens, q, p, lengths)  # [B, gamma + 1]
-    stop = _stop_probabilities(draft_tokens, q, p, lengths, weights)  # [B, gamma]; 0 past L
+    weights = block_weights(draft_tokens, q, p, lengths)  # [B, gamma + 1]
+    stop = stop_probabilities(draft_tokens, q, p, lengths, weights)  # [B, gamma]; 0 past L
     # P(no coin at i..gamma succeeds) = prod_{j >= i} (1 - h_j): a reversed cumulative product.
     none_from = torch.flip(torch.cumprod(torch.flip(1.0 - stop, [-1]), dim=-1), [-1])  # [B, gamma]
     at_least = torch.where(inside, 1.0 - none_from, torch.zeros_like(none_from))  # [B, gamma] P(tau >= i)

@@ -130,9 +130,9 @@ def test_zero_draft_probability_and_the_zero_over_zero_stop_are_defined() -> Non
     lengths = torch.tensor([2])
     p = torch.tensor([[[0.5, 0.5, 0.0], [0.2, 0.3, 0.5], [1.0, 0.0, 0.0]]], dtype=torch.float64)
     q = torch.tensor([[[0.0, 1.0, 0.0], [0.2, 0.3, 0.5]]], dtype=torch.float64)
-    weights = block_module._weights(tokens, q, p, lengths)
+    weights = block_module.block_weights(tokens, q, p, lengths)
     assert weights.tolist() == [[1.0, 1.0, 1.0]]
-    assert block_module._stop_probabilities(tokens, q, p, lengths, weights).tolist() == [[0.0, 1.0]]
+    assert block_module.stop_probabilities(tokens, q, p, lengths, weights).tolist() == [[0.0, 1.0]]
     assert _outcomes(verify_block, tokens, q, p, lengths) == {(((0, 2, 0),), (2,)): 1.0}
 
 
@@ -198,14 +198,14 @@ TEETH_CASE = ExactCase("teeth", 4, 2, 3, seed=2, verifier="block")
 
 
 def test_teeth_stop_probability_from_the_previous_weight(monkeypatch: pytest.MonkeyPatch) -> None:
-    original = block_module._stop_probabilities
+    original = block_module.stop_probabilities
 
     def shifted(draft_tokens, q, p, lengths, weights):
         previous = torch.cat([weights[:, :1], weights[:, :-1]], dim=1)  # w_{i-1} where w_i belongs
         return original(draft_tokens, q, p, lengths, previous)
 
     assert _check_block(TEETH_CASE) <= EXACT_TOLERANCE
-    monkeypatch.setattr(block_module, "_stop_probabilities", shifted)
+    monkeypatch.setattr(block_module, "stop_probabilities", shifted)
     assert _check_block(TEETH_CASE) > 1e-6
 
 
