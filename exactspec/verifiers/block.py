@@ -38,7 +38,12 @@ import torch
 
 from exactspec.core.sampler import Sampler
 from exactspec.verifiers.base import NO_TOKEN, VerifyResult, check_inputs
-from exactspec.verifiers.residual import draft_probability, residual_distribution, residual_mass
+from exactspec.verifiers.residual import (
+    acceptance_probability,
+    draft_probability,
+    residual_distribution,
+    residual_mass,
+)
 
 
 def verify_block(
@@ -171,10 +176,8 @@ def block_weights(
         drafted = draft_tokens[:, i]  # [B]
         p_x = p[:, i].gather(1, drafted.unsqueeze(-1)).squeeze(-1)  # [B]
         q_x = draft_probability(None if q is None else q[:, i], drafted, p.dtype)  # [B]
-        usable = (q_x > 0) & (i < lengths)  # [B]; past L the entries are padding
-        safe_q = torch.where(usable, q_x, torch.ones_like(q_x))
-        step = torch.where(usable, (weights[:, i] * p_x / safe_q).clamp(max=1.0), torch.ones_like(q_x))
-        weights[:, i + 1] = step
+        step = acceptance_probability(weights[:, i] * p_x, q_x)  # [B]
+        weights[:, i + 1] = torch.where(i < lengths, step, torch.ones_like(step))  # past L: padding
     return weights
 
 

@@ -26,6 +26,7 @@ from typing import Literal
 import torch
 
 from exactspec.verifiers.block import block_weights, cut_after_first_eos, stop_probabilities
+from exactspec.verifiers.residual import acceptance_probability
 
 Rule = Literal["token", "block"]
 
@@ -61,8 +62,7 @@ def expected_accepted(
     if rule == "token":
         p_x = p[:, :gamma].gather(2, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [B, gamma]
         q_x = torch.ones_like(p_x) if q is None else q.gather(2, draft_tokens.unsqueeze(-1)).squeeze(-1)
-        safe_q = torch.where(q_x > 0, q_x, torch.ones_like(q_x))
-        accept = torch.where(q_x > 0, (p_x / safe_q).clamp(max=1.0), torch.ones_like(q_x))  # [B, gamma]
+        accept = acceptance_probability(p_x, q_x)  # [B, gamma]
         kept_through = torch.cumprod(torch.where(inside, accept, torch.zeros_like(accept)), dim=-1)
         return kept_through.sum(dim=-1)
     weights = block_weights(draft_tokens, q, p, lengths)  # [B, gamma + 1]

@@ -26,6 +26,17 @@ def draft_probability(q_rows: torch.Tensor | None, drafted: torch.Tensor, dtype:
     return q_rows.gather(1, drafted.unsqueeze(-1)).squeeze(-1)
 
 
+def acceptance_probability(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+    """a = min(1, p(X) / q(X)) per entry (docs/algorithm.md 1.2), and 1 where q(X) = 0.
+
+    A token with q(X) = 0 cannot have been drawn, so its coin is never needed; 1 keeps it
+    defined (the safe denominator only keeps the unused branch finite). p_x, q_x: same shape.
+    """
+    usable = q_x > 0
+    safe_q = torch.where(usable, q_x, torch.ones_like(q_x))
+    return torch.where(usable, (p_x / safe_q).clamp(max=1.0), torch.ones_like(q_x))
+
+
 def residual_mass(
     p_rows: torch.Tensor,
     q_rows: torch.Tensor | None,

@@ -20,7 +20,7 @@ import torch
 
 from exactspec.core.sampler import Sampler
 from exactspec.verifiers.base import NO_TOKEN, VerifyResult, check_inputs
-from exactspec.verifiers.residual import residual_distribution
+from exactspec.verifiers.residual import acceptance_probability, residual_distribution
 
 
 def verify(
@@ -83,10 +83,7 @@ def verify(
         # Single entries, not [A, V] row copies: p_i(X_i) and q_i(X_i) (one-hot q: 1).
         p_x = p[active, i, candidate]  # [A]
         q_x = torch.ones_like(p_x) if q is None else q[active, i, candidate]  # [A]
-        # docs/algorithm.md 1.2: a(x) = min(1, p/q); where q(x) = 0 the candidate could not have been
-        # drawn, so a(x) = 1 (the safe denominator only keeps the unused branch finite).
-        safe_q = torch.where(q_x > 0, q_x, torch.ones_like(q_x))
-        accept_prob = torch.where(q_x > 0, (p_x / safe_q).clamp(max=1.0), torch.ones_like(q_x))
+        accept_prob = acceptance_probability(p_x, q_x)  # [A]
         accepted = sampler.bernoulli(accept_prob, active_rows)  # [A] bool
 
         accepted_idx = active[accepted]
