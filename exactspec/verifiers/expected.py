@@ -50,8 +50,6 @@ def expected_accepted(
     """
     if rule not in ("token", "block"):
         raise ValueError(f"rule must be 'token' or 'block', got {rule!r}")
-    p = p.to(torch.float64)
-    q = None if q is None else q.to(torch.float64)
     batch_size, gamma = draft_tokens.shape
     if gamma == 0:
         return torch.zeros(batch_size, dtype=torch.float64, device=p.device)
@@ -60,11 +58,16 @@ def expected_accepted(
     position = torch.arange(1, gamma + 1, device=p.device)  # [gamma] 1-based
     inside = position.unsqueeze(0) <= lengths.unsqueeze(1)  # [B, gamma]
     if rule == "token":
-        p_x = p[:, :gamma].gather(2, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [B, gamma]
-        q_x = torch.ones_like(p_x) if q is None else q.gather(2, draft_tokens.unsqueeze(-1)).squeeze(-1)
+        # Only the drafted entries are read: gather them, then widen to float64.
+        drafted = draft_tokens.unsqueeze(-1)  # [B, gamma, 1]
+        p_x = p[:, :gamma].gather(2, drafted).squeeze(-1).to(torch.float64)  # [B, gamma]
+        q_x = torch.ones_like(p_x) if q is None else q.gather(2, drafted).squeeze(-1).to(torch.float64)
         accept = acceptance_probability(p_x, q_x)  # [B, gamma]
         kept_through = torch.cumprod(torch.where(inside, accept, torch.zeros_like(accept)), dim=-1)
         return kept_through.sum(dim=-1)
+    # Block needs whole rows (its residual masses): float64 copies of p and q.
+    p = p.to(torch.float64)
+    q = None if q is None else q.to(torch.float64)
     weights = block_weights(draft_tokens, q, p, lengths)  # [B, gamma + 1]
     stop = stop_probabilities(draft_tokens, q, p, lengths, weights)  # [B, gamma]; 0 past L
     # P(no coin at i..gamma succeeds) = prod_{j >= i} (1 - h_j): a reversed cumulative product.
