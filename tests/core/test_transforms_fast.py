@@ -180,15 +180,21 @@ def test_top_p_takes_the_topk_route_after_top_k_and_the_sort_route_without() -> 
         transforms._numpy_sort = original
 
 
-def test_min_p_rows_near_the_threshold_fall_back_to_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = []
-    original = transforms._min_p_reference
+def _rows_sent_to(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
+    """Wrap `transforms.<name>` (a function of scores [N, V] and more) to record N of every call."""
+    calls: list[int] = []
+    original = getattr(transforms, name)
 
-    def counting(scores: torch.Tensor, min_p: float) -> torch.Tensor:
+    def counting(scores: torch.Tensor, *args: object) -> torch.Tensor:
         calls.append(scores.shape[0])
-        return original(scores, min_p)
+        return original(scores, *args)
 
-    monkeypatch.setattr(transforms, "_min_p_reference", counting)
+    monkeypatch.setattr(transforms, name, counting)
+    return calls
+
+
+def test_min_p_rows_near_the_threshold_fall_back_to_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _rows_sent_to(monkeypatch, "_min_p_reference")
     for dtype in [torch.float32, torch.float64]:
         for min_p in [0.1, 0.5, 1.0, 1e-3]:
             # Row 0 is clear of the threshold; row 1 has ids at ln(min_p) and one float either side.
@@ -303,14 +309,7 @@ def test_compact_top_k_route_matches_the_reference_bit_for_bit(vocab_size: int) 
 
 
 def test_compact_route_sends_only_undecidable_rows_to_the_full_route(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = []
-    original = transforms._top_k
-
-    def counting(scores: torch.Tensor, top_k: int) -> torch.Tensor:
-        calls.append(scores.shape[0])
-        return original(scores, top_k)
-
-    monkeypatch.setattr(transforms, "_top_k", counting)
+    calls = _rows_sent_to(monkeypatch, "_top_k")
     vocab_size = 2000
     clear = torch.linspace(-5.0, 5.0, vocab_size)  # distinct values, cumulative sums far from the cut
     # Row 1: 30 ids tie the 20th best value, more than the candidates hold.
