@@ -21,6 +21,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from exactspec.api.text import encode_text
 from exactspec.bench.costs import cost_ratios
 from exactspec.drafters.ngram import lookup_continuation
 from exactspec.models.loading import load_tokenizer
@@ -66,12 +67,7 @@ def main() -> None:
         if run["method"] != "plain" or run["temperature"] != 0 or run.get("setting", "0") != "0":
             continue
         prompt = prompts[run["prompt"]]
-        text = prompt["text"]
-        if prompt["chat"]:
-            text = tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
-            )
-        ids = tokenizer(text, add_special_tokens=not prompt["chat"])["input_ids"]
+        ids = encode_text(tokenizer, prompt["text"], prompt["chat"])
         if len(ids) != run["prompt_tokens"]:
             raise SystemExit(
                 f"{run['prompt']}: {len(ids)} prompt tokens here, {run['prompt_tokens']} in the run; "

@@ -18,7 +18,7 @@ from typing import Any
 
 import exactspec.api.arguments as arguments
 from exactspec.api.strategy import DrafterName, Strategy, VerifierName, build_engine, default_gamma
-from exactspec.api.text import StopStrings, TextStream
+from exactspec.api.text import StopStrings, TextStream, encode_text
 from exactspec.core.engine import DecodeConfig, FinishReason, RowState, SpeculativeEngine
 from exactspec.core.errors import InvalidArgument
 from exactspec.core.metrics import DecodeMetrics
@@ -188,13 +188,7 @@ class SpeculativeDecoder:
             if isinstance(prompt, str):
                 if not prompt.strip():
                     raise InvalidArgument(f"prompt {index} is empty; give some text")
-                if chat:
-                    text = self.tokenizer.apply_chat_template(
-                        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
-                    )
-                else:
-                    text = prompt
-                ids = self.tokenizer(text, add_special_tokens=not chat)["input_ids"]
+                ids = encode_text(self.tokenizer, prompt, chat)
             else:
                 ids = list(prompt)
             if not ids:

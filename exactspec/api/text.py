@@ -1,4 +1,4 @@
-"""Text around the token engine: stop strings and streaming text.
+"""Text around the token engine: prompt encoding, stop strings and streaming text.
 
 Nothing here touches probabilities: stop strings cut a row at a point that
 depends only on the tokens already emitted, so the kept prefix keeps the
@@ -9,6 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+
+
+def encode_text(tokenizer: Any, text: str, chat: bool) -> list[int]:
+    """The token ids of one prompt: with `chat`, the chat template's user turn and the generation
+    prompt (the template adds the special tokens), else the text as it is, with the tokenizer's own
+    special tokens."""
+    if chat:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        )
+    return list(tokenizer(text, add_special_tokens=not chat)["input_ids"])
 
 
 class StopStrings:
