@@ -11,7 +11,9 @@ engine's parts here, so every entry point means the same thing by `--drafter ngr
 - adaptive gamma: each row drafts argmax_g S(g) tokens per round, g in 0..gamma, S from its
   acceptance so far at each draft position (`core.gamma.AdaptiveGamma`), with c and v(k) measured on
   the backend in use
-  (`core.gamma.measure_cost_model`, cached on the `ModelPair`); gamma is then the maximum.
+  (`core.gamma.measure_cost_model`, cached on the `ModelPair`); gamma is then the maximum. For prompt
+  lookup the statistics and the choice are kept per row and per match length n (`core.gamma.LookupGamma`,
+  with c = 0): a unigram match and a 4-gram match are not equally likely to be copied on.
 
 >>> from exactspec.checking.toy import random_tabular_model
 >>> target = random_tabular_model(5, seed=1)
@@ -32,11 +34,11 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from exactspec.core.engine import SpeculativeEngine
-from exactspec.core.gamma import AdaptiveGamma, CostModel, GammaPolicy, measure_cost_model
+from exactspec.core.gamma import AdaptiveGamma, CostModel, GammaPolicy, LookupGamma, measure_cost_model
 from exactspec.drafters.base import Drafter
 from exactspec.drafters.hybrid import HybridDrafter
 from exactspec.drafters.model import ModelDrafter
-from exactspec.drafters.ngram import NgramDrafter
+from exactspec.drafters.ngram import DEFAULT_MAX_NGRAM, NgramDrafter
 from exactspec.models.base import LanguageModel
 from exactspec.verifiers.base import Verifier
 from exactspec.verifiers.block import verify_block
@@ -149,18 +151,19 @@ def build_components(
             f"drafter {strategy.drafter!r} needs a draft model; load one, use drafter 'ngram' "
             "(prompt lookup) or gamma 0"
         )
-    lookup = NgramDrafter(target.eos_token_ids)
-    drafter: Drafter
     if strategy.drafter == "ngram":
-        drafter = lookup
-    else:
-        assert draft is not None
-        model_drafter = ModelDrafter(draft, target.vocab_size)
-        drafter = (
-            model_drafter
-            if strategy.drafter == "model"
-            else HybridDrafter(lookup, model_drafter, target.vocab_size)
-        )
+        if not strategy.adaptive_gamma:
+            return Components(NgramDrafter(target.eos_token_ids), verifier, None)
+        # The lookup's length is chosen per match length, once the round's match is found.
+        lengths = LookupGamma(_cost_model(target, draft, strategy, gamma, costs), DEFAULT_MAX_NGRAM)
+        return Components(NgramDrafter(target.eos_token_ids, lengths=lengths), verifier, lengths)
+    assert draft is not None
+    model_drafter = ModelDrafter(draft, target.vocab_size)
+    drafter: Drafter = (
+        model_drafter
+        if strategy.drafter == "model"
+        else HybridDrafter(NgramDrafter(target.eos_token_ids), model_drafter, target.vocab_size)
+    )
     policy = None
     if strategy.adaptive_gamma:
         policy = AdaptiveGamma(_cost_model(target, draft, strategy, gamma, costs))

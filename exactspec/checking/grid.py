@@ -31,13 +31,13 @@ from exactspec.checking.statistical import (
 )
 from exactspec.checking.toy import TabularModel, random_tabular_model
 from exactspec.core.engine import DecodeConfig, SpeculativeEngine
-from exactspec.core.gamma import AdaptiveGamma, CostModel
+from exactspec.core.gamma import AdaptiveGamma, CostModel, GammaPolicy, LookupGamma
 from exactspec.core.sampler import SeededSampler
 from exactspec.core.settings import SamplingSettings
 from exactspec.drafters.base import Drafter
 from exactspec.drafters.hybrid import HybridDrafter
 from exactspec.drafters.model import ModelDrafter
-from exactspec.drafters.ngram import NgramDrafter
+from exactspec.drafters.ngram import DEFAULT_MAX_NGRAM, NgramDrafter
 from exactspec.models.base import LanguageModel
 
 if TYPE_CHECKING:  # transformers loads only when an adapter case runs (keeps `verify` start-up light)
@@ -65,7 +65,7 @@ class ExactCase:
     seed: int = 0
     verifier: str = "token"  # token | block
     drafter: str = "model"  # model | ngram | hybrid (ngram and hybrid ignore `draft` where unused)
-    adaptive: bool = False  # gamma per row per round from `adaptive_policy`, capped by `gamma`
+    adaptive: bool = False  # gamma per row per round (`build_parts`), capped by `gamma`
     # Set for the scheduler cases: the rows (own settings, limits, join round) that the real
     # `Scheduler` runs with at most `max_batch` rows at a time; `settings` and `prompts` are unused.
     schedule: tuple[ScheduledRow, ...] = ()
@@ -100,6 +100,19 @@ class ExactCase:
         if self.drafter == "hybrid":
             return HybridDrafter(lookup, model, target.vocab_size)
         raise ValueError(f"unknown drafter {self.drafter!r}: model, ngram or hybrid")
+
+    def build_parts(self, target: TabularModel, draft: TabularModel) -> tuple[Drafter, GammaPolicy | None]:
+        """The drafter and the gamma policy (None unless `adaptive`) the case runs with.
+
+        Adaptive lookup is what `exactspec.api.strategy` builds for it: `lookup_policy` chooses each
+        match's length and the drafter asks it; other drafters take `adaptive_policy`.
+        """
+        if not self.adaptive:
+            return self.build_drafter(target, draft), None
+        if self.drafter == "ngram":
+            lengths = lookup_policy(self.gamma)
+            return NgramDrafter(target.eos_token_ids, lengths=lengths), lengths
+        return self.build_drafter(target, draft), adaptive_policy(self.gamma)
 
     def build_verifier(self) -> Verifier:
         verifiers: dict[str, Verifier] = {"token": verify, "block": verify_block}
@@ -167,6 +180,22 @@ def adaptive_policy(max_gamma: int) -> AdaptiveGamma:
     """
     return AdaptiveGamma(
         CostModel.linear(0.3, 0.1, max_gamma), prior_accepted=0.5, prior_rejected=0.5, probe_after=1
+    )
+
+
+def lookup_policy(max_gamma: int) -> LookupGamma:
+    """Made-up costs and `adaptive_policy`'s weak prior, per match length (c = 0: prompt lookup).
+
+    v(1) = 1, v(k) = 1.1 + 0.1 (k - 1) for k >= 2 (a fixed price for speculating at all): the prior
+    gives every match length 2 tokens; one rejection at the first token sends that match length
+    (and only that one) to 0, and the next match of that length probes with 1 token.
+    """
+    return LookupGamma(
+        CostModel(0.0, (1.0, *(1.1 + 0.1 * k for k in range(1, max_gamma + 1)))),
+        DEFAULT_MAX_NGRAM,
+        prior_accepted=0.5,
+        prior_rejected=0.5,
+        probe_after=1,
     )
 
 
@@ -402,7 +431,7 @@ def run_exact_case(case: ExactCase) -> ExactResult:
     target, draft = case.models()
     config = DecodeConfig(gamma=case.gamma, max_new_tokens=case.max_new_tokens, settings=case.settings)
     started = time.perf_counter()
-    drafter = case.build_drafter(target, draft)
+    drafter, policy = case.build_parts(target, draft)
     if case.schedule:
         check = check_scheduler(target, drafter, case.schedule, case.gamma, max_batch=case.max_batch)
         return ExactResult(
@@ -414,7 +443,7 @@ def run_exact_case(case: ExactCase) -> ExactResult:
         case.prompts,
         config,
         verifier=case.build_verifier(),
-        gamma_policy=adaptive_policy(case.gamma) if case.adaptive else None,
+        gamma_policy=policy,
         reference=case.reference(target),
     )
     return ExactResult(

@@ -11,6 +11,7 @@ probability p(X), on rejection draw from p with X removed.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
 
@@ -29,34 +30,43 @@ DEFAULT_MIN_NGRAM = 1
 """Shortest suffix tried last (Hugging Face tries down to 1)."""
 
 
-def lookup_continuation(
+class LookupMatch(NamedTuple):
+    """Where prompt lookup found its proposal: the suffix length that matched and what followed it."""
+
+    order: int
+    """n, the length of the history's suffix that occurred earlier (0: no match, no tokens)."""
+    tokens: list[int]
+    """Up to max_tokens tokens that followed the most recent earlier occurrence, cut after an EOS."""
+
+
+def lookup_match(
     history: Sequence[int],
     max_tokens: int,
     eos_token_ids: Collection[int],
     min_ngram: int = DEFAULT_MIN_NGRAM,
     max_ngram: int = DEFAULT_MAX_NGRAM,
-) -> list[int]:
+) -> LookupMatch:
     """The tokens that followed the most recent earlier occurrence of the history's longest matching suffix.
 
     For n = max_ngram down to min_ngram: if the last n tokens also occur
     earlier in the history, take the most recent such occurrence and return
     up to `max_tokens` of the tokens after it, stopping after an EOS (nothing
-    after an EOS can be output). The first n that matches wins; no match
-    gives [].
+    after an EOS can be output). The first n that matches wins; no match (or
+    max_tokens <= 0) gives order 0 and no tokens.
 
     Unlike Hugging Face's prompt lookup, which takes the earliest occurrence,
     the most recent one is used: in an edit or a chat the nearby copy is the
     one most likely to continue the same way.
 
-    >>> lookup_continuation([5, 6, 7, 8, 5, 6], max_tokens=3, eos_token_ids={0})
-    [7, 8, 5]
-    >>> lookup_continuation([5, 6, 7, 0, 9, 6], max_tokens=3, eos_token_ids={0})
-    [7, 0]
-    >>> lookup_continuation([1, 2, 3], max_tokens=3, eos_token_ids={0})
-    []
+    >>> lookup_match([5, 6, 7, 8, 5, 6], max_tokens=3, eos_token_ids={0})
+    LookupMatch(order=2, tokens=[7, 8, 5])
+    >>> lookup_match([5, 6, 7, 0, 9, 6], max_tokens=3, eos_token_ids={0})
+    LookupMatch(order=1, tokens=[7, 0])
+    >>> lookup_match([1, 2, 3], max_tokens=3, eos_token_ids={0})
+    LookupMatch(order=0, tokens=[])
     """
     if max_tokens <= 0:
-        return []
+        return LookupMatch(0, [])
     length = len(history)
     tokens = torch.tensor(history, dtype=torch.long)  # [T]
     for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
@@ -67,12 +77,36 @@ def lookup_continuation(
         if matches.numel() == 0:
             continue
         start = int(matches[-1]) + n  # most recent occurrence; at least one token follows it
-        continuation = history[start : start + max_tokens]
+        continuation = list(history[start : start + max_tokens])
         for index, token in enumerate(continuation):
             if token in eos_token_ids:
-                return list(continuation[: index + 1])
-        return list(continuation)
-    return []
+                return LookupMatch(n, continuation[: index + 1])
+        return LookupMatch(n, continuation)
+    return LookupMatch(0, [])
+
+
+def lookup_continuation(
+    history: Sequence[int],
+    max_tokens: int,
+    eos_token_ids: Collection[int],
+    min_ngram: int = DEFAULT_MIN_NGRAM,
+    max_ngram: int = DEFAULT_MAX_NGRAM,
+) -> list[int]:
+    """`lookup_match`'s tokens alone.
+
+    >>> lookup_continuation([5, 6, 7, 8, 5, 6], max_tokens=3, eos_token_ids={0})
+    [7, 8, 5]
+    """
+    return lookup_match(history, max_tokens, eos_token_ids, min_ngram, max_ngram).tokens
+
+
+@runtime_checkable
+class MatchLengths(Protocol):
+    """Decides how much of a lookup match row `row` proposes, from what matches of that order kept before."""
+
+    def length_for(self, row: int, order: int) -> int:
+        """At most how many tokens row `row` proposes after a match of suffix length `order` (>= 1)."""
+        ...
 
 
 class NgramDrafter:
@@ -93,12 +127,16 @@ class NgramDrafter:
         eos_token_ids: Collection[int],
         min_ngram: int = DEFAULT_MIN_NGRAM,
         max_ngram: int = DEFAULT_MAX_NGRAM,
+        lengths: MatchLengths | None = None,
     ) -> None:
+        """lengths: if given (`exactspec.core.gamma.LookupGamma`), a match of suffix length n proposes at
+        most `lengths.length_for(row, n)` tokens; otherwise every match proposes up to the row's limit."""
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
         self.eos_token_ids = frozenset(eos_token_ids)
         self.min_ngram = min_ngram
         self.max_ngram = max_ngram
+        self.lengths = lengths
 
     def propose(
         self,
@@ -108,13 +146,18 @@ class NgramDrafter:
         sampler: Sampler,
         rows: Sequence[int],
     ) -> Proposal:
-        # No randomness and no model: settings, sampler and rows are not needed. The transforms still
+        # No randomness and no model: settings and sampler are not needed. The transforms still
         # apply, through p: a proposed token the transforms rule out (p = 0) is simply rejected.
-        del settings, sampler, rows
-        drafts = [
-            lookup_continuation(history, limit, self.eos_token_ids, self.min_ngram, self.max_ngram)
-            for history, limit in zip(histories, max_tokens, strict=True)
-        ]
+        del settings, sampler
+        drafts = []
+        for history, limit, row in zip(histories, max_tokens, rows, strict=True):
+            match = lookup_match(history, limit, self.eos_token_ids, self.min_ngram, self.max_ngram)
+            draft = match.tokens
+            if self.lengths is not None and match.order > 0:
+                # The length depends on the history and on finished rounds only: still exact
+                # (docs/algorithm.md 5).
+                draft = draft[: self.lengths.length_for(row, match.order)]
+            drafts.append(draft)
         width = max((len(draft) for draft in drafts), default=0)
         tokens = torch.zeros(len(drafts), width, dtype=torch.long)  # [B, gamma]; padding is id 0
         for b, draft in enumerate(drafts):

@@ -7,7 +7,7 @@ import pytest
 from exactspec.api.strategy import Strategy, all_strategies, build_components, build_engine
 from exactspec.checking.toy import random_tabular_model
 from exactspec.core.engine import DecodeConfig
-from exactspec.core.gamma import AdaptiveGamma, CostModel, measure_cost_model
+from exactspec.core.gamma import AdaptiveGamma, CostModel, LookupGamma, measure_cost_model
 from exactspec.core.sampler import SeededSampler
 from exactspec.core.settings import SamplingSettings
 from exactspec.drafters.hybrid import HybridDrafter
@@ -71,6 +71,8 @@ def test_adaptive_gamma_takes_given_or_lazily_measured_costs() -> None:
     # prompt lookup runs no model: c = 0 whatever the draft model costs
     lookup = build_components(TARGET, DRAFT, Strategy("ngram", adaptive_gamma=True), 4, costs=COSTS)
     assert lookup.gamma_policy.costs.draft_cost == 0.0 and lookup.gamma_policy.costs.max_gamma == 4
+    # ... and its length is chosen per match length, by the policy the engine reports rounds to
+    assert isinstance(lookup.gamma_policy, LookupGamma) and lookup.drafter.lengths is lookup.gamma_policy
     # no costs given: measured on the models themselves
     measured = build_components(TARGET, DRAFT, Strategy(adaptive_gamma=True), 2).gamma_policy
     assert measured.costs.max_gamma == 2 and measured.costs.verify_costs[0] == 1.0

@@ -7,12 +7,20 @@ import collections
 import pytest
 
 from exactspec.checking.exact import check_speculative
-from exactspec.checking.grid import EXACT_TOLERANCE, ExactCase, adaptive_policy, exact_grid, run_exact_case
+from exactspec.checking.grid import (
+    EXACT_TOLERANCE,
+    ExactCase,
+    adaptive_policy,
+    exact_grid,
+    lookup_policy,
+    run_exact_case,
+)
 from exactspec.checking.toy import random_tabular_model
 from exactspec.core.engine import DecodeConfig, SpeculativeEngine
-from exactspec.core.gamma import AdaptiveGamma, CostModel, GammaPolicy, expected_tokens
+from exactspec.core.gamma import AdaptiveGamma, CostModel, GammaPolicy, LookupGamma, expected_tokens
 from exactspec.core.sampler import SeededSampler
 from exactspec.drafters import ModelDrafter
+from exactspec.drafters.ngram import NgramDrafter
 
 
 def test_expected_tokens_formula() -> None:
@@ -147,6 +155,38 @@ def test_start_forgets_every_row() -> None:
     assert policy.acceptance_estimate(0) == 0.5
 
 
+def test_lookup_gamma_learns_each_match_length_apart() -> None:
+    policy = lookup_policy(4)  # the prior drafts 2 at every match length
+    policy.start(2)
+    assert [policy.length_for(0, order) for order in (1, 2, 3)] == [2, 2, 2]
+    policy.record(0, proposed=2, accepted=0)  # filed under order 3, the last one asked
+    assert policy.length_for(0, 3) == 0 and policy.length_for(0, 1) == 2  # unigrams not blamed
+    policy.record(0, proposed=2, accepted=2)  # order 1: both kept
+    assert policy.length_for(0, 1) == 4
+    assert policy.length_for(1, 3) == 2  # nor another row's trigrams
+    policy.record(1, proposed=2, accepted=2)
+    # order 3 of row 0 went to 0 after its rejection; the next match of that length probes
+    assert policy.length_for(0, 3) == 0
+    policy.record(0, proposed=0, accepted=0)
+    assert policy.length_for(0, 3) == 1
+
+
+def test_lookup_gamma_caps_the_engine_at_its_max_and_learns_nothing_without_a_match() -> None:
+    policy = LookupGamma(CostModel.linear(0.4, 0.1, max_gamma=6), max_ngram=3)
+    policy.start(1)
+    assert policy.costs.draft_cost == 0.0  # lookup runs no model
+    assert policy.draft_length(0) == 6
+    before = policy.length_for(0, 2)
+    policy.record(0, proposed=before, accepted=0)
+    policy.record(0, proposed=0, accepted=0)  # a round without a match: nothing to file
+    with pytest.raises(ValueError, match="without asking"):
+        policy.record(0, proposed=3, accepted=1)
+    with pytest.raises(ValueError, match="1..3"):
+        policy.length_for(0, 4)
+    policy.start(1)
+    assert policy.length_for(0, 2) == before  # start forgets every row and match length
+
+
 class ScriptedPolicy:
     """Row r drafts script[r][k] tokens in its k-th round; records every report."""
 
@@ -229,6 +269,42 @@ class RecordingPolicy:
     def record(self, row: int, proposed: int, accepted: int) -> None:
         self.proposed[(row, proposed)] += 1
         self.inner.record(row, proposed, accepted)
+
+
+class RecordingLookupPolicy:
+    """Wraps a LookupGamma and counts the (match length, length chosen) pairs the drafter asks for."""
+
+    def __init__(self, inner: LookupGamma) -> None:
+        self.inner = inner
+        self.chosen: collections.Counter[tuple[int, int]] = collections.Counter()
+
+    def start(self, num_rows: int) -> None:
+        self.inner.start(num_rows)
+
+    def draft_length(self, row: int) -> int:
+        return self.inner.draft_length(row)
+
+    def length_for(self, row: int, order: int) -> int:
+        length = self.inner.length_for(row, order)
+        self.chosen[(order, length)] += 1
+        return length
+
+    def record(self, row: int, proposed: int, accepted: int) -> None:
+        self.inner.record(row, proposed, accepted)
+
+
+def test_the_exact_lookup_check_sees_match_lengths_drafting_differently() -> None:
+    case = next(case for case in ADAPTIVE_CASES if case.drafter == "ngram" and case.verifier == "token")
+    target, _ = case.models()
+    policy = RecordingLookupPolicy(lookup_policy(case.gamma))
+    config = DecodeConfig(gamma=case.gamma, max_new_tokens=case.max_new_tokens)
+    drafter = NgramDrafter(target.eos_token_ids, lengths=policy)
+    result = check_speculative(target, drafter, case.prompts, config, gamma_policy=policy)
+    assert result.total_variation <= EXACT_TOLERANCE
+    orders = {order for order, _ in policy.chosen}
+    assert len(orders) >= 2, policy.chosen
+    # lengths 0 (a match length rejected before), 1 (its probe) and 2 (the prior) all occur
+    assert {length for _, length in policy.chosen} >= {0, 1, 2}, policy.chosen
 
 
 def test_the_exact_check_sees_gamma_0_1_and_2_in_both_rows() -> None:

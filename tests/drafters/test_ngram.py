@@ -15,7 +15,7 @@ from exactspec.core.sampler import Sampler, SeededSampler
 from exactspec.core.settings import SamplingSettings
 from exactspec.drafters import ModelDrafter, Proposal
 from exactspec.drafters.hybrid import HybridDrafter
-from exactspec.drafters.ngram import NgramDrafter, lookup_continuation
+from exactspec.drafters.ngram import LookupMatch, NgramDrafter, lookup_continuation, lookup_match
 from exactspec.verifiers.block import verify_block
 from exactspec.verifiers.token import verify
 
@@ -48,6 +48,38 @@ def test_min_and_max_ngram_bound_the_suffix_length() -> None:
     assert lookup_continuation([4, 6, 9, 6], 2, EOS, min_ngram=2) == []  # only a unigram matches
     with pytest.raises(ValueError):
         NgramDrafter(EOS, min_ngram=3, max_ngram=2)
+
+
+def test_lookup_match_says_which_suffix_length_matched() -> None:
+    history = [1, 2, 3, 9, 2, 3, 8, 1, 2, 3]
+    assert lookup_match(history, 2, EOS) == LookupMatch(3, [9, 2])
+    assert lookup_match(history, 2, EOS, max_ngram=2) == LookupMatch(2, [8, 1])
+    assert lookup_match([4, 6, 9, 6], 2, EOS) == LookupMatch(1, [9, 6])
+    assert lookup_match([1, 2, 3], 2, EOS) == LookupMatch(0, [])
+    assert lookup_match([5, 6, 5], 0, EOS) == LookupMatch(0, [])
+
+
+class FixedLengths:
+    """Match length n proposes at most lengths[n] tokens; records each (row, n) asked about."""
+
+    def __init__(self, lengths: dict[int, int]) -> None:
+        self.lengths = lengths
+        self.asked: list[tuple[int, int]] = []
+
+    def length_for(self, row: int, order: int) -> int:
+        self.asked.append((row, order))
+        return self.lengths[order]
+
+
+def test_each_match_proposes_at_most_its_match_lengths_tokens() -> None:
+    lengths = FixedLengths({1: 1, 2: 3})
+    drafter = NgramDrafter(EOS, lengths=lengths)
+    histories = [[4, 6, 9, 8, 7, 6], [5, 6, 7, 8, 9, 5, 6], [1, 2], [3, 4, 3]]
+    proposal = drafter.propose(histories, [4, 4, 4, 0], SETTINGS, SeededSampler(0), [7, 2, 5, 9])
+    assert proposal.lengths.tolist() == [1, 3, 0, 0]
+    assert proposal.row_tokens(0) == [9] and proposal.row_tokens(1) == [7, 8, 9]
+    # asked with the engine's row ids, only for rows that found a match with room to draft
+    assert lengths.asked == [(7, 1), (2, 2)]
 
 
 def test_proposal_is_deterministic_without_dense_q() -> None:
