@@ -196,7 +196,7 @@ def _targets(summary: dict[str, Any]) -> list[str]:
             else "(reported)"
         )
         lines.append(
-            f"- prompt lookup, T={item['setting']}, gamma={item['gamma']}: median {_f(item['median'])}x, "
+            f"- prompt lookup ({item['label']}), T={item['setting']}: median {_f(item['median'])}x, "
             f"min {_f(item['min'])}x over plain on the grounded prompts ({per_prompt}) {judged}"
         )
     adaptive = goals.get("adaptive")
@@ -540,7 +540,10 @@ def _method_notes(config: dict[str, Any]) -> list[str]:
         "draft model with token verification; speculative-block = the same drafts with block verification; "
         "ngram = prompt lookup (no draft model, c = 0); hybrid = lookup where the history matches, the draft "
         "model elsewhere; adaptive = the draft model with gamma chosen per round in 0..gamma from running "
-        "acceptance and c, v(k) measured once per pair (ModelPair.cost_model), before the timed runs.",
+        "acceptance and c, v(k) measured once per pair (ModelPair.cost_model), before the timed runs; "
+        "ngram-adaptive = prompt lookup with that rule (c = 0) kept per row and per match length "
+        "(core.gamma.LookupGamma; results written before it, at code 6d4296c and older, kept one rule "
+        "per row).",
         "- Steady-state tokens/s = tokens after the first round / time after the first round (round "
         "boundaries from the engine's rounds, and from HF's streamer, which receives one chunk per round).",
         "- alpha = accepted / proposed draft tokens, pooled over prompts; tokens/round = emitted tokens / "

@@ -41,6 +41,7 @@ from exactspec.peers import hf as hf_peer
 
 PLAIN, SPECULATIVE, HF_ASSISTED, HF_PLAIN = "plain", "speculative", "hf-assisted", "hf-plain"
 SPECULATIVE_BLOCK, NGRAM, HYBRID, ADAPTIVE = "speculative-block", "ngram", "hybrid", "adaptive"
+NGRAM_ADAPTIVE = "ngram-adaptive"  # prompt lookup with its length chosen per match length
 LLAMACPP_PLAIN = "llamacpp-plain"
 METHODS = (
     PLAIN,

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("matplotlib")
 
 from exactspec.bench.report import load_result, render_markdown, write_outputs  # noqa: E402
-from exactspec.bench.summary import summarize  # noqa: E402
+from exactspec.bench.summary import summarize, targets  # noqa: E402
 
 N = 12  # new tokens per run
 
@@ -235,3 +235,25 @@ def test_the_load_warning_discounts_the_bench_s_own_threads() -> None:
     assert "the machine was loaded" not in render_markdown(result)
     env["load_average_end"] = [3.5, 3.5, 3.5]
     assert "the machine was loaded" in render_markdown(result)
+
+
+def test_lookup_target_judges_fixed_and_adaptive_lookup_each_on_its_own() -> None:
+    speedups = {("ngram", 8): (2.4, 1.9), ("ngram-adaptive", 16): (2.6, 2.01), ("hybrid", 4): (3.0, 2.5)}
+    per_prompt = [
+        {
+            "setting": "0",
+            "prompt": prompt,
+            "category": "grounded",
+            "method": method,
+            "gamma": gamma,
+            "speedup": value,
+        }
+        for (method, gamma), values in speedups.items()
+        for prompt, value in zip(("edit", "fix"), values, strict=True)
+    ]
+    slow_elsewhere = {**per_prompt[0], "prompt": "prose", "category": "explain", "speedup": 0.5}
+    lookup = targets({"runs": []}, [], [*per_prompt, slow_elsewhere])["lookup"]
+    assert set(lookup) == {"0 ngram gamma=8", "0 ngram-adaptive gamma<=16"}  # hybrid is not lookup alone
+    assert lookup["0 ngram gamma=8"]["min"] == 1.9 and not lookup["0 ngram gamma=8"]["met"]
+    assert lookup["0 ngram-adaptive gamma<=16"]["met"]
+    assert lookup["0 ngram-adaptive gamma<=16"]["median"] == pytest.approx(2.305)  # grounded prompts only

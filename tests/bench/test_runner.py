@@ -188,7 +188,8 @@ def test_bench_runs_every_engine_method_and_named_settings(tmp_path: Path) -> No
     assert summary["targets"]["block"]["scored_pairs"] == 2 * 2
     assert summary["targets"]["block"]["median_expected_gain"] > 0.5  # a ratio of two expected counts
     targets = summary["targets"]
-    assert set(targets["lookup"]) == {"0 gamma=4"} and "edit" in targets["lookup"]["0 gamma=4"]["per_prompt"]
+    assert set(targets["lookup"]) == {"0 ngram gamma=4"}
+    assert "edit" in targets["lookup"]["0 ngram gamma=4"]["per_prompt"]
     assert isinstance(targets["adaptive"]["floor_met"], bool) and targets["outside_models"]["per_method"]
     text = paths["report"].read_text()
     for heading in (

@@ -1,0 +1,47 @@
+"""scripts/replay_lookup.py: its replay of prompt lookup on a greedy answer is the engine's own rounds."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from exactspec.api.strategy import Strategy, build_engine
+from exactspec.checking.toy import random_tabular_model
+from exactspec.core.engine import DecodeConfig
+from exactspec.core.gamma import CostModel, LookupGamma
+from exactspec.core.sampler import SeededSampler
+from exactspec.core.settings import SamplingSettings
+from exactspec.drafters.ngram import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "replay_lookup.py"
+COSTS = CostModel(0.0, (1.0, 0.9, 0.95, 1.0, 1.1, 1.2, 1.3))
+
+
+def _replay_module():
+    spec = importlib.util.spec_from_file_location("replay_lookup", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed gamma", "adaptive lookup"])
+def test_replay_proposes_what_the_engine_proposed_at_t0(adaptive: bool) -> None:
+    # No EOS: the greedy answer runs to the length limit over 4 ids, so matches of every order occur.
+    target = random_tabular_model(4, seed=3, eos_token_id=None, sharpness=2.0)
+    prompt = [1, 2, 3, 1, 2, 0, 3]
+    gamma = COSTS.max_gamma
+    engine = build_engine(target, None, Strategy("ngram", adaptive_gamma=adaptive), gamma, costs=COSTS)
+    config = DecodeConfig(gamma=gamma, max_new_tokens=60, settings=SamplingSettings(temperature=0.0))
+    states = engine.start([prompt], config)
+    proposed = [output.proposed[0] for output in engine.rounds(states, config, SeededSampler(0))]
+    answer = states[0].generated
+
+    lengths = LookupGamma(COSTS, DEFAULT_MAX_NGRAM) if adaptive else None
+    rounds, replayed = _replay_module().replay(
+        prompt, answer, gamma, DEFAULT_MIN_NGRAM, DEFAULT_MAX_NGRAM, lengths
+    )
+    assert rounds == len(proposed) and replayed == proposed
+    assert len(set(proposed)) >= 3, proposed  # rounds of different lengths, not one repeated case
