@@ -11,7 +11,9 @@ engine's parts here, so every entry point means the same thing by `--drafter ngr
 - adaptive gamma: each row drafts argmax_g S(g) tokens per round, g in 0..gamma, S from its
   acceptance so far at each draft position (`core.gamma.AdaptiveGamma`), with c and v(k) measured on
   the backend in use
-  (`core.gamma.measure_cost_model`, cached on the `ModelPair`); gamma is then the maximum. For prompt
+  (`core.gamma.measure_cost_model`, cached on the `ModelPair`); gamma is then the maximum. With the
+  draft model, a row also stops drafting as soon as the draft's own confidence says the next token
+  does not pay for itself (`core.gamma.ConfidenceGamma`). For prompt
   lookup the statistics and the choice are kept per row and per match length n (`core.gamma.LookupGamma`,
   with c = 0): a unigram match and a 4-gram match are not equally likely to be copied on.
 
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from exactspec.core.engine import SpeculativeEngine
-from exactspec.core.gamma import AdaptiveGamma, CostModel, GammaPolicy, LookupGamma, measure_cost_model
+from exactspec.core.gamma import ConfidenceGamma, CostModel, GammaPolicy, LookupGamma, measure_cost_model
 from exactspec.drafters.base import Drafter
 from exactspec.drafters.hybrid import HybridDrafter
 from exactspec.drafters.model import ModelDrafter
@@ -158,15 +160,16 @@ def build_components(
         lengths = LookupGamma(_cost_model(target, draft, strategy, gamma, costs), DEFAULT_MAX_NGRAM)
         return Components(NgramDrafter(target.eos_token_ids, lengths=lengths), verifier, lengths)
     assert draft is not None
-    model_drafter = ModelDrafter(draft, target.vocab_size)
+    policy = None
+    if strategy.adaptive_gamma:
+        # The cap per row from AdaptiveGamma, and within it the draft stops where it grows unsure.
+        policy = ConfidenceGamma(_cost_model(target, draft, strategy, gamma, costs))
+    model_drafter = ModelDrafter(draft, target.vocab_size, stop=policy)
     drafter: Drafter = (
         model_drafter
         if strategy.drafter == "model"
         else HybridDrafter(NgramDrafter(target.eos_token_ids), model_drafter, target.vocab_size)
     )
-    policy = None
-    if strategy.adaptive_gamma:
-        policy = AdaptiveGamma(_cost_model(target, draft, strategy, gamma, costs))
     return Components(drafter, verifier, policy)
 
 

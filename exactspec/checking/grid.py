@@ -31,12 +31,12 @@ from exactspec.checking.statistical import (
 )
 from exactspec.checking.toy import TabularModel, random_tabular_model
 from exactspec.core.engine import DecodeConfig, SpeculativeEngine
-from exactspec.core.gamma import AdaptiveGamma, CostModel, GammaPolicy, LookupGamma
+from exactspec.core.gamma import AdaptiveGamma, ConfidenceGamma, CostModel, GammaPolicy, LookupGamma
 from exactspec.core.sampler import SeededSampler
 from exactspec.core.settings import SamplingSettings
 from exactspec.drafters.base import Drafter
 from exactspec.drafters.hybrid import HybridDrafter
-from exactspec.drafters.model import ModelDrafter
+from exactspec.drafters.model import DraftStop, ModelDrafter
 from exactspec.drafters.ngram import DEFAULT_MAX_NGRAM, NgramDrafter
 from exactspec.models.base import LanguageModel
 
@@ -90,8 +90,10 @@ class ExactCase:
         )
         return target, draft
 
-    def build_drafter(self, target: TabularModel, draft: TabularModel) -> Drafter:
-        model = ModelDrafter(draft, target.vocab_size)
+    def build_drafter(
+        self, target: TabularModel, draft: TabularModel, stop: DraftStop | None = None
+    ) -> Drafter:
+        model = ModelDrafter(draft, target.vocab_size, stop=stop)
         if self.drafter == "model":
             return model
         lookup = NgramDrafter(target.eos_token_ids)
@@ -104,15 +106,17 @@ class ExactCase:
     def build_parts(self, target: TabularModel, draft: TabularModel) -> tuple[Drafter, GammaPolicy | None]:
         """The drafter and the gamma policy (None unless `adaptive`) the case runs with.
 
-        Adaptive lookup is what `exactspec.api.strategy` builds for it: `lookup_policy` chooses each
-        match's length and the drafter asks it; other drafters take `adaptive_policy`.
+        What `exactspec.api.strategy` builds for an adaptive case: for lookup, `lookup_policy`
+        chooses each match's length and the drafter asks it; the draft model drafts within
+        `confidence_policy`'s cap and stops where that policy says its confidence is too low.
         """
         if not self.adaptive:
             return self.build_drafter(target, draft), None
         if self.drafter == "ngram":
             lengths = lookup_policy(self.gamma)
             return NgramDrafter(target.eos_token_ids, lengths=lengths), lengths
-        return self.build_drafter(target, draft), adaptive_policy(self.gamma)
+        policy = confidence_policy(self.gamma)
+        return self.build_drafter(target, draft, stop=policy), policy
 
     def build_verifier(self) -> Verifier:
         verifiers: dict[str, Verifier] = {"token": verify, "block": verify_block}
@@ -179,6 +183,13 @@ def adaptive_policy(max_gamma: int) -> AdaptiveGamma:
     gives 0, and a row at 0 probes with 1 token in the next round.
     """
     return AdaptiveGamma(
+        CostModel.linear(0.3, 0.1, max_gamma), prior_accepted=0.5, prior_rejected=0.5, probe_after=1
+    )
+
+
+def confidence_policy(max_gamma: int) -> ConfidenceGamma:
+    """`adaptive_policy`'s caps, plus `ConfidenceGamma`'s stop on the draft's confidence (same costs)."""
+    return ConfidenceGamma(
         CostModel.linear(0.3, 0.1, max_gamma), prior_accepted=0.5, prior_rejected=0.5, probe_after=1
     )
 

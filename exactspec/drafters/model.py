@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -12,6 +13,17 @@ from exactspec.core.settings import SamplingSettings
 from exactspec.core.transforms import probabilities_per_row
 from exactspec.drafters.base import Proposal
 from exactspec.models.base import LanguageModel
+
+
+@runtime_checkable
+class DraftStop(Protocol):
+    """Decides, token by token, whether a row drafts another token (`core.gamma.ConfidenceGamma`)."""
+
+    def keep_drafting(self, row: int, drafted: int, confidence: float) -> bool:
+        """Row `row` just drafted its `drafted`-th token this round from a draft distribution whose
+        largest probability (the draft model's own softmax, before any sampling transform) was
+        `confidence`: draft another? Called for every drafted token in order, the last one too."""
+        ...
 
 
 class ModelDrafter:
@@ -31,7 +43,10 @@ class ModelDrafter:
     case, where the draft has not yet seen the last accepted draft token).
     """
 
-    def __init__(self, model: LanguageModel, target_vocab_size: int) -> None:
+    def __init__(self, model: LanguageModel, target_vocab_size: int, stop: DraftStop | None = None) -> None:
+        """stop: if given, a row stops drafting early when `stop.keep_drafting` says so (within its
+        max_tokens); the decision depends on the draft's own distributions only, so it stays exact
+        (docs/algorithm.md 5)."""
         if model.vocab_size > target_vocab_size:
             raise ValueError(
                 f"the draft vocabulary ({model.vocab_size}) is larger than the target's "
@@ -39,6 +54,7 @@ class ModelDrafter:
             )
         self.model = model
         self.target_vocab_size = target_vocab_size
+        self.stop = stop
 
     def propose(
         self,
@@ -66,6 +82,10 @@ class ModelDrafter:
             clock = time.perf_counter()
             logits = self.model.logits(contexts, 1, rows=[rows[b] for b in live])[:, 0]  # [A, V_draft]
             forward_seconds += time.perf_counter() - clock
+            confidences = None
+            if self.stop is not None:  # the draft's own top probability, exp(max - logsumexp): [A]
+                top = logits.max(dim=-1).values - torch.logsumexp(logits, dim=-1)
+                confidences = top.exp().tolist()
             logits = _pad_vocab(logits, self.target_vocab_size)  # [A, V]
             q_step = probabilities_per_row(logits, [per_row[b] for b in live], contexts)  # [A, V]
             drawn = sampler.categorical(q_step, [rows[b] for b in live])  # [A]
@@ -78,9 +98,13 @@ class ModelDrafter:
             tokens[index, step] = drawn
             lengths[index] += 1
             still_live = []
-            for b, token in zip(live, drawn.tolist(), strict=True):
+            for a, (b, token) in enumerate(zip(live, drawn.tolist(), strict=True)):
                 drafted[b].append(token)
-                if token not in eos and step + 1 < max_tokens[b]:
+                more = token not in eos and step + 1 < max_tokens[b]
+                if confidences is not None:
+                    assert self.stop is not None
+                    more = self.stop.keep_drafting(rows[b], step + 1, confidences[a]) and more
+                if more:
                     still_live.append(b)
             live = still_live
         if q is None:

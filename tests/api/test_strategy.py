@@ -7,7 +7,7 @@ import pytest
 from exactspec.api.strategy import Strategy, all_strategies, build_components, build_engine
 from exactspec.checking.toy import random_tabular_model
 from exactspec.core.engine import DecodeConfig
-from exactspec.core.gamma import AdaptiveGamma, CostModel, LookupGamma, measure_cost_model
+from exactspec.core.gamma import ConfidenceGamma, CostModel, LookupGamma, measure_cost_model
 from exactspec.core.sampler import SeededSampler
 from exactspec.core.settings import SamplingSettings
 from exactspec.drafters.hybrid import HybridDrafter
@@ -65,9 +65,11 @@ def test_adaptive_gamma_takes_given_or_lazily_measured_costs() -> None:
         asked.append(max_gamma)
         return COSTS.up_to(max_gamma)
 
-    policy = build_components(TARGET, DRAFT, Strategy(adaptive_gamma=True), 3, costs=source).gamma_policy
-    assert isinstance(policy, AdaptiveGamma) and asked == [3]
-    assert policy.costs == COSTS.up_to(3)
+    parts = build_components(TARGET, DRAFT, Strategy(adaptive_gamma=True), 3, costs=source)
+    policy = parts.gamma_policy
+    assert isinstance(policy, ConfidenceGamma) and asked == [3]
+    assert policy.costs == COSTS.up_to(3) and policy.caps.costs == COSTS.up_to(3)
+    assert parts.drafter.stop is policy  # the drafter stops where the same policy says so
     # prompt lookup runs no model: c = 0 whatever the draft model costs
     lookup = build_components(TARGET, DRAFT, Strategy("ngram", adaptive_gamma=True), 4, costs=COSTS)
     assert lookup.gamma_policy.costs.draft_cost == 0.0 and lookup.gamma_policy.costs.max_gamma == 4

@@ -11,13 +11,21 @@ from exactspec.checking.grid import (
     EXACT_TOLERANCE,
     ExactCase,
     adaptive_policy,
+    confidence_policy,
     exact_grid,
     lookup_policy,
     run_exact_case,
 )
 from exactspec.checking.toy import random_tabular_model
 from exactspec.core.engine import DecodeConfig, SpeculativeEngine
-from exactspec.core.gamma import AdaptiveGamma, CostModel, GammaPolicy, LookupGamma, expected_tokens
+from exactspec.core.gamma import (
+    AdaptiveGamma,
+    ConfidenceGamma,
+    CostModel,
+    GammaPolicy,
+    LookupGamma,
+    expected_tokens,
+)
 from exactspec.core.sampler import SeededSampler
 from exactspec.drafters import ModelDrafter
 from exactspec.drafters.ngram import NgramDrafter
@@ -185,6 +193,83 @@ def test_lookup_gamma_caps_the_engine_at_its_max_and_learns_nothing_without_a_ma
         policy.length_for(0, 4)
     policy.start(1)
     assert policy.length_for(0, 2) == before  # start forgets every row and match length
+
+
+def test_confidence_gamma_drafts_on_while_the_next_token_pays_for_itself() -> None:
+    policy = ConfidenceGamma(CostModel.linear(0.1, 0.05, max_gamma=4))
+    policy.start(2)
+    assert policy.keep_drafting(0, 1, 0.95)  # a sure first token: the second is worth its cost
+    assert not policy.keep_drafting(0, 2, 0.15)  # an unsure second token: a third rarely counts
+    # Rounds where tokens drafted at confidence 0.15 were all accepted teach otherwise.
+    for _ in range(20):
+        policy.keep_drafting(1, 1, 0.15)
+        policy.record(1, proposed=1, accepted=1)
+    assert policy.bin_rate(0.15) > 0.9
+    policy.record(0, proposed=2, accepted=2)
+    assert policy.keep_drafting(0, 1, 0.95) and policy.keep_drafting(0, 2, 0.15)
+
+
+def test_confidence_gamma_calibrates_on_the_tried_tokens_only() -> None:
+    policy = ConfidenceGamma(CostModel.linear(0.1, 0.05, max_gamma=4))
+    policy.start(1)
+    for drafted, confidence in enumerate((0.95, 0.35, 0.85), start=1):
+        policy.keep_drafting(0, drafted, confidence)
+    policy.record(0, proposed=3, accepted=1)  # token 1 kept, token 2 rejected, token 3 never tried
+    assert policy._reached[9] == 1 and policy._kept[9] == 1
+    assert policy._reached[3] == 1 and policy._kept[3] == 0
+    assert policy._reached[8] == 0
+    assert policy.pooled_rate() == pytest.approx((1 + 3) / (2 + 4))
+    policy.record(0, proposed=0, accepted=0)  # a round at gamma 0 reports nothing drafted
+    assert sum(policy._reached) == 2
+    policy.start(1)
+    assert sum(policy._reached) == 0 and policy.bin_rate(0.35) == pytest.approx(0.35)
+
+
+def test_confidence_gamma_stops_where_the_costs_end_and_checks_the_order() -> None:
+    policy = ConfidenceGamma(CostModel.linear(0.0, 0.01, max_gamma=2))
+    policy.start(1)
+    assert policy.keep_drafting(0, 1, 0.99)
+    assert not policy.keep_drafting(0, 2, 0.99)  # v(4) unknown: gamma 2 is the most
+    with pytest.raises(ValueError, match="told of draft token 4"):
+        policy.keep_drafting(0, 4, 0.5)
+
+
+class RecordingStop:
+    """Wraps a ConfidenceGamma and counts early stops: the policy said stop with room left in the cap."""
+
+    def __init__(self, inner: ConfidenceGamma) -> None:
+        self.inner = inner
+        self.caps: dict[int, int] = {}
+        self.early_stops = 0
+        self.continued = 0
+
+    def start(self, num_rows: int) -> None:
+        self.inner.start(num_rows)
+
+    def draft_length(self, row: int) -> int:
+        self.caps[row] = self.inner.draft_length(row)
+        return self.caps[row]
+
+    def keep_drafting(self, row: int, drafted: int, confidence: float) -> bool:
+        more = self.inner.keep_drafting(row, drafted, confidence)
+        if drafted < self.caps[row]:
+            self.early_stops += not more
+            self.continued += more
+        return more
+
+    def record(self, row: int, proposed: int, accepted: int) -> None:
+        self.inner.record(row, proposed, accepted)
+
+
+def test_the_exact_check_sees_the_draft_stop_early_and_go_on() -> None:
+    case = next(case for case in ADAPTIVE_CASES if case.name.startswith("adaptive gamma token, V=3"))
+    target, draft = case.models()
+    policy = RecordingStop(confidence_policy(case.gamma))
+    config = DecodeConfig(gamma=case.gamma, max_new_tokens=case.max_new_tokens)
+    drafter = ModelDrafter(draft, target.vocab_size, stop=policy)
+    result = check_speculative(target, drafter, case.prompts, config, gamma_policy=policy)
+    assert result.total_variation <= EXACT_TOLERANCE
+    assert policy.early_stops > 0 and policy.continued > 0, (policy.early_stops, policy.continued)
 
 
 class ScriptedPolicy:

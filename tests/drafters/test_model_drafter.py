@@ -147,3 +147,33 @@ def test_first_draft_token_frequencies_match_q() -> None:
     q = _expected_q(model, [1, 3], settings, 5)
     counts = torch.bincount(proposal.tokens[:, 0], minlength=5).double()
     assert stats.chisquare(counts.numpy(), (q * num_rows).numpy()).pvalue > 1e-3
+
+
+class StopAfter:
+    """A DraftStop that lets row r draft `limits[r]` tokens and records every report."""
+
+    def __init__(self, limits: dict[int, int]) -> None:
+        self.limits = limits
+        self.calls: list[tuple[int, int, float]] = []
+
+    def keep_drafting(self, row: int, drafted: int, confidence: float) -> bool:
+        self.calls.append((row, drafted, confidence))
+        return drafted < self.limits[row]
+
+
+def test_a_draft_stop_ends_each_row_on_its_own_and_hears_every_token() -> None:
+    target, draft = random_tabular_model(6, seed=1), random_tabular_model(6, seed=2, eos_token_id=None)
+    stop = StopAfter({4: 1, 7: 3})
+    drafter = ModelDrafter(draft, target.vocab_size, stop=stop)
+    histories = [[1, 2], [3]]
+    sampler = SeededSampler(0)
+    sampler.add_row(4, 4)
+    sampler.add_row(7, 7)
+    proposal = drafter.propose(histories, [3, 3], SamplingSettings(), sampler, [4, 7])
+    assert proposal.lengths.tolist() == [1, 3]
+    assert [(row, drafted) for row, drafted, _ in stop.calls] == [(4, 1), (7, 1), (7, 2), (7, 3)]
+    for row, drafted, confidence in stop.calls:  # the draft's own top probability at that token
+        b = [4, 7].index(row)
+        context = histories[b] + proposal.row_tokens(b)[: drafted - 1]
+        expected = torch.softmax(draft.logits([context], 1)[0, 0].double(), dim=-1).max().item()
+        assert confidence == pytest.approx(expected, rel=1e-6)
