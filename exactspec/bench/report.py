@@ -210,6 +210,12 @@ def _targets(summary: dict[str, Any]) -> list[str]:
                 f"- adaptive gamma, median at {setting}: {_f(item['adaptive_median'])}x against the best "
                 "fixed "
                 f"gamma ({item['best_fixed_gamma']}, {_f(item['best_fixed_median'])}x) {verdict(item['met'])}"
+                + (
+                    f"; prompt by prompt faster than that gamma on {item['paired_faster_on']} of "
+                    f"{item['paired_prompts']}, median ratio {_f(item['paired_median_ratio'])}x (reported)"
+                    if item.get("paired_prompts")
+                    else ""
+                )
             )
     block = goals.get("block")
     if block:

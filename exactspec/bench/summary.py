@@ -374,7 +374,9 @@ def targets(
       on each grounded prompt at T = 0 (and T = 0.7), met when every grounded prompt reaches
       LOOKUP_TARGET;
     - adaptive: its lowest per-prompt speedup over every sampling row (met at >= ADAPTIVE_FLOOR),
-      and per sampling row its median against the best fixed-gamma (token-verified) median;
+      and per sampling row its median against the best fixed-gamma (token-verified) median (judged),
+      with the paired comparison beside it (on how many prompts adaptive beat that gamma, and the
+      median per-prompt ratio; reported);
     - block: per prompt and gamma, tokens/round of the block rule >= the token rule's, judged on
       the expected tokens/round of both rules scored on the same rounds (each of the two runs'
       own rounds; sampled tokens/round of two runs differ by chance too, and are reported
@@ -420,11 +422,25 @@ def targets(
             if not own or best is None:
                 continue
             median = own[0]["speedup"]["median"]
+            # The same comparison prompt by prompt: the medians above may come from different prompts.
+            fixed_speedup = {
+                r["prompt"]: r["speedup"]
+                for r in per_prompt
+                if r["setting"] == setting and r["method"] == SPECULATIVE and r["gamma"] == best["gamma"]
+            }
+            paired = [
+                theory.ratio(r["speedup"], fixed_speedup[r["prompt"]])
+                for r in adaptive
+                if r["setting"] == setting and r["prompt"] in fixed_speedup
+            ]
             by_setting[setting] = {
                 "adaptive_median": median,
                 "best_fixed_gamma": best["gamma"],
                 "best_fixed_median": best["speedup"]["median"],
                 "met": _nan_low(median) >= _nan_high(best["speedup"]["median"]),
+                "paired_prompts": len(paired),
+                "paired_faster_on": sum(1 for ratio in paired if ratio > 1.0),
+                "paired_median_ratio": theory.median(paired) if paired else NAN,
             }
         out["adaptive"] = {
             "min_speedup": worst["speedup"],

@@ -336,9 +336,10 @@ class ConfidenceGamma:
     above the average one). f is learned from the rows' finished rounds (every row of the
     generation pooled: calibration is a property of the pair, not of one prompt), each bin under a
     prior of strength 2 at its own centre; a is the pooled rate under a Beta(3, 1) prior. Hugging
-    Face's assisted generation stops on a fixed confidence threshold (0.4); here it follows the
-    measured costs and acceptance. The decision depends on the draft's distributions and finished
-    rounds only, so the output stays exactly the target's (docs/algorithm.md 5).
+    Face's assisted generation stops below a confidence threshold too (0.4 by default, moved by a
+    ROC rule that weighs a missed draft token 3 times a wasted one); here the measured costs weigh
+    them. The decision depends on the draft's distributions and finished rounds only, so the output
+    stays exactly the target's (docs/algorithm.md 5).
 
     >>> policy = ConfidenceGamma(CostModel.linear(0.1, 0.05, max_gamma=4))
     >>> policy.start(1)

@@ -257,3 +257,27 @@ def test_lookup_target_judges_fixed_and_adaptive_lookup_each_on_its_own() -> Non
     assert lookup["0 ngram gamma=8"]["min"] == 1.9 and not lookup["0 ngram gamma=8"]["met"]
     assert lookup["0 ngram-adaptive gamma<=16"]["met"]
     assert lookup["0 ngram-adaptive gamma<=16"]["median"] == pytest.approx(2.305)  # grounded prompts only
+
+
+def test_adaptive_target_pairs_each_prompt_with_the_best_fixed_gamma() -> None:
+    speedups = {("adaptive", 4): (1.2, 2.0), ("speculative", 2): (1.5, 1.6), ("speculative", 4): (1.0, 1.1)}
+    per_prompt = [
+        {
+            "setting": "0",
+            "prompt": prompt,
+            "category": "coding",
+            "method": method,
+            "gamma": gamma,
+            "speedup": value,
+        }
+        for (method, gamma), values in speedups.items()
+        for prompt, value in zip(("a", "b"), values, strict=True)
+    ]
+    rows = [
+        {"setting": "0", "method": method, "gamma": gamma, "speedup": {"median": sum(values) / 2}}
+        for (method, gamma), values in speedups.items()
+    ]
+    item = targets({"runs": []}, rows, per_prompt)["adaptive"]["median_vs_best_fixed"]["0"]
+    assert item["best_fixed_gamma"] == 2 and item["met"]  # median 1.6 against gamma 2's 1.55
+    assert item["paired_prompts"] == 2 and item["paired_faster_on"] == 1  # 1.2 < 1.5, 2.0 > 1.6
+    assert item["paired_median_ratio"] == pytest.approx((1.2 / 1.5 + 2.0 / 1.6) / 2)
