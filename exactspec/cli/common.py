@@ -208,7 +208,8 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
         "--adaptive-gamma",
         action="store_true",
         help="choose each row's draft length every round in 0..gamma from its acceptance and the "
-        "measured c and v(k) (gamma is then the maximum)",
+        "measured c and v(k) (gamma is then the maximum); a draft-model draft also stops where the "
+        "draft grows unsure, a lookup draft's length is learned per match length",
     )
 
 
