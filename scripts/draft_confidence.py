@@ -1,0 +1,92 @@
+"""How often draft tokens are accepted, by the draft model's confidence in them (what ConfidenceGamma uses).
+
+Runs fixed-gamma speculative decoding (token verification) on bench prompts and records, for every
+draft token that verification tried (tokens 1..accepted + 1 of each round), the draft model's own
+top probability when it drew that token (its softmax before the sampling transforms) and whether it
+was accepted. Prints acceptance per confidence bin, per sampling row.
+
+    python scripts/draft_confidence.py --weights bf16
+    python scripts/draft_confidence.py --prompts py-fibonacci,explain-tcp --gamma 4 --max-new-tokens 64
+
+Needs the built-in pair (or --target/--draft); about 3 minutes for the defaults on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+
+import torch
+
+from exactspec.api.text import encode_text
+from exactspec.bench.prompts import select_prompts
+from exactspec.core.engine import DecodeConfig, SpeculativeEngine
+from exactspec.core.sampler import SeededSampler
+from exactspec.core.settings import REALISTIC_CHAT_SETTINGS, SamplingSettings
+from exactspec.drafters.model import ModelDrafter
+from exactspec.models.pair import ModelPair
+
+DEFAULT_PROMPTS = (
+    "py-fibonacci,py-lru-cache,explain-tcp,grounded-edit-retry,grounded-qa-library,grounded-fix-bug-py"
+)
+ROWS = {"0": SamplingSettings(temperature=0.0), "realistic": REALISTIC_CHAT_SETTINGS}
+BINS = 10
+
+
+class ConfidenceLog:
+    """A `DraftStop` that never stops; it keeps each row's confidences of the current round."""
+
+    def __init__(self) -> None:
+        self.round: dict[int, list[float]] = defaultdict(list)
+
+    def keep_drafting(self, row: int, drafted: int, confidence: float) -> bool:
+        self.round[row].append(confidence)
+        return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--target", default="default-target")
+    parser.add_argument("--draft", default="default-draft")
+    parser.add_argument("--weights", default="bf16")
+    parser.add_argument("--prompts", default=DEFAULT_PROMPTS, help="bench prompt names, comma-separated")
+    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    pair = ModelPair.from_pretrained(args.target, args.draft, weights=args.weights, progress=False)
+    wanted = args.prompts.split(",")
+    prompts = [p for p in select_prompts("all+grounded") if p.name in wanted]
+    if len(prompts) != len(wanted):
+        known = {p.name for p in prompts}
+        raise SystemExit(f"unknown prompts: {', '.join(n for n in wanted if n not in known)}")
+    print("| row | " + " | ".join(f"{b / BINS:.1f}-{(b + 1) / BINS:.1f}" for b in range(BINS)) + " |")
+    print("|---|" + "---:|" * BINS)
+    for row_name, settings in ROWS.items():
+        tried, kept = [0] * BINS, [0] * BINS
+        for prompt in prompts:
+            log = ConfidenceLog()
+            drafter = ModelDrafter(pair.draft, pair.target.vocab_size, stop=log)
+            engine = SpeculativeEngine(pair.target, drafter, validate=False)
+            config = DecodeConfig(gamma=args.gamma, max_new_tokens=args.max_new_tokens, settings=settings)
+            states = engine.start([encode_text(pair.tokenizer, prompt.text, prompt.chat)], config)
+            for output in engine.rounds(states, config, SeededSampler(0)):
+                proposed, accepted = output.proposed.get(0, 0), output.accepted.get(0, 0)
+                for j, confidence in enumerate(log.round.pop(0, [])[: min(proposed, accepted + 1)]):
+                    b = min(int(confidence * BINS), BINS - 1)
+                    tried[b] += 1
+                    kept[b] += j < accepted
+            pair.clear_caches()
+        cells = [f"{k / n:.2f} ({n})" if n else "-" for n, k in zip(tried, kept, strict=True)]
+        print(f"| {row_name} | " + " | ".join(cells) + " |")
+    print(
+        f"\ncells: accepted / tried draft tokens whose draft top probability fell in the bin (tried); "
+        f"gamma {args.gamma}, {args.max_new_tokens} tokens per prompt, prompts {args.prompts}"
+    )
+
+
+if __name__ == "__main__":
+    main()
