@@ -312,7 +312,6 @@ class LookupGamma:
         return row * (self.max_ngram + 1) + order
 
 
-
 CONFIDENCE_BINS = 10
 """`ConfidenceGamma` calibrates acceptance in this many equal-width bins of the draft's top probability."""
 
@@ -410,6 +409,7 @@ class ConfidenceGamma:
 
 def _confidence_bin(confidence: float) -> int:
     return min(max(int(confidence * CONFIDENCE_BINS), 0), CONFIDENCE_BINS - 1)
+
 
 COST_CONTEXT_TOKENS = 48
 """Length of the warm cache the cost forwards run on: a short chat turn; attention over it is cheap next

@@ -98,12 +98,12 @@ class ModelDrafter:
             tokens[index, step] = drawn
             lengths[index] += 1
             still_live = []
-            for a, (b, token) in enumerate(zip(live, drawn.tolist(), strict=True)):
+            for live_index, (b, token) in enumerate(zip(live, drawn.tolist(), strict=True)):
                 drafted[b].append(token)
                 more = token not in eos and step + 1 < max_tokens[b]
                 if confidences is not None:
                     assert self.stop is not None
-                    more = self.stop.keep_drafting(rows[b], step + 1, confidences[a]) and more
+                    more = self.stop.keep_drafting(rows[b], step + 1, confidences[live_index]) and more
                 if more:
                     still_live.append(b)
             live = still_live
