@@ -14,13 +14,13 @@ Needs the built-in pair (or --target/--draft); about 3 minutes for the defaults 
 from __future__ import annotations
 
 import argparse
-from collections import defaultdict
 
 import torch
 
 from exactspec.api.text import encode_text
 from exactspec.bench.prompts import select_prompts
 from exactspec.core.engine import DecodeConfig, SpeculativeEngine
+from exactspec.core.gamma import CONFIDENCE_BINS, ConfidenceGamma, CostModel
 from exactspec.core.sampler import SeededSampler
 from exactspec.core.settings import REALISTIC_CHAT_SETTINGS, SamplingSettings
 from exactspec.drafters.model import ModelDrafter
@@ -30,17 +30,20 @@ DEFAULT_PROMPTS = (
     "py-fibonacci,py-lru-cache,explain-tcp,grounded-edit-retry,grounded-qa-library,grounded-fix-bug-py"
 )
 ROWS = {"0": SamplingSettings(temperature=0.0), "realistic": REALISTIC_CHAT_SETTINGS}
-BINS = 10
 
 
-class ConfidenceLog:
-    """A `DraftStop` that never stops; it keeps each row's confidences of the current round."""
+class NeverStop:
+    """A `DraftStop` that tells `ConfidenceGamma` every drafted token but never stops the draft.
 
-    def __init__(self) -> None:
-        self.round: dict[int, list[float]] = defaultdict(list)
+    The calibration is then exactly what adaptive gamma would learn from these rounds, of drafts
+    that always run to gamma.
+    """
+
+    def __init__(self, calibration: ConfidenceGamma) -> None:
+        self.calibration = calibration
 
     def keep_drafting(self, row: int, drafted: int, confidence: float) -> bool:
-        self.round[row].append(confidence)
+        self.calibration.keep_drafting(row, drafted, confidence)
         return True
 
 
@@ -63,24 +66,22 @@ def main() -> None:
     if len(prompts) != len(wanted):
         known = {p.name for p in prompts}
         raise SystemExit(f"unknown prompts: {', '.join(n for n in wanted if n not in known)}")
-    print("| row | " + " | ".join(f"{b / BINS:.1f}-{(b + 1) / BINS:.1f}" for b in range(BINS)) + " |")
-    print("|---|" + "---:|" * BINS)
+    bins = CONFIDENCE_BINS
+    print("| row | " + " | ".join(f"{b / bins:.1f}-{(b + 1) / bins:.1f}" for b in range(bins)) + " |")
+    print("|---|" + "---:|" * bins)
     for row_name, settings in ROWS.items():
-        tried, kept = [0] * BINS, [0] * BINS
+        # Only the calibration is read: the costs feed the stop rule, which NeverStop ignores.
+        calibration = ConfidenceGamma(CostModel.linear(0.0, 0.0, args.gamma))
+        calibration.start(1)
         for prompt in prompts:
-            log = ConfidenceLog()
-            drafter = ModelDrafter(pair.draft, pair.target.vocab_size, stop=log)
+            drafter = ModelDrafter(pair.draft, pair.target.vocab_size, stop=NeverStop(calibration))
             engine = SpeculativeEngine(pair.target, drafter, validate=False)
             config = DecodeConfig(gamma=args.gamma, max_new_tokens=args.max_new_tokens, settings=settings)
             states = engine.start([encode_text(pair.tokenizer, prompt.text, prompt.chat)], config)
             for output in engine.rounds(states, config, SeededSampler(0)):
-                proposed, accepted = output.proposed.get(0, 0), output.accepted.get(0, 0)
-                for j, confidence in enumerate(log.round.pop(0, [])[: min(proposed, accepted + 1)]):
-                    b = min(int(confidence * BINS), BINS - 1)
-                    tried[b] += 1
-                    kept[b] += j < accepted
+                calibration.record(0, output.proposed.get(0, 0), output.accepted.get(0, 0))
             pair.clear_caches()
-        cells = [f"{k / n:.2f} ({n})" if n else "-" for n, k in zip(tried, kept, strict=True)]
+        cells = [f"{k / n:.2f} ({n})" if n else "-" for n, k in calibration.bin_counts()]
         print(f"| {row_name} | " + " | ".join(cells) + " |")
     print(
         f"\ncells: accepted / tried draft tokens whose draft top probability fell in the bin (tried); "

@@ -369,6 +369,10 @@ class ConfidenceGamma:
     def draft_length(self, row: int) -> int:
         return self.caps.draft_length(row)
 
+    def bin_counts(self) -> list[tuple[int, int]]:
+        """Per confidence bin (0..CONFIDENCE_BINS - 1), (tried, accepted) drafted tokens so far."""
+        return [(int(n), int(k)) for n, k in zip(self._reached, self._kept, strict=True)]
+
     def bin_rate(self, confidence: float) -> float:
         """f(conf): acceptance of drafted tokens in conf's bin, shrunk towards the bin's centre."""
         b = _confidence_bin(confidence)

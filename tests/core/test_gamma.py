@@ -215,14 +215,14 @@ def test_confidence_gamma_calibrates_on_the_tried_tokens_only() -> None:
     for drafted, confidence in enumerate((0.95, 0.35, 0.85), start=1):
         policy.keep_drafting(0, drafted, confidence)
     policy.record(0, proposed=3, accepted=1)  # token 1 kept, token 2 rejected, token 3 never tried
-    assert policy._reached[9] == 1 and policy._kept[9] == 1
-    assert policy._reached[3] == 1 and policy._kept[3] == 0
-    assert policy._reached[8] == 0
+    counts = policy.bin_counts()
+    assert counts[9] == (1, 1) and counts[3] == (1, 0)
+    assert counts[8] == (0, 0)
     assert policy.pooled_rate() == pytest.approx((1 + 3) / (2 + 4))
     policy.record(0, proposed=0, accepted=0)  # a round at gamma 0 reports nothing drafted
-    assert sum(policy._reached) == 2
+    assert sum(tried for tried, _ in policy.bin_counts()) == 2
     policy.start(1)
-    assert sum(policy._reached) == 0 and policy.bin_rate(0.35) == pytest.approx(0.35)
+    assert policy.bin_counts() == [(0, 0)] * 10 and policy.bin_rate(0.35) == pytest.approx(0.35)
 
 
 def test_confidence_gamma_stops_where_the_costs_end_and_checks_the_order() -> None:
