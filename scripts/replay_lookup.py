@@ -38,8 +38,8 @@ def replay(
     min_ngram: int,
     max_ngram: int,
     lengths: LookupGamma | None = None,
-) -> tuple[int, list[int]]:
-    """(rounds, proposal lengths) of prompt lookup on a fixed greedy answer.
+) -> list[int]:
+    """Each round's proposal length, for prompt lookup on a fixed greedy answer (one entry per round).
 
     With `lengths`, each match proposes at most `lengths.length_for(0, n)` tokens and the round is
     reported back, as `NgramDrafter(lengths=...)` and the engine do (adaptive lookup).
@@ -61,7 +61,7 @@ def replay(
         history += answer[done : done + emitted]
         done += emitted
         proposed.append(len(proposal))
-    return len(proposed), proposed
+    return proposed
 
 
 def main() -> None:
@@ -111,9 +111,9 @@ def main() -> None:
             if adaptive:
                 costs = CostModel(0.0, tuple(v.get(k, max(v.values())) for k in range(1, gamma + 2)))
                 policy = LookupGamma(costs, high)
-            rounds, lengths = replay(ids, run["tokens"], gamma, low, high, policy)
+            lengths = replay(ids, run["tokens"], gamma, low, high, policy)
             cost = sum(v.get(k + 1, max(v.values())) for k in lengths)
-            cells.append(f"{len(run['tokens']) / rounds:.2f} / {len(run['tokens']) / cost:.2f}x")
+            cells.append(f"{len(run['tokens']) / len(lengths):.2f} / {len(run['tokens']) / cost:.2f}x")
         print(f"| {run['prompt']} | {len(run['tokens'])} | " + " | ".join(cells) + " |")
     print("\ncells: tokens per round / predicted speedup over plain (c = 0, the run's v(k))")
 

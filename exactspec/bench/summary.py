@@ -400,9 +400,10 @@ def targets(
             }
             if speedups:
                 values = list(speedups.values())
-                lookup[f"{setting} {label(method, gamma)}"] = {
+                name = label(method, gamma)
+                lookup[f"{setting} {name}"] = {
                     "setting": setting,
-                    "label": label(method, gamma),
+                    "label": name,
                     "gamma": gamma,
                     "per_prompt": speedups,
                     "median": theory.median(values),

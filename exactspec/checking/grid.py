@@ -175,6 +175,10 @@ class AdapterCase(ExactCase):
         return FullForwardModel(target._model, target.eos_token_ids, target.vocab_size)
 
 
+_WEAK_PRIOR = {"prior_accepted": 0.5, "prior_rejected": 0.5, "probe_after": 1}
+"""The grid policies' `AdaptiveGamma` settings: a prior of one pseudo-round, a probe after one round at 0."""
+
+
 def adaptive_policy(max_gamma: int) -> AdaptiveGamma:
     """Made-up costs and a weak prior, so that a few rounds already move gamma between 0, 1 and 2.
 
@@ -182,16 +186,12 @@ def adaptive_policy(max_gamma: int) -> AdaptiveGamma:
     accepted trial (a_1 = a_2 = 0.83) gives 2, one rejection (a_1 = 0.17)
     gives 0, and a row at 0 probes with 1 token in the next round.
     """
-    return AdaptiveGamma(
-        CostModel.linear(0.3, 0.1, max_gamma), prior_accepted=0.5, prior_rejected=0.5, probe_after=1
-    )
+    return AdaptiveGamma(CostModel.linear(0.3, 0.1, max_gamma), **_WEAK_PRIOR)
 
 
 def confidence_policy(max_gamma: int) -> ConfidenceGamma:
     """`adaptive_policy`'s caps, plus `ConfidenceGamma`'s stop on the draft's confidence (same costs)."""
-    return ConfidenceGamma(
-        CostModel.linear(0.3, 0.1, max_gamma), prior_accepted=0.5, prior_rejected=0.5, probe_after=1
-    )
+    return ConfidenceGamma(CostModel.linear(0.3, 0.1, max_gamma), **_WEAK_PRIOR)
 
 
 def lookup_policy(max_gamma: int) -> LookupGamma:
@@ -204,9 +204,7 @@ def lookup_policy(max_gamma: int) -> LookupGamma:
     return LookupGamma(
         CostModel(0.0, (1.0, *(1.1 + 0.1 * k for k in range(1, max_gamma + 1)))),
         DEFAULT_MAX_NGRAM,
-        prior_accepted=0.5,
-        prior_rejected=0.5,
-        probe_after=1,
+        **_WEAK_PRIOR,
     )
 
 
