@@ -16,6 +16,15 @@ Both rules first cut a block after its first drafted EOS, as the verifiers do.
 Block verification keeps at least as many tokens as token verification in
 expectation over the drafts, not on every single draft (`verifiers.block`'s
 example), so on real rounds the two sums are compared, not single rounds.
+
+`block_weight_sum` scores block verification over the drafts instead: the sum
+of its weights w_1 + ... + w_L on the drafted path has, over drafts X ~ q, the
+same mean as block verification's kept tokens (E_q[sum_i w_i] = E[tau]; for
+token verification the expression above is already that estimate). It is an
+estimate of the expected kept tokens per round in which the drafts' chance is
+shared by both rules, and since w_i >= prod_{j <= i} a_j on every draft it is
+never below the token rule's on any round: what it measures is by how much
+block verification gains, not whether it does.
 """
 
 from __future__ import annotations
@@ -58,10 +67,7 @@ def expected_accepted(
     position = torch.arange(1, gamma + 1, device=p.device)  # [gamma] 1-based
     inside = position.unsqueeze(0) <= lengths.unsqueeze(1)  # [B, gamma]
     if rule == "token":
-        # Only the drafted entries are read: gather them, then widen to float64.
-        drafted = draft_tokens.unsqueeze(-1)  # [B, gamma, 1]
-        p_x = p[:, :gamma].gather(2, drafted).squeeze(-1).to(torch.float64)  # [B, gamma]
-        q_x = torch.ones_like(p_x) if q is None else q.gather(2, drafted).squeeze(-1).to(torch.float64)
+        p_x, q_x = _drafted_probabilities(draft_tokens, q, p)  # [B, gamma] each
         accept = acceptance_probability(p_x, q_x)  # [B, gamma]
         kept_through = torch.cumprod(torch.where(inside, accept, torch.zeros_like(accept)), dim=-1)
         return kept_through.sum(dim=-1)
@@ -74,3 +80,45 @@ def expected_accepted(
     none_from = torch.flip(torch.cumprod(torch.flip(1.0 - stop, [-1]), dim=-1), [-1])  # [B, gamma]
     at_least = torch.where(inside, 1.0 - none_from, torch.zeros_like(none_from))  # [B, gamma] P(tau >= i)
     return at_least.sum(dim=-1)
+
+
+def block_weight_sum(
+    draft_tokens: torch.Tensor,
+    q: torch.Tensor | None,
+    p: torch.Tensor,
+    draft_lengths: torch.Tensor,
+    eos_token_ids: Collection[int],
+) -> torch.Tensor:
+    """w_1 + ... + w_L per row [B] float64: over drafts X ~ q its mean is block verification's E[tau].
+
+    Arguments as `expected_accepted`. Only the drafted entries of p and q are read (the weights
+    need no residual masses). Per draft it is at least token verification's E[tau | drafts]
+    (w_i = min(1, w_{i-1} p_i(X_i) / q_i(X_i)) >= w_{i-1} a_i), and equal to it for gamma = 1 and
+    for deterministic drafts (q = None: w_i = prod_j p_j(X_j)).
+
+    Example (`verifiers.block`'s p = (1/3, 2/3), q = (2/3, 1/3), gamma = 2): drafts aa, ab, ba,
+    bb (q-probabilities 4/9, 2/9, 2/9, 1/9) sum to 3/4, 3/2, 3/2, 2; their q-mean is 11/9, block
+    verification's expected kept tokens.
+    """
+    batch_size, gamma = draft_tokens.shape
+    if gamma == 0:
+        return torch.zeros(batch_size, dtype=torch.float64, device=p.device)
+    eos = torch.tensor(sorted(eos_token_ids), dtype=torch.long, device=p.device)
+    lengths, _ = cut_after_first_eos(draft_tokens, draft_lengths, eos)  # [B]
+    p_x, q_x = _drafted_probabilities(draft_tokens, q, p)  # [B, gamma] each, float64
+    weight = torch.ones(batch_size, dtype=torch.float64, device=p.device)  # [B] w_0
+    total = torch.zeros(batch_size, dtype=torch.float64, device=p.device)  # [B]
+    for i in range(gamma):
+        weight = acceptance_probability(weight * p_x[:, i], q_x[:, i])  # w_{i+1}, as verifiers.block
+        total += torch.where(i < lengths, weight, torch.zeros_like(weight))
+    return total
+
+
+def _drafted_probabilities(
+    draft_tokens: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """p_i(X_i) and q_i(X_i) [B, gamma] float64 (q_i(X_i) = 1 for deterministic drafts), all that is read."""
+    drafted = draft_tokens.unsqueeze(-1)  # [B, gamma, 1]
+    p_x = p[:, : draft_tokens.shape[1]].gather(2, drafted).squeeze(-1).to(torch.float64)  # [B, gamma]
+    q_x = torch.ones_like(p_x) if q is None else q.gather(2, drafted).squeeze(-1).to(torch.float64)
+    return p_x, q_x

@@ -1,4 +1,5 @@
-"""Closed-form expected kept tokens per round equal the verifiers' exact (enumerated) means."""
+"""Closed-form expected kept tokens per round equal the verifiers' exact (enumerated) means, and the
+block weights' sum averages, over enumerated drafts, to block verification's expected kept tokens."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 
 from exactspec.checking.exact import EnumeratingSampler, enumerate_outputs
 from exactspec.verifiers.block import verify_block
-from exactspec.verifiers.expected import expected_accepted
+from exactspec.verifiers.expected import block_weight_sum, expected_accepted
 from exactspec.verifiers.token import verify
 
 VERIFIERS = {"token": verify, "block": verify_block}
@@ -73,3 +74,60 @@ def test_empty_blocks_and_unknown_rule() -> None:
     assert empty.tolist() == [0.0, 0.0]
     with pytest.raises(ValueError, match="rule"):
         expected_accepted(tokens, q, p, torch.tensor([1, 1]), (), "tree")  # type: ignore[arg-type]
+
+
+def _draft_tree(seed: int, gamma: int, vocab: int):
+    """Every draft path of a context-dependent toy round: per path its q-probability, q [1, gamma, V]
+    and p [1, gamma + 1, V] (p_i and q_i depend on the drafted prefix, as with real models)."""
+    generator = torch.Generator().manual_seed(seed)
+    tables: dict[tuple[tuple[int, ...], str], torch.Tensor] = {}
+
+    def dist(prefix: tuple[int, ...], kind: str) -> torch.Tensor:
+        if (prefix, kind) not in tables:
+            row = torch.rand(vocab, generator=generator, dtype=torch.float64) ** 2  # uneven rows
+            tables[(prefix, kind)] = row / row.sum()
+        return tables[(prefix, kind)]
+
+    for path in itertools.product(range(vocab), repeat=gamma):
+        q = torch.stack([dist(path[:i], "q") for i in range(gamma)]).unsqueeze(0)
+        p = torch.stack([dist(path[:i], "p") for i in range(gamma + 1)]).unsqueeze(0)
+        probability = float(torch.prod(torch.stack([q[0, i, x] for i, x in enumerate(path)])))
+        yield probability, torch.tensor([list(path)]), q, p
+
+
+@pytest.mark.parametrize(("seed", "gamma", "eos"), list(itertools.product((0, 1, 2), (1, 2, 3), ((), (2,)))))
+def test_block_weight_sum_averages_to_block_verification_over_the_drafts(seed: int, gamma: int, eos) -> None:
+    """E_{X ~ q}[w_1 + ... + w_L] = E[tau] of block verification, over every draft (EOS cutting too);
+    on every single draft it is at least token verification's E[tau | draft]."""
+    weighted = blocked = tokened = 0.0
+    lengths = torch.tensor([gamma])
+    for probability, tokens, q, p in _draft_tree(seed, gamma, vocab=3):
+        weights = block_weight_sum(tokens, q, p, lengths, eos).item()
+        token = expected_accepted(tokens, q, p, lengths, eos, "token").item()
+        assert weights >= token - 1e-15  # w_i >= prod_{j <= i} a_j on this draft
+        weighted += probability * weights
+        blocked += probability * expected_accepted(tokens, q, p, lengths, eos, "block").item()
+        tokened += probability * token
+    assert weighted == pytest.approx(blocked, abs=1e-12)
+    if gamma == 1:
+        assert weighted == pytest.approx(tokened, abs=1e-15)  # one draft token: the rules coincide
+
+
+def test_block_weight_sum_of_the_paper_example_and_of_deterministic_drafts() -> None:
+    p = torch.tensor([[[1 / 3, 2 / 3]] * 3], dtype=torch.float64)
+    q = torch.tensor([[[2 / 3, 1 / 3]] * 2], dtype=torch.float64)
+    lengths = torch.tensor([2])
+    sums = {
+        draft: block_weight_sum(torch.tensor([list(draft)]), q, p, lengths, ()).item()
+        for draft in ((0, 0), (0, 1), (1, 0), (1, 1))
+    }
+    assert sums == pytest.approx({(0, 0): 0.75, (0, 1): 1.5, (1, 0): 1.5, (1, 1): 2.0}, abs=1e-15)
+    tokens, _, p, lengths = _random_round(4, batch=3, gamma=3, vocab=4, sparse=True)
+    # A deterministic draft (q one-hot): w_i = prod_j p_j(X_j), token verification's own sum.
+    torch.testing.assert_close(
+        block_weight_sum(tokens, None, p, lengths, {2}),
+        expected_accepted(tokens, None, p, lengths, {2}, "token"),
+        rtol=0,
+        atol=1e-15,
+    )
+    assert block_weight_sum(tokens[:, :0], None, p[:, :1], torch.tensor([0, 0, 0]), ()).tolist() == [0.0] * 3
