@@ -81,7 +81,7 @@ def render_markdown(
     lines += _greedy_check(summary)
     if result.get("errors"):
         lines += ["## Errors", ""] + [f"- {e}" for e in result["errors"]] + [""]
-    lines += _method_notes(config)
+    lines += _method_notes(config)[:-1] + _trials_check(result, summary) + [""]
     if plots:
         lines += [
             "## Plots",
@@ -137,7 +137,12 @@ def _header(
         + f"; methods {', '.join(label(m, g) for m, g in configured_methods(result) if is_engine_method(m))}"
         f"; sampling rows {', '.join(_setting_title(s) for s in sampling_rows(result))}; "
         f"seed {config['seed']} "
-        "(+ prompt index)",
+        "(+ prompt index)"
+        + (
+            f"; each method run {config['trials']} times in turn with that seed, its fastest run kept"
+            if config.get("trials", 1) > 1
+            else ""
+        ),
         f"- machine: {env.get('processor')}, {env.get('cpu_count')} CPUs, torch {env.get('torch')} "
         f"({env.get('torch_threads')} threads), transformers {env.get('transformers')}{load}",
         f"- duration: {_duration(result.get('duration_seconds'))} (cost measurement "
@@ -228,6 +233,16 @@ def _targets(summary: dict[str, Any]) -> list[str]:
                 f"(each on both runs' rounds) {verdict(block['met'])} (fewer on: {expected_short}); "
                 f"median gain {_f(block['median_expected_gain'], 3)}x"
             )
+            over = block.get("over_drafts")
+            if over:
+                lines.append(
+                    "- block verification, its expected tokens/round estimated over the drafts (the sum of "
+                    "its weights, never below the token rule's on a round, so this measures the size of the "
+                    "gain): "
+                    f"ahead on {over['ahead_on']} of {over['scorings']} scorings, gain median "
+                    f"{_f(over['median_gain'], 4)}x [{_f(over['min_gain'], 4)}, {_f(over['max_gain'], 4)}] "
+                    "(reported)"
+                )
             judged = "(reported, not judged: two sampled runs differ by chance)"
         else:
             judged = verdict(block["met"])
@@ -435,14 +450,17 @@ def _block_table(summary: dict[str, Any]) -> list[str]:
         "## Block against token verification (same drafts' model, same gamma, prompt and seed)",
         "",
         "| sampling | prompt | gamma | tokens/round, token | tokens/round, block "
-        "| expected, token run's rounds: token / block rule "
-        "| expected, block run's rounds: token / block rule "
+        "| expected, token run's rounds: token / block rule / block weights "
+        "| expected, block run's rounds: token / block rule / block weights "
         "| tokens/s, token | tokens/s, block | wall-clock gain |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def scored(item: dict[str, float] | None) -> str:
-        return "-" if item is None else f"{item['token']:.3f} / {item['block']:.3f}"
+        if item is None:
+            return "-"
+        weights = f"{item['block_weights']:.3f}" if "block_weights" in item else "-"
+        return f"{item['token']:.3f} / {item['block']:.3f} / {weights}"
 
     for p in pairs:
         lines.append(
@@ -462,7 +480,11 @@ def _block_table(summary: dict[str, Any]) -> list[str]:
         "rounds (exactspec.verifiers.expected; each run scores both rules on its own drafts and targets, "
         "untimed): the paired comparison, free of the verifiers' coin flips. Block verification's guarantee "
         "is in expectation over the drafts, so a run's rounds can still favour the token rule by chance in "
-        "the drafts; at T=0 both rules keep the same tokens.",
+        "the drafts; at T=0 both rules keep the same tokens. block weights: 1 + the mean sum of block "
+        "verification's weights w_1..w_L per round (exactspec.verifiers.expected.block_weight_sum), whose "
+        "mean over drafts is the block rule's expected kept tokens as well: it shares the drafts' chance "
+        "with the token rule's column and is never below it on any round, so the two measure the size of "
+        "the gain with the drafts' noise taken out.",
         "",
     ]
     return lines
@@ -510,6 +532,20 @@ def _hf_section(result: dict[str, Any], summary: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def _trials_check(result: dict[str, Any], summary: dict[str, Any]) -> list[str]:
+    trials = result["config"].get("trials", 1)
+    if trials <= 1:
+        return []
+    differing = summary.get("trials_differing") or []
+    verdict = (
+        f"the trials of {len(differing)} runs emitted different tokens: {', '.join(differing)} (the kept "
+        "run is the fastest, whatever it emitted)"
+        if differing
+        else "every method's trials emitted the same tokens, so they differ in timing only"
+    )
+    return [f"- Each method ran {trials} times per prompt and sampling row with the same seed; {verdict}."]
+
+
 def _greedy_check(summary: dict[str, Any]) -> list[str]:
     rows = [r for r in summary["rows"] if r["temperature"] == 0 and "compared_with_plain" in r]
     if not rows:
@@ -541,7 +577,10 @@ def _method_notes(config: dict[str, Any]) -> list[str]:
         "",
         "- For each prompt and sampling row the methods run back to back (plain, each method and gamma, HF "
         "assisted, HF plain) after a warm-up of every method, each from empty KV caches and with the same "
-        "seed.",
+        "seed. With --trials N the whole sequence runs N times in turn and each method keeps its fastest "
+        "run (highest steady-state tokens/s; bench.json lists every trial's speed and whether the trials "
+        "emitted the same tokens): on this shared machine noise only ever slows a run down, so the "
+        "fastest of N is the least disturbed measurement, as timeit keeps the fastest repeat.",
         "- Methods of our engine (exactspec.api.strategy, the helper `generate` uses too): speculative = the "
         "draft model with token verification; speculative-block = the same drafts with block verification; "
         "ngram = prompt lookup (no draft model, c = 0); hybrid = lookup where the history matches, the draft "

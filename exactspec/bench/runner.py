@@ -8,11 +8,12 @@ transformers peer. A *sampling row* is a named `SamplingSettings`: one per tempe
 
 For every prompt and sampling row the runs are interleaved (plain, each method,
 HF assisted generation, HF plain `generate`) so that machine noise hits all of
-them alike; each single run is in `exactspec.bench.runs`, timed as described
-in `exactspec.bench.timing`. The speedup model (`exactspec.bench.theory`)
-describes the steady state, so the speedups are computed from it. The cost
-ratios c and v(k) are measured directly before the runs
-(`exactspec.bench.costs`).
+them alike; with `BenchConfig.trials` > 1 the whole sequence repeats and each
+method keeps its fastest trial (`_fastest_trial`). Each single run is in
+`exactspec.bench.runs`, timed as described in `exactspec.bench.timing`. The
+speedup model (`exactspec.bench.theory`) describes the steady state, so the
+speedups are computed from it. The cost ratios c and v(k) are measured
+directly before the runs (`exactspec.bench.costs`).
 
 Everything is returned as one JSON-ready dict (`bench.json`); the summary and
 the report are computed from it alone (`exactspec.bench.summary`, `.report`).
@@ -91,6 +92,11 @@ class SamplingRow:
 class BenchConfig:
     """What to run. `cost_repeats` timed forwards per k measure c and v(k); `warmup_tokens` per method.
 
+    `trials`: how many times each prompt and sampling row runs its whole method sequence (in turn:
+    every method, then every method again); each method keeps its fastest trial (steady state). Every
+    trial uses the same seed, so trials repeat one generation and differ only in timing: a run that
+    the machine slowed down is outvoted instead of deciding a comparison.
+
     Methods: plain, then `method` (default "speculative") at each of `gammas`, then `extra_methods`
     ((name, gamma) pairs such as ("ngram", 8) or ("adaptive", 4)), then the HF peers. Sampling
     rows: one per temperature, then each of `named_settings` (keys of `NAMED_SETTINGS`).
@@ -109,6 +115,7 @@ class BenchConfig:
     ignore_eos: bool = True
     cost_repeats: int = 5
     warmup_tokens: int = 4
+    trials: int = 1
 
     def __post_init__(self) -> None:
         if not self.gammas or any(g < 1 for g in self.gammas):
@@ -132,6 +139,8 @@ class BenchConfig:
             )
         if self.cost_repeats < 1:
             raise ValueError(f"cost_repeats must be >= 1, got {self.cost_repeats}")
+        if self.trials < 1:
+            raise ValueError(f"trials must be >= 1, got {self.trials}")
 
     def methods(self) -> list[tuple[str, int]]:
         """(method, gamma) in run order for one prompt and sampling row."""
@@ -274,41 +283,52 @@ def run_bench(
     result["warmup_seconds"] = time.perf_counter() - warm_started
 
     methods = config.methods()
-    total = len(prompts) * len(rows) * len(methods)
+    total = len(prompts) * len(rows) * len(methods) * config.trials
     failed_methods: set[tuple[str, str]] = set()
     with _progress(total, progress) as bar:
         for index, prompt in enumerate(prompts):
             seed = config.seed + index
             for row in rows:
+                trials: dict[tuple[str, int], list[dict[str, Any]]] = {}
+                for trial in range(config.trials):
+                    for method, gamma in methods:
+                        label = f"{prompt.name} {row.name} {method}{f' gamma={gamma}' if gamma else ''}"
+                        if config.trials > 1:
+                            label += f" trial {trial + 1}/{config.trials}"
+                        if bar is not None:
+                            bar.set_postfix_str(label, refresh=False)
+                        if (method, row.name) in failed_methods:
+                            _advance(bar)
+                            continue
+                        try:
+                            record = _run_one(
+                                pair,
+                                method,
+                                gamma,
+                                prompt.ids,
+                                row.settings,
+                                config.max_new_tokens,
+                                config,
+                                seed,
+                                llamacpp_model,
+                            )
+                        except Exception as error:  # a peer can refuse a pair or a setting; keep the rest
+                            if is_engine_method(method):
+                                raise
+                            message = f"{method} at {row.name} failed on {prompt.name}: {error!r}"
+                            say(message)
+                            result["errors"].append(message)
+                            failed_methods.add((method, row.name))
+                            trials.pop((method, gamma), None)
+                            _advance(bar)
+                            continue
+                        trials.setdefault((method, gamma), []).append(record)
+                        _advance(bar)
                 plain_tokens: list[int] | None = None
                 for method, gamma in methods:
-                    label = f"{prompt.name} {row.name} {method}{f' gamma={gamma}' if gamma else ''}"
-                    if bar is not None:
-                        bar.set_postfix_str(label, refresh=False)
-                    if (method, row.name) in failed_methods:
-                        _advance(bar)
+                    if (method, gamma) not in trials:
                         continue
-                    try:
-                        record = _run_one(
-                            pair,
-                            method,
-                            gamma,
-                            prompt.ids,
-                            row.settings,
-                            config.max_new_tokens,
-                            config,
-                            seed,
-                            llamacpp_model,
-                        )
-                    except Exception as error:  # a peer can refuse a pair or a setting; keep the rest
-                        if is_engine_method(method):
-                            raise
-                        message = f"{method} at {row.name} failed on {prompt.name}: {error!r}"
-                        say(message)
-                        result["errors"].append(message)
-                        failed_methods.add((method, row.name))
-                        _advance(bar)
-                        continue
+                    record = _fastest_trial(trials[(method, gamma)])
                     if method == PLAIN:
                         plain_tokens = record["tokens"]
                     if plain_tokens is not None and method != PLAIN:
@@ -327,7 +347,6 @@ def run_bench(
                             **record,
                         }
                     )
-                    _advance(bar)
     env["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     result["duration_seconds"] = time.perf_counter() - started
     return result
@@ -351,6 +370,27 @@ def _run_one(
     if method == LLAMACPP_PLAIN:
         return run_llamacpp(llamacpp_model, pair, ids, settings, max_new_tokens, seed, config.ignore_eos)
     return run_hf(pair, ids, method == HF_ASSISTED, settings, max_new_tokens, seed, config.ignore_eos)
+
+
+def _fastest_trial(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The trial with the highest steady-state tokens/s, with every trial's speed and agreement beside it.
+
+    `trial_tokens_per_second` lists each trial's steady-state speed in run order;
+    `trials_same_tokens` says whether every trial emitted the same tokens (same seed: they should,
+    up to the numerics of the machine, and a difference is reported rather than hidden).
+    """
+    best = max(records, key=lambda r: _nan_low(r["steady_tokens_per_second"]))
+    if len(records) == 1:
+        return best
+    return {
+        **best,
+        "trial_tokens_per_second": [r["steady_tokens_per_second"] for r in records],
+        "trials_same_tokens": all(r["tokens"] == records[0]["tokens"] for r in records),
+    }
+
+
+def _nan_low(value: float) -> float:
+    return -math.inf if math.isnan(value) else value
 
 
 def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:

@@ -23,7 +23,7 @@ from exactspec.models.pair import ModelPair
 from exactspec.peers import hf as hf_peer
 from exactspec.peers import llamacpp as llamacpp_peer
 from exactspec.verifiers.base import Verifier, VerifyResult
-from exactspec.verifiers.expected import expected_accepted
+from exactspec.verifiers.expected import block_weight_sum, expected_accepted
 
 
 class NoEos:
@@ -52,13 +52,16 @@ class ExpectationRecorder:
     Two runs with different verifiers sample different paths, so their tokens per
     round differ by chance as well as by rule; scoring both rules on one run's own
     rounds (`exactspec.verifiers.expected`) compares them on identical drafts and
-    targets. `seconds` is the time spent scoring, which `run_engine` takes out of
-    the run's timings so that the timed work is the verifier's alone.
+    targets. `block_weights` adds up block verification's weights, whose mean over
+    drafts is its expected kept tokens too (`verifiers.expected.block_weight_sum`).
+    `seconds` is the time spent scoring, which `run_engine` takes out of the run's
+    timings so that the timed work is the verifier's alone.
     """
 
     def __init__(self, verifier: Verifier) -> None:
         self.verifier = verifier
-        self.expected = {"token": 0.0, "block": 0.0}
+        # E[kept | drafts] per rule, and block verification's weights summed (its estimate over drafts).
+        self.expected = {"token": 0.0, "block": 0.0, "block_weights": 0.0}
         self.rounds = 0
         self.seconds = 0.0
 
@@ -75,10 +78,13 @@ class ExpectationRecorder:
         validate: bool = True,
     ) -> VerifyResult:
         started = time.perf_counter()
-        for rule in self.expected:
+        for rule in ("token", "block"):
             self.expected[rule] += float(
                 expected_accepted(draft_tokens, q, p, draft_lengths, eos_token_ids, rule).sum()
             )
+        self.expected["block_weights"] += float(
+            block_weight_sum(draft_tokens, q, p, draft_lengths, eos_token_ids).sum()
+        )
         self.rounds += draft_tokens.shape[0]  # row-rounds: one per row verified
         self.seconds += time.perf_counter() - started
         return self.verifier(

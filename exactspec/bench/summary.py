@@ -119,6 +119,12 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         "recommendation": recommendation,
         "prediction_note": PREDICTION_NOTE,
         "estimated_full_run_seconds": estimate_full_run_seconds(result),
+        # Runs whose trials (--trials, same seed) did not all emit the same tokens.
+        "trials_differing": [
+            f"{r['prompt']} ({run_setting(r)}, {label(r['method'], r['gamma'])})"
+            for r in runs
+            if r.get("trials_same_tokens") is False
+        ],
     }
 
 
@@ -326,7 +332,12 @@ def _expected_tokens_per_round(run: dict[str, Any]) -> dict[str, float] | None:
     expected = run.get("expected_accepted")
     if not expected or not expected.get("rounds"):
         return None
-    return {rule: 1.0 + expected[rule] / expected["rounds"] for rule in ("token", "block")}
+    # "block_weights" (results from before it was kept lack it): block's estimate over the drafts.
+    return {
+        rule: 1.0 + expected[rule] / expected["rounds"]
+        for rule in ("token", "block", "block_weights")
+        if rule in expected
+    }
 
 
 def block_vs_token(per_prompt: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -363,6 +374,34 @@ def _expected_shortfalls(pair: dict[str, Any]) -> list[str]:
         if (scored := pair.get(f"expected_on_{which}_rounds")) is not None
         and not scored["block"] >= scored["token"] - EXPECTED_TIE
     ]
+
+
+def _over_drafts(scored_pairs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Block verification's gain estimated over the drafts (its weights' sum against the token rule's
+    expectation, each run's own rounds; `verifiers.expected.block_weight_sum`), per prompt and pooled.
+
+    Reported, never judged: on every round the weights' sum is at least the token rule's, so this
+    says by how much block verification gains on these prompts' rounds, not whether it does.
+    None for results from before the weights were kept.
+    """
+    gains = {
+        f"{p['prompt']} ({p['setting']}, gamma={p['gamma']}, {which} run)": theory.ratio(
+            scored["block_weights"], scored["token"]
+        )
+        for p in scored_pairs
+        for which in ("token", "block")
+        if (scored := p.get(f"expected_on_{which}_rounds")) is not None and "block_weights" in scored
+    }
+    if not gains:
+        return None
+    return {
+        "scorings": len(gains),
+        "gains": gains,
+        "ahead_on": sum(1 for gain in gains.values() if gain > 1.0 + EXPECTED_TIE),
+        "median_gain": theory.median(list(gains.values())),
+        "min_gain": min(gains.values()),
+        "max_gain": max(gains.values()),
+    }
 
 
 def targets(
@@ -479,6 +518,7 @@ def targets(
             else NAN,
             # Judged on the paired expectation where the runs carry it, else on the sampled counts.
             "met": not expected_short if scored_pairs else not short,
+            "over_drafts": _over_drafts(scored_pairs),
             "median_wall_clock_gain": theory.median([p["wall_clock_gain"] for p in pairs]),
             "median_tokens_per_round_gain": theory.median(
                 [theory.ratio(p["block_tokens_per_round"], p["token_tokens_per_round"]) for p in pairs]

@@ -118,6 +118,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         f"--quick {QUICK_COST_REPEATS})",
     )
     parser.add_argument(
+        "--trials",
+        type=positive_int,
+        default=1,
+        help="run each prompt and sampling row's methods this many times in turn, with the same seed, and "
+        "keep each method's fastest run (default 1); outvotes runs that the machine slowed down",
+    )
+    parser.add_argument(
         "--stop-at-eos",
         action="store_true",
         help="let EOS end a run (default: EOS is ignored by every side so all runs make the same tokens)",
@@ -197,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
         llamacpp=llm is not None,
         ignore_eos=not args.stop_at_eos,
         cost_repeats=args.repeats or (QUICK_COST_REPEATS if args.quick else FULL_COST_REPEATS),
+        trials=args.trials,
     )
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -225,10 +233,11 @@ def run(args: argparse.Namespace) -> int:
         "load_seconds": load_seconds,
     }
     rows = config.sampling_rows()
-    runs = len(encoded) * len(rows) * len(config.methods())
+    runs = len(encoded) * len(rows) * len(config.methods()) * config.trials
+    trials = f" x {config.trials} trials" if config.trials > 1 else ""
     say(
-        f"{len(encoded)} prompts x {len(rows)} sampling rows x {len(config.methods())} "
-        f"methods = {runs} runs of {config.max_new_tokens} tokens (models loaded in {load_seconds:.0f} s)"
+        f"{len(encoded)} prompts x {len(rows)} sampling rows x {len(config.methods())} methods{trials} "
+        f"= {runs} runs of {config.max_new_tokens} tokens (models loaded in {load_seconds:.0f} s)"
     )
     all_tokens = [len(decoder.encode([p.text], chat=p.chat)[0]) for p in PROMPTS]
     result = run_bench(

@@ -23,7 +23,7 @@ from exactspec.bench.runs import ExpectationRecorder  # noqa: E402
 from exactspec.core.sampler import SeededSampler  # noqa: E402
 from exactspec.models.pair import ModelPair  # noqa: E402
 from exactspec.verifiers.block import verify_block  # noqa: E402
-from exactspec.verifiers.expected import expected_accepted  # noqa: E402
+from exactspec.verifiers.expected import block_weight_sum, expected_accepted  # noqa: E402
 
 VOCAB = 97
 EOS = 3
@@ -183,10 +183,14 @@ def test_bench_runs_every_engine_method_and_named_settings(tmp_path: Path) -> No
     for pair_row in summary["block_vs_token"]:
         for scored in (pair_row["expected_on_token_rounds"], pair_row["expected_on_block_rounds"]):
             assert 1.0 <= scored["token"] <= 3.0 and 1.0 <= scored["block"] <= 3.0  # gamma 2: 1 + 0..2
+            assert scored["block_weights"] >= scored["token"] - 1e-12  # on every round, so on their sum
             if pair_row["setting"] == "0":  # greedy p and q: both rules keep the same tokens
                 assert scored["block"] == pytest.approx(scored["token"], abs=1e-12)
+                assert scored["block_weights"] == pytest.approx(scored["token"], abs=1e-12)
     assert summary["targets"]["block"]["scored_pairs"] == 2 * 2
     assert summary["targets"]["block"]["median_expected_gain"] > 0.5  # a ratio of two expected counts
+    over_drafts = summary["targets"]["block"]["over_drafts"]
+    assert over_drafts["scorings"] == 2 * 2 * 2 and over_drafts["min_gain"] >= 1.0 - 1e-12
     targets = summary["targets"]
     assert set(targets["lookup"]) == {"0 ngram gamma=4"}
     assert "edit" in targets["lookup"]["0 ngram gamma=4"]["per_prompt"]
@@ -199,6 +203,7 @@ def test_bench_runs_every_engine_method_and_named_settings(tmp_path: Path) -> No
         "### Per prompt, T=0: speedup over plain / tokens per round",
         "## Block against token verification",
         "expected tokens/round of the block rule >= the token rule's",
+        "its expected tokens/round estimated over the drafts",
     ):
         assert heading in text, heading
 
@@ -235,3 +240,51 @@ def test_expectation_recorder_passes_the_verifier_through_and_scores_both_rules(
     for rule in ("token", "block"):
         total = float(expected_accepted(tokens, q, p, lengths, (), rule).sum())
         assert recorder.expected[rule] == pytest.approx(total, abs=1e-12)
+    weights = float(block_weight_sum(tokens, q, p, lengths, ()).sum())
+    assert recorder.expected["block_weights"] == pytest.approx(weights, abs=1e-12)
+
+
+def test_trials_repeat_each_method_and_keep_its_fastest_run(tmp_path: Path) -> None:
+    """--trials 2: one record per method and row, the fastest of two same-seed runs, every speed listed."""
+    prompts = [EncodedPrompt("code", "coding", [5, 6, 7, 8, 9, 10])]
+    config = BenchConfig(
+        gammas=(2,),
+        temperatures=(0.0, 0.7),
+        max_new_tokens=6,
+        cost_repeats=1,
+        warmup_tokens=2,
+        hf_assisted=False,
+        hf_plain=False,
+        trials=2,
+    )
+    result = run_bench(tiny_pair(), prompts, config, progress=False, description=DESCRIPTION)
+    runs = result["runs"]
+    assert [(r["setting"], r["method"]) for r in runs] == [
+        ("0", "plain"),
+        ("0", "speculative"),
+        ("0.7", "plain"),
+        ("0.7", "speculative"),
+    ]
+    for run in runs:
+        speeds = run["trial_tokens_per_second"]
+        assert len(speeds) == 2 and run["steady_tokens_per_second"] == max(speeds)
+        assert run["trials_same_tokens"]  # the same seed: the second trial repeats the first generation
+    text = render_markdown(result, plots=False)
+    assert "each method run 2 times in turn with that seed, its fastest run kept" in text
+    assert "every method's trials emitted the same tokens" in text
+    runs[1]["trials_same_tokens"] = False  # as if the machine's numerics had changed one trial's tokens
+    assert "emitted different tokens: code (0, speculative gamma=2)" in render_markdown(result, plots=False)
+
+
+def test_fastest_trial_prefers_a_measured_speed_and_reports_disagreeing_trials() -> None:
+    from exactspec.bench.runner import _fastest_trial
+
+    slow = {"steady_tokens_per_second": 4.0, "tokens": [1, 2]}
+    fast = {"steady_tokens_per_second": 5.0, "tokens": [1, 3]}
+    unmeasured = {"steady_tokens_per_second": float("nan"), "tokens": [1, 2]}
+    best = _fastest_trial([unmeasured, slow, fast])
+    assert best["tokens"] == [1, 3] and best["trials_same_tokens"] is False
+    assert best["trial_tokens_per_second"][1:] == [4.0, 5.0]
+    assert _fastest_trial([slow]) is slow  # one trial: the record as it was, no trial fields
+    with pytest.raises(ValueError, match="trials"):
+        BenchConfig(trials=0)
