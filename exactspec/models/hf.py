@@ -16,6 +16,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 from exactspec.models.attention import use_grouped_attention
+from exactspec.models.two_rows import use_two_row_linears
 
 # Token written into padding slots. Its value never matters: padding slots are
 # masked out of every attention, so any valid id will do.
@@ -73,6 +74,7 @@ class HFLanguageModel:
         vocab_size: int | None = None,
         max_hole_fraction: float = 0.5,
         grouped_attention: bool = True,
+        two_row_linears: bool = True,
     ) -> None:
         """
         Args:
@@ -91,6 +93,10 @@ class HFLanguageModel:
                 for decoding's few query tokens in bfloat16; the module says what was measured).
                 The switch is made on `model` itself, so transformers' own `generate` on the same
                 module uses it too.
+            two_row_linears: on CPU, multiply a dense bfloat16 / float16 linear layer's lone input
+                row as two equal rows (`exactspec.models.two_rows`): a one-token pass then computes
+                each row as the verifier's k-token pass does, bit for bit, and faster. Also made
+                on `model` itself.
         """
         if not 0.0 <= max_hole_fraction <= 1.0:
             raise ValueError(f"max_hole_fraction must lie in [0, 1], got {max_hole_fraction}")
@@ -121,6 +127,8 @@ class HFLanguageModel:
         self._model = model.eval()
         if grouped_attention:
             use_grouped_attention(model)
+        if two_row_linears:
+            use_two_row_linears(model)
         self._vocab_size = vocab_size
         self._eos_token_ids = eos
         self._max_hole_fraction = max_hole_fraction

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from exactspec.models.two_rows import TwoRowLinear
+
 INT4_LEVELS = 15  # codes 0..15
 INT4_CENTER = 8  # the kernel computes (q - 8) * scale + zero
 INT4_N_MULTIPLE = 16  # _convert_weight_to_int4pack_for_cpu needs out_features % 16 == 0
@@ -262,7 +264,8 @@ def weight_count(model: nn.Module) -> int:
 def _linears(model: nn.Module) -> Iterator[tuple[nn.Module, str, nn.Linear]]:
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear:
+            # TwoRowLinear: a dense layer an adapter already switched (models.two_rows) packs too.
+            if type(child) in (nn.Linear, TwoRowLinear):
                 yield parent, name, child
 
 
