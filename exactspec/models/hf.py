@@ -93,8 +93,8 @@ class HFLanguageModel:
                 for decoding's few query tokens in bfloat16; the module says what was measured).
                 The switch is made on `model` itself, so transformers' own `generate` on the same
                 module uses it too.
-            two_row_linears: on CPU, multiply a dense bfloat16 / float16 linear layer's lone input
-                row as two equal rows (`exactspec.models.two_rows`): a one-token pass then computes
+            two_row_linears: on CPU, multiply a dense bfloat16 linear layer's lone input row as
+                two equal rows (`exactspec.models.two_rows`): a one-token pass then computes
                 each row as the verifier's k-token pass does, bit for bit, and faster. Also made
                 on `model` itself.
         """

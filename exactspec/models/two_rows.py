@@ -1,4 +1,4 @@
-"""Dense half-precision linears on the CPU fed one row at a time compute it as two: `use_two_row_linears`.
+"""Dense bfloat16 linears on the CPU fed one row at a time compute it as two: `use_two_row_linears`.
 
 Why. A decoding step with one sequence feeds every linear layer a single row
 (one token of one sequence). For bfloat16 weights torch's CPU matmul takes a
@@ -21,9 +21,9 @@ row of the result kept. Rows of a step with two or more rows (a verification
 block, a batch) go through unchanged. The result of the duplicated row is
 that of the k-row kernel; nothing else about the model changes.
 
-Only exact `nn.Linear` modules with bfloat16 or float16 weights on the CPU are
-switched (packed int4/int8 layers have their own kernels, and float32's one-row
-path was not measured to differ).
+Only exact `nn.Linear` modules with bfloat16 weights on the CPU are switched
+(packed int4/int8 layers have their own kernels; float32 and float16 were not
+measured, and are left as they are).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-HALF_DTYPES = (torch.bfloat16, torch.float16)
+SWITCHED_DTYPES = (torch.bfloat16,)
 
 
 class TwoRowLinear(nn.Linear):
@@ -50,7 +50,7 @@ class TwoRowLinear(nn.Linear):
 
 
 def use_two_row_linears(model: nn.Module) -> int:
-    """Switch `model`'s dense half-precision CPU linears to `TwoRowLinear` in place; returns how many.
+    """Switch `model`'s dense bfloat16 CPU linears to `TwoRowLinear` in place; returns how many.
 
     The modules keep their parameters (only their class changes), so state dicts, tied weights
     and hooks are untouched. Calling it again switches nothing more.
@@ -60,7 +60,7 @@ def use_two_row_linears(model: nn.Module) -> int:
         if type(module) is not nn.Linear:
             continue
         weight: Any = module.weight
-        if weight.device.type != "cpu" or weight.dtype not in HALF_DTYPES:
+        if weight.device.type != "cpu" or weight.dtype not in SWITCHED_DTYPES:
             continue
         module.__class__ = TwoRowLinear
         switched += 1
