@@ -238,7 +238,7 @@ def _targets(summary: dict[str, Any]) -> list[str]:
                 lines.append(
                     "- block verification, its expected tokens/round estimated over the drafts (the sum of "
                     "its weights, never below the token rule's on a round, so this measures the size of the "
-                    "gain): "
+                    "gain), at the sampled rows: "
                     f"ahead on {over['ahead_on']} of {over['scorings']} scorings, gain median "
                     f"{_f(over['median_gain'], 4)}x [{_f(over['min_gain'], 4)}, {_f(over['max_gain'], 4)}] "
                     "(reported)"

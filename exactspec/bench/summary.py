@@ -378,7 +378,8 @@ def _expected_shortfalls(pair: dict[str, Any]) -> list[str]:
 
 def _over_drafts(scored_pairs: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Block verification's gain estimated over the drafts (its weights' sum against the token rule's
-    expectation, each run's own rounds; `verifiers.expected.block_weight_sum`), per prompt and pooled.
+    expectation, each run's own rounds; `verifiers.expected.block_weight_sum`), per prompt and pooled,
+    over the sampled rows' pairs it is given.
 
     Reported, never judged: on every round the weights' sum is at least the token rule's, so this
     says by how much block verification gains on these prompts' rounds, not whether it does.
@@ -494,6 +495,8 @@ def targets(
 
     pairs = block_vs_token(per_prompt)
     if pairs:
+        # Greedy rows draft and verify one-hot distributions: every score there is equal by construction.
+        greedy_settings = {s["name"] for s in sampling_rows(result) if s["temperature"] == 0}
         short = [p for p in pairs if not p["block_tokens_per_round"] >= p["token_tokens_per_round"]]
         scored_pairs = [p for p in pairs if p.get("expected_on_block_rounds") is not None]
         expected_short = [p for p in scored_pairs if _expected_shortfalls(p)]
@@ -518,7 +521,7 @@ def targets(
             else NAN,
             # Judged on the paired expectation where the runs carry it, else on the sampled counts.
             "met": not expected_short if scored_pairs else not short,
-            "over_drafts": _over_drafts(scored_pairs),
+            "over_drafts": _over_drafts([p for p in scored_pairs if p["setting"] not in greedy_settings]),
             "median_wall_clock_gain": theory.median([p["wall_clock_gain"] for p in pairs]),
             "median_tokens_per_round_gain": theory.median(
                 [theory.ratio(p["block_tokens_per_round"], p["token_tokens_per_round"]) for p in pairs]

@@ -190,7 +190,8 @@ def test_bench_runs_every_engine_method_and_named_settings(tmp_path: Path) -> No
     assert summary["targets"]["block"]["scored_pairs"] == 2 * 2
     assert summary["targets"]["block"]["median_expected_gain"] > 0.5  # a ratio of two expected counts
     over_drafts = summary["targets"]["block"]["over_drafts"]
-    assert over_drafts["scorings"] == 2 * 2 * 2 and over_drafts["min_gain"] >= 1.0 - 1e-12
+    # the realistic row's 2 pairs, each on both runs' rounds (greedy rows score equal by construction)
+    assert over_drafts["scorings"] == 2 * 2 and over_drafts["min_gain"] >= 1.0 - 1e-12
     targets = summary["targets"]
     assert set(targets["lookup"]) == {"0 ngram gamma=4"}
     assert "edit" in targets["lookup"]["0 ngram gamma=4"]["per_prompt"]
