@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from exactspec.api.strategy import Strategy
+from exactspec.bench import theory
 from exactspec.bench.costs import measure_costs
 from exactspec.bench.runs import run_engine, run_hf, run_llamacpp
 from exactspec.core.settings import REALISTIC_CHAT_SETTINGS, SamplingSettings
@@ -379,7 +380,7 @@ def _fastest_trial(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     `trials_same_tokens` says whether every trial emitted the same tokens (same seed: they should,
     up to the numerics of the machine, and a difference is reported rather than hidden).
     """
-    best = max(records, key=lambda r: _nan_low(r["steady_tokens_per_second"]))
+    best = max(records, key=lambda r: theory.nan_low(r["steady_tokens_per_second"]))
     if len(records) == 1:
         return best
     return {
@@ -387,10 +388,6 @@ def _fastest_trial(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "trial_tokens_per_second": [r["steady_tokens_per_second"] for r in records],
         "trials_same_tokens": all(r["tokens"] == records[0]["tokens"] for r in records),
     }
-
-
-def _nan_low(value: float) -> float:
-    return -math.inf if math.isnan(value) else value
 
 
 def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:

@@ -454,12 +454,12 @@ def targets(
 
     adaptive = [r for r in per_prompt if r["method"] == ADAPTIVE]
     if adaptive:
-        worst = min(adaptive, key=lambda r: _nan_high(r["speedup"]))
+        worst = min(adaptive, key=lambda r: theory.nan_high(r["speedup"]))
         by_setting = {}
         for setting in sorted({r["setting"] for r in adaptive}):
             own = [r for r in rows if r["setting"] == setting and r["method"] == ADAPTIVE]
             fixed = [r for r in rows if r["setting"] == setting and r["method"] == SPECULATIVE]
-            best = max(fixed, key=lambda r: _nan_low(r["speedup"]["median"]), default=None)
+            best = max(fixed, key=lambda r: theory.nan_low(r["speedup"]["median"]), default=None)
             if not own or best is None:
                 continue
             median = own[0]["speedup"]["median"]
@@ -478,7 +478,7 @@ def targets(
                 "adaptive_median": median,
                 "best_fixed_gamma": best["gamma"],
                 "best_fixed_median": best["speedup"]["median"],
-                "met": _nan_low(median) >= _nan_high(best["speedup"]["median"]),
+                "met": theory.nan_low(median) >= theory.nan_high(best["speedup"]["median"]),
                 "paired_prompts": len(paired),
                 "paired_faster_on": sum(1 for ratio in paired if ratio > 1.0),
                 "paired_median_ratio": theory.median(paired) if paired else NAN,
@@ -486,7 +486,7 @@ def targets(
         out["adaptive"] = {
             "min_speedup": worst["speedup"],
             "min_at": f"{worst['prompt']} ({worst['setting']})",
-            "floor_met": _nan_low(worst["speedup"]) >= ADAPTIVE_FLOOR,
+            "floor_met": theory.nan_low(worst["speedup"]) >= ADAPTIVE_FLOOR,
             "median_vs_best_fixed": by_setting,
             "median_met": bool(by_setting) and all(v["met"] for v in by_setting.values()),
         }
@@ -535,22 +535,12 @@ def targets(
         fractions = {r["label"]: r["outside_model_fraction"] for r in realistic}
         out["outside_models"] = {
             "per_method": fractions,
-            "max": max(_nan_high(f) for f in fractions.values()),
-            "met": all(_nan_high(f) < OUTSIDE_MODEL_TARGET for f in fractions.values()),
+            "max": max(theory.nan_high(f) for f in fractions.values()),
+            "met": all(theory.nan_high(f) < OUTSIDE_MODEL_TARGET for f in fractions.values()),
         }
     else:
         out["outside_models"] = None
     return out
-
-
-def _nan_low(x: float | None) -> float:
-    """For comparisons where a missing number must lose: nan -> -inf."""
-    return -math.inf if x is None or math.isnan(x) else x
-
-
-def _nan_high(x: float | None) -> float:
-    """nan -> +inf (a missing number never passes an upper bound)."""
-    return math.inf if x is None or math.isnan(x) else x
 
 
 def _recommend(rows: list[dict[str, Any]], costs: dict[str, Any]) -> dict[str, Any]:

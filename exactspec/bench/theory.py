@@ -128,6 +128,16 @@ def median(values: Sequence[float]) -> float:
     return Spread.of(values).median
 
 
+def nan_low(value: float | None) -> float:
+    """For comparisons where a missing number must lose (a max, a lower bound): None or nan -> -inf."""
+    return -math.inf if value is None or math.isnan(value) else value
+
+
+def nan_high(value: float | None) -> float:
+    """None or nan -> +inf: a missing number never passes an upper bound, and sorts last in a min."""
+    return math.inf if value is None or math.isnan(value) else value
+
+
 def _missing(value: float | None) -> bool:
     """None (NaN written to JSON as null) or NaN."""
     return value is None or math.isnan(value)
