@@ -12,7 +12,7 @@ gamma + 1 positions, and emits E tokens on average:
 >>> round(tokens_per_round(0.8, 4), 4)
 3.3616
 >>> round(predicted_speedup(0.8, 4, c=0.1, v=1.2), 4)
-2.1010
+2.101
 """
 
 from __future__ import annotations
@@ -101,7 +101,9 @@ class Spread:
 
     @classmethod
     def of(cls, values: Sequence[float]) -> Spread:
-        """>>> Spread.of([1.0, 2.0, 4.0, float("nan")]).median
+        """The spread of `values`, None and nan left out.
+
+        >>> Spread.of([1.0, 2.0, 4.0, float("nan")]).median
         2.0
         """
         kept = sorted(float(x) for x in values if not _missing(x))
