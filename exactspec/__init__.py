@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 # the command line can then treat a Ctrl-C during the heavy imports as an interruption.
 _EXPORTS = {
     "SpeculativeDecoder": "exactspec.api.decoder",
-    "DecodeConfig": "exactspec.core.engine",
-    "RowState": "exactspec.core.engine",
-    "SpeculativeEngine": "exactspec.core.engine",
-    "Sampler": "exactspec.core.sampler",
-    "SeededSampler": "exactspec.core.sampler",
-    "SamplingSettings": "exactspec.core.settings",
-    "probabilities": "exactspec.core.transforms",
+    "DecodeConfig": "exactspec.decoding.engine",
+    "RowState": "exactspec.decoding.engine",
+    "SpeculativeEngine": "exactspec.decoding.engine",
+    "Sampler": "exactspec.foundations.sampler",
+    "SeededSampler": "exactspec.foundations.sampler",
+    "SamplingSettings": "exactspec.foundations.settings",
+    "probabilities": "exactspec.foundations.transforms",
     "Drafter": "exactspec.drafters",
     "ModelDrafter": "exactspec.drafters",
     "Proposal": "exactspec.drafters",
@@ -34,11 +34,11 @@ _EXPORTS = {
 
 if TYPE_CHECKING:
     from exactspec.api.decoder import SpeculativeDecoder
-    from exactspec.core.engine import DecodeConfig, RowState, SpeculativeEngine
-    from exactspec.core.sampler import Sampler, SeededSampler
-    from exactspec.core.settings import SamplingSettings
-    from exactspec.core.transforms import probabilities
+    from exactspec.decoding.engine import DecodeConfig, RowState, SpeculativeEngine
     from exactspec.drafters import Drafter, ModelDrafter, Proposal
+    from exactspec.foundations.sampler import Sampler, SeededSampler
+    from exactspec.foundations.settings import SamplingSettings
+    from exactspec.foundations.transforms import probabilities
     from exactspec.models.base import LanguageModel
     from exactspec.models.pair import ModelPair
     from exactspec.verifiers.base import NO_TOKEN, VerifyResult

@@ -19,11 +19,12 @@ import torch
 
 from exactspec.api.text import encode_text
 from exactspec.bench.prompts import select_prompts
-from exactspec.core.engine import DecodeConfig, SpeculativeEngine
-from exactspec.core.gamma import CONFIDENCE_BINS, ConfidenceGamma, CostModel
-from exactspec.core.sampler import SeededSampler
-from exactspec.core.settings import REALISTIC_CHAT_SETTINGS, SamplingSettings
+from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine
+from exactspec.decoding.gamma import CONFIDENCE_BINS, ConfidenceGamma
 from exactspec.drafters.model import ModelDrafter
+from exactspec.foundations.costs import CostModel
+from exactspec.foundations.sampler import SeededSampler
+from exactspec.foundations.settings import REALISTIC_CHAT_SETTINGS, SamplingSettings
 from exactspec.models.pair import ModelPair
 
 DEFAULT_PROMPTS = (

@@ -17,8 +17,8 @@ from functools import partial
 
 import torch
 
-from exactspec.core.settings import SamplingSettings
-from exactspec.core.transforms import _check_rows, _probabilities_reference, probabilities
+from exactspec.foundations.settings import SamplingSettings
+from exactspec.foundations.transforms import _check_rows, _probabilities_reference, probabilities
 
 QWEN_VOCAB = 151936
 HISTORY_TOKENS = 300

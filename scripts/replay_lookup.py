@@ -11,7 +11,7 @@ as the largest measured one.
 
     python scripts/replay_lookup.py docs/bench/lookup/bench.json --ngrams 1-2,1-4 --gammas 8,16 --adaptive
 
-`--adaptive` adds adaptive lookup (`exactspec.core.gamma.LookupGamma`: draft length per match length)
+`--adaptive` adds adaptive lookup (`exactspec.decoding.gamma.LookupGamma`: draft length per match length)
 choosing with the run's v(k); a real run chooses with `measure_cost_model`'s, which differ a little.
 
 Loads only the tokenizer of the run's target (by default the built-in pair's, "default-target").
@@ -26,8 +26,9 @@ from pathlib import Path
 
 from exactspec.api.text import encode_text
 from exactspec.bench.costs import cost_ratios
-from exactspec.core.gamma import CostModel, LookupGamma
+from exactspec.decoding.gamma import LookupGamma
 from exactspec.drafters.ngram import lookup_match
+from exactspec.foundations.costs import CostModel
 from exactspec.models.loading import load_tokenizer
 
 

@@ -13,9 +13,9 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
-from exactspec.core.engine import MAX_GAMMA
-from exactspec.core.errors import InvalidArgument
-from exactspec.core.settings import SamplingSettings
+from exactspec.decoding.engine import MAX_GAMMA
+from exactspec.foundations.errors import InvalidArgument
+from exactspec.foundations.settings import SamplingSettings
 
 Prompt = str | Sequence[int]
 

@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import exactspec.api.arguments as arguments
-from exactspec.api.strategy import DrafterName, Strategy, VerifierName, build_engine, default_gamma
 from exactspec.api.text import StopStrings, TextStream, encode_text
-from exactspec.core.engine import DecodeConfig, FinishReason, RowState, SpeculativeEngine
-from exactspec.core.errors import InvalidArgument
-from exactspec.core.metrics import DecodeMetrics
-from exactspec.core.sampler import SeededSampler
-from exactspec.core.settings import SamplingSettings
+from exactspec.decoding.engine import DecodeConfig, FinishReason, RowState, SpeculativeEngine
+from exactspec.decoding.strategy import DrafterName, Strategy, VerifierName, build_engine, default_gamma
+from exactspec.foundations.errors import InvalidArgument
+from exactspec.foundations.metrics import DecodeMetrics
+from exactspec.foundations.sampler import SeededSampler
+from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.base import LanguageModel
 from exactspec.models.pair import ModelPair
 
@@ -92,7 +92,7 @@ class SpeculativeDecoder:
 
     `generate` and `stream` take the drafter ("model", "ngram" or "hybrid"), the verifier ("token"
     or "block") and `adaptive_gamma` (gamma is then the maximum draft length; c and v(k) are
-    measured once per pair on first use, see `ModelPair.cost_model`); `exactspec.api.strategy`
+    measured once per pair on first use, see `ModelPair.cost_model`); `exactspec.decoding.strategy`
     says what each does.
 
     Thread safety: one decoder may be shared by many threads. Its calls are
@@ -198,7 +198,7 @@ class SpeculativeDecoder:
         return encoded
 
     def engine(self, gamma: int, strategy: Strategy | None = None) -> SpeculativeEngine:
-        """An engine for one call (`exactspec.api.strategy.build_engine`; costs cached on the pair)."""
+        """An engine for one call (`exactspec.decoding.strategy.build_engine`; costs cached on the pair)."""
         strategy = strategy or Strategy()
         if gamma > 0 and strategy.needs_draft_model and self.draft is None:
             raise InvalidArgument(

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 
 import torch
 
-from exactspec.core.sampler import Sampler
-from exactspec.core.settings import SamplingSettings
 from exactspec.drafters.base import Proposal
 from exactspec.drafters.model import ModelDrafter
+from exactspec.foundations.sampler import Sampler
+from exactspec.foundations.settings import SamplingSettings
 
 
 class _ArgmaxSampler:

@@ -22,11 +22,11 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from exactspec.audit.broken import BrokenArgmaxDrafter
-from exactspec.core.engine import DecodeConfig, SpeculativeEngine
-from exactspec.core.sampler import SeededSampler
-from exactspec.core.settings import SamplingSettings
+from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine
 from exactspec.drafters.base import Drafter
 from exactspec.drafters.model import ModelDrafter
+from exactspec.foundations.sampler import SeededSampler
+from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.base import LanguageModel
 from exactspec.models.pair import ModelPair
 from exactspec.peers import hf as hf_peer

@@ -9,7 +9,7 @@ from tqdm import tqdm
 
 from exactspec.audit.generators import SPECULATIVE_KINDS, make_generator
 from exactspec.audit.runner import AuditCase, AuditResult, Reference, build_reference, run_audit
-from exactspec.core.settings import SamplingSettings
+from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.pair import ModelPair
 
 TINY_SETTINGS: dict[str, SamplingSettings] = {

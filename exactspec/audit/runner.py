@@ -34,8 +34,8 @@ from exactspec.checking.statistical import (
     goodness_of_fit,
     likely_sequences,
 )
-from exactspec.core.settings import SamplingSettings
-from exactspec.core.transforms import probabilities
+from exactspec.foundations.settings import SamplingSettings
+from exactspec.foundations.transforms import probabilities
 from exactspec.models.base import LanguageModel
 
 DEFAULT_SIGNIFICANCE = 1e-3

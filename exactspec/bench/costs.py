@@ -11,9 +11,9 @@ from typing import Any
 import torch
 
 from exactspec.bench.timing import ForwardTimer
-from exactspec.core.sampler import SeededSampler
-from exactspec.core.settings import SamplingSettings
-from exactspec.core.transforms import probabilities
+from exactspec.foundations.sampler import SeededSampler
+from exactspec.foundations.settings import SamplingSettings
+from exactspec.foundations.transforms import probabilities
 from exactspec.models.pair import ModelPair
 
 

@@ -581,13 +581,13 @@ def _method_notes(config: dict[str, Any]) -> list[str]:
         "run (highest steady-state tokens/s; bench.json lists every trial's speed and whether the trials "
         "emitted the same tokens): on this shared machine noise only ever slows a run down, so the "
         "fastest of N is the least disturbed measurement, as timeit keeps the fastest repeat.",
-        "- Methods of our engine (exactspec.api.strategy, the helper `generate` uses too): speculative = the "
+        "- Methods of our engine (exactspec.decoding.strategy, as `generate` builds them): speculative = the "
         "draft model with token verification; speculative-block = the same drafts with block verification; "
         "ngram = prompt lookup (no draft model, c = 0); hybrid = lookup where the history matches, the draft "
         "model elsewhere; adaptive = the draft model with gamma chosen per round in 0..gamma from running "
         "acceptance and c, v(k) measured once per pair (ModelPair.cost_model), before the timed runs; "
         "ngram-adaptive = prompt lookup with that rule (c = 0) kept per row and per match length "
-        "(core.gamma.LookupGamma; results written before it, at code 6d4296c and older, kept one rule "
+        "(decoding.gamma.LookupGamma; results written before it, at code 6d4296c and older, kept one rule "
         "per row).",
         "- Steady-state tokens/s = tokens after the first round / time after the first round (round "
         "boundaries from the engine's rounds, and from HF's streamer, which receives one chunk per round).",

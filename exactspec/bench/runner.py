@@ -1,6 +1,6 @@
 """Run the whole benchmark: plain decoding, speculative decoding for each gamma, and transformers' peers.
 
-A *method* is plain decoding, one of our engine's strategies (`exactspec.api.strategy`: the draft
+A *method* is plain decoding, one of our engine's strategies (`exactspec.decoding.strategy`: the draft
 model with token or block verification, prompt lookup, hybrid, adaptive gamma; named
 "speculative", "speculative-block", "ngram", "hybrid", "adaptive", ...) at a gamma, or a
 transformers peer. A *sampling row* is a named `SamplingSettings`: one per temperature ("0",
@@ -33,11 +33,11 @@ from typing import Any
 
 import torch
 
-from exactspec.api.strategy import Strategy
 from exactspec.bench import theory
 from exactspec.bench.costs import measure_costs
 from exactspec.bench.runs import run_engine, run_hf, run_llamacpp
-from exactspec.core.settings import REALISTIC_CHAT_SETTINGS, SamplingSettings
+from exactspec.decoding.strategy import Strategy
+from exactspec.foundations.settings import REALISTIC_CHAT_SETTINGS, SamplingSettings
 from exactspec.models.pair import ModelPair
 from exactspec.peers import hf as hf_peer
 

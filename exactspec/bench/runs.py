@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
-from exactspec.api.strategy import Strategy, build_engine
 from exactspec.bench.timing import ForwardTimer, RoundStreamer, steady_state
-from exactspec.core.engine import DecodeConfig
-from exactspec.core.sampler import SeededSampler
-from exactspec.core.settings import SamplingSettings
+from exactspec.decoding.engine import DecodeConfig
+from exactspec.decoding.strategy import Strategy, build_engine
+from exactspec.foundations.sampler import SeededSampler
+from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.base import LanguageModel
 from exactspec.models.pair import ModelPair
 from exactspec.peers import hf as hf_peer
@@ -104,7 +104,7 @@ def run_engine(
 ) -> dict[str, Any]:
     """One generation through our engine (gamma = 0 is plain decoding), from empty caches.
 
-    `strategy` picks drafter, verifier and gamma policy (`exactspec.api.strategy.build_engine`,
+    `strategy` picks drafter, verifier and gamma policy (`exactspec.decoding.strategy.build_engine`,
     the same helper `generate` uses); adaptive gamma takes the pair's cached measured costs, so
     the measurement (once per pair) happens before the timed part of the first such run.
     """

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import torch
 
-from exactspec.core.engine import DecodeConfig, SpeculativeEngine
-from exactspec.core.gamma import GammaPolicy
-from exactspec.core.settings import SamplingSettings
-from exactspec.core.transforms import probabilities
+from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine
+from exactspec.decoding.gamma import GammaPolicy
 from exactspec.drafters.base import Drafter
+from exactspec.foundations.settings import SamplingSettings
+from exactspec.foundations.transforms import probabilities
 from exactspec.models.base import LanguageModel
 from exactspec.verifiers.base import Verifier
 from exactspec.verifiers.token import verify

@@ -30,14 +30,15 @@ from exactspec.checking.statistical import (
     sequence_probability,
 )
 from exactspec.checking.toy import TabularModel, random_tabular_model
-from exactspec.core.engine import DecodeConfig, SpeculativeEngine
-from exactspec.core.gamma import AdaptiveGamma, ConfidenceGamma, CostModel, GammaPolicy, LookupGamma
-from exactspec.core.sampler import SeededSampler
-from exactspec.core.settings import SamplingSettings
+from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine
+from exactspec.decoding.gamma import AdaptiveGamma, ConfidenceGamma, GammaPolicy, LookupGamma
 from exactspec.drafters.base import Drafter
 from exactspec.drafters.hybrid import HybridDrafter
 from exactspec.drafters.model import DraftStop, ModelDrafter
 from exactspec.drafters.ngram import DEFAULT_MAX_NGRAM, NgramDrafter
+from exactspec.foundations.costs import CostModel
+from exactspec.foundations.sampler import SeededSampler
+from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.base import LanguageModel
 
 if TYPE_CHECKING:  # transformers loads only when an adapter case runs (keeps `verify` start-up light)
@@ -106,7 +107,7 @@ class ExactCase:
     def build_parts(self, target: TabularModel, draft: TabularModel) -> tuple[Drafter, GammaPolicy | None]:
         """The drafter and the gamma policy (None unless `adaptive`) the case runs with.
 
-        What `exactspec.api.strategy` builds for an adaptive case: for lookup, `lookup_policy`
+        What `exactspec.decoding.strategy` builds for an adaptive case: for lookup, `lookup_policy`
         chooses each match's length and the drafter asks it; the draft model drafts within
         `confidence_policy`'s cap and stops where that policy says its confidence is too low.
         """

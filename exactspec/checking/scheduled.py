@@ -21,9 +21,9 @@ from exactspec.checking.exact import (
     enumerate_outputs,
     target_distribution,
 )
-from exactspec.core.scheduler import Request, RowHandle, Scheduler
-from exactspec.core.settings import SamplingSettings
+from exactspec.decoding.scheduler import Request, RowHandle, Scheduler
 from exactspec.drafters.base import Drafter
+from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.base import LanguageModel
 
 

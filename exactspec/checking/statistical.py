@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from scipy import stats
 
-from exactspec.core.settings import SamplingSettings
-from exactspec.core.transforms import probabilities
+from exactspec.foundations.settings import SamplingSettings
+from exactspec.foundations.transforms import probabilities
 from exactspec.models.base import LanguageModel
 
 OTHER = "other"

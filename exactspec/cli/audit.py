@@ -29,7 +29,7 @@ from exactspec.cli.common import (
     sampling_settings,
     utf8_text,
 )
-from exactspec.core.settings import SamplingSettings
+from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.pair import ModelPair
 
 DEFAULT_PROMPT = "# A list of popular Python libraries:\n-"

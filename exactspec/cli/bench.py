@@ -29,7 +29,7 @@ from exactspec.cli.common import (
     positive_int,
     strategy,
 )
-from exactspec.core.engine import MAX_GAMMA
+from exactspec.decoding.engine import MAX_GAMMA
 
 DEFAULT_OUT = "bench-out"
 QUICK_COST_REPEATS = 3

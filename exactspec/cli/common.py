@@ -13,11 +13,11 @@ import tempfile
 from pathlib import Path
 
 from exactspec.api.arguments import FLOAT32_MAX
-from exactspec.api.strategy import Strategy
 from exactspec.cli import EXIT_BROKEN_PIPE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
-from exactspec.core.engine import MAX_GAMMA
-from exactspec.core.errors import InvalidArgument
-from exactspec.core.settings import SamplingSettings
+from exactspec.decoding.engine import MAX_GAMMA
+from exactspec.decoding.strategy import Strategy
+from exactspec.foundations.errors import InvalidArgument
+from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.packed import WEIGHT_CHOICES
 
 __all__ = [
@@ -187,7 +187,7 @@ VERIFIER_CHOICES = ("token", "block")
 
 
 def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
-    """--drafter / --verifier / --adaptive-gamma, shared by generate and bench (exactspec.api.strategy)."""
+    """--drafter / --verifier / --adaptive-gamma, shared by generate and bench (decoding.strategy)."""
     group = parser.add_argument_group("speculation (every choice is exact; they differ in speed)")
     group.add_argument(
         "--drafter",

@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from exactspec.api.decoder import SpeculativeDecoder
-    from exactspec.api.strategy import default_gamma
+    from exactspec.decoding.strategy import default_gamma
 
     prompt = read_prompt(args)
     settings = sampling_settings(args)

@@ -66,7 +66,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from exactspec.api.strategy import default_gamma
+    from exactspec.decoding.strategy import default_gamma
     from exactspec.models.pair import ModelPair
     from exactspec.server.app import Service, create_app
 

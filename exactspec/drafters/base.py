@@ -8,8 +8,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from exactspec.core.sampler import Sampler
-from exactspec.core.settings import SamplingSettings
+from exactspec.foundations.sampler import Sampler
+from exactspec.foundations.settings import SamplingSettings
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 
 import torch
 
-from exactspec.core.sampler import Sampler
-from exactspec.core.settings import SamplingSettings
 from exactspec.drafters.base import Drafter, Proposal
 from exactspec.drafters.ngram import NgramDrafter
+from exactspec.foundations.sampler import Sampler
+from exactspec.foundations.settings import SamplingSettings
 
 
 class HybridDrafter:

@@ -8,16 +8,16 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from exactspec.core.sampler import Sampler
-from exactspec.core.settings import SamplingSettings
-from exactspec.core.transforms import probabilities_per_row
 from exactspec.drafters.base import Proposal
+from exactspec.foundations.sampler import Sampler
+from exactspec.foundations.settings import SamplingSettings
+from exactspec.foundations.transforms import probabilities_per_row
 from exactspec.models.base import LanguageModel
 
 
 @runtime_checkable
 class DraftStop(Protocol):
-    """Decides, token by token, whether a row drafts another token (`core.gamma.ConfidenceGamma`)."""
+    """Decides, token by token, whether a row drafts another token (`decoding.gamma.ConfidenceGamma`)."""
 
     def keep_drafting(self, row: int, drafted: int, confidence: float) -> bool:
         """Row `row` just drafted its `drafted`-th token this round from a draft distribution whose

@@ -15,9 +15,9 @@ from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
 
-from exactspec.core.sampler import Sampler
-from exactspec.core.settings import SamplingSettings
 from exactspec.drafters.base import Proposal
+from exactspec.foundations.sampler import Sampler
+from exactspec.foundations.settings import SamplingSettings
 
 DEFAULT_MAX_NGRAM = 4
 """Longest suffix tried first. Hugging Face's prompt lookup (`max_matching_ngram_size`) defaults to 2;
@@ -129,7 +129,7 @@ class NgramDrafter:
         max_ngram: int = DEFAULT_MAX_NGRAM,
         lengths: MatchLengths | None = None,
     ) -> None:
-        """lengths: if given (`exactspec.core.gamma.LookupGamma`), a match of suffix length n proposes at
+        """lengths: if given (`exactspec.decoding.gamma.LookupGamma`), a match of suffix length n proposes at
         most `lengths.length_for(row, n)` tokens; otherwise every match proposes up to the row's limit."""
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")

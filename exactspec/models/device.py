@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from exactspec.core.errors import InvalidArgument
+from exactspec.foundations.errors import InvalidArgument
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 

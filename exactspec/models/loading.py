@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from exactspec.core.errors import InvalidArgument
+from exactspec.foundations.errors import InvalidArgument
 from exactspec.models.default_pair import (
     DEFAULT_DRAFT,
     DEFAULT_TARGET,

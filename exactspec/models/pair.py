@@ -15,9 +15,10 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from exactspec.core.errors import InvalidArgument
-from exactspec.core.gamma import CostModel, measure_cost_model
+from exactspec.foundations.costs import CostModel
+from exactspec.foundations.errors import InvalidArgument
 from exactspec.models.base import LanguageModel
+from exactspec.models.costs import measure_cost_model
 from exactspec.models.tokenizers import check_tokenizers_compatible, end_of_generation_ids
 
 
@@ -35,7 +36,7 @@ class ModelPair:
             (every `SpeculativeDecoder` over this pair holds it for each call).
         weights: the target's weight format ("bf16" = dense, "int4", ...: `models.packed`), read
             from the module `pack_model` marked; it picks the default draft length
-            (`exactspec.api.strategy.default_gamma`).
+            (`exactspec.decoding.strategy.default_gamma`).
     """
 
     target_model: Any
@@ -149,7 +150,7 @@ class ModelPair:
     def cost_model(self, max_gamma: int) -> CostModel:
         """c and v(1..max_gamma + 1) of this pair's backend, measured on first use and cached on the pair.
 
-        `exactspec.core.gamma.measure_cost_model` times a few forwards through the adapters (about 7 s
+        `exactspec.models.costs.measure_cost_model` times a few forwards through the adapters (about 7 s
         for the default pair at max_gamma 4); a later call with a larger max_gamma measures again, a
         smaller one reuses the cached numbers. Without a draft model c is 0. Clears both KV caches.
         """

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from exactspec.core.errors import InvalidArgument
+from exactspec.foundations.errors import InvalidArgument
 
 END_OF_TURN_TOKENS = (
     "<|im_end|>",

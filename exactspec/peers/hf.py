@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from exactspec.core.settings import SamplingSettings
+from exactspec.foundations.settings import SamplingSettings
 
 
 def generation_config(

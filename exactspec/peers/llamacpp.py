@@ -16,7 +16,7 @@ import time
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from exactspec.core.settings import SamplingSettings
+from exactspec.foundations.settings import SamplingSettings
 
 DEFAULT_THREADS = 2
 DEFAULT_CONTEXT = 4096

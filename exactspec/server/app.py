@@ -37,10 +37,9 @@ from prometheus_client import (
 )
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from exactspec.api.strategy import Strategy, build_components
 from exactspec.api.text import StopStrings, TextStream
-from exactspec.core.engine import MAX_GAMMA
-from exactspec.core.scheduler import (
+from exactspec.decoding.engine import MAX_GAMMA
+from exactspec.decoding.scheduler import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_WAITING,
     QueueFull,
@@ -48,9 +47,10 @@ from exactspec.core.scheduler import (
     RowHandle,
     Scheduler,
 )
-from exactspec.core.scheduler import (
+from exactspec.decoding.scheduler import (
     Request as RowRequest,
 )
+from exactspec.decoding.strategy import Strategy, build_components
 from exactspec.models.pair import ModelPair
 from exactspec.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from exactspec.core.settings import SamplingSettings
+from exactspec.foundations.settings import SamplingSettings
 
 MAX_CHOICES = 16
 """Most choices (rows) one request may ask for with `n`."""

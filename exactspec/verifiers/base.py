@@ -16,7 +16,7 @@ from typing import Protocol
 
 import torch
 
-from exactspec.core.sampler import Sampler
+from exactspec.foundations.sampler import Sampler
 
 _SUM_TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-3}
 """How far a probability row may sum from 1 before it is taken for logits or garbage."""
@@ -144,5 +144,5 @@ def _check_distributions(name: str, rows: torch.Tensor) -> None:
     if worst > _SUM_TOLERANCE[rows.dtype]:
         raise ValueError(
             f"{name} rows must sum to 1 (worst row is off by {worst:.3g}); pass probabilities "
-            f"(exactspec.core.transforms.probabilities), not logits"
+            f"(exactspec.foundations.transforms.probabilities), not logits"
         )

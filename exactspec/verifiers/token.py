@@ -18,7 +18,7 @@ from collections.abc import Collection, Sequence
 
 import torch
 
-from exactspec.core.sampler import Sampler
+from exactspec.foundations.sampler import Sampler
 from exactspec.verifiers.base import NO_TOKEN, VerifyResult, check_inputs
 from exactspec.verifiers.residual import acceptance_probability, residual_distribution
 

@@ -20,8 +20,8 @@ tokenizers = pytest.importorskip("tokenizers")
 from conftest import TOKENIZER_EOS_ID, TOKENIZER_VOCAB, tiny_causal_lm, tiny_tokenizer  # noqa: E402
 
 from exactspec.api.decoder import SpeculativeDecoder  # noqa: E402
-from exactspec.core.errors import InvalidArgument  # noqa: E402
-from exactspec.core.settings import SamplingSettings  # noqa: E402
+from exactspec.foundations.errors import InvalidArgument  # noqa: E402
+from exactspec.foundations.settings import SamplingSettings  # noqa: E402
 from exactspec.models.pair import ModelPair  # noqa: E402
 
 PROMPT = "def f(x):"

@@ -13,7 +13,7 @@ tokenizers = pytest.importorskip("tokenizers")
 from conftest import TOKENIZER_EOS_ID, TOKENIZER_IM_END_ID, TOKENIZER_VOCAB, tiny_causal_lm, tiny_tokenizer  # noqa: E402
 
 from exactspec.api.decoder import Completion, SpeculativeDecoder  # noqa: E402
-from exactspec.core.settings import SamplingSettings  # noqa: E402
+from exactspec.foundations.settings import SamplingSettings  # noqa: E402
 
 GREEDY = SamplingSettings(temperature=0.0)
 SAMPLED = SamplingSettings(temperature=1.0)

@@ -7,8 +7,8 @@ import torch
 from conftest import TOKENIZER_EOS_ID, TOKENIZER_VOCAB, tiny_causal_lm, tiny_tokenizer
 
 from exactspec.api.decoder import SpeculativeDecoder
-from exactspec.api.strategy import DENSE_DEFAULT_GAMMA, INT4_DEFAULT_GAMMA, default_gamma
-from exactspec.core.settings import SamplingSettings
+from exactspec.decoding.strategy import DENSE_DEFAULT_GAMMA, INT4_DEFAULT_GAMMA, default_gamma
+from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.device import auto_weights
 from exactspec.models.packed import WeightFormat, pack_model
 from exactspec.models.pair import ModelPair

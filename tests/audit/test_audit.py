@@ -28,7 +28,7 @@ from exactspec.audit.runner import (  # noqa: E402
 from exactspec.audit.tiny import TINY_PROMPT, TinyPairSpec, tiny_pair  # noqa: E402
 from exactspec.checking.statistical import likely_sequences, sequence_probability  # noqa: E402
 from exactspec.cli.main import main  # noqa: E402
-from exactspec.core.settings import SamplingSettings  # noqa: E402
+from exactspec.foundations.settings import SamplingSettings  # noqa: E402
 from exactspec.models.pair import ModelPair  # noqa: E402
 
 SPEC = TinyPairSpec()

@@ -9,7 +9,7 @@ import pytest
 
 from exactspec.bench import prompts
 from exactspec.bench.prompts import GROUNDED_PROMPTS, PROMPTS, SELECTIONS, select_prompts
-from exactspec.core.settings import REALISTIC_CHAT_SETTINGS, SamplingSettings
+from exactspec.foundations.settings import REALISTIC_CHAT_SETTINGS, SamplingSettings
 
 DEFAULT_NAMES = [
     "py-fibonacci",

@@ -20,7 +20,7 @@ from conftest import tiny_causal_lm  # noqa: E402
 from exactspec.bench.report import render_markdown, write_outputs  # noqa: E402
 from exactspec.bench.runner import BenchConfig, EncodedPrompt, run_bench  # noqa: E402
 from exactspec.bench.runs import ExpectationRecorder  # noqa: E402
-from exactspec.core.sampler import SeededSampler  # noqa: E402
+from exactspec.foundations.sampler import SeededSampler  # noqa: E402
 from exactspec.models.pair import ModelPair  # noqa: E402
 from exactspec.verifiers.block import verify_block  # noqa: E402
 from exactspec.verifiers.expected import block_weight_sum, expected_accepted  # noqa: E402

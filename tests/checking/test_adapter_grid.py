@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 
 from exactspec.checking import grid  # noqa: E402
 from exactspec.checking.grid import EXACT_TOLERANCE, AdapterCase, adapter_cases, run_exact_case  # noqa: E402
-from exactspec.core.engine import SpeculativeEngine  # noqa: E402
+from exactspec.decoding.engine import SpeculativeEngine  # noqa: E402
 from exactspec.models.hf import HFLanguageModel  # noqa: E402
 
 CASES = adapter_cases()

@@ -24,11 +24,11 @@ from exactspec.checking.exact import (
     total_variation,
 )
 from exactspec.checking.toy import TabularModel, random_tabular_model
-from exactspec.core.engine import DecodeConfig
-from exactspec.core.sampler import Sampler
-from exactspec.core.settings import SamplingSettings
-from exactspec.core.transforms import probabilities
+from exactspec.decoding.engine import DecodeConfig
 from exactspec.drafters import ModelDrafter, Proposal
+from exactspec.foundations.sampler import Sampler
+from exactspec.foundations.settings import SamplingSettings
+from exactspec.foundations.transforms import probabilities
 
 EXACT_TOLERANCE = 1e-12
 MAX_CASE_PATHS = 3000

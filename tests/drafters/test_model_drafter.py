@@ -7,10 +7,10 @@ import torch
 from scipy import stats
 
 from exactspec.checking.toy import TabularModel, random_tabular_model
-from exactspec.core.sampler import SeededSampler
-from exactspec.core.settings import SamplingSettings
-from exactspec.core.transforms import probabilities
 from exactspec.drafters import Drafter, ModelDrafter
+from exactspec.foundations.sampler import SeededSampler
+from exactspec.foundations.settings import SamplingSettings
+from exactspec.foundations.transforms import probabilities
 
 VOCAB = 6
 EOS = 0

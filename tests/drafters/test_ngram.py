@@ -10,12 +10,12 @@ import torch
 from exactspec.checking.exact import check_speculative
 from exactspec.checking.grid import EXACT_TOLERANCE, ExactCase, exact_grid, run_exact_case
 from exactspec.checking.toy import random_tabular_model
-from exactspec.core.engine import DecodeConfig, SpeculativeEngine
-from exactspec.core.sampler import Sampler, SeededSampler
-from exactspec.core.settings import SamplingSettings
+from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine
 from exactspec.drafters import ModelDrafter, Proposal
 from exactspec.drafters.hybrid import HybridDrafter
 from exactspec.drafters.ngram import LookupMatch, NgramDrafter, lookup_continuation, lookup_match
+from exactspec.foundations.sampler import Sampler, SeededSampler
+from exactspec.foundations.settings import SamplingSettings
 from exactspec.verifiers.block import verify_block
 from exactspec.verifiers.token import verify
 

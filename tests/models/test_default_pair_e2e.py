@@ -14,7 +14,7 @@ import os
 import pytest
 
 from exactspec.api.decoder import SpeculativeDecoder
-from exactspec.core.settings import SamplingSettings
+from exactspec.foundations.settings import SamplingSettings
 
 pytestmark = pytest.mark.slow
 

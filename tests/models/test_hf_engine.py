@@ -24,10 +24,10 @@ from conftest import add_weight_noise, tiny_causal_lm  # noqa: E402
 from exactspec.audit.broken import BrokenArgmaxDrafter  # noqa: E402
 from exactspec.checking.statistical import goodness_of_fit, likely_sequences  # noqa: E402
 from exactspec.checking.toy import TabularModel  # noqa: E402
-from exactspec.core.engine import DecodeConfig, RowState, SpeculativeEngine  # noqa: E402
-from exactspec.core.sampler import SeededSampler  # noqa: E402
-from exactspec.core.settings import SamplingSettings  # noqa: E402
+from exactspec.decoding.engine import DecodeConfig, RowState, SpeculativeEngine  # noqa: E402
 from exactspec.drafters.model import ModelDrafter  # noqa: E402
+from exactspec.foundations.sampler import SeededSampler  # noqa: E402
+from exactspec.foundations.settings import SamplingSettings  # noqa: E402
 from exactspec.models.base import LanguageModel  # noqa: E402
 from exactspec.models.hf import HFLanguageModel  # noqa: E402
 

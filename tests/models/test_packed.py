@@ -21,10 +21,10 @@ transformers = pytest.importorskip("transformers")
 from conftest import add_weight_noise, tiny_causal_lm  # noqa: E402
 
 from exactspec.checking.exact import check_speculative  # noqa: E402
-from exactspec.core.engine import DecodeConfig, SpeculativeEngine  # noqa: E402
-from exactspec.core.sampler import SeededSampler  # noqa: E402
-from exactspec.core.settings import SamplingSettings  # noqa: E402
+from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine  # noqa: E402
 from exactspec.drafters.model import ModelDrafter  # noqa: E402
+from exactspec.foundations.sampler import SeededSampler  # noqa: E402
+from exactspec.foundations.settings import SamplingSettings  # noqa: E402
 from exactspec.models.hf import HFLanguageModel  # noqa: E402
 from exactspec.models.packed import (  # noqa: E402
     PackedInt4Linear,

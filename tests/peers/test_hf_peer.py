@@ -8,8 +8,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from exactspec.audit.tiny import TINY_PROMPT, TinyPairSpec, tiny_pair  # noqa: E402
-from exactspec.core.settings import SamplingSettings  # noqa: E402
-from exactspec.core.transforms import probabilities  # noqa: E402
+from exactspec.foundations.settings import SamplingSettings  # noqa: E402
+from exactspec.foundations.transforms import probabilities  # noqa: E402
 from exactspec.models.pair import ModelPair  # noqa: E402
 from exactspec.peers import hf as hf_peer  # noqa: E402
 

@@ -20,7 +20,7 @@ from conftest import tiny_causal_lm  # noqa: E402
 from exactspec.bench.runner import LLAMACPP_PLAIN, BenchConfig, EncodedPrompt, run_bench  # noqa: E402
 from exactspec.bench.summary import summarize  # noqa: E402
 from exactspec.cli import bench as bench_cli  # noqa: E402
-from exactspec.core.settings import SamplingSettings  # noqa: E402
+from exactspec.foundations.settings import SamplingSettings  # noqa: E402
 from exactspec.models.pair import ModelPair  # noqa: E402
 from exactspec.peers import llamacpp  # noqa: E402
 

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from exactspec.api.strategy import Strategy, build_engine
 from exactspec.checking.toy import random_tabular_model
-from exactspec.core.engine import DecodeConfig
-from exactspec.core.gamma import CostModel, LookupGamma
-from exactspec.core.sampler import SeededSampler
-from exactspec.core.settings import SamplingSettings
+from exactspec.decoding.engine import DecodeConfig
+from exactspec.decoding.gamma import LookupGamma
+from exactspec.decoding.strategy import Strategy, build_engine
 from exactspec.drafters.ngram import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM
+from exactspec.foundations.costs import CostModel
+from exactspec.foundations.sampler import SeededSampler
+from exactspec.foundations.settings import SamplingSettings
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "replay_lookup.py"
 COSTS = CostModel(0.0, (1.0, 0.9, 0.95, 1.0, 1.1, 1.2, 1.3))

@@ -23,8 +23,8 @@ import uvicorn
 from conftest import TOKENIZER_EOS_ID, TOKENIZER_VOCAB, tiny_causal_lm, tiny_tokenizer
 
 from exactspec.api.decoder import SpeculativeDecoder
-from exactspec.core.scheduler import Scheduler
-from exactspec.core.settings import SamplingSettings
+from exactspec.decoding.scheduler import Scheduler
+from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.pair import ModelPair
 from exactspec.server.app import Service, create_app
 
@@ -343,7 +343,7 @@ def test_32_concurrent_streams_with_mixed_settings_each_equal_their_run_alone(
 
 
 def test_a_prompt_lookup_server_without_a_draft_model_equals_plain_greedy_decoding() -> None:
-    from exactspec.api.strategy import Strategy
+    from exactspec.decoding.strategy import Strategy
 
     prompt = "def fib(n): return fib(n - 1) + fib(n - 2)\ndef fib(n):"
     with live_server(strategy=Strategy(drafter="ngram")) as (base, pair):

@@ -16,7 +16,7 @@ import exactspec.verifiers.block as block_module
 from exactspec.checking.exact import EnumeratingSampler, check_speculative, enumerate_outputs
 from exactspec.checking.grid import EXACT_TOLERANCE, ExactCase, exact_grid, run_exact_case
 from exactspec.checking.toy import random_tabular_model
-from exactspec.core.engine import DecodeConfig, SpeculativeEngine
+from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine
 from exactspec.drafters import ModelDrafter
 from exactspec.verifiers.block import verify_block
 from exactspec.verifiers.residual import residual_distribution

@@ -9,7 +9,7 @@ import torch
 from scipy import stats
 
 import exactspec.verifiers.token as verifier_module
-from exactspec.core.sampler import Sampler, SeededSampler
+from exactspec.foundations.sampler import Sampler, SeededSampler
 from exactspec.verifiers.token import NO_TOKEN, VerifyResult, verify
 
 EOS = 0

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from exactspec.core.metrics import DecodeMetrics
+from exactspec.foundations.metrics import DecodeMetrics
 
 
 def test_record_positions_counts_reached_and_accepted_positions() -> None:

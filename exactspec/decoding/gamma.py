@@ -15,20 +15,16 @@ weighted down by 0.9 per round), then
     gamma = argmax over g in 0..K of  E(g) v(1) / (g c + v(g + 1)),
     E(g)  = 1 + a_1 + a_1 a_2 + ... + a_1 a_2 ... a_g,        S(0) = 1,
 
-with c and v(k) from `measure_cost_model` (the fastest of a few timed forwards through the
-adapters).
+with c and v(k) from `exactspec.models.costs.measure_cost_model` (the fastest of a few timed
+forwards through the adapters).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
-import torch
-
-from exactspec.models.base import LanguageModel
+from exactspec.foundations.costs import CostModel
 
 
 @runtime_checkable
@@ -46,70 +42,6 @@ class GammaPolicy(Protocol):
     def record(self, row: int, proposed: int, accepted: int) -> None:
         """Row `row` proposed `proposed` draft tokens this round and `accepted` of them were accepted."""
         ...
-
-
-def expected_tokens(alpha: float, gamma: int) -> float:
-    """E(alpha, gamma) = (1 - alpha^(gamma+1)) / (1 - alpha): tokens per round for i.i.d. acceptance.
-
-    >>> expected_tokens(0.5, 2)
-    1.75
-    """
-    if alpha >= 1.0:
-        return float(gamma + 1)  # the limit of the formula as alpha -> 1
-    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
-
-
-@dataclass(frozen=True)
-class CostModel:
-    """Measured costs, in units of one target one-token forward (docs/algorithm.md "Measured quantities").
-
-    Attributes:
-        draft_cost: c, one draft step / one target one-token step (about 0 for
-            prompt lookup, 0.4 for the default model pair).
-        verify_costs: v(1), v(2), ..., v(K): target k-token forward / one-token
-            forward, so v(1) = 1. K bounds the draft length: gamma + 1 <= K.
-    """
-
-    draft_cost: float
-    verify_costs: tuple[float, ...]
-
-    def __post_init__(self) -> None:
-        if not self.draft_cost >= 0.0:
-            raise ValueError(f"draft_cost must be >= 0, got {self.draft_cost}")
-        if not self.verify_costs or any(not cost > 0.0 for cost in self.verify_costs):
-            raise ValueError(f"verify_costs must be positive, v(1) first, got {self.verify_costs}")
-
-    @classmethod
-    def linear(cls, draft_cost: float, verify_slope: float, max_gamma: int) -> CostModel:
-        """v(k) = 1 + verify_slope (k - 1) for k = 1..max_gamma + 1 (a common first fit of measured v)."""
-        return cls(draft_cost, tuple(1.0 + verify_slope * (k - 1) for k in range(1, max_gamma + 2)))
-
-    @property
-    def max_gamma(self) -> int:
-        return len(self.verify_costs) - 1
-
-    def up_to(self, max_gamma: int) -> CostModel:
-        """The same costs for draft lengths 0..max_gamma only (v(1)..v(max_gamma + 1))."""
-        if not 0 <= max_gamma <= self.max_gamma:
-            raise ValueError(f"costs were measured up to gamma {self.max_gamma}, asked for {max_gamma}")
-        return replace(self, verify_costs=self.verify_costs[: max_gamma + 1])
-
-    def without_draft_model(self) -> CostModel:
-        """c = 0: the costs of a drafter that runs no model (prompt lookup)."""
-        return replace(self, draft_cost=0.0)
-
-    def speedup(self, alpha: float, gamma: int) -> float:
-        """Predicted speedup over plain decoding: S = E(alpha, gamma) v(1) / (gamma c + v(gamma + 1)).
-
-        Plain decoding pays v(1) per token, so S(alpha, 0) = 1 exactly.
-        """
-        return self.speedup_from_tokens(expected_tokens(alpha, gamma), gamma)
-
-    def speedup_from_tokens(self, tokens_per_round: float, gamma: int) -> float:
-        """S = tokens_per_round v(1) / (gamma c + v(gamma + 1)): the speedup of rounds of gamma draft
-        tokens that emit `tokens_per_round` tokens on average (whatever model predicts that number)."""
-        plain_round = self.verify_costs[0]  # one plain token costs v(1)
-        return tokens_per_round * plain_round / (gamma * self.draft_cost + self.verify_costs[gamma])
 
 
 class AdaptiveGamma:
@@ -413,78 +345,6 @@ class ConfidenceGamma:
 
 def _confidence_bin(confidence: float) -> int:
     return min(max(int(confidence * CONFIDENCE_BINS), 0), CONFIDENCE_BINS - 1)
-
-
-COST_CONTEXT_TOKENS = 48
-"""Length of the warm cache the cost forwards run on: a short chat turn; attention over it is cheap next
-to the weights, so c and v(k) barely depend on it at these lengths."""
-
-COST_REPEATS = 5
-"""Timed forwards per k; the fastest is kept (about 7 s in all for the default pair at max_gamma 4)."""
-
-
-def measure_cost_model(
-    target: LanguageModel,
-    draft: LanguageModel | None,
-    max_gamma: int,
-    *,
-    repeats: int = COST_REPEATS,
-    context_tokens: int = COST_CONTEXT_TOKENS,
-) -> CostModel:
-    """c and v(k) of this backend, from a few timed forwards through the adapters on a short warm cache.
-
-    Rule (the numbers `AdaptiveGamma` optimises with; docs/algorithm.md "Measured quantities"):
-
-        t(k)  = fastest wall time of target.logits(history, k): k new tokens over a warm cache of
-                `context_tokens` - k tokens (the adapter rolls the last k back and feeds them again),
-                for k = 1..max_gamma + 1
-        d     = fastest wall time of draft.logits(history, 1), one draft step on the same cache
-        c     = d / t(1)                      (0 without a draft model)
-        v(k)  = t(k) / t(1)                   (as measured: on the default pair's bfloat16 CPU kernels a
-                                               2-token forward is a little faster than a 1-token one)
-
-    The minimum over repeats, not the median: other work on the machine only ever adds time, so
-    the fastest run is the closest to what the forward itself costs. The ks are interleaved
-    inside each repeat so machine noise spreads over all of them. Both
-    models' caches are cleared before and after, so a generation that follows starts clean.
-    The history is a fixed pseudo-random token sequence (timing does not depend on which ids).
-    """
-    if max_gamma < 0:
-        raise ValueError(f"max_gamma must be >= 0, got {max_gamma}")
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    max_k = max_gamma + 1
-    length = max(context_tokens, max_k + 1)
-    vocab = target.vocab_size if draft is None else min(target.vocab_size, draft.vocab_size)
-    history = torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(0)).tolist()
-    models = [m for m in (target, draft) if m is not None]
-    _clear(models)
-    target_times: dict[int, list[float]] = {k: [] for k in range(1, max_k + 1)}
-    draft_times: list[float] = []
-    for model in models:
-        model.logits([history], 1)  # prefill, untimed
-    target.logits([history], min(2, max_k))  # untimed: first-call allocations
-    for _ in range(repeats):
-        for k in range(1, max_k + 1):
-            started = time.perf_counter()
-            target.logits([history], k)
-            target_times[k].append(time.perf_counter() - started)
-            if draft is not None:
-                started = time.perf_counter()
-                draft.logits([history], 1)
-                draft_times.append(time.perf_counter() - started)
-    _clear(models)
-    one = min(target_times[1])
-    verify_costs = tuple(min(target_times[k]) / one for k in range(1, max_k + 1))
-    draft_cost = min(draft_times) / one if draft_times else 0.0
-    return CostModel(draft_cost=draft_cost, verify_costs=verify_costs)
-
-
-def _clear(models: Sequence[LanguageModel]) -> None:
-    for model in models:
-        clear = getattr(model, "clear_cache", None)  # not in the protocol: toy models have no cache
-        if clear is not None:
-            clear()
 
 
 def record_round(

@@ -13,9 +13,9 @@ import random
 import pytest
 import torch
 
-from exactspec.core import transforms
-from exactspec.core.settings import SamplingSettings
-from exactspec.core.transforms import _probabilities_reference, probabilities
+from exactspec.foundations import transforms
+from exactspec.foundations.settings import SamplingSettings
+from exactspec.foundations.transforms import _probabilities_reference, probabilities
 
 NEG_INF = float("-inf")
 QWEN_VOCAB = 151936

@@ -10,10 +10,10 @@ from conftest import tiny_causal_lm
 
 from exactspec.checking import grid
 from exactspec.checking.toy import random_tabular_model
-from exactspec.core import engine as engine_module
-from exactspec.core.scheduler import QueueFull, Request, Scheduler
-from exactspec.core.settings import SamplingSettings
+from exactspec.decoding import engine as engine_module
+from exactspec.decoding.scheduler import QueueFull, Request, Scheduler
 from exactspec.drafters.model import ModelDrafter
+from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.hf import HFLanguageModel
 
 VOCAB = 6

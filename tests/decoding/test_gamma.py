@@ -17,18 +17,12 @@ from exactspec.checking.grid import (
     run_exact_case,
 )
 from exactspec.checking.toy import random_tabular_model
-from exactspec.core.engine import DecodeConfig, SpeculativeEngine
-from exactspec.core.gamma import (
-    AdaptiveGamma,
-    ConfidenceGamma,
-    CostModel,
-    GammaPolicy,
-    LookupGamma,
-    expected_tokens,
-)
-from exactspec.core.sampler import SeededSampler
+from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine
+from exactspec.decoding.gamma import AdaptiveGamma, ConfidenceGamma, GammaPolicy, LookupGamma
 from exactspec.drafters import ModelDrafter
 from exactspec.drafters.ngram import NgramDrafter
+from exactspec.foundations.costs import CostModel, expected_tokens
+from exactspec.foundations.sampler import SeededSampler
 
 
 def test_expected_tokens_formula() -> None:

@@ -12,7 +12,7 @@ from types import MappingProxyType
 class SamplingSettings:
     """How a row of logits becomes the distribution that is sampled from.
 
-    The same settings, applied by `exactspec.core.transforms.probabilities`, build
+    The same settings, applied by `exactspec.foundations.transforms.probabilities`, build
     p for the target and q for the draft (docs/algorithm.md section 4). Each transform
     follows Hugging Face's definition so that results are comparable with
     `transformers.generate`.

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from exactspec.api.strategy import Strategy, all_strategies, build_components, build_engine
 from exactspec.checking.toy import random_tabular_model
-from exactspec.core.engine import DecodeConfig
-from exactspec.core.gamma import ConfidenceGamma, CostModel, LookupGamma, measure_cost_model
-from exactspec.core.sampler import SeededSampler
-from exactspec.core.settings import SamplingSettings
+from exactspec.decoding.engine import DecodeConfig
+from exactspec.decoding.gamma import ConfidenceGamma, LookupGamma
+from exactspec.decoding.strategy import Strategy, all_strategies, build_components, build_engine
 from exactspec.drafters.hybrid import HybridDrafter
 from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.ngram import NgramDrafter
+from exactspec.foundations.costs import CostModel
+from exactspec.foundations.sampler import SeededSampler
+from exactspec.foundations.settings import SamplingSettings
+from exactspec.models.costs import measure_cost_model
 from exactspec.verifiers.block import verify_block
 from exactspec.verifiers.token import verify
 

@@ -9,12 +9,12 @@ engine's parts here, so every entry point means the same thing by `--drafter ngr
 - verifier: "token" (`verifiers.token.verify`, docs/algorithm.md 2) or "block"
   (`verifiers.block.verify_block`, docs/algorithm.md 5); both exact.
 - adaptive gamma: each row drafts argmax_g S(g) tokens per round, g in 0..gamma, S from its
-  acceptance so far at each draft position (`core.gamma.AdaptiveGamma`), with c and v(k) measured on
+  acceptance so far at each draft position (`decoding.gamma.AdaptiveGamma`), with c and v(k) measured on
   the backend in use
-  (`core.gamma.measure_cost_model`, cached on the `ModelPair`); gamma is then the maximum. With the
+  (`models.costs.measure_cost_model`, cached on the `ModelPair`); gamma is then the maximum. With the
   draft model, a row also stops drafting as soon as the draft's own confidence says the next token
-  does not pay for itself (`core.gamma.ConfidenceGamma`). For prompt
-  lookup the statistics and the choice are kept per row and per match length n (`core.gamma.LookupGamma`,
+  does not pay for itself (`decoding.gamma.ConfidenceGamma`). For prompt
+  lookup the statistics and the choice are kept per row and per match length n (`decoding.gamma.LookupGamma`,
   with c = 0): a unigram match and a 4-gram match are not equally likely to be copied on.
 
 >>> from exactspec.checking.toy import random_tabular_model
@@ -35,13 +35,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-from exactspec.core.engine import SpeculativeEngine
-from exactspec.core.gamma import ConfidenceGamma, CostModel, GammaPolicy, LookupGamma, measure_cost_model
+from exactspec.decoding.engine import SpeculativeEngine
+from exactspec.decoding.gamma import ConfidenceGamma, GammaPolicy, LookupGamma
 from exactspec.drafters.base import Drafter
 from exactspec.drafters.hybrid import HybridDrafter
 from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.ngram import DEFAULT_MAX_NGRAM, NgramDrafter
+from exactspec.foundations.costs import CostModel
 from exactspec.models.base import LanguageModel
+from exactspec.models.costs import measure_cost_model
 from exactspec.verifiers.base import Verifier
 from exactspec.verifiers.block import verify_block
 from exactspec.verifiers.token import verify

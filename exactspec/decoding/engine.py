@@ -16,12 +16,12 @@ from typing import Literal
 
 import torch
 
-from exactspec.core.gamma import GammaPolicy, record_round
-from exactspec.core.metrics import DecodeMetrics
-from exactspec.core.sampler import Sampler
-from exactspec.core.settings import SamplingSettings
-from exactspec.core.transforms import probabilities_per_row
+from exactspec.decoding.gamma import GammaPolicy, record_round
 from exactspec.drafters.base import Drafter, Proposal
+from exactspec.foundations.metrics import DecodeMetrics
+from exactspec.foundations.sampler import Sampler
+from exactspec.foundations.settings import SamplingSettings
+from exactspec.foundations.transforms import probabilities_per_row
 from exactspec.models.base import LanguageModel
 from exactspec.verifiers.base import Verifier
 from exactspec.verifiers.token import verify
@@ -106,7 +106,7 @@ class SpeculativeEngine:
 
     >>> from exactspec.checking.toy import random_tabular_model
     >>> from exactspec.drafters import ModelDrafter
-    >>> from exactspec.core.sampler import SeededSampler
+    >>> from exactspec.foundations.sampler import SeededSampler
     >>> target, draft = random_tabular_model(5, seed=1), random_tabular_model(5, seed=2)
     >>> engine = SpeculativeEngine(target, ModelDrafter(draft, target.vocab_size))
     >>> rows = engine.generate([[1, 2]], DecodeConfig(gamma=3, max_new_tokens=4), SeededSampler(0))
@@ -126,12 +126,12 @@ class SpeculativeEngine:
         """Args:
         verifier: token verification (`exactspec.verifiers.token.verify`, the default) or block
             verification (`exactspec.verifiers.block.verify_block`); both are exact.
-        gamma_policy: if given (`exactspec.core.gamma.AdaptiveGamma`), row b drafts
+        gamma_policy: if given (`exactspec.decoding.gamma.AdaptiveGamma`), row b drafts
             min(policy's choice, config.gamma, room left before max_new_tokens) tokens each round.
         validate: the verifier checks its inputs every round (shapes, ids, finite normalised p
             and q: passes over [B, gamma + 1, V] and host syncs). The engine builds p and q itself
             from logits that the transforms check, so serving entry points turn it off
-            (`exactspec.api.strategy.build_engine(validate=False)`); tests and `exactspec verify`
+            (`exactspec.decoding.strategy.build_engine(validate=False)`); tests and `exactspec verify`
             keep it on. Off changes no token.
         """
         self.target = target

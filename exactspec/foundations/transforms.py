@@ -31,7 +31,7 @@ from itertools import chain
 import numpy as np
 import torch
 
-from exactspec.core.settings import SamplingSettings
+from exactspec.foundations.settings import SamplingSettings
 
 # Rows whose finite scores (after top-k) number at most 1/_TOPK_SHARE of the vocabulary get their sorted
 # values from one `torch.topk`; denser rows use a full sort of the values.

@@ -7,11 +7,11 @@ from collections.abc import Sequence
 import pytest
 
 from exactspec.checking.toy import TabularModel, random_tabular_model
-from exactspec.core.engine import MAX_GAMMA, DecodeConfig, RowState, SpeculativeEngine
-from exactspec.core.sampler import Sampler, SeededSampler
-from exactspec.core.settings import SamplingSettings
-from exactspec.core.transforms import probabilities
+from exactspec.decoding.engine import MAX_GAMMA, DecodeConfig, RowState, SpeculativeEngine
 from exactspec.drafters import ModelDrafter, Proposal
+from exactspec.foundations.sampler import Sampler, SeededSampler
+from exactspec.foundations.settings import SamplingSettings
+from exactspec.foundations.transforms import probabilities
 from exactspec.models.base import LanguageModel
 from exactspec.verifiers.block import verify_block
 from exactspec.verifiers.token import verify

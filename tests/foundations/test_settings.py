@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from exactspec.core.settings import SamplingSettings
-from exactspec.core.transforms import probabilities
+from exactspec.foundations.settings import SamplingSettings
+from exactspec.foundations.transforms import probabilities
 
 NAN = float("nan")
 INF = float("inf")

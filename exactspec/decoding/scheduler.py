@@ -31,11 +31,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from exactspec.core.engine import DecodeConfig, FinishReason, RowState, SpeculativeEngine, StopCondition
-from exactspec.core.metrics import DecodeMetrics
-from exactspec.core.sampler import Sampler, SeededSampler
-from exactspec.core.settings import SamplingSettings
+from exactspec.decoding.engine import DecodeConfig, FinishReason, RowState, SpeculativeEngine, StopCondition
 from exactspec.drafters.base import Drafter
+from exactspec.foundations.metrics import DecodeMetrics
+from exactspec.foundations.sampler import Sampler, SeededSampler
+from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.base import LanguageModel
 from exactspec.verifiers.base import Verifier
 from exactspec.verifiers.token import verify

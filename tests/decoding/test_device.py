@@ -11,12 +11,12 @@ import torch
 from conftest import tiny_causal_lm
 
 from exactspec.cli.main import main
-from exactspec.core.engine import DecodeConfig, SpeculativeEngine
-from exactspec.core.sampler import SeededSampler
-from exactspec.core.scheduler import Request, Scheduler
-from exactspec.core.settings import SamplingSettings
-from exactspec.core.transforms import probabilities_per_row
+from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine
+from exactspec.decoding.scheduler import Request, Scheduler
 from exactspec.drafters.model import ModelDrafter
+from exactspec.foundations.sampler import SeededSampler
+from exactspec.foundations.settings import SamplingSettings
+from exactspec.foundations.transforms import probabilities_per_row
 from exactspec.models.device import auto_dtype, resolve_device
 from exactspec.models.hf import HFLanguageModel
 
@@ -52,7 +52,7 @@ def test_per_row_transforms_equal_each_row_alone() -> None:
     ]
     histories = [[1, 2], [3], [4, 4], [5], [2, 7, 9], [0]]
     batched = probabilities_per_row(logits, settings, histories)
-    from exactspec.core.transforms import probabilities
+    from exactspec.foundations.transforms import probabilities
 
     for n in range(6):
         assert torch.equal(batched[n], probabilities(logits[n : n + 1], settings[n], histories[n : n + 1])[0])

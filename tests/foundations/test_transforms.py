@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from exactspec.core.settings import SamplingSettings
-from exactspec.core.transforms import probabilities
+from exactspec.foundations.settings import SamplingSettings
+from exactspec.foundations.transforms import probabilities
 
 NEG_INF = float("-inf")
 

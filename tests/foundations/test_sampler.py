@@ -6,8 +6,8 @@ import pytest
 import torch
 from scipy import stats
 
-from exactspec.core import sampler as sampler_module
-from exactspec.core.sampler import Sampler, SeededSampler, _inverse_cdf_on_support
+from exactspec.foundations import sampler as sampler_module
+from exactspec.foundations.sampler import Sampler, SeededSampler, _inverse_cdf_on_support
 
 
 def test_seeded_sampler_implements_the_protocol() -> None:

@@ -1,0 +1,7 @@
+"""The foundations every other folder builds on; they import nothing of exactspec above them.
+
+Modules: `settings` (`SamplingSettings`), `transforms` (logits -> the p and q sampled from),
+`sampler` (one random stream per row), `rows` (the row lifecycle every stateful role
+implements), `costs` (`CostModel`: c and v(k)), `metrics` (what a run counts and times),
+`errors` (`InvalidArgument`).
+"""

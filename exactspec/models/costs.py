@@ -1,0 +1,82 @@
+"""c and v(k) of a backend, measured through the `LanguageModel` protocol (docs/algorithm.md 5)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from exactspec.foundations.costs import CostModel
+from exactspec.models.base import LanguageModel
+
+COST_CONTEXT_TOKENS = 48
+"""Length of the warm cache the cost forwards run on: a short chat turn; attention over it is cheap next
+to the weights, so c and v(k) barely depend on it at these lengths."""
+
+COST_REPEATS = 5
+"""Timed forwards per k; the fastest is kept (about 7 s in all for the default pair at max_gamma 4)."""
+
+
+def measure_cost_model(
+    target: LanguageModel,
+    draft: LanguageModel | None,
+    max_gamma: int,
+    *,
+    repeats: int = COST_REPEATS,
+    context_tokens: int = COST_CONTEXT_TOKENS,
+) -> CostModel:
+    """c and v(k) of this backend, from a few timed forwards through the adapters on a short warm cache.
+
+    Rule (the numbers `AdaptiveGamma` optimises with; docs/algorithm.md "Measured quantities"):
+
+        t(k)  = fastest wall time of target.logits(history, k): k new tokens over a warm cache of
+                `context_tokens` - k tokens (the adapter rolls the last k back and feeds them again),
+                for k = 1..max_gamma + 1
+        d     = fastest wall time of draft.logits(history, 1), one draft step on the same cache
+        c     = d / t(1)                      (0 without a draft model)
+        v(k)  = t(k) / t(1)                   (as measured: on the default pair's bfloat16 CPU kernels a
+                                               2-token forward is a little faster than a 1-token one)
+
+    The minimum over repeats, not the median: other work on the machine only ever adds time, so
+    the fastest run is the closest to what the forward itself costs. The ks are interleaved
+    inside each repeat so machine noise spreads over all of them. Both
+    models' caches are cleared before and after, so a generation that follows starts clean.
+    The history is a fixed pseudo-random token sequence (timing does not depend on which ids).
+    """
+    if max_gamma < 0:
+        raise ValueError(f"max_gamma must be >= 0, got {max_gamma}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    max_k = max_gamma + 1
+    length = max(context_tokens, max_k + 1)
+    vocab = target.vocab_size if draft is None else min(target.vocab_size, draft.vocab_size)
+    history = torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(0)).tolist()
+    models = [m for m in (target, draft) if m is not None]
+    _clear(models)
+    target_times: dict[int, list[float]] = {k: [] for k in range(1, max_k + 1)}
+    draft_times: list[float] = []
+    for model in models:
+        model.logits([history], 1)  # prefill, untimed
+    target.logits([history], min(2, max_k))  # untimed: first-call allocations
+    for _ in range(repeats):
+        for k in range(1, max_k + 1):
+            started = time.perf_counter()
+            target.logits([history], k)
+            target_times[k].append(time.perf_counter() - started)
+            if draft is not None:
+                started = time.perf_counter()
+                draft.logits([history], 1)
+                draft_times.append(time.perf_counter() - started)
+    _clear(models)
+    one = min(target_times[1])
+    verify_costs = tuple(min(target_times[k]) / one for k in range(1, max_k + 1))
+    draft_cost = min(draft_times) / one if draft_times else 0.0
+    return CostModel(draft_cost=draft_cost, verify_costs=verify_costs)
+
+
+def _clear(models: Sequence[LanguageModel]) -> None:
+    for model in models:
+        clear = getattr(model, "clear_cache", None)  # not in the protocol: toy models have no cache
+        if clear is not None:
+            clear()
