@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
+from exactspec.models.base import StatelessModel
+
 FAMILIES = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
 
 
@@ -103,7 +105,7 @@ def tiny_hf_pair(spec: TinyHFSpec) -> tuple[PreTrainedModel, PreTrainedModel]:
     return target, draft
 
 
-class FullForwardModel:
+class FullForwardModel(StatelessModel):
     """A `LanguageModel` that runs one no-cache forward over each whole history (the reference)."""
 
     def __init__(self, model: PreTrainedModel, eos_token_ids: frozenset[int], vocab_size: int) -> None:

@@ -11,10 +11,12 @@ from collections.abc import Callable, Collection, Sequence
 
 import torch
 
+from exactspec.models.base import StatelessModel
+
 Distribution = Callable[[tuple[int, ...]], Sequence[float] | torch.Tensor]
 
 
-class TabularModel:
+class TabularModel(StatelessModel):
     """A language model defined by a function `history -> next-token probabilities`.
 
     Logits are log-probabilities in float64 (log 0 = -inf), so after the

@@ -209,9 +209,8 @@ class SpeculativeEngine:
             return
         self._live_rows.difference_update(rows)
         for model in (self.target, self.drafter):
-            release = getattr(model, "release", None)
-            if release is not None:
-                release(rows)
+            if model is not None:
+                model.release_rows(rows)
 
     def rounds(
         self,

@@ -8,6 +8,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from exactspec.foundations.rows import RowLifecycle
 from exactspec.foundations.sampler import Sampler
 from exactspec.foundations.settings import SamplingSettings
 
@@ -47,8 +48,12 @@ class Proposal:
 
 
 @runtime_checkable
-class Drafter(Protocol):
-    """Proposes up to `max_tokens[b]` tokens after each history."""
+class Drafter(RowLifecycle, Protocol):
+    """Proposes up to `max_tokens[b]` tokens after each history.
+
+    Row lifecycle (`RowLifecycle`): a drafter with a model passes rows joining and leaving on to
+    it; one without per-row state inherits `Stateless`.
+    """
 
     def propose(
         self,

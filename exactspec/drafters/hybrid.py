@@ -8,6 +8,7 @@ import torch
 
 from exactspec.drafters.base import Drafter, Proposal
 from exactspec.drafters.ngram import NgramDrafter
+from exactspec.foundations.rows import RowStart
 from exactspec.foundations.sampler import Sampler
 from exactspec.foundations.settings import SamplingSettings
 
@@ -32,6 +33,13 @@ class HybridDrafter:
         self.lookup = lookup
         self.model_drafter = model_drafter
         self.vocab_size = vocab_size
+
+    def add_rows(self, rows: Sequence[RowStart]) -> None:
+        """Rows joining: the model drafter's model sets up their state (lookup keeps none)."""
+        self.model_drafter.add_rows(rows)
+
+    def release_rows(self, rows: Sequence[int]) -> None:
+        self.model_drafter.release_rows(rows)
 
     def propose(
         self,

@@ -9,6 +9,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from exactspec.drafters.base import Proposal
+from exactspec.foundations.rows import RowStart
 from exactspec.foundations.sampler import Sampler
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.foundations.transforms import probabilities_per_row
@@ -111,11 +112,13 @@ class ModelDrafter:
             q = torch.zeros(batch_size, gamma, self.target_vocab_size, device=device)
         return Proposal(tokens=tokens, q=q, lengths=lengths, forward_seconds=forward_seconds)
 
-    def release(self, rows: Sequence[int]) -> None:
+    def add_rows(self, rows: Sequence[RowStart]) -> None:
+        """Rows joining: the draft model sets up their state (the stop policy is the engine's to tell)."""
+        self.model.add_rows(rows)
+
+    def release_rows(self, rows: Sequence[int]) -> None:
         """Free the draft model's cache of these rows (rows that left the batch)."""
-        release = getattr(self.model, "release", None)
-        if release is not None:
-            release(rows)
+        self.model.release_rows(rows)
 
 
 def _pad_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -16,6 +16,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 import torch
 
 from exactspec.drafters.base import Proposal
+from exactspec.foundations.rows import Stateless
 from exactspec.foundations.sampler import Sampler
 from exactspec.foundations.settings import SamplingSettings
 
@@ -109,7 +110,7 @@ class MatchLengths(Protocol):
         ...
 
 
-class NgramDrafter:
+class NgramDrafter(Stateless):
     """A `Drafter` that proposes `lookup_continuation` of each row's history (prompt plus output so far).
 
     A row without a match proposes 0 tokens; the engine's round then emits one

@@ -4,7 +4,9 @@ A model answers a single question: "given these token histories, what are the
 next-token logits at their last few positions?". Everything else (KV caches,
 rollback of rejected draft tokens, batching with padding) is the model's own
 business and stays behind this method, so the decoding engine never needs to
-know which kind of model it drives.
+know which kind of model it drives. Rows join and leave through the row
+lifecycle (`exactspec.foundations.rows`): a backend frees a row's cache when the
+row is released.
 """
 
 from __future__ import annotations
@@ -14,15 +16,28 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from exactspec.foundations.rows import RowLifecycle, Stateless
+
 
 @runtime_checkable
-class LanguageModel(Protocol):
+class LanguageModel(RowLifecycle, Protocol):
     """A causal language model seen as a function of token histories.
 
     Implementations: `exactspec.checking.toy.TabularModel` (any Python function of the
     history), `exactspec.models.hf.HFLanguageModel` (Hugging Face, with a KV
-    cache). A test can implement it in a few lines.
+    cache). A test can implement it in a few lines (`StatelessModel` gives the
+    lifecycle of a model without a cache).
+
+    Row lifecycle (`RowLifecycle`): `add_rows` announces rows before their first call
+    (a backend may allocate per-row state then; a row id the model has not seen is
+    also added on its first `logits` call), `release_rows` frees a row's cache,
+    `clear_cache` drops every row.
     """
+
+    @property
+    def device(self) -> torch.device:
+        """Where the returned logits (and the model's tensors) live."""
+        ...
 
     @property
     def vocab_size(self) -> int:
@@ -60,3 +75,18 @@ class LanguageModel(Protocol):
             and entry 1 what follows [a, b, c].
         """
         ...
+
+    def clear_cache(self) -> None:
+        """Drop every row's cache (the next call prefills from scratch)."""
+        ...
+
+
+class StatelessModel(Stateless):
+    """The lifecycle and device of a model without a cache (toy tables, reference models, test doubles)."""
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def clear_cache(self) -> None:
+        """Nothing cached."""

@@ -15,6 +15,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
+from exactspec.foundations.rows import RowStart
 from exactspec.models.attention import use_grouped_attention
 from exactspec.models.two_rows import use_two_row_linears
 
@@ -330,7 +331,10 @@ class HFLanguageModel:
             )
         self._cache = DynamicCache(ddp_cache_data=grown)
 
-    def release(self, rows: Iterable[int]) -> None:
+    def add_rows(self, rows: Sequence[RowStart]) -> None:
+        """Nothing to allocate ahead: a row's cache is made by its first `logits` call (its prefill)."""
+
+    def release_rows(self, rows: Iterable[int]) -> None:
         """Free the cache of these row ids (unknown ids are ignored); the other rows keep theirs untouched."""
         gone = {int(r) for r in rows} & set(self._row_ids)
         if not gone:

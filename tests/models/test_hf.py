@@ -155,7 +155,7 @@ def test_subset_of_rows_after_a_row_finishes():
     with fed_shapes(model) as shapes:
         lm.logits(list(histories.values()))
         for live in ([0, 1, 2], [0, 2], [0, 2], [2], [2]):
-            lm.release(set(lm.cached_rows) - set(live))  # rows that finished leave the cache
+            lm.release_rows(set(lm.cached_rows) - set(live))  # rows that finished leave the cache
             for r in live:
                 histories[r].append(rng.randrange(VOCAB))
             out = lm.logits([histories[r] for r in live], rows=live)
@@ -209,7 +209,7 @@ def test_rows_that_are_not_named_keep_their_cache_and_ride_along():
         assert shapes[-1] == (3, 1)  # nobody was recomputed
     for j, r in enumerate(order):
         torch.testing.assert_close(out[j, 0], reference(model, histories[r], 1)[0], atol=ATOL, rtol=0)
-    lm.release([0, 1, 2])
+    lm.release_rows([0, 1, 2])
     assert lm.cached_rows == [] and lm._cache is None
 
 
