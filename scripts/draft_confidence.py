@@ -23,6 +23,7 @@ from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine
 from exactspec.decoding.gamma import CONFIDENCE_BINS, ConfidenceGamma
 from exactspec.drafters.model import ModelDrafter
 from exactspec.foundations.costs import CostModel
+from exactspec.foundations.rows import RowStart
 from exactspec.foundations.sampler import SeededSampler
 from exactspec.foundations.settings import REALISTIC_CHAT_SETTINGS, SamplingSettings
 from exactspec.models.pair import ModelPair
@@ -73,14 +74,14 @@ def main() -> None:
     for row_name, settings in ROWS.items():
         # Only the calibration is read: the costs feed the stop rule, which NeverStop ignores.
         calibration = ConfidenceGamma(CostModel.linear(0.0, 0.0, args.gamma))
-        calibration.start(1)
+        calibration.add_rows([RowStart(0)])  # every prompt runs as row 0
         for prompt in prompts:
             drafter = ModelDrafter(pair.draft, pair.target.vocab_size, stop=NeverStop(calibration))
             engine = SpeculativeEngine(pair.target, drafter, validate=False)
             config = DecodeConfig(gamma=args.gamma, max_new_tokens=args.max_new_tokens, settings=settings)
-            states = engine.start([encode_text(pair.tokenizer, prompt.text, prompt.chat)], config)
-            for output in engine.rounds(states, config, SeededSampler(0)):
-                calibration.record(0, output.proposed.get(0, 0), output.accepted.get(0, 0))
+            ids = encode_text(pair.tokenizer, prompt.text, prompt.chat)
+            for event in engine.stream([ids], config, SeededSampler(0)):
+                calibration.record(0, event.proposed, event.accepted)
             pair.clear_caches()
         cells = [f"{k / n:.2f} ({n})" if n else "-" for n, k in calibration.bin_counts()]
         print(f"| {row_name} | " + " | ".join(cells) + " |")

@@ -29,6 +29,7 @@ from exactspec.bench.costs import cost_ratios
 from exactspec.decoding.gamma import LookupGamma
 from exactspec.drafters.ngram import lookup_match
 from exactspec.foundations.costs import CostModel
+from exactspec.foundations.rows import RowStart
 from exactspec.models.loading import load_tokenizer
 
 
@@ -47,7 +48,7 @@ def replay(
     """
     history, done, proposed = list(prompt), 0, []
     if lengths is not None:
-        lengths.start(1)
+        lengths.add_rows([RowStart(0)])
     while done < len(answer):
         match = lookup_match(history, min(gamma, len(answer) - done - 1), (), min_ngram, max_ngram)
         proposal = match.tokens

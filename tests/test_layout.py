@@ -79,3 +79,67 @@ def test_the_package_has_no_import_cycle() -> None:
 def test_top_level_holds_only_the_package_entry_points() -> None:
     """Every role lives in a folder; the top level is the public API and `python -m exactspec`."""
     assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py", "__main__.py"]
+
+
+LAYERS = {
+    "foundations": 0,  # settings, transforms, sampler, rows, costs, metrics, errors
+    "artefacts": 1,  # files: the built-in pair, conversion cache, locks, staging, cleanup
+    "verifiers": 1,  # pure verification rules
+    "models": 2,  # backends behind LanguageModel, ModelPair
+    "drafters": 3,  # proposers of draft tokens (over models)
+    "peers": 3,  # other engines run as their users run them
+    "decoding": 4,  # engine, scheduler, gamma policies, the builder
+    "checking": 5,  # exact enumeration and the verify grid, over the decoding layer
+    "api": 5,  # SpeculativeDecoder
+    "bench": 6,
+    "audit": 6,
+    "server": 6,
+    "batch": 7,
+    "cli": 8,  # reaches every other folder
+}
+"""Each folder's layer: a module may import its own folder and folders of a lower layer only."""
+
+
+def layer_violations(graph: dict[str, set[str]], layers: dict[str, int]) -> list[str]:
+    """Every import from one folder into a folder of the same or a higher layer (or an unlisted one)."""
+
+    def folder(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[1] if len(parts) >= 2 else None  # None: the package's own top-level modules
+
+    found = []
+    for module, targets in sorted(graph.items()):
+        source = folder(module)
+        if source is None or source.startswith("__"):
+            continue  # exactspec/__init__.py and __main__.py are the entry points: they may import anything
+        for target in sorted(targets):
+            into = folder(target)
+            if into is None or into == source:
+                continue
+            if source not in layers or into not in layers or layers[into] >= layers[source]:
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def test_layer_check_finds_planted_violations() -> None:
+    layers = {"low": 0, "high": 1, "side": 1}
+    graph = {
+        "exactspec.low.a": {"exactspec.high.b"},  # upwards
+        "exactspec.high.b": {"exactspec.low.a", "exactspec.side.c"},  # down: fine; sideways: not
+        "exactspec.side.c": {"exactspec.side.d"},  # own folder: fine
+        "exactspec.side.d": set(),
+        "exactspec.new.e": set(),  # an unlisted folder importing nothing: fine
+        "exactspec.new.f": {"exactspec.low.a"},  # an unlisted folder importing: must be placed
+    }
+    assert layer_violations(graph, layers) == [
+        "exactspec.high.b -> exactspec.side.c",
+        "exactspec.low.a -> exactspec.high.b",
+        "exactspec.new.f -> exactspec.low.a",
+    ]
+
+
+def test_folders_import_only_lower_layers() -> None:
+    graph = import_graph()
+    folders = {name.split(".")[1] for name in graph if name.count(".") >= 1} - {"__main__"}
+    assert folders <= set(LAYERS), f"place the new folders in LAYERS: {sorted(folders - set(LAYERS))}"
+    assert layer_violations(graph, LAYERS) == []

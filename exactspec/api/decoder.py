@@ -18,8 +18,9 @@ from typing import Any
 
 import exactspec.api.arguments as arguments
 from exactspec.api.text import StopStrings, TextStream, encode_text
-from exactspec.decoding.engine import DecodeConfig, FinishReason, RowState, SpeculativeEngine
-from exactspec.decoding.strategy import DrafterName, Strategy, VerifierName, build_engine, default_gamma
+from exactspec.decoding.builder import build_engine
+from exactspec.decoding.engine import DecodeConfig, FinishReason, SpeculativeEngine
+from exactspec.decoding.strategy import DrafterName, Strategy, VerifierName, default_gamma
 from exactspec.foundations.errors import InvalidArgument
 from exactspec.foundations.metrics import DecodeMetrics
 from exactspec.foundations.sampler import SeededSampler
@@ -74,11 +75,9 @@ class _Request:
 
 @dataclass
 class _Run:
-    """One call's engine, row states, config, random streams and stop strings."""
+    """One call's engine, random streams and stop strings."""
 
     engine: SpeculativeEngine
-    states: list[RowState]
-    config: DecodeConfig
     sampler: SeededSampler
     stop: StopStrings | None
 
@@ -198,7 +197,7 @@ class SpeculativeDecoder:
         return encoded
 
     def engine(self, gamma: int, strategy: Strategy | None = None) -> SpeculativeEngine:
-        """An engine for one call (`exactspec.decoding.strategy.build_engine`; costs cached on the pair)."""
+        """An engine for one call (`exactspec.decoding.builder.build_engine`; costs cached on the pair)."""
         strategy = strategy or Strategy()
         if gamma > 0 and strategy.needs_draft_model and self.draft is None:
             raise InvalidArgument(
@@ -238,13 +237,16 @@ class SpeculativeDecoder:
     def _stream(self, request: _Request) -> Iterator[StreamEvent]:
         with self._locked():
             run = self._start(request)
-            streams = [TextStream(self.tokenizer, run.stop) for _ in run.states]
-            for output in run.engine.rounds(run.states, run.config, run.sampler, run.stop):
-                for row, tokens in output.new_tokens.items():
-                    reason = output.finished.get(row)
-                    delta = streams[row].update(run.states[row].generated, final=reason is not None)
-                    if tokens or delta or reason:
-                        yield StreamEvent(row, delta, tokens, reason, run.engine.metrics if reason else None)
+            streams = [TextStream(self.tokenizer, run.stop) for _ in request.prompts]
+            generated: list[list[int]] = [[] for _ in request.prompts]
+            events = run.engine.stream(request.prompts, request.config, run.sampler, run.stop)
+            for event in events:
+                generated[event.row].extend(event.tokens)
+                reason = event.finish_reason
+                delta = streams[event.row].update(generated[event.row], final=reason is not None)
+                if event.tokens or delta or reason:
+                    metrics = run.engine.metrics if reason else None
+                    yield StreamEvent(event.row, delta, event.tokens, reason, metrics)
 
     def generate(
         self,
@@ -286,14 +288,13 @@ class SpeculativeDecoder:
 
     def _generate(self, request: _Request) -> GenerationOutput:
         run = self._start(request)
-        for _ in run.engine.rounds(run.states, run.config, run.sampler, run.stop):
-            pass
+        states = run.engine.generate(request.prompts, request.config, run.sampler, run.stop)
         completions = []
-        for state in run.states:
+        for state in states:
             text = self.tokenizer.decode(state.generated, skip_special_tokens=True)
             if run.stop is not None:
                 text = run.stop.cut_text(text)
-            assert state.finish_reason is not None  # rounds() ends only when every row has finished
+            assert state.finish_reason is not None  # generate() returns once every row has finished
             completions.append(
                 Completion(text, list(state.generated), state.finish_reason, len(state.prompt))
             )
@@ -339,12 +340,11 @@ class SpeculativeDecoder:
         return _Request(ids, config, seed, stop, strategy)
 
     def _start(self, request: _Request) -> _Run:
-        config = request.config
-        engine = self.engine(config.gamma, request.strategy)
-        states = engine.start(request.prompts, config)
+        engine = self.engine(request.config.gamma, request.strategy)
         stop_strings = StopStrings(self.tokenizer, request.stop) if request.stop else None
-        sampler = SeededSampler(seed=request.seed, num_rows=len(states), device=engine.device)
-        return _Run(engine, states, config, sampler, stop_strings)
+        # Row i's stream is seeded with seed + i (its default in SeededSampler).
+        sampler = SeededSampler(seed=request.seed, num_rows=len(request.prompts), device=engine.device)
+        return _Run(engine, sampler, stop_strings)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:

@@ -22,12 +22,11 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from exactspec.audit.broken import BrokenArgmaxDrafter
+from exactspec.decoding.builder import build_engine
 from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine
-from exactspec.drafters.base import Drafter
-from exactspec.drafters.model import ModelDrafter
+from exactspec.decoding.strategy import Strategy
 from exactspec.foundations.sampler import SeededSampler
 from exactspec.foundations.settings import SamplingSettings
-from exactspec.models.base import LanguageModel
 from exactspec.models.pair import ModelPair
 from exactspec.peers import hf as hf_peer
 
@@ -104,17 +103,18 @@ class EngineGenerator:
 
     def __init__(
         self,
-        target: LanguageModel,
-        drafter: Drafter | None,
+        engine: SpeculativeEngine,
         gamma: int,
         batch_size: int = 1,
         name: str | None = None,
     ) -> None:
+        """engine: built by `exactspec.decoding.builder.build_engine` (what ships), or by hand for the
+        deliberately broken control."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if gamma > 0 and drafter is None:
+        if gamma > 0 and engine.drafter is None:
             raise ValueError("gamma > 0 needs a drafter")
-        self.engine = SpeculativeEngine(target, drafter if gamma > 0 else None)
+        self.engine = engine
         self.gamma = gamma
         self.batch_size = batch_size
         self.name = name or (f"exactspec gamma={gamma} batch={batch_size}" if gamma else "exactspec plain")
@@ -278,18 +278,25 @@ ALL_KINDS = ("exactspec", "hf-assisted", "plain", "hf-sample")
 SPECULATIVE_KINDS = frozenset({"exactspec", "hf-assisted", "broken-argmax"})
 
 
-def make_generator(kind: str, pair: ModelPair, gamma: int, batch_size: int) -> Generator:
-    """The generator `kind` (one of GENERATOR_KINDS) on `pair`."""
-    vocab = pair.target.vocab_size
+def make_generator(
+    kind: str, pair: ModelPair, gamma: int, batch_size: int, strategy: Strategy | None = None
+) -> Generator:
+    """The generator `kind` (one of GENERATOR_KINDS) on `pair`; exactspec's runs `strategy` (default: the
+    draft model with token verification), built by the builder every entry point uses."""
+    strategy = strategy or Strategy()
     if kind == "exactspec":
-        return EngineGenerator(pair.target, ModelDrafter(pair.draft, vocab), gamma, batch_size)
+        engine = build_engine(pair.target, pair.draft, strategy, gamma, costs=pair.cost_model)
+        name = f"exactspec {strategy.name} gamma={gamma} batch={batch_size}"
+        return EngineGenerator(engine, gamma, batch_size, name=name if strategy != Strategy() else None)
     if kind == "broken-argmax":
-        drafter = BrokenArgmaxDrafter(pair.draft, vocab)
+        # Not a shipped strategy: the deliberately wrong drafter, wired by hand (the audit's control).
+        engine = SpeculativeEngine(pair.target, BrokenArgmaxDrafter(pair.draft, pair.target.vocab_size))
         return EngineGenerator(
-            pair.target, drafter, gamma, batch_size, name=f"broken-argmax gamma={gamma} batch={batch_size}"
+            engine, gamma, batch_size, name=f"broken-argmax gamma={gamma} batch={batch_size}"
         )
     if kind == "plain":
-        return EngineGenerator(pair.target, None, 0, batch_size, name=f"exactspec plain batch={batch_size}")
+        engine = build_engine(pair.target, None, strategy, 0)
+        return EngineGenerator(engine, 0, batch_size, name=f"exactspec plain batch={batch_size}")
     if kind == "hf-assisted":
         return HFAssistedGenerator(pair.target_model, pair.draft_model, gamma, pair.eos_token_ids)
     if kind == "hf-sample":

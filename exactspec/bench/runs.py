@@ -14,11 +14,12 @@ from typing import Any
 import torch
 
 from exactspec.bench.timing import ForwardTimer, RoundStreamer, steady_state
+from exactspec.decoding.builder import build_engine
 from exactspec.decoding.engine import DecodeConfig
-from exactspec.decoding.strategy import Strategy, build_engine
+from exactspec.decoding.strategy import Strategy
 from exactspec.foundations.sampler import SeededSampler
 from exactspec.foundations.settings import SamplingSettings
-from exactspec.models.base import LanguageModel
+from exactspec.models.base import LanguageModel, ModelWrapper
 from exactspec.models.pair import ModelPair
 from exactspec.peers import hf as hf_peer
 from exactspec.peers import llamacpp as llamacpp_peer
@@ -26,24 +27,12 @@ from exactspec.verifiers.base import Verifier, VerifyResult
 from exactspec.verifiers.expected import block_weight_sum, expected_accepted
 
 
-class NoEos:
+class NoEos(ModelWrapper):
     """A `LanguageModel` that is `model` with no EOS ids, so generation always runs to max_new_tokens."""
-
-    def __init__(self, model: LanguageModel) -> None:
-        self._model = model
-
-    @property
-    def vocab_size(self) -> int:
-        return self._model.vocab_size
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
         return frozenset()
-
-    def logits(
-        self, histories: Sequence[Sequence[int]], num_positions: int = 1, rows: Sequence[int] | None = None
-    ) -> torch.Tensor:
-        return self._model.logits(histories, num_positions, rows)
 
 
 class ExpectationRecorder:
@@ -104,8 +93,8 @@ def run_engine(
 ) -> dict[str, Any]:
     """One generation through our engine (gamma = 0 is plain decoding), from empty caches.
 
-    `strategy` picks drafter, verifier and gamma policy (`exactspec.decoding.strategy.build_engine`,
-    the same helper `generate` uses); adaptive gamma takes the pair's cached measured costs, so
+    `strategy` picks drafter, verifier and gamma policy (`exactspec.decoding.builder.build_engine`,
+    the builder `generate` uses); adaptive gamma takes the pair's cached measured costs, so
     the measurement (once per pair) happens before the timed part of the first such run.
     """
     target: LanguageModel = NoEos(pair.target) if ignore_eos else pair.target
@@ -118,14 +107,17 @@ def run_engine(
     engine.verifier = recorder
     pair.clear_caches()
     config = DecodeConfig(gamma=gamma, max_new_tokens=max_new_tokens, settings=settings)
-    states = engine.start([list(ids)], config)
     sampler = SeededSampler(seed=seed)
     events: list[tuple[float, int]] = []
+    tokens: list[int] = []
+    finish_reason = None
     with ForwardTimer(pair.target_model) as target_timer, ForwardTimer(pair.draft_model) as draft_timer:
         started = time.perf_counter()
-        for output in engine.rounds(states, config, sampler):
+        for event in engine.stream([list(ids)], config, sampler):
             # The recorder's scoring is not the method's work: its time comes off every clock.
-            events.append((time.perf_counter() - recorder.seconds, len(output.new_tokens.get(0, []))))
+            events.append((time.perf_counter() - recorder.seconds, len(event.tokens)))
+            tokens.extend(event.tokens)
+            finish_reason = event.finish_reason or finish_reason
         wall = time.perf_counter() - started - recorder.seconds
     metrics = engine.metrics
     metrics.verify_seconds -= recorder.seconds
@@ -133,8 +125,8 @@ def run_engine(
     record = {
         "wall_seconds": wall,
         **steady_state(events, started),
-        "tokens": list(states[0].generated),
-        "finish_reason": states[0].finish_reason,
+        "tokens": tokens,
+        "finish_reason": finish_reason,
         "metrics": {
             **metrics.as_dict(),
             "proposed_by_position": list(metrics.proposed_by_position),

@@ -18,24 +18,27 @@ from dataclasses import dataclass
 import torch
 
 from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine
-from exactspec.decoding.gamma import GammaPolicy
-from exactspec.drafters.base import Drafter
+from exactspec.foundations.rows import Stateless
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.foundations.transforms import probabilities
 from exactspec.models.base import LanguageModel
-from exactspec.verifiers.base import Verifier
-from exactspec.verifiers.token import verify
+
+EngineFactory = Callable[[], SpeculativeEngine]
+"""Builds a fresh engine (e.g. `lambda: build_engine(target, draft, strategy, gamma)`). The enumeration
+builds one per random path, so that state learned on one path (a gamma policy's counts) never leaks
+into another: every path runs the same rule from the same start."""
 
 DEFAULT_MAX_PATHS = 500_000
 """Enumeration stops with an error past this many random paths (a grid case that is too big)."""
 
 
-class EnumeratingSampler:
+class EnumeratingSampler(Stateless):
     """A `Sampler` that follows a script of choices and records the options it met.
 
     Choice k takes option script[k] (the k-th option with positive
     probability) if the script is that long, else option 0. Zero-probability
-    options are never taken, so impossible branches are pruned.
+    options are never taken, so impossible branches are pruned. Rows need no
+    streams of their own (the script is the randomness), so the row lifecycle is a no-op.
     """
 
     def __init__(self, script: Sequence[int] = ()) -> None:
@@ -149,31 +152,27 @@ class ExactCheck:
 
 
 def check_speculative(
-    target: LanguageModel,
-    drafter: Drafter | None,
+    engine: EngineFactory,
     prompts: Sequence[Sequence[int]],
     config: DecodeConfig,
     max_paths: int = DEFAULT_MAX_PATHS,
     *,
-    verifier: Verifier = verify,
-    gamma_policy: GammaPolicy | None = None,
     reference: LanguageModel | None = None,
 ) -> ExactCheck:
     """Exact TV distance between the engine's joint output over all rows and the target's.
 
-    The target's joint distribution over a batch is the product of each row's
-    own distribution (docs/algorithm.md 4: a row must not depend on the other rows), so
-    a batch check also catches rows leaking into each other. `verifier` and
-    `gamma_policy` are passed to the `SpeculativeEngine` (the policy restarts
-    with every enumerated run, so every path sees the same rule). `reference`
-    computes the target's distribution (default: `target` itself); give a
-    cache-free model with the target's weights to check a cached adapter
-    against something it cannot share a bug with.
+    `engine` builds the engine under test (`EngineFactory`: one per enumerated path); the
+    `verify` grid passes `exactspec.decoding.builder.build_engine`, the wiring every entry point
+    ships. The target's joint distribution over a batch is the product of each row's own
+    distribution (docs/algorithm.md 4: a row must not depend on the other rows), so a batch check
+    also catches rows leaking into each other. `reference` computes the target's distribution
+    (default: the engine's target itself); give a cache-free model with the target's weights to
+    check a cached adapter against something it cannot share a bug with.
     """
-    engine = SpeculativeEngine(target, drafter, verifier=verifier, gamma_policy=gamma_policy)
+    target = engine().target
 
     def run(sampler: EnumeratingSampler) -> tuple[tuple[int, ...], ...]:
-        states = engine.generate(prompts, config, sampler)
+        states = engine().generate(prompts, config, sampler)
         return tuple(tuple(state.generated) for state in states)
 
     speculative, paths = enumerate_outputs(run, max_paths)

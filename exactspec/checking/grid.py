@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
-from exactspec.checking.exact import check_speculative
+from exactspec.checking.exact import EngineFactory, check_speculative
 from exactspec.checking.scheduled import ScheduledRow, check_scheduler
 from exactspec.checking.statistical import (
     GoodnessOfFit,
@@ -30,12 +30,9 @@ from exactspec.checking.statistical import (
     sequence_probability,
 )
 from exactspec.checking.toy import TabularModel, random_tabular_model
+from exactspec.decoding.builder import build_engine
 from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine
-from exactspec.decoding.gamma import AdaptiveGamma, ConfidenceGamma, GammaPolicy, LookupGamma
-from exactspec.drafters.base import Drafter
-from exactspec.drafters.hybrid import HybridDrafter
-from exactspec.drafters.model import DraftStop, ModelDrafter
-from exactspec.drafters.ngram import DEFAULT_MAX_NGRAM, NgramDrafter
+from exactspec.decoding.strategy import Strategy
 from exactspec.foundations.costs import CostModel
 from exactspec.foundations.sampler import SeededSampler
 from exactspec.foundations.settings import SamplingSettings
@@ -44,9 +41,8 @@ from exactspec.models.base import LanguageModel
 if TYPE_CHECKING:  # transformers loads only when an adapter case runs (keeps `verify` start-up light)
     from exactspec.checking.tiny_hf import TinyHFSpec
     from exactspec.models.hf import HFLanguageModel
-from exactspec.verifiers.base import Verifier
-from exactspec.verifiers.block import verify_block
-from exactspec.verifiers.token import verify
+
+BLOCK = Strategy(verifier="block")
 
 EXACT_TOLERANCE = 1e-12
 """The exact check fails when a TV distance exceeds this (float64 rounding is ~1e-16)."""
@@ -64,9 +60,9 @@ class ExactCase:
     draft: str = "random"  # random | same | misses-target | target-misses | one-hot | no-eos
     prompts: tuple[tuple[int, ...], ...] = ((1,),)
     seed: int = 0
-    verifier: str = "token"  # token | block
-    drafter: str = "model"  # model | ngram | hybrid (ngram and hybrid ignore `draft` where unused)
-    adaptive: bool = False  # gamma per row per round (`build_parts`), capped by `gamma`
+    # What the case runs: drafter, verifier and fixed or adaptive gamma, built by the shipped builder
+    # (`exactspec.decoding.builder.build_engine`); an adaptive gamma is capped by `gamma`.
+    strategy: Strategy = field(default_factory=Strategy)
     # Set for the scheduler cases: the rows (own settings, limits, join round) that the real
     # `Scheduler` runs with at most `max_batch` rows at a time; `settings` and `prompts` are unused.
     schedule: tuple[ScheduledRow, ...] = ()
@@ -91,39 +87,35 @@ class ExactCase:
         )
         return target, draft
 
-    def build_drafter(
-        self, target: TabularModel, draft: TabularModel, stop: DraftStop | None = None
-    ) -> Drafter:
-        model = ModelDrafter(draft, target.vocab_size, stop=stop)
-        if self.drafter == "model":
-            return model
-        lookup = NgramDrafter(target.eos_token_ids)
-        if self.drafter == "ngram":
-            return lookup
-        if self.drafter == "hybrid":
-            return HybridDrafter(lookup, model, target.vocab_size)
-        raise ValueError(f"unknown drafter {self.drafter!r}: model, ngram or hybrid")
+    def costs(self) -> CostModel:
+        """The c and v(k) an adaptive case's policy optimises with (made up, as the toy tables are).
 
-    def build_parts(self, target: TabularModel, draft: TabularModel) -> tuple[Drafter, GammaPolicy | None]:
-        """The drafter and the gamma policy (None unless `adaptive`) the case runs with.
-
-        What `exactspec.decoding.strategy` builds for an adaptive case: for lookup, `lookup_policy`
-        chooses each match's length and the drafter asks it; the draft model drafts within
-        `confidence_policy`'s cap and stops where that policy says its confidence is too low.
+        The draft model's: c = 0.3, v(k) = 1 + 0.1 (k - 1): the weak prior's rate 0.5 gives gamma 1,
+        one accepted trial (a_1 = a_2 = 0.83) gives 2, one rejection (a_1 = 0.17) gives 0, and a row
+        at 0 probes with 1 token in the next round. Prompt lookup's (c = 0): v(1) = 1,
+        v(k) = 1.1 + 0.1 (k - 1) for k >= 2 (a fixed price for speculating at all): the prior gives
+        every match length 2 tokens; one rejection at the first token sends that match length (and
+        only that one) to 0, and the next match of that length probes with 1 token.
         """
-        if not self.adaptive:
-            return self.build_drafter(target, draft), None
-        if self.drafter == "ngram":
-            lengths = lookup_policy(self.gamma)
-            return NgramDrafter(target.eos_token_ids, lengths=lengths), lengths
-        policy = confidence_policy(self.gamma)
-        return self.build_drafter(target, draft, stop=policy), policy
+        if self.strategy.drafter == "ngram":
+            return CostModel(0.0, (1.0, *(1.1 + 0.1 * k for k in range(1, self.gamma + 1))))
+        return CostModel.linear(0.3, 0.1, self.gamma)
 
-    def build_verifier(self) -> Verifier:
-        verifiers: dict[str, Verifier] = {"token": verify, "block": verify_block}
-        if self.verifier not in verifiers:
-            raise ValueError(f"unknown verifier {self.verifier!r}: token or block")
-        return verifiers[self.verifier]
+    def engine_factory(self, target: LanguageModel, draft: LanguageModel) -> EngineFactory:
+        """Builds the case's engine through the builder every entry point uses (a fresh one per path)."""
+
+        def build() -> SpeculativeEngine:
+            return build_engine(
+                target,
+                draft,
+                self.strategy,
+                self.gamma,
+                costs=self.costs(),
+                validate=True,
+                policy_options=GRID_POLICY_OPTIONS,
+            )
+
+        return build
 
     def reference(self, target: LanguageModel) -> LanguageModel:
         """The model the target's exact distribution is computed from (a table: the target itself)."""
@@ -176,37 +168,9 @@ class AdapterCase(ExactCase):
         return FullForwardModel(target._model, target.eos_token_ids, target.vocab_size)
 
 
-_WEAK_PRIOR = {"prior_accepted": 0.5, "prior_rejected": 0.5, "probe_after": 1}
-"""The grid policies' `AdaptiveGamma` settings: a prior of one pseudo-round, a probe after one round at 0."""
-
-
-def adaptive_policy(max_gamma: int) -> AdaptiveGamma:
-    """Made-up costs and a weak prior, so that a few rounds already move gamma between 0, 1 and 2.
-
-    c = 0.3, v(k) = 1 + 0.1 (k - 1): the prior rate 0.5 gives gamma 1, one
-    accepted trial (a_1 = a_2 = 0.83) gives 2, one rejection (a_1 = 0.17)
-    gives 0, and a row at 0 probes with 1 token in the next round.
-    """
-    return AdaptiveGamma(CostModel.linear(0.3, 0.1, max_gamma), **_WEAK_PRIOR)
-
-
-def confidence_policy(max_gamma: int) -> ConfidenceGamma:
-    """`adaptive_policy`'s caps, plus `ConfidenceGamma`'s stop on the draft's confidence (same costs)."""
-    return ConfidenceGamma(CostModel.linear(0.3, 0.1, max_gamma), **_WEAK_PRIOR)
-
-
-def lookup_policy(max_gamma: int) -> LookupGamma:
-    """Made-up costs and `adaptive_policy`'s weak prior, per match length (c = 0: prompt lookup).
-
-    v(1) = 1, v(k) = 1.1 + 0.1 (k - 1) for k >= 2 (a fixed price for speculating at all): the prior
-    gives every match length 2 tokens; one rejection at the first token sends that match length
-    (and only that one) to 0, and the next match of that length probes with 1 token.
-    """
-    return LookupGamma(
-        CostModel(0.0, (1.0, *(1.1 + 0.1 * k for k in range(1, max_gamma + 1)))),
-        DEFAULT_MAX_NGRAM,
-        **_WEAK_PRIOR,
-    )
+GRID_POLICY_OPTIONS = {"prior_accepted": 0.5, "prior_rejected": 0.5, "probe_after": 1}
+"""The adaptive cases' policy settings: a prior of one pseudo-round and a probe after one round at 0, so
+that a few enumerated rounds already move gamma between 0, 1 and 2 (`ExactCase.costs`)."""
 
 
 @dataclass(frozen=True)
@@ -269,12 +233,12 @@ def round_two_grid() -> list[ExactCase]:
     )
     cases: list[ExactCase] = []
     for gamma in (1, 2, 3, 4, 5):
-        cases.append(ExactCase(f"block gamma={gamma} V=3 n=4", 3, gamma, 4, verifier="block"))
-    cases.append(ExactCase("block gamma=3 V=6 n=2", 6, 3, 2, verifier="block"))
+        cases.append(ExactCase(f"block gamma={gamma} V=3 n=4", 3, gamma, 4, strategy=BLOCK))
+    cases.append(ExactCase("block gamma=3 V=6 n=2", 6, 3, 2, strategy=BLOCK))
     for n in (1, 2):
-        cases.append(ExactCase(f"block n={n} < gamma=5", 3, 5, n, verifier="block"))
+        cases.append(ExactCase(f"block n={n} < gamma=5", 3, 5, n, strategy=BLOCK))
     for kind in ("same", "misses-target", "target-misses", "one-hot", "no-eos"):
-        cases.append(ExactCase(f"block draft {kind}", 4, 3, 3, draft=kind, verifier="block"))
+        cases.append(ExactCase(f"block draft {kind}", 4, 3, 3, draft=kind, strategy=BLOCK))
     block_transforms = {
         "T=0": SamplingSettings(temperature=0.0),
         "T=1.7": SamplingSettings(temperature=1.7),
@@ -286,9 +250,9 @@ def round_two_grid() -> list[ExactCase]:
         "all transforms, T=0.8": all_transforms,
     }
     for name, settings in block_transforms.items():
-        cases.append(ExactCase(f"block {name}", 4, 3, 3, settings, verifier="block"))
+        cases.append(ExactCase(f"block {name}", 4, 3, 3, settings, strategy=BLOCK))
     cases.append(
-        ExactCase("block batch of 2, different prompts", 3, 3, 2, prompts=((1,), (2, 1)), verifier="block")
+        ExactCase("block batch of 2, different prompts", 3, 3, 2, prompts=((1,), (2, 1)), strategy=BLOCK)
     )
     # (1, 2, 1) repeats from the start; (3,) has no match until the output repeats a token.
     lookup_and_adaptive: list[tuple[str, int, int, int, dict]] = [
@@ -329,8 +293,11 @@ def round_two_grid() -> list[ExactCase]:
         ),
     ]
     for verifier in ("token", "block"):
-        for name, vocab, gamma, n, options in lookup_and_adaptive:
-            cases.append(ExactCase(name.format(verifier), vocab, gamma, n, verifier=verifier, **options))
+        for name, vocab, gamma, n, shared in lookup_and_adaptive:
+            options = dict(shared)  # the list is walked once per verifier
+            drafter, adaptive = options.pop("drafter", "model"), options.pop("adaptive", False)
+            strategy = Strategy(drafter, verifier, adaptive)
+            cases.append(ExactCase(name.format(verifier), vocab, gamma, n, strategy=strategy, **options))
     return cases
 
 
@@ -441,21 +408,13 @@ def run_exact_case(case: ExactCase) -> ExactResult:
     target, draft = case.models()
     config = DecodeConfig(gamma=case.gamma, max_new_tokens=case.max_new_tokens, settings=case.settings)
     started = time.perf_counter()
-    drafter, policy = case.build_parts(target, draft)
+    engine = case.engine_factory(target, draft)
     if case.schedule:
-        check = check_scheduler(target, drafter, case.schedule, case.gamma, max_batch=case.max_batch)
+        check = check_scheduler(engine, case.schedule, case.gamma, max_batch=case.max_batch)
         return ExactResult(
             case, check.total_variation, check.paths, check.sequences, time.perf_counter() - started
         )
-    check = check_speculative(
-        target,
-        drafter,
-        case.prompts,
-        config,
-        verifier=case.build_verifier(),
-        gamma_policy=policy,
-        reference=case.reference(target),
-    )
+    check = check_speculative(engine, case.prompts, config, reference=case.reference(target))
     return ExactResult(
         case, check.total_variation, check.paths, check.sequences, time.perf_counter() - started
     )
@@ -492,7 +451,7 @@ def run_statistical(
         vocab, seed=10 * setup.seed + 2, sharpness=setup.sharpness, zero_ids=range(0, vocab, 7)
     )
     if engine_factory is None:
-        engine = SpeculativeEngine(target, ModelDrafter(draft, vocab))
+        engine = build_engine(target, draft, Strategy(), setup.gamma, validate=True)
     else:
         engine = engine_factory(target, draft)
     prompt = [1, 2]

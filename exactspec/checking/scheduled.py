@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from exactspec.checking.exact import (
     DEFAULT_MAX_PATHS,
+    EngineFactory,
     EnumeratingSampler,
     ExactCheck,
     compare_with_independent_rows,
@@ -22,9 +23,7 @@ from exactspec.checking.exact import (
     target_distribution,
 )
 from exactspec.decoding.scheduler import Request, RowHandle, Scheduler
-from exactspec.drafters.base import Drafter
 from exactspec.foundations.settings import SamplingSettings
-from exactspec.models.base import LanguageModel
 
 
 @dataclass(frozen=True)
@@ -39,18 +38,22 @@ class ScheduledRow:
 
 
 def check_scheduler(
-    target: LanguageModel,
-    drafter: Drafter | None,
+    engine: EngineFactory,
     rows: Sequence[ScheduledRow],
     gamma: int,
     max_batch: int = 8,
     max_paths: int = DEFAULT_MAX_PATHS,
 ) -> ExactCheck:
-    """Exact TV distance between the scheduler's joint output over `rows` and the product of their targets."""
+    """Exact TV distance between the scheduler's joint output over `rows` and the product of their targets.
+
+    `engine` builds the engine the scheduler drives, one per enumerated path (as in
+    `check_speculative`); `gamma` is the scheduler's default draft length.
+    """
     last_join = max(row.joins_after for row in rows)
+    target = engine().target
 
     def run(sampler: EnumeratingSampler) -> tuple[tuple[int, ...], ...]:
-        scheduler = Scheduler(target, drafter, gamma=gamma, max_batch=max_batch, sampler=sampler)
+        scheduler = Scheduler(engine(), gamma=gamma, max_batch=max_batch, sampler=sampler)
         handles: list[RowHandle | None] = [None] * len(rows)
         rounds = 0
         while True:

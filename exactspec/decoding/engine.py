@@ -5,20 +5,38 @@ finished rows leave the batch and stop costing compute. gamma = 0 is plain
 autoregressive decoding through the very same round (no draft, the "bonus"
 token is the ordinary next token), so the baseline and the speculative path
 cannot drift apart.
+
+`SpeculativeEngine.round` is one round. Rows join and leave between rounds through the
+row lifecycle (`add_rows`, `release_rows`: the target, the drafter and the gamma policy
+each set up or free the row's state); the batch driver that decides when is
+`exactspec.decoding.scheduler.Scheduler`, and `generate` / `stream` below are thin uses
+of it. Engines are built from a strategy in one place, `exactspec.decoding.strategy`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 
 import torch
 
 from exactspec.decoding.gamma import GammaPolicy, record_round
+from exactspec.decoding.records import (
+    MAX_GAMMA,
+    DecodeConfig,
+    FinishReason,
+    Request,
+    RoundOutput,
+    RowEvent,
+    RowState,
+    RowStates,
+    StopCondition,
+)
+from exactspec.decoding.scheduler import Scheduler
 from exactspec.drafters.base import Drafter, Proposal
-from exactspec.foundations.metrics import DecodeMetrics
+from exactspec.foundations.metrics import DecodeMetrics, Stopwatch
+from exactspec.foundations.rows import RowLifecycle, RowStart
 from exactspec.foundations.sampler import Sampler
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.foundations.transforms import probabilities_per_row
@@ -26,79 +44,15 @@ from exactspec.models.base import LanguageModel
 from exactspec.verifiers.base import Verifier
 from exactspec.verifiers.token import verify
 
-FinishReason = Literal["eos", "length", "stop"]
-
-StopCondition = Callable[[int, list[int]], int | None]
-"""(row, generated tokens so far) -> None to go on, or how many generated tokens to keep and stop.
-
-Used for stop strings: the text layer finds the first token that completes a
-stop string and the engine cuts the row there. The cut depends only on the
-emitted tokens, so the kept prefix keeps the target's distribution.
-"""
-
-MAX_GAMMA = 64
-"""More draft tokens than this per round is never useful (acceptance decays geometrically) and
-usually a typo; it also bounds the [B, gamma, V] q tensor."""
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    """How a generation runs: draft length, length limit and sampling settings."""
-
-    gamma: int = 4
-    max_new_tokens: int = 128
-    settings: SamplingSettings = field(default_factory=SamplingSettings)
-
-    def __post_init__(self) -> None:
-        if (
-            isinstance(self.gamma, bool)
-            or not isinstance(self.gamma, int)
-            or not 0 <= self.gamma <= MAX_GAMMA
-        ):
-            raise ValueError(
-                f"gamma must be an integer in 0..{MAX_GAMMA} (0 = plain decoding), got {self.gamma!r}"
-            )
-        if (
-            isinstance(self.max_new_tokens, bool)
-            or not isinstance(self.max_new_tokens, int)
-            or self.max_new_tokens < 1
-        ):
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-
-
-@dataclass
-class RowState:
-    """One row's generation so far, and the row's own settings (docs/algorithm.md 6).
-
-    `settings`, `gamma` and `max_new_tokens` override the `DecodeConfig` of the run for this row
-    (None: use the config's); that is how rows of one batch sample with different settings,
-    draft lengths and length limits.
-    """
-
-    prompt: list[int]
-    generated: list[int] = field(default_factory=list)
-    finish_reason: FinishReason | None = None
-    settings: SamplingSettings | None = None
-    gamma: int | None = None
-    max_new_tokens: int | None = None
-
-    @property
-    def history(self) -> list[int]:
-        return self.prompt + self.generated
-
-
-@dataclass(frozen=True)
-class RoundOutput:
-    """What one round added: row -> tokens newly emitted (after any stop cut), and rows that finished."""
-
-    new_tokens: dict[int, list[int]]
-    finished: dict[int, FinishReason]
-    proposed: dict[int, int] = field(default_factory=dict)  # row -> draft tokens it proposed
-    accepted: dict[int, int] = field(default_factory=dict)  # row -> draft tokens the verifier kept
-
-
-RowStates = Sequence[RowState] | Mapping[int, RowState]
-"""The rows of a run, indexed by row id: a list (ids 0..B-1) or, for a scheduler, a dict."""
+__all__ = [
+    "MAX_GAMMA",
+    "DecodeConfig",
+    "FinishReason",
+    "RoundOutput",
+    "RowState",
+    "SpeculativeEngine",
+    "StopCondition",
+]
 
 
 class SpeculativeEngine:
@@ -122,52 +76,48 @@ class SpeculativeEngine:
         gamma_policy: GammaPolicy | None = None,
         *,
         validate: bool = True,
+        draft_stopwatch: Stopwatch | None = None,
     ) -> None:
         """Args:
         verifier: token verification (`exactspec.verifiers.token.verify`, the default) or block
             verification (`exactspec.verifiers.block.verify_block`); both are exact.
         gamma_policy: if given (`exactspec.decoding.gamma.AdaptiveGamma`), row b drafts
-            min(policy's choice, config.gamma, room left before max_new_tokens) tokens each round.
+            min(policy's choice, its gamma, room left before max_new_tokens) tokens each round.
         validate: the verifier checks its inputs every round (shapes, ids, finite normalised p
             and q: passes over [B, gamma + 1, V] and host syncs). The engine builds p and q itself
             from logits that the transforms check, so serving entry points turn it off
             (`exactspec.decoding.strategy.build_engine(validate=False)`); tests and `exactspec verify`
             keep it on. Off changes no token.
+        draft_stopwatch: adds up the draft model's forward time (`exactspec.models.timed.TimedModel`
+            around the drafter's model shares it); the engine reads it after each draft step into
+            `metrics.draft_forward_seconds`. None: that time is not split out.
         """
         self.target = target
         self.drafter = drafter
         self.verifier = verifier
         self.gamma_policy = gamma_policy
         self.validate = validate
+        self.draft_stopwatch = draft_stopwatch
+        self.target_stopwatch = Stopwatch(target.device)
         self.metrics = DecodeMetrics()
-        # Row ids that took part in the last round: a row that is gone by the next round has its
-        # caches freed then (docs/algorithm.md 6), without touching the other rows.
-        self._live_rows: set[int] = set()
 
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        config: DecodeConfig,
-        sampler: Sampler,
-        stop: StopCondition | None = None,
-    ) -> list[RowState]:
-        """Generate for every prompt; returns one RowState per prompt, in order."""
-        states = self.start(prompts, config)
-        for _ in self.rounds(states, config, sampler, stop):
-            pass
-        return states
+    # ------------------------------------------------------------------ rows
 
-    def start(self, prompts: Sequence[Sequence[int]], config: DecodeConfig) -> list[RowState]:
-        """Validate the prompts and make one RowState per prompt."""
-        if config.gamma > 0 and self.drafter is None:
-            raise ValueError("gamma > 0 needs a drafter; use gamma = 0 for plain decoding")
-        if not prompts:
-            raise ValueError("no prompts given")
-        config.settings.check_vocab(self.target.vocab_size)
-        states = [self.new_row(prompt, index=index) for index, prompt in enumerate(prompts)]
-        if self.gamma_policy is not None:
-            self.gamma_policy.start(len(states))
-        return states
+    def add_rows(self, rows: Sequence[RowStart]) -> None:
+        """Rows join: the target, the drafter and the gamma policy set up their state (the sampler is
+        the batch driver's to tell)."""
+        for role in self._row_roles():
+            role.add_rows(rows)
+
+    def release_rows(self, rows: Sequence[int]) -> None:
+        """Rows left (finished or cancelled): every role frees their state, the other rows are untouched."""
+        rows = list(rows)
+        if rows:
+            for role in self._row_roles():
+                role.release_rows(rows)
+
+    def _row_roles(self) -> list[RowLifecycle]:
+        return [role for role in (self.target, self.drafter, self.gamma_policy) if role is not None]
 
     def new_row(
         self,
@@ -199,38 +149,67 @@ class SpeculativeEngine:
                 raise ValueError("gamma > 0 needs a drafter; use gamma = 0 for plain decoding")
         return RowState(prompt=tokens, settings=settings, gamma=gamma, max_new_tokens=max_new_tokens)
 
-    def release(self, rows: Iterable[int]) -> None:
-        """Free the models' caches of rows that left the batch (finished or cancelled).
+    # ------------------------------------------------------------------ whole generations
 
-        Models without a `release` method (stateless toy models) have nothing to free.
-        """
-        rows = list(rows)
-        if not rows:
-            return
-        self._live_rows.difference_update(rows)
-        for model in (self.target, self.drafter):
-            if model is not None:
-                model.release_rows(rows)
-
-    def rounds(
+    def generate(
         self,
-        states: list[RowState],
+        prompts: Sequence[Sequence[int]],
         config: DecodeConfig,
         sampler: Sampler,
         stop: StopCondition | None = None,
-    ) -> Iterator[RoundOutput]:
-        """Run rounds until every row has finished, yielding what each round emitted."""
-        started = time.perf_counter()
-        try:
-            while True:
-                active = [row for row, state in enumerate(states) if state.finish_reason is None]
-                if not active:
-                    return
-                output = self.round(states, active, config, sampler, stop)
-                yield output
-        finally:
-            self.release(range(len(states)))
-            self.metrics.total_seconds += time.perf_counter() - started
+    ) -> list[RowState]:
+        """Generate for every prompt (row i has row id i); returns one RowState per prompt, in order."""
+        scheduler, states = self._batch(prompts, config, sampler, stop)
+        scheduler.run_until_idle()
+        return states
+
+    def stream(
+        self,
+        prompts: Sequence[Sequence[int]],
+        config: DecodeConfig,
+        sampler: Sampler,
+        stop: StopCondition | None = None,
+    ) -> Iterator[RowEvent]:
+        """Like `generate`, yielding each row's `RowEvent` of every round as the round ends.
+
+        Row i's events carry row id i; its last event has its `finish_reason`. The prompts are
+        checked before the first round (a bad one raises at once, before anything is yielded).
+        """
+        events: list[RowEvent] = []
+        scheduler, _ = self._batch(prompts, config, sampler, stop, on_event=events.append)
+        return _drain(scheduler, events)
+
+    def _batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        config: DecodeConfig,
+        sampler: Sampler,
+        stop: StopCondition | None,
+        on_event: Callable[[RowEvent], None] | None = None,
+    ) -> tuple[Scheduler, list[RowState]]:
+        """A scheduler with every prompt admitted at once (the batch never waits), and their states."""
+        if config.gamma > 0 and self.drafter is None:
+            raise ValueError("gamma > 0 needs a drafter; use gamma = 0 for plain decoding")
+        if not prompts:
+            raise ValueError("no prompts given")
+        config.settings.check_vocab(self.target.vocab_size)
+        scheduler = Scheduler(
+            self,
+            gamma=config.gamma,
+            max_batch=len(prompts),
+            max_waiting=0,
+            sampler=sampler,
+            raise_round_errors=True,  # a direct caller gets the exception, as from any function
+        )
+        request = Request(
+            (), config.settings, config.max_new_tokens, gamma=config.gamma, seed=None, stop=stop
+        )
+        handles = [
+            scheduler.submit(replace(request, prompt=prompt), on_event=on_event) for prompt in prompts
+        ]
+        return scheduler, [handle.state for handle in handles]
+
+    # ------------------------------------------------------------------ one round
 
     def round(
         self,
@@ -245,8 +224,7 @@ class SpeculativeEngine:
         Each row uses its own settings, gamma and length limit (`RowState`, falling back to
         `config`) and its own random stream (`sampler`, by row id).
         """
-        self.release(self._live_rows - set(active))  # rows that left since the last round
-        self._live_rows = set(active)
+        started = time.perf_counter()
         histories = [states[row].history for row in active]
         settings = [states[row].settings or config.settings for row in active]
         # A round emits at most draft_length + 1 tokens, so never propose past max_new_tokens.
@@ -288,12 +266,13 @@ class SpeculativeEngine:
         output = self._append(states, active, result.tokens, result.num_emitted, result.hit_eos, config, stop)
         output.proposed.update(zip(active, proposed, strict=True))
         output.accepted.update(zip(active, accepted, strict=True))
+        self.metrics.total_seconds += time.perf_counter() - started
         return output
 
     @property
     def device(self) -> torch.device:
-        """Where the models' tensors live (a model without a `device` is on the CPU)."""
-        return getattr(self.target, "device", torch.device("cpu"))
+        """Where the target's tensors (and so p and the verifier's work) live."""
+        return self.target.device
 
     def _draft(
         self,
@@ -314,13 +293,13 @@ class SpeculativeEngine:
         clock = time.perf_counter()
         proposal = self.drafter.propose(histories, max_draft, settings, sampler, rows)
         self.metrics.draft_seconds += time.perf_counter() - clock
-        self.metrics.draft_forward_seconds += proposal.forward_seconds
+        if self.draft_stopwatch is not None:
+            self.metrics.draft_forward_seconds += self.draft_stopwatch.take()
         if proposal.tokens.device != self.device:  # a host-side drafter (prompt lookup) on a GPU run
             proposal = Proposal(
                 tokens=proposal.tokens.to(self.device),
                 q=None if proposal.q is None else proposal.q.to(self.device),
                 lengths=proposal.lengths.to(self.device),
-                forward_seconds=proposal.forward_seconds,
                 deterministic=proposal.deterministic,
             )
         # A deterministic proposal (prompt lookup) ran no draft model.
@@ -344,8 +323,9 @@ class SpeculativeEngine:
         clock = time.perf_counter()
         width = proposal.tokens.shape[1]
         extended = [history + proposal.tokens[b].tolist() for b, history in enumerate(histories)]
-        logits = self.target.logits(extended, width + 1, rows=rows)  # [A, gamma + 1, V]
-        self.metrics.target_forward_seconds += time.perf_counter() - clock
+        with self.target_stopwatch.timing():
+            logits = self.target.logits(extended, width + 1, rows=rows)  # [A, gamma + 1, V]
+        self.metrics.target_forward_seconds += self.target_stopwatch.take()
         # The repetition penalty needs each position's real history; build it only when it is on.
         position_histories = None
         if any(row_settings.repetition_penalty != 1.0 for row_settings in settings):
@@ -365,7 +345,7 @@ class SpeculativeEngine:
         proposed = proposal.lengths.tolist()
         accepted = num_accepted.tolist()
         self.metrics.rounds += 1
-        self.metrics.rows_per_round.append(len(proposed))
+        self.metrics.row_rounds += len(proposed)
         self.metrics.proposed_tokens += sum(proposed)
         self.metrics.accepted_tokens += sum(accepted)
         self.metrics.record_positions(proposed, accepted)
@@ -413,3 +393,17 @@ class SpeculativeEngine:
 
 def _max_new_tokens(state: RowState, config: DecodeConfig) -> int:
     return config.max_new_tokens if state.max_new_tokens is None else state.max_new_tokens
+
+
+def _drain(scheduler: Scheduler, events: list[RowEvent]) -> Iterator[RowEvent]:
+    """Run the scheduler's rounds, yielding the events each one appended to `events`.
+
+    A consumer that stops early (closes the iterator) cancels the rows left, which frees their caches.
+    """
+    try:
+        while scheduler.step():
+            yield from events
+            events.clear()
+        yield from events
+    finally:
+        scheduler.stop()

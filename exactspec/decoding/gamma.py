@@ -25,15 +25,16 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from exactspec.foundations.costs import CostModel
+from exactspec.foundations.rows import RowLifecycle, RowStart
 
 
 @runtime_checkable
-class GammaPolicy(Protocol):
-    """Chooses each row's draft length before a round and learns from the round's result."""
+class GammaPolicy(RowLifecycle, Protocol):
+    """Chooses each row's draft length before a round and learns from the round's result.
 
-    def start(self, num_rows: int) -> None:
-        """Forget every row: a new generation of `num_rows` rows begins."""
-        ...
+    State is kept per row id: `add_rows` starts a row from the prior, `release_rows` forgets it
+    (`exactspec.foundations.rows`), so rows can join and leave a running batch (the server).
+    """
 
     def draft_length(self, row: int) -> int:
         """How many tokens row `row` should draft this round (0 = no speculation)."""
@@ -88,7 +89,7 @@ class AdaptiveGamma:
     target's (docs/algorithm.md 5).
 
     >>> policy = AdaptiveGamma(CostModel.linear(0.1, 0.05, max_gamma=4))
-    >>> policy.start(1)
+    >>> policy.add_rows([RowStart(0)])
     >>> policy.draft_length(0)  # prior rate 0.75 at every position
     4
     >>> for _ in range(5):
@@ -120,25 +121,33 @@ class AdaptiveGamma:
         self.probe_after = probe_after
         self.position_strength = position_strength
         self.memory = memory
-        self._reached: list[list[float]] = []  # per row, n_j for j = 1..K
-        self._kept: list[list[float]] = []  # per row, k_j for j = 1..K
-        self._rounds_at_zero: list[int] = []
+        self._rows: dict[int, _RowCounts] = {}
 
-    def start(self, num_rows: int) -> None:
-        depth = self.costs.max_gamma
-        self._reached = [[0.0] * depth for _ in range(num_rows)]
-        self._kept = [[0.0] * depth for _ in range(num_rows)]
-        self._rounds_at_zero = [0] * num_rows
+    def add_rows(self, rows: Sequence[RowStart]) -> None:
+        for start in rows:
+            self._rows[start.row] = _RowCounts(self.costs.max_gamma)
+
+    def release_rows(self, rows: Sequence[int]) -> None:
+        for row in rows:
+            self._rows.pop(row, None)
+
+    def _counts(self, row: int) -> _RowCounts:
+        counts = self._rows.get(row)
+        if counts is None:
+            raise ValueError(f"row {row} was not added to this gamma policy (add_rows before its round)")
+        return counts
 
     def acceptance_estimate(self, row: int) -> float:
         """r for `row`: the posterior mean of its pooled acceptance rate (every position together)."""
+        counts = self._counts(row)
         prior = self.prior_accepted + self.prior_rejected
-        return (sum(self._kept[row]) + self.prior_accepted) / (sum(self._reached[row]) + prior)
+        return (sum(counts.kept) + self.prior_accepted) / (sum(counts.reached) + prior)
 
     def position_rates(self, row: int) -> list[float]:
         """a_1..a_K for `row`: acceptance at each draft position given it was reached (see the class)."""
+        counts = self._counts(row)
         rates, previous = [], self.acceptance_estimate(row)
-        for reached, kept in zip(self._reached[row], self._kept[row], strict=True):
+        for reached, kept in zip(counts.reached, counts.kept, strict=True):
             previous = (kept + self.position_strength * previous) / (reached + self.position_strength)
             rates.append(previous)
         return rates
@@ -162,22 +171,32 @@ class AdaptiveGamma:
 
     def draft_length(self, row: int) -> int:
         gamma = self.best_gamma(self.position_rates(row))
-        if gamma == 0 and self._rounds_at_zero[row] >= self.probe_after:
+        if gamma == 0 and self._counts(row).rounds_at_zero >= self.probe_after:
             return 1
         return gamma
 
     def record(self, row: int, proposed: int, accepted: int) -> None:
         if not 0 <= accepted <= proposed:
             raise ValueError(f"row {row}: accepted {accepted} of {proposed} proposed tokens")
+        counts = self._counts(row)
         if proposed == 0:
-            self._rounds_at_zero[row] += 1
+            counts.rounds_at_zero += 1
             return
-        self._rounds_at_zero[row] = 0
-        reached, kept = self._reached[row], self._kept[row]
+        counts.rounds_at_zero = 0
+        reached, kept = counts.reached, counts.kept
         for j in range(len(reached)):
             tried = j < min(proposed, accepted + 1)
             reached[j] = self.memory * reached[j] + (1.0 if tried else 0.0)
             kept[j] = self.memory * kept[j] + (1.0 if j < accepted else 0.0)
+
+
+class _RowCounts:
+    """One row's evidence in `AdaptiveGamma`: n_j and k_j for j = 1..K, and its rounds at gamma 0 in a row."""
+
+    def __init__(self, depth: int) -> None:
+        self.reached = [0.0] * depth  # n_j
+        self.kept = [0.0] * depth  # k_j
+        self.rounds_at_zero = 0
 
 
 class LookupGamma:
@@ -200,7 +219,7 @@ class LookupGamma:
     the row's history and finished rounds only, so the output stays exactly the target's.
 
     >>> policy = LookupGamma(CostModel.linear(0.0, 0.3, max_gamma=4), max_ngram=2)
-    >>> policy.start(1)
+    >>> policy.add_rows([RowStart(0)])
     >>> policy.length_for(0, order=1)  # the prior's rate 0.75 at every position
     2
     >>> for _ in range(5):  # unigram matches rejected at once, five rounds running
@@ -219,9 +238,20 @@ class LookupGamma:
         self.by_order = AdaptiveGamma(self.costs, **adaptive)  # type: ignore[arg-type]
         self._last_order: dict[int, int] = {}  # row -> n of the match it proposed from this round
 
-    def start(self, num_rows: int) -> None:
-        self.by_order.start(num_rows * (self.max_ngram + 1))
-        self._last_order = {}
+    def add_rows(self, rows: Sequence[RowStart]) -> None:
+        self.by_order.add_rows(
+            [RowStart(self._key(start.row, order)) for start in rows for order in self._orders()]
+        )
+        for start in rows:
+            self._last_order.pop(start.row, None)
+
+    def release_rows(self, rows: Sequence[int]) -> None:
+        self.by_order.release_rows([self._key(row, order) for row in rows for order in self._orders()])
+        for row in rows:
+            self._last_order.pop(row, None)
+
+    def _orders(self) -> range:
+        return range(1, self.max_ngram + 1)
 
     def draft_length(self, row: int) -> int:
         return self.costs.max_gamma  # the cap; `length_for` decides once the match is known
@@ -241,6 +271,7 @@ class LookupGamma:
         self.by_order.record(self._key(row, order), proposed, accepted)
 
     def _key(self, row: int, order: int) -> int:
+        # One AdaptiveGamma row per (row, n); row ids are non-negative, so the keys never collide.
         return row * (self.max_ngram + 1) + order
 
 
@@ -274,7 +305,7 @@ class ConfidenceGamma:
     stays exactly the target's (docs/algorithm.md 5).
 
     >>> policy = ConfidenceGamma(CostModel.linear(0.1, 0.05, max_gamma=4))
-    >>> policy.start(1)
+    >>> policy.add_rows([RowStart(0)])
     >>> policy.draft_length(0)  # the cap, from AdaptiveGamma's prior
     4
     >>> policy.keep_drafting(0, 1, confidence=0.95), policy.keep_drafting(0, 2, confidence=0.15)
@@ -292,11 +323,17 @@ class ConfidenceGamma:
         self._kept = [0.0] * CONFIDENCE_BINS  # ... and accepted
         self._rounds: dict[int, list[float]] = {}  # row -> this round's confidences so far
 
-    def start(self, num_rows: int) -> None:
-        self.caps.start(num_rows)
-        self._reached = [0.0] * CONFIDENCE_BINS
-        self._kept = [0.0] * CONFIDENCE_BINS
-        self._rounds = {}
+    def add_rows(self, rows: Sequence[RowStart]) -> None:
+        """Rows join: their caps start from the prior; the confidence calibration (pooled over every
+        row this policy has seen, a property of the pair) is kept."""
+        self.caps.add_rows(rows)
+        for start in rows:
+            self._rounds.pop(start.row, None)
+
+    def release_rows(self, rows: Sequence[int]) -> None:
+        self.caps.release_rows(rows)
+        for row in rows:
+            self._rounds.pop(row, None)
 
     def draft_length(self, row: int) -> int:
         return self.caps.draft_length(row)

@@ -28,19 +28,19 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from typing import Protocol
 
-from exactspec.decoding.engine import DecodeConfig, FinishReason, RowState, SpeculativeEngine, StopCondition
+from exactspec.decoding.records import DecodeConfig, FinishReason, Request, RoundOutput, RowEvent, RowState
+from exactspec.decoding.records import StopCondition as StopCondition
 from exactspec.drafters.base import Drafter
 from exactspec.foundations.metrics import DecodeMetrics
+from exactspec.foundations.rows import RowStart
 from exactspec.foundations.sampler import Sampler, SeededSampler
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.base import LanguageModel
-from exactspec.verifiers.base import Verifier
-from exactspec.verifiers.token import verify
 
-EndReason = FinishReason | Literal["cancelled", "error"]
+EndReason = FinishReason
+"""Kept for callers that named the scheduler's finish reasons; the one type is `FinishReason`."""
 
 DEFAULT_MAX_BATCH = 8
 """Rows decoded together in one round by default (each row costs KV cache memory)."""
@@ -53,60 +53,65 @@ class QueueFull(Exception):
     """The waiting queue is full: the caller should retry later (HTTP 429)."""
 
 
-@dataclass(frozen=True)
-class Request:
-    """One row to decode: prompt token ids and the row's own settings.
+class RoundEngine(Protocol):
+    """What the scheduler drives: `exactspec.decoding.engine.SpeculativeEngine` (named here by what it
+    does, so that the engine's own `generate` can be a thin use of this scheduler)."""
 
-    Attributes:
-        prompt: token ids (at least one).
-        settings: the row's sampling settings (its own p and q).
-        max_new_tokens: the row's length limit.
-        gamma: the row's draft length (None: the scheduler's; 0: plain decoding for this row).
-        seed: seed of the row's random stream (None: a fresh random seed).
-        stop: the row's stop rule, called as stop(row id, generated tokens) like the engine's
-            `StopCondition` (e.g. `exactspec.api.text.StopStrings`).
-    """
+    target: LanguageModel
+    drafter: Drafter | None
+    metrics: DecodeMetrics
 
-    prompt: Sequence[int]
-    settings: SamplingSettings = field(default_factory=SamplingSettings)
-    max_new_tokens: int = 128
-    gamma: int | None = None
-    seed: int | None = None
-    stop: StopCondition | None = None
+    def new_row(
+        self,
+        prompt: Sequence[int],
+        *,
+        settings: SamplingSettings | None = None,
+        gamma: int | None = None,
+        max_new_tokens: int | None = None,
+        index: int = 0,
+    ) -> RowState: ...
 
+    def add_rows(self, rows: Sequence[RowStart]) -> None: ...
 
-@dataclass(frozen=True)
-class RowEvent:
-    """What one round did for one row: its new tokens, and why it ended once it has.
+    def release_rows(self, rows: Sequence[int]) -> None: ...
 
-    `proposed` and `accepted` count this round's draft tokens; `error` says what failed when
-    `finish_reason` is "error".
-    """
-
-    row: int
-    tokens: list[int]
-    finish_reason: EndReason | None = None
-    proposed: int = 0
-    accepted: int = 0
-    error: str | None = None
+    def round(
+        self,
+        states: dict[int, RowState],
+        active: list[int],
+        config: DecodeConfig,
+        sampler: Sampler,
+        stop: StopCondition | None = None,
+    ) -> RoundOutput: ...
 
 
 class RowHandle:
-    """The submitter's view of a request: its row id, its events, its counts; `cancel()` ends it."""
+    """The submitter's view of a request: its row id, state, events and counts; `cancel()` ends it."""
 
-    def __init__(self, row: int, request: Request, on_event: Callable[[RowEvent], None] | None) -> None:
+    def __init__(
+        self, row: int, request: Request, state: RowState, on_event: Callable[[RowEvent], None] | None
+    ) -> None:
         self.row = row
         self.request = request
+        self.state = state  # the row's prompt and generated tokens so far (updated by each round)
         self.events: queue.Queue[RowEvent] = queue.Queue()
         self._on_event = on_event or self.events.put
         self.cancelled = threading.Event()
         self.done = threading.Event()
-        self.finish_reason: EndReason | None = None
-        self.generated: list[int] = []
+        self.error: str | None = None
         self.rounds = 0
         self.proposed = 0
         self.accepted = 0
         self.submitted_at = time.perf_counter()
+
+    @property
+    def generated(self) -> list[int]:
+        """The tokens emitted so far (after any stop cut)."""
+        return self.state.generated
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        return self.state.finish_reason
 
     def cancel(self) -> None:
         """Ask the scheduler to drop this row; it leaves before the next round and frees its cache."""
@@ -117,22 +122,25 @@ class RowHandle:
         return self.accepted / self.proposed if self.proposed else float("nan")
 
     def _emit(self, event: RowEvent) -> None:
-        self.generated.extend(event.tokens)
         self.proposed += event.proposed
         self.accepted += event.accepted
         if event.finish_reason is not None:
-            self.finish_reason = event.finish_reason
+            self.state.finish_reason = event.finish_reason
+            self.error = event.error
             self.done.set()
         self._on_event(event)
 
 
 class Scheduler:
-    """Runs one engine over a changing batch of rows (continuous batching at round boundaries).
+    """The one batch driver: runs an engine's rounds over a changing batch of rows.
+
+    Continuous batching at round boundaries (the server), and the loop behind
+    `SpeculativeEngine.generate` / `stream` (every prompt admitted at once).
 
     >>> from exactspec.checking.toy import random_tabular_model
-    >>> from exactspec.drafters import ModelDrafter
+    >>> from exactspec.decoding.strategy import Strategy, build_engine
     >>> target, draft = random_tabular_model(5, seed=1), random_tabular_model(5, seed=2)
-    >>> scheduler = Scheduler(target, ModelDrafter(draft, 5), gamma=3)
+    >>> scheduler = Scheduler(build_engine(target, draft, Strategy(), gamma=3), gamma=3)
     >>> first = scheduler.submit(Request([1, 2], max_new_tokens=4, seed=0))
     >>> scheduler.step()                                    # round 1: row 0 alone
     True
@@ -144,47 +152,54 @@ class Scheduler:
 
     def __init__(
         self,
-        target: LanguageModel,
-        drafter: Drafter | None = None,
+        engine: RoundEngine,
         *,
-        gamma: int = 4,
+        gamma: int | None = None,
         max_batch: int = DEFAULT_MAX_BATCH,
         max_waiting: int = DEFAULT_MAX_WAITING,
         sampler: Sampler | None = None,
-        verifier: Verifier = verify,
-        validate: bool = True,
+        raise_round_errors: bool = False,
     ) -> None:
         """
         Args:
-            target, drafter: the engine's models (no drafter: plain decoding only).
-            gamma: default draft length of a row (a request may ask for another).
+            engine: what runs the rounds (`exactspec.decoding.strategy.build_engine` builds one).
+            gamma: default draft length of a row (a request may ask for another); default 4 with a
+                drafter, 0 without.
             max_batch: most rows in one round; more requests wait.
             max_waiting: most waiting requests; more are refused with `QueueFull`.
-            sampler: the random source; default a `SeededSampler` on the models' device with
-                one stream per row id. A sampler without `add_row` (the exact check's
-                enumerating sampler) is used as it is.
-            verifier: token (default) or block verification, as in `SpeculativeEngine`.
-            validate: the verifier checks its inputs every round, as in `SpeculativeEngine`
-                (the server turns it off: the engine builds those inputs itself).
+            sampler: the random source, told of rows joining and leaving; default a `SeededSampler`
+                on the engine's device from a random base seed, so that a request without a seed
+                gets a fresh stream.
+            raise_round_errors: a round that raises ends its rows with an "error" event and, if
+                True, the exception then propagates out of `step` (a direct caller such as
+                `SpeculativeEngine.generate`); if False (a server) the scheduler goes on.
         """
         if max_batch < 1 or max_waiting < 0:
             raise ValueError(f"max_batch must be >= 1 and max_waiting >= 0, got {max_batch}, {max_waiting}")
-        self.engine = SpeculativeEngine(target, drafter, verifier=verifier, validate=validate)
-        self.config = DecodeConfig(gamma=gamma if drafter is not None else 0, max_new_tokens=1)
+        if gamma is None:
+            gamma = 4 if engine.drafter is not None else 0
+        self.engine = engine
+        self.config = DecodeConfig(gamma=gamma if engine.drafter is not None else 0, max_new_tokens=1)
         self.max_batch = max_batch
         self.max_waiting = max_waiting
         self.sampler: Sampler = (
-            sampler if sampler is not None else SeededSampler(seeds=[], device=self.engine.device)
+            sampler
+            if sampler is not None
+            else SeededSampler(random.SystemRandom().randrange(1 << 32), device=engine.target.device)
         )
-        self.metrics = DecodeMetrics()  # the engine's counts, accumulated over every round so far
+        self.raise_round_errors = raise_round_errors
         self._lock = threading.Condition()
         self._waiting: collections.deque[RowHandle] = collections.deque()
         self._active: dict[int, RowHandle] = {}
         self._states: dict[int, RowState] = {}
         self._next_row = 0
-        self._seeds = random.SystemRandom()
         self._thread: threading.Thread | None = None
         self._stopping = False
+
+    @property
+    def metrics(self) -> DecodeMetrics:
+        """The engine's counts and times, over every round so far."""
+        return self.engine.metrics
 
     # ------------------------------------------------------------------ submitting
 
@@ -195,18 +210,22 @@ class Scheduler:
         `QueueFull` when `max_waiting` requests are already waiting.
         """
         gamma = self.config.gamma if request.gamma is None else request.gamma
-        state = self.engine.new_row(
-            request.prompt, settings=request.settings, gamma=gamma, max_new_tokens=request.max_new_tokens
-        )
         with self._lock:
+            row = self._next_row
+            state = self.engine.new_row(
+                request.prompt,
+                settings=request.settings,
+                gamma=gamma,
+                max_new_tokens=request.max_new_tokens,
+                index=row,
+            )
             free_rows = max(0, self.max_batch - len(self._active))  # they take a request at the next round
             if len(self._waiting) >= self.max_waiting + free_rows:
                 raise QueueFull(
                     f"{len(self._waiting)} requests are already waiting for one of {self.max_batch} rows"
                 )
-            row = self._next_row
             self._next_row += 1
-            handle = RowHandle(row, request, on_event)
+            handle = RowHandle(row, request, state, on_event)
             self._states[row] = state
             self._waiting.append(handle)
             self._lock.notify_all()
@@ -228,8 +247,10 @@ class Scheduler:
         """Admit what fits, run one round, dispatch its events. False when nothing is left to run."""
         with self._lock:
             self._drop_cancelled()
-            while self._waiting and len(self._active) < self.max_batch:
-                self._admit(self._waiting.popleft())
+            joining: list[RowHandle] = []
+            while self._waiting and len(self._active) + len(joining) < self.max_batch:
+                joining.append(self._waiting.popleft())
+            self._admit(joining)
             active = list(self._active)  # join order: row ids grow
         if not active:
             return False
@@ -239,13 +260,9 @@ class Scheduler:
             with self._lock:
                 for row in active:
                     self._retire(row, RowEvent(row, [], "error", error=f"{type(error).__name__}: {error}"))
-            clear = getattr(self.engine.target, "clear_cache", None)
-            if clear is not None:
-                clear()
+            if self.raise_round_errors:
+                raise
             return True
-        finally:
-            # Keep the server's memory flat: fold the engine's per-round lists into totals.
-            self._fold_metrics()
         with self._lock:
             for row in active:
                 handle = self._active[row]
@@ -300,12 +317,15 @@ class Scheduler:
 
     # ------------------------------------------------------------------ bookkeeping (lock held)
 
-    def _admit(self, handle: RowHandle) -> None:
-        add_row = getattr(self.sampler, "add_row", None)
-        if add_row is not None:
-            seed = handle.request.seed
-            add_row(handle.row, self._seeds.randrange(1 << 32) if seed is None else seed)
-        self._active[handle.row] = handle
+    def _admit(self, handles: list[RowHandle]) -> None:
+        """Rows join: the sampler starts their streams, the engine's roles set up their state."""
+        if not handles:
+            return
+        starts = [RowStart(handle.row, handle.request.seed) for handle in handles]
+        self.sampler.add_rows(starts)
+        self.engine.add_rows(starts)
+        for handle in handles:
+            self._active[handle.row] = handle
 
     def _drop_cancelled(self) -> None:
         for handle in [h for h in self._waiting if h.cancelled.is_set()]:
@@ -316,12 +336,10 @@ class Scheduler:
             self._retire(row, RowEvent(row, [], "cancelled"))
 
     def _retire(self, row: int, event: RowEvent) -> None:
-        """Take a row out of the batch, free its caches and stream, and send its last event."""
+        """Take a row out of the batch, free its caches, stream and statistics, and send its last event."""
         # Free first, then leave `_active`: whoever sees the row gone (running == 0) sees its cache gone.
-        self.engine.release([row])
-        remove_row = getattr(self.sampler, "remove_row", None)
-        if remove_row is not None:
-            remove_row(row)
+        self.engine.release_rows([row])
+        self.sampler.release_rows([row])
         handle = self._active.pop(row)
         self._states.pop(row, None)
         handle._emit(event)
@@ -331,8 +349,3 @@ class Scheduler:
         if handle is None or handle.request.stop is None:
             return None
         return handle.request.stop(row, generated)
-
-    def _fold_metrics(self) -> None:
-        done, self.engine.metrics = self.engine.metrics, DecodeMetrics()
-        self.metrics.merge(done)
-        self.metrics.rows_per_round = [sum(self.metrics.rows_per_round)]

@@ -1,7 +1,8 @@
-"""Which drafter, verifier and gamma policy a generation runs with: the one place that builds them.
+"""Which drafter, verifier and gamma policy a generation runs with: the `Strategy` record and its names.
 
-`generate`, `bench` and the Python API (and later `serve`) all turn the same three choices into the
-engine's parts here, so every entry point means the same thing by `--drafter ngram`:
+Every entry point (the Python API, `generate`, `serve`, `bench`, `audit`, `batch`) and the `verify`
+grid turn the same three choices into an engine in one place, `exactspec.decoding.builder`, so
+they all mean the same thing by `--drafter ngram`:
 
 - drafter: "model" (the draft model, `ModelDrafter`), "ngram" (prompt lookup over the row's own
   prompt and output, `NgramDrafter`: free drafts, no draft model needed) or "hybrid" (lookup where
@@ -17,11 +18,6 @@ engine's parts here, so every entry point means the same thing by `--drafter ngr
   lookup the statistics and the choice are kept per row and per match length n (`decoding.gamma.LookupGamma`,
   with c = 0): a unigram match and a 4-gram match are not equally likely to be copied on.
 
->>> from exactspec.checking.toy import random_tabular_model
->>> target = random_tabular_model(5, seed=1)
->>> parts = build_components(target, None, Strategy(drafter="ngram", verifier="block"), gamma=4)
->>> type(parts.drafter).__name__, parts.verifier.__name__, parts.gamma_policy
-('NgramDrafter', 'verify_block', None)
 >>> Strategy(drafter="hybrid", adaptive_gamma=True).name
 'hybrid-adaptive'
 >>> Strategy.from_name("speculative-block")
@@ -33,17 +29,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Literal
 
-from exactspec.decoding.engine import SpeculativeEngine
-from exactspec.decoding.gamma import ConfidenceGamma, GammaPolicy, LookupGamma
-from exactspec.drafters.base import Drafter
-from exactspec.drafters.hybrid import HybridDrafter
-from exactspec.drafters.model import ModelDrafter
-from exactspec.drafters.ngram import DEFAULT_MAX_NGRAM, NgramDrafter
 from exactspec.foundations.costs import CostModel
-from exactspec.models.base import LanguageModel
-from exactspec.models.costs import measure_cost_model
 from exactspec.verifiers.base import Verifier
 from exactspec.verifiers.block import verify_block
 from exactspec.verifiers.token import verify
@@ -121,89 +109,3 @@ def all_strategies() -> list[Strategy]:
 def default_gamma(weights: str) -> int:
     """The draft length used when none is given, for a target with these weights (`ModelPair.weights`)."""
     return INT4_DEFAULT_GAMMA if str(weights).startswith("int4") else DENSE_DEFAULT_GAMMA
-
-
-class Components(NamedTuple):
-    """What `SpeculativeEngine(target, drafter, verifier, gamma_policy)` takes."""
-
-    drafter: Drafter | None
-    verifier: Verifier
-    gamma_policy: GammaPolicy | None
-
-
-def build_components(
-    target: LanguageModel,
-    draft: LanguageModel | None,
-    strategy: Strategy,
-    gamma: int,
-    costs: CostSource | None = None,
-) -> Components:
-    """The drafter, verifier and gamma policy for `strategy` at (maximum) draft length `gamma`.
-
-    gamma = 0 is plain decoding: no drafter and no policy, whatever the strategy. Adaptive gamma
-    needs c and v(1..gamma + 1): from `costs` if given (a `CostModel` or a function of max_gamma,
-    such as `ModelPair.cost_model`), else measured here with `measure_cost_model` (a few seconds
-    on a real pair; not cached). Prompt lookup's c is 0 whatever was measured for the draft model.
-
-    Raises ValueError when the strategy needs a draft model and `draft` is None.
-    """
-    verifier = VERIFIERS[strategy.verifier]
-    if gamma == 0:
-        return Components(None, verifier, None)
-    if strategy.needs_draft_model and draft is None:
-        raise ValueError(
-            f"drafter {strategy.drafter!r} needs a draft model; load one, use drafter 'ngram' "
-            "(prompt lookup) or gamma 0"
-        )
-    if strategy.drafter == "ngram":
-        if not strategy.adaptive_gamma:
-            return Components(NgramDrafter(target.eos_token_ids), verifier, None)
-        # The lookup's length is chosen per match length, once the round's match is found.
-        lengths = LookupGamma(_cost_model(target, draft, strategy, gamma, costs), DEFAULT_MAX_NGRAM)
-        return Components(NgramDrafter(target.eos_token_ids, lengths=lengths), verifier, lengths)
-    assert draft is not None
-    policy = None
-    if strategy.adaptive_gamma:
-        # The cap per row from AdaptiveGamma, and within it the draft stops where it grows unsure.
-        policy = ConfidenceGamma(_cost_model(target, draft, strategy, gamma, costs))
-    model_drafter = ModelDrafter(draft, target.vocab_size, stop=policy)
-    drafter: Drafter = (
-        model_drafter
-        if strategy.drafter == "model"
-        else HybridDrafter(NgramDrafter(target.eos_token_ids), model_drafter, target.vocab_size)
-    )
-    return Components(drafter, verifier, policy)
-
-
-def build_engine(
-    target: LanguageModel,
-    draft: LanguageModel | None,
-    strategy: Strategy,
-    gamma: int,
-    costs: CostSource | None = None,
-    *,
-    validate: bool = True,
-) -> SpeculativeEngine:
-    """A `SpeculativeEngine` over `build_components` (same arguments); `validate` as the engine's
-    (generate and bench pass False: the per-round input checks of the verifier change no token)."""
-    return SpeculativeEngine(
-        target, *build_components(target, draft, strategy, gamma, costs), validate=validate
-    )
-
-
-def _cost_model(
-    target: LanguageModel,
-    draft: LanguageModel | None,
-    strategy: Strategy,
-    gamma: int,
-    costs: CostSource | None,
-) -> CostModel:
-    if costs is None:
-        model = measure_cost_model(target, draft if strategy.needs_draft_model else None, gamma)
-    elif isinstance(costs, CostModel):
-        model = costs.up_to(gamma)
-    else:
-        model = costs(gamma)
-    # Hybrid rows that find a lookup draft pay no model step; c of the draft model is the
-    # conservative choice for the rows that do not.
-    return model.without_draft_model() if strategy.drafter == "ngram" else model

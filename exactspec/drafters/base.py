@@ -25,9 +25,6 @@ class Proposal:
             past lengths[b] are unused. None only for a deterministic proposal.
         lengths: [B] long, how many tokens row b proposes (a draft that
             proposes EOS stops there: nothing after EOS can be output).
-        forward_seconds: wall time the drafter spent in model forward passes
-            (0 for drafters without a model), so the engine can tell model
-            time from orchestration overhead.
         deterministic: q is one-hot on `tokens` (prompt lookup, n-gram drafts;
             docs/algorithm.md 5). Such a proposal may carry q = None: the verifiers then
             use q_i(X_i) = 1 without a dense [B, gamma, V] tensor.
@@ -36,7 +33,6 @@ class Proposal:
     tokens: torch.Tensor
     q: torch.Tensor | None
     lengths: torch.Tensor
-    forward_seconds: float = 0.0
     deterministic: bool = False
 
     def __post_init__(self) -> None:

@@ -85,4 +85,4 @@ class HybridDrafter:
         else:  # a deterministic model drafter: its rows are one-hot on its own tokens too
             q[index] = torch.nn.functional.one_hot(tokens[index], self.vocab_size).to(dtype)
         lengths[index] = drafted.lengths
-        return Proposal(tokens=tokens, q=q, lengths=lengths, forward_seconds=drafted.forward_seconds)
+        return Proposal(tokens=tokens, q=q, lengths=lengths)

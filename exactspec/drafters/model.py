@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
@@ -68,21 +67,18 @@ class ModelDrafter:
         batch_size = len(histories)
         gamma = max(max_tokens, default=0)
         per_row = [settings] * batch_size if isinstance(settings, SamplingSettings) else list(settings)
-        device = getattr(self.model, "device", torch.device("cpu"))
+        device = self.model.device
         tokens = torch.zeros(batch_size, gamma, dtype=torch.long, device=device)  # [B, gamma]
         q: torch.Tensor | None = None  # [B, gamma, V], allocated once the dtype is known
         lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
         drafted: list[list[int]] = [[] for _ in range(batch_size)]
         eos = self.model.eos_token_ids
         live = [b for b in range(batch_size) if max_tokens[b] > 0]
-        forward_seconds = 0.0
         for step in range(gamma):
             if not live:
                 break
             contexts = [[*histories[b], *drafted[b]] for b in live]
-            clock = time.perf_counter()
             logits = self.model.logits(contexts, 1, rows=[rows[b] for b in live])[:, 0]  # [A, V_draft]
-            forward_seconds += time.perf_counter() - clock
             confidences = None
             if self.stop is not None:  # the draft's own top probability, exp(max - logsumexp): [A]
                 top = logits.max(dim=-1).values - torch.logsumexp(logits, dim=-1)
@@ -110,7 +106,7 @@ class ModelDrafter:
             live = still_live
         if q is None:
             q = torch.zeros(batch_size, gamma, self.target_vocab_size, device=device)
-        return Proposal(tokens=tokens, q=q, lengths=lengths, forward_seconds=forward_seconds)
+        return Proposal(tokens=tokens, q=q, lengths=lengths)
 
     def add_rows(self, rows: Sequence[RowStart]) -> None:
         """Rows joining: the draft model sets up their state (the stop policy is the engine's to tell)."""

@@ -1,8 +1,54 @@
-"""Counters and timers that the engine keeps for every generation (cheap, always on)."""
+"""Counters and timers that the engine keeps for every generation (cheap, always on).
+
+Timing lives here, not in the data the roles exchange: `Stopwatch` times a section of work (a
+model forward), synchronising a CUDA device before each reading so that the clock measures the
+work and not only its launch; `exactspec.models.timed.TimedModel` puts one around a model.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
+
+import torch
+
+
+class Stopwatch:
+    """Adds up the wall time of the sections it times.
+
+    >>> watch = Stopwatch()
+    >>> with watch.timing():
+    ...     pass
+    >>> watch.take() >= 0.0, watch.seconds
+    (True, 0.0)
+    """
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        """device: the device the timed work runs on; CUDA work is synchronised before each reading
+        (kernels run asynchronously), CPU work needs nothing."""
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.seconds = 0.0
+
+    def now(self) -> float:
+        """A clock reading taken after the device's queued work has finished."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    @contextlib.contextmanager
+    def timing(self) -> Iterator[None]:
+        started = self.now()
+        try:
+            yield
+        finally:
+            self.seconds += self.now() - started
+
+    def take(self) -> float:
+        """The seconds added up since the last `take`, and start again from 0."""
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
 
 
 @dataclass
@@ -22,7 +68,7 @@ class DecodeMetrics:
     emitted_tokens: int = 0
     proposed_tokens: int = 0
     accepted_tokens: int = 0
-    rows_per_round: list[int] = field(default_factory=list)
+    row_rounds: int = 0  # rows summed over rounds: a round of 3 rows counts 3
     proposed_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
     target_calls: int = 0
@@ -55,8 +101,7 @@ class DecodeMetrics:
     @property
     def tokens_per_round(self) -> float:
         """Mean tokens a row emits per round (per row-round, so batches compare with batch 1)."""
-        row_rounds = sum(self.rows_per_round) if self.rows_per_round else 0
-        return self.emitted_tokens / row_rounds if row_rounds else float("nan")
+        return self.emitted_tokens / self.row_rounds if self.row_rounds else float("nan")
 
     @property
     def tokens_per_second(self) -> float:
@@ -91,7 +136,6 @@ class DecodeMetrics:
             value = getattr(self, item.name)
             if isinstance(value, int | float):
                 setattr(self, item.name, value + getattr(other, item.name))
-        self.rows_per_round.extend(other.rows_per_round)
         for i, (n, a) in enumerate(zip(other.proposed_by_position, other.accepted_by_position, strict=True)):
             if i >= len(self.proposed_by_position):
                 self.proposed_by_position.append(0)

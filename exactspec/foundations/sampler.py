@@ -13,10 +13,16 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from exactspec.foundations.rows import RowLifecycle, RowStart
+
 
 @runtime_checkable
-class Sampler(Protocol):
-    """Batched random choices, one independent stream per batch row."""
+class Sampler(RowLifecycle, Protocol):
+    """Batched random choices, one independent stream per batch row.
+
+    Row lifecycle (`exactspec.foundations.rows`): `add_rows` starts each row's stream from its
+    seed, `release_rows` drops it.
+    """
 
     def categorical(self, probs: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
         """Draw one index per row: probs [N, V] (rows sum to 1) -> [N] long.
@@ -33,11 +39,12 @@ class Sampler(Protocol):
 class SeededSampler:
     """A `Sampler` on `torch.Generator`s: one stream per batch row.
 
-    Row r's stream is seeded with `seeds[r]` (default `base_seed + r`), so a
+    Row r's stream is seeded with `seeds[r]` (default `seed + r`), so a
     row's draws depend only on its own seed: adding rows to a batch never
-    changes the rows already in it. Rows can also join and leave by id
-    (`add_row`, `remove_row`), which is how the scheduler gives each request
-    its own stream (docs/algorithm.md 6).
+    changes the rows already in it. Rows join and leave by id through the row
+    lifecycle (`add_rows`, `release_rows`): a joining row's stream starts from
+    the seed its `RowStart` names, or from its default seed above, which is how
+    the scheduler gives each request its own stream (docs/algorithm.md 6).
 
     The generators and the uniforms they draw live on `device` (the models'
     device); a CUDA generator gives a different, equally valid stream than a
@@ -57,33 +64,48 @@ class SeededSampler:
         device: torch.device | str | None = None,
     ) -> None:
         self.device = torch.device(device) if device is not None else torch.device("cpu")
-        if seeds is None:
-            if isinstance(seed, bool) or not isinstance(seed, int):
-                raise ValueError(f"seed must be an integer, got {seed!r}")
-            if num_rows < 1:
-                raise ValueError(f"num_rows must be >= 1, got {num_rows}")
-            seeds = [seed + row for row in range(num_rows)]
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed must be an integer, got {seed!r}")
+        if seeds is None and num_rows < 1:
+            raise ValueError(f"num_rows must be >= 1, got {num_rows}")
+        self._base_seed = seed
+        # Explicit seeds name the only rows this sampler may give a default stream to.
+        self._seeds = None if seeds is None else list(seeds)
         self._generators: dict[int, torch.Generator] = {}
-        for row, row_seed in enumerate(seeds):
-            self.add_row(row, row_seed)
+        initial = range(num_rows) if seeds is None else range(len(seeds))
+        self.add_rows([RowStart(row) for row in initial])
 
     @property
     def num_rows(self) -> int:
         return len(self._generators)
 
-    def add_row(self, row: int, seed: int) -> None:
-        """Give row id `row` a fresh stream seeded with `seed` (replacing any stream it had)."""
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"seeds must be integers, got {seed!r}")
-        generator = torch.Generator(device=self.device)
-        # torch's CPU generator (mt19937) keeps only the low 32 bits of a seed, so seeds that
-        # differ by a multiple of 2**32 share a stream; folding here makes that explicit.
-        generator.manual_seed(seed % (1 << 32))
-        self._generators[row] = generator
+    def add_rows(self, rows: Sequence[RowStart]) -> None:
+        """Give each row id a fresh stream (replacing any it had), seeded with its `RowStart.seed`, or
+        with its default seed when that is None (`seeds[row]`, or `seed + row`)."""
+        for start in rows:
+            seed = self._default_seed(start.row) if start.seed is None else start.seed
+            if isinstance(seed, bool) or not isinstance(seed, int):
+                raise ValueError(f"seeds must be integers, got {seed!r}")
+            generator = torch.Generator(device=self.device)
+            # torch's CPU generator (mt19937) keeps only the low 32 bits of a seed, so seeds that
+            # differ by a multiple of 2**32 share a stream; folding here makes that explicit.
+            generator.manual_seed(seed % (1 << 32))
+            self._generators[start.row] = generator
 
-    def remove_row(self, row: int) -> None:
-        """Forget row id `row`'s stream (a row that left the batch); unknown ids are ignored."""
-        self._generators.pop(row, None)
+    def release_rows(self, rows: Sequence[int]) -> None:
+        """Forget these rows' streams (rows that left the batch); unknown ids are ignored."""
+        for row in rows:
+            self._generators.pop(row, None)
+
+    def _default_seed(self, row: int) -> int:
+        if self._seeds is None:
+            return self._base_seed + row
+        if not 0 <= row < len(self._seeds):
+            raise ValueError(
+                f"row {row} has no seed: this sampler was given seeds for rows 0..{len(self._seeds) - 1}; "
+                "pass the row's seed in its RowStart"
+            )
+        return self._seeds[row]
 
     def _generator(self, row: int) -> torch.Generator:
         generator = self._generators.get(row)

@@ -16,7 +16,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from exactspec.foundations.rows import RowLifecycle, Stateless
+from exactspec.foundations.rows import RowLifecycle, RowStart, Stateless
 
 
 @runtime_checkable
@@ -90,3 +90,40 @@ class StatelessModel(Stateless):
 
     def clear_cache(self) -> None:
         """Nothing cached."""
+
+
+class ModelWrapper:
+    """A `LanguageModel` that passes every call on to `model`: subclasses change only what they need
+    (timing, hiding EOS ids, checking each call), and the row lifecycle reaches the wrapped model."""
+
+    def __init__(self, model: LanguageModel) -> None:
+        self.model = model
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.vocab_size
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self.model.eos_token_ids
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def logits(
+        self,
+        histories: Sequence[Sequence[int]],
+        num_positions: int = 1,
+        rows: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        return self.model.logits(histories, num_positions, rows)
+
+    def add_rows(self, rows: Sequence[RowStart]) -> None:
+        self.model.add_rows(rows)
+
+    def release_rows(self, rows: Sequence[int]) -> None:
+        self.model.release_rows(rows)
+
+    def clear_cache(self) -> None:
+        self.model.clear_cache()

@@ -38,19 +38,17 @@ from prometheus_client import (
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from exactspec.api.text import StopStrings, TextStream
-from exactspec.decoding.engine import MAX_GAMMA
+from exactspec.decoding.builder import build_scheduler
+from exactspec.decoding.records import MAX_GAMMA, RowEvent
+from exactspec.decoding.records import Request as RowRequest
 from exactspec.decoding.scheduler import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_WAITING,
     QueueFull,
-    RowEvent,
     RowHandle,
     Scheduler,
 )
-from exactspec.decoding.scheduler import (
-    Request as RowRequest,
-)
-from exactspec.decoding.strategy import Strategy, build_components
+from exactspec.decoding.strategy import Strategy
 from exactspec.models.pair import ModelPair
 from exactspec.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 
@@ -164,8 +162,7 @@ class Service:
         strategy: Strategy | None = None,
     ) -> None:
         """`strategy`: the drafter and verifier (default: the draft model, token verification). Prompt
-        lookup ("ngram") needs no draft model; adaptive gamma is not served yet (its per-row statistics
-        are kept by batch index, and a server's batch changes every round)."""
+        lookup ("ngram") needs no draft model; adaptive gamma is not served yet."""
         strategy = strategy or Strategy()
         if strategy.adaptive_gamma:
             raise ValueError("adaptive gamma is not available in the server yet; give a fixed gamma")
@@ -177,18 +174,15 @@ class Service:
         can_draft = pair.draft is not None or not strategy.needs_draft_model
         self.strategy = strategy
         self.gamma = gamma if can_draft else 0
-        # Components for the largest gamma a request may ask for: the drafter and verifier do not
-        # depend on gamma, and a request's own gamma caps each round.
-        drafter, verifier, _ = build_components(
-            pair.target, pair.draft, strategy, MAX_GAMMA if can_draft else 0
-        )
-        self.scheduler = Scheduler(
+        # Parts for the largest gamma a request may ask for: a request's own gamma caps each round.
+        self.scheduler: Scheduler = build_scheduler(
             pair.target,
-            drafter,
-            gamma=self.gamma,
+            pair.draft,
+            strategy,
+            self.gamma,
+            max_gamma=MAX_GAMMA if can_draft else 0,
             max_batch=max_batch,
             max_waiting=max_waiting,
-            verifier=verifier,
             validate=False,  # as `generate` runs: no per-round input checks in production rounds
         )
         self.metrics = ServerMetrics(self.scheduler)

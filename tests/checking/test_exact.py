@@ -24,8 +24,9 @@ from exactspec.checking.exact import (
     total_variation,
 )
 from exactspec.checking.toy import TabularModel, random_tabular_model
-from exactspec.decoding.engine import DecodeConfig
+from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine
 from exactspec.drafters import ModelDrafter, Proposal
+from exactspec.foundations.rows import Stateless
 from exactspec.foundations.sampler import Sampler
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.foundations.transforms import probabilities
@@ -172,7 +173,9 @@ CASES = [
 
 def _check(case: Case):
     target, drafter = case.build()
-    return check_speculative(target, drafter, [list(p) for p in case.prompts], case.config())
+    return check_speculative(
+        lambda: SpeculativeEngine(target, drafter), [list(p) for p in case.prompts], case.config()
+    )
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
@@ -211,7 +214,7 @@ def test_wrong_residual_is_detected(case: Case, monkeypatch: pytest.MonkeyPatch)
     assert result.total_variation > 1e-3
 
 
-class ArgmaxDrafter:
+class ArgmaxDrafter(Stateless):
     """Proposes the argmax of q but reports q itself: the mistake docs/algorithm.md 2.7 forbids."""
 
     def __init__(self, model: TabularModel) -> None:
@@ -247,7 +250,9 @@ class ArgmaxDrafter:
 def test_argmax_drafter_reporting_softmax_q_is_detected(gamma: int) -> None:
     target = random_tabular_model(4, seed=1)
     drafter = ArgmaxDrafter(random_tabular_model(4, seed=2))
-    result = check_speculative(target, drafter, [[1]], DecodeConfig(gamma=gamma, max_new_tokens=3))
+    result = check_speculative(
+        lambda: SpeculativeEngine(target, drafter), [[1]], DecodeConfig(gamma=gamma, max_new_tokens=3)
+    )
     assert result.total_variation > 1e-3
 
 
@@ -256,7 +261,10 @@ def test_argmax_drafter_is_fine_when_q_really_is_one_hot() -> None:
     target = random_tabular_model(4, seed=1)
     drafter = ArgmaxDrafter(random_tabular_model(4, seed=2))
     config = DecodeConfig(gamma=2, max_new_tokens=3, settings=SamplingSettings(temperature=0))
-    assert check_speculative(target, drafter, [[1]], config).total_variation <= EXACT_TOLERANCE
+    assert (
+        check_speculative(lambda: SpeculativeEngine(target, drafter), [[1]], config).total_variation
+        <= EXACT_TOLERANCE
+    )
 
 
 # ---------------------------------------------------------------- the enumeration machinery
@@ -354,7 +362,11 @@ def test_target_distribution_of_a_hand_model() -> None:
 def test_check_speculative_on_a_hand_model() -> None:
     target = TabularModel(lambda history: [0.25, 0.75], vocab_size=2, eos_token_ids={0})
     draft = TabularModel(lambda history: [0.5, 0.5], vocab_size=2, eos_token_ids={0})
-    result = check_speculative(target, ModelDrafter(draft, 2), [[1]], DecodeConfig(gamma=2, max_new_tokens=2))
+    result = check_speculative(
+        lambda: SpeculativeEngine(target, ModelDrafter(draft, 2)),
+        [[1]],
+        DecodeConfig(gamma=2, max_new_tokens=2),
+    )
     assert result.target == pytest.approx({((0,),): 0.25, ((1, 0),): 0.1875, ((1, 1),): 0.5625}, abs=1e-15)
     assert result.speculative == pytest.approx(result.target, abs=1e-15)
     assert result.total_variation <= EXACT_TOLERANCE

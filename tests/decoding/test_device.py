@@ -83,7 +83,7 @@ def test_greedy_speculative_equals_plain_on_the_device(device: str) -> None:
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_gpu)])
 def test_scheduler_with_mixed_settings_runs_on_the_device(device: str) -> None:
     target, draft = _pair(device)
-    scheduler = Scheduler(target, ModelDrafter(draft, 64), gamma=3)
+    scheduler = Scheduler(SpeculativeEngine(target, ModelDrafter(draft, 64)), gamma=3)
     assert scheduler.sampler.device.type == device
     handles = [
         scheduler.submit(

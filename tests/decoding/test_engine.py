@@ -5,14 +5,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
+from conftest import tiny_causal_lm
 
 from exactspec.checking.toy import TabularModel, random_tabular_model
 from exactspec.decoding.engine import MAX_GAMMA, DecodeConfig, RowState, SpeculativeEngine
 from exactspec.drafters import ModelDrafter, Proposal
+from exactspec.foundations.rows import RowStart
 from exactspec.foundations.sampler import Sampler, SeededSampler
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.foundations.transforms import probabilities
 from exactspec.models.base import LanguageModel
+from exactspec.models.hf import HFLanguageModel
 from exactspec.verifiers.block import verify_block
 from exactspec.verifiers.token import verify
 
@@ -58,6 +61,12 @@ class SpyDrafter:
         self.calls.append(([list(h) for h in histories], list(max_tokens), list(rows)))
         return self.inner.propose(histories, max_tokens, settings, sampler, rows)
 
+    def add_rows(self, rows: Sequence[RowStart]) -> None:
+        self.inner.add_rows(rows)
+
+    def release_rows(self, rows: Sequence[int]) -> None:
+        self.inner.release_rows(rows)
+
 
 # ---------------------------------------------------------------- reproducibility and batching
 
@@ -102,14 +111,16 @@ def test_max_new_tokens_is_respected_and_no_round_drafts_past_it(max_new_tokens:
     drafter = SpyDrafter(ModelDrafter(random_tabular_model(VOCAB, seed=4, eos_token_id=None), VOCAB))
     engine = SpeculativeEngine(target, drafter)
     config = DecodeConfig(gamma=gamma, max_new_tokens=max_new_tokens)
-    states = engine.start(PROMPTS, config)
-    for output in engine.rounds(states, config, SeededSampler(seed=1, num_rows=len(PROMPTS))):
-        for row, tokens in output.new_tokens.items():
-            assert 1 <= len(tokens) <= gamma + 1
-            assert len(states[row].generated) <= max_new_tokens
-    for state in states:
-        assert len(state.generated) == max_new_tokens
-        assert state.finish_reason == "length"
+    generated: dict[int, list[int]] = {row: [] for row in range(len(PROMPTS))}
+    reasons = {}
+    for event in engine.stream(PROMPTS, config, SeededSampler(seed=1, num_rows=len(PROMPTS))):
+        assert 1 <= len(event.tokens) <= gamma + 1
+        generated[event.row].extend(event.tokens)
+        assert len(generated[event.row]) <= max_new_tokens
+        if event.finish_reason is not None:
+            reasons[event.row] = event.finish_reason
+    assert all(len(tokens) == max_new_tokens for tokens in generated.values())
+    assert reasons == dict.fromkeys(range(len(PROMPTS)), "length")
     for histories, max_tokens, rows in drafter.calls:
         for history, asked, row in zip(histories, max_tokens, rows, strict=True):
             generated = len(history) - len(PROMPTS[row])
@@ -151,10 +162,12 @@ def test_stop_condition_cuts_the_row_and_finishes_it_with_stop() -> None:
     reasons = set()
     cut_inside_a_round = False
     for seed in range(15):
-        states = engine.start(PROMPTS, config)
-        for output in engine.rounds(states, config, SeededSampler(seed=seed, num_rows=4), stop):
-            for row, reason in output.finished.items():
-                assert states[row].finish_reason == reason
+        finished = {}
+        for event in engine.stream(PROMPTS, config, SeededSampler(seed=seed, num_rows=4), stop):
+            if event.finish_reason is not None:
+                finished[event.row] = event.finish_reason
+        states = engine.generate(PROMPTS, config, SeededSampler(seed=seed, num_rows=4), stop)
+        assert finished == {row: state.finish_reason for row, state in enumerate(states)}
         for state in states:
             reasons.add(state.finish_reason)
             assert 3 not in state.generated[:-1]
@@ -183,19 +196,29 @@ def test_stop_condition_on_length_cuts_a_round_short() -> None:
     assert any(state.finish_reason == "stop" for state in states)
 
 
-def test_rounds_report_new_tokens_and_finished_rows() -> None:
+def test_stream_reports_new_tokens_and_finished_rows_as_generate_returns_them() -> None:
     engine = _engine()
     config = DecodeConfig(gamma=3, max_new_tokens=9)
-    states = engine.start(PROMPTS, config)
     collected: dict[int, list[int]] = {row: [] for row in range(len(PROMPTS))}
     finished = {}
-    for output in engine.rounds(states, config, SeededSampler(seed=8, num_rows=4)):
-        for row, tokens in output.new_tokens.items():
-            assert row not in finished
-            collected[row].extend(tokens)
-        finished.update(output.finished)
+    for event in engine.stream(PROMPTS, config, SeededSampler(seed=8, num_rows=4)):
+        assert event.row not in finished
+        collected[event.row].extend(event.tokens)
+        if event.finish_reason is not None:
+            finished[event.row] = event.finish_reason
+    states = engine.generate(PROMPTS, config, SeededSampler(seed=8, num_rows=4))
     assert collected == {row: state.generated for row, state in enumerate(states)}
     assert finished == {row: state.finish_reason for row, state in enumerate(states)}
+
+
+def test_a_stream_closed_early_frees_every_rows_state() -> None:
+    target = HFLanguageModel(tiny_causal_lm(vocab_size=64, seed=0, eos_token_id=3))
+    engine = SpeculativeEngine(target)
+    stream = engine.stream([[5, 6], [7]], DecodeConfig(gamma=0, max_new_tokens=20), SeededSampler(0))
+    next(stream)
+    assert sorted(target.cached_rows) == [0, 1]
+    stream.close()
+    assert target.cached_rows == []
 
 
 # ---------------------------------------------------------------- against plain decoding
@@ -354,16 +377,14 @@ def test_logit_bias_outside_the_target_vocabulary_raises_at_start() -> None:
 def test_metrics_counts_are_consistent(gamma: int) -> None:
     engine = _engine()
     config = DecodeConfig(gamma=gamma, max_new_tokens=10)
-    states = engine.start(PROMPTS, config)
-    row_rounds = 0
-    num_rounds = 0
-    for output in engine.rounds(states, config, SeededSampler(seed=4, num_rows=4)):
-        num_rounds += 1
-        row_rounds += len(output.new_tokens)
+    events = list(engine.stream(PROMPTS, config, SeededSampler(seed=4, num_rows=4)))
+    row_rounds = len(events)  # one event per row per round
+    # a round is over when a row that took part in it speaks again, so count the rows' first events
+    num_rounds = max(sum(1 for event in events if event.row == row) for row in range(len(PROMPTS)))
     metrics = engine.metrics
-    assert metrics.emitted_tokens == sum(len(state.generated) for state in states)
+    assert metrics.emitted_tokens == sum(len(event.tokens) for event in events)
     assert metrics.rounds == num_rounds == metrics.target_calls
-    assert sum(metrics.rows_per_round) == row_rounds
+    assert metrics.row_rounds == row_rounds
     assert 0 <= metrics.accepted_tokens <= metrics.proposed_tokens
     assert metrics.proposed_tokens <= gamma * row_rounds
     assert metrics.emitted_tokens <= metrics.accepted_tokens + row_rounds

@@ -9,20 +9,36 @@ import pytest
 from exactspec.checking.exact import check_speculative
 from exactspec.checking.grid import (
     EXACT_TOLERANCE,
+    GRID_POLICY_OPTIONS,
     ExactCase,
-    adaptive_policy,
-    confidence_policy,
     exact_grid,
-    lookup_policy,
     run_exact_case,
 )
 from exactspec.checking.toy import random_tabular_model
 from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine
 from exactspec.decoding.gamma import AdaptiveGamma, ConfidenceGamma, GammaPolicy, LookupGamma
+from exactspec.decoding.strategy import Strategy
 from exactspec.drafters import ModelDrafter
-from exactspec.drafters.ngram import NgramDrafter
+from exactspec.drafters.ngram import DEFAULT_MAX_NGRAM, NgramDrafter
 from exactspec.foundations.costs import CostModel, expected_tokens
+from exactspec.foundations.rows import RowStart
 from exactspec.foundations.sampler import SeededSampler
+from exactspec.verifiers.block import verify_block
+
+
+def adaptive_policy(max_gamma: int) -> AdaptiveGamma:
+    """The policy the grid's adaptive draft-model cases run (their costs and weak prior)."""
+    return AdaptiveGamma(ExactCase("", 3, max_gamma, 1).costs(), **GRID_POLICY_OPTIONS)
+
+
+def confidence_policy(max_gamma: int) -> ConfidenceGamma:
+    return ConfidenceGamma(ExactCase("", 3, max_gamma, 1).costs(), **GRID_POLICY_OPTIONS)
+
+
+def lookup_policy(max_gamma: int) -> LookupGamma:
+    """The policy the grid's adaptive lookup cases run (c = 0 and a fixed price for speculating)."""
+    lookup = ExactCase("", 3, max_gamma, 1, strategy=Strategy("ngram", adaptive_gamma=True))
+    return LookupGamma(lookup.costs(), DEFAULT_MAX_NGRAM, **GRID_POLICY_OPTIONS)
 
 
 def test_expected_tokens_formula() -> None:
@@ -59,7 +75,7 @@ def test_best_gamma_grows_with_alpha_and_shrinks_with_draft_cost() -> None:
 
 def test_alpha_estimate_counts_only_tried_tokens() -> None:
     policy = AdaptiveGamma(CostModel.linear(0.1, 0.05, 4), prior_accepted=1.0, prior_rejected=1.0)
-    policy.start(2)
+    policy.add_rows([RowStart(r) for r in range(2)])
     assert policy.acceptance_estimate(0) == 0.5
     policy.record(0, proposed=4, accepted=1)  # 1 accepted, 1 rejected; tokens 3 and 4 never tried
     assert policy.acceptance_estimate(0) == pytest.approx((1 + 1) / (2 + 2))
@@ -73,7 +89,7 @@ def test_alpha_estimate_counts_only_tried_tokens() -> None:
 
 def test_position_rates_shrink_each_position_towards_the_one_before() -> None:
     policy = AdaptiveGamma(CostModel.linear(0.4, 0.05, 4), prior_accepted=3.0, prior_rejected=1.0, memory=1.0)
-    policy.start(1)
+    policy.add_rows([RowStart(0)])
     assert policy.position_rates(0) == [0.75] * 4  # no evidence: the prior rate everywhere
     policy.record(0, proposed=4, accepted=0)  # position 1 reached and rejected
     policy.record(0, proposed=4, accepted=4)  # positions 1..4 reached and accepted
@@ -93,7 +109,7 @@ def test_bursty_acceptance_drafts_longer_than_the_same_rate_spread_evenly() -> N
     # passes the rest, and drafting all four pays.
     costs = CostModel(draft_cost=0.39, verify_costs=(1.0, 0.98, 0.97, 1.01, 1.05))
     bursty = AdaptiveGamma(costs, memory=1.0)
-    bursty.start(1)
+    bursty.add_rows([RowStart(0)])
     for accepted in [4, 0, 4, 4, 0, 4, 0, 4, 4, 0, 4, 0]:
         bursty.record(0, proposed=4, accepted=accepted)
     assert bursty.acceptance_estimate(0) == pytest.approx((28 + 3) / (33 + 4))
@@ -103,7 +119,7 @@ def test_bursty_acceptance_drafts_longer_than_the_same_rate_spread_evenly() -> N
 
 def test_memory_weighs_older_rounds_down() -> None:
     policy = AdaptiveGamma(CostModel.linear(0.4, 0.05, 2), prior_accepted=1.0, prior_rejected=1.0, memory=0.5)
-    policy.start(1)
+    policy.add_rows([RowStart(0)])
     policy.record(0, proposed=2, accepted=0)  # two rounds back: weight 0.25
     policy.record(0, proposed=0, accepted=0)  # no draft: no evidence, no ageing
     policy.record(0, proposed=2, accepted=2)  # one round back: weight 0.5
@@ -115,7 +131,7 @@ def test_memory_weighs_older_rounds_down() -> None:
 def test_a_row_stuck_short_by_early_rejections_tries_longer_drafts_again() -> None:
     costs = CostModel(draft_cost=0.383, verify_costs=(1.0, 0.945, 0.976, 1.037, 1.055))
     policy = AdaptiveGamma(costs)
-    policy.start(1)
+    policy.add_rows([RowStart(0)])
     for accepted in [2, 1, 1]:  # position 2 rejected twice early on
         policy.record(0, proposed=2, accepted=accepted)
     lengths = []
@@ -127,7 +143,7 @@ def test_a_row_stuck_short_by_early_rejections_tries_longer_drafts_again() -> No
 
 def test_an_untried_position_inherits_the_deepest_tried_rate() -> None:
     policy = AdaptiveGamma(CostModel.linear(0.2, 0.05, 4))
-    policy.start(1)
+    policy.add_rows([RowStart(0)])
     for _ in range(10):
         policy.record(0, proposed=2, accepted=2)
     rates = policy.position_rates(0)
@@ -137,7 +153,7 @@ def test_an_untried_position_inherits_the_deepest_tried_rate() -> None:
 
 def test_rows_reach_zero_then_probe_with_one_token() -> None:
     policy = AdaptiveGamma(CostModel.linear(0.3, 0.1, 4), probe_after=2)
-    policy.start(1)
+    policy.add_rows([RowStart(0)])
     for _ in range(4):
         policy.record(0, proposed=1, accepted=0)
     assert policy.draft_length(0) == 0
@@ -149,17 +165,22 @@ def test_rows_reach_zero_then_probe_with_one_token() -> None:
     assert policy.draft_length(0) == 0
 
 
-def test_start_forgets_every_row() -> None:
+def test_a_row_added_again_starts_over_and_a_released_row_is_forgotten() -> None:
     policy = adaptive_policy(4)
-    policy.start(1)
+    policy.add_rows([RowStart(0), RowStart(1)])
     policy.record(0, proposed=1, accepted=0)
-    policy.start(1)
-    assert policy.acceptance_estimate(0) == 0.5
+    policy.record(1, proposed=1, accepted=0)
+    policy.add_rows([RowStart(0)])
+    assert policy.acceptance_estimate(0) == 0.5  # the weak prior's mean again
+    assert policy.acceptance_estimate(1) < 0.5  # row 1 keeps its evidence: state is keyed by row id
+    policy.release_rows([1])
+    with pytest.raises(ValueError, match="row 1 was not added"):
+        policy.draft_length(1)
 
 
 def test_lookup_gamma_learns_each_match_length_apart() -> None:
     policy = lookup_policy(4)  # the prior drafts 2 at every match length
-    policy.start(2)
+    policy.add_rows([RowStart(r) for r in range(2)])
     assert [policy.length_for(0, order) for order in (1, 2, 3)] == [2, 2, 2]
     policy.record(0, proposed=2, accepted=0)  # filed under order 3, the last one asked
     assert policy.length_for(0, 3) == 0 and policy.length_for(0, 1) == 2  # unigrams not blamed
@@ -175,7 +196,7 @@ def test_lookup_gamma_learns_each_match_length_apart() -> None:
 
 def test_lookup_gamma_caps_the_engine_at_its_max_and_learns_nothing_without_a_match() -> None:
     policy = LookupGamma(CostModel.linear(0.4, 0.1, max_gamma=6), max_ngram=3)
-    policy.start(1)
+    policy.add_rows([RowStart(0)])
     assert policy.costs.draft_cost == 0.0  # lookup runs no model
     assert policy.draft_length(0) == 6
     before = policy.length_for(0, 2)
@@ -185,13 +206,13 @@ def test_lookup_gamma_caps_the_engine_at_its_max_and_learns_nothing_without_a_ma
         policy.record(0, proposed=3, accepted=1)
     with pytest.raises(ValueError, match="1..3"):
         policy.length_for(0, 4)
-    policy.start(1)
+    policy.add_rows([RowStart(0)])
     assert policy.length_for(0, 2) == before  # start forgets every row and match length
 
 
 def test_confidence_gamma_drafts_on_while_the_next_token_pays_for_itself() -> None:
     policy = ConfidenceGamma(CostModel.linear(0.1, 0.05, max_gamma=4))
-    policy.start(2)
+    policy.add_rows([RowStart(r) for r in range(2)])
     assert policy.keep_drafting(0, 1, 0.95)  # a sure first token: the second is worth its cost
     assert not policy.keep_drafting(0, 2, 0.15)  # an unsure second token: a third rarely counts
     # Rounds where tokens drafted at confidence 0.15 were all accepted teach otherwise.
@@ -205,7 +226,7 @@ def test_confidence_gamma_drafts_on_while_the_next_token_pays_for_itself() -> No
 
 def test_confidence_gamma_calibrates_on_the_tried_tokens_only() -> None:
     policy = ConfidenceGamma(CostModel.linear(0.1, 0.05, max_gamma=4))
-    policy.start(1)
+    policy.add_rows([RowStart(0)])
     for drafted, confidence in enumerate((0.95, 0.35, 0.85), start=1):
         policy.keep_drafting(0, drafted, confidence)
     policy.record(0, proposed=3, accepted=1)  # token 1 kept, token 2 rejected, token 3 never tried
@@ -215,13 +236,16 @@ def test_confidence_gamma_calibrates_on_the_tried_tokens_only() -> None:
     assert policy.pooled_rate() == pytest.approx((1 + 3) / (2 + 4))
     policy.record(0, proposed=0, accepted=0)  # a round at gamma 0 reports nothing drafted
     assert sum(tried for tried, _ in policy.bin_counts()) == 2
-    policy.start(1)
-    assert policy.bin_counts() == [(0, 0)] * 10 and policy.bin_rate(0.35) == pytest.approx(0.35)
+    # The calibration belongs to the pair, not to a row: a row joining (or one leaving) keeps it.
+    policy.release_rows([0])
+    policy.add_rows([RowStart(1)])
+    assert policy.bin_counts() == counts
+    assert ConfidenceGamma(policy.costs).bin_rate(0.35) == pytest.approx(0.35)  # a new policy starts blank
 
 
 def test_confidence_gamma_stops_where_the_costs_end_and_checks_the_order() -> None:
     policy = ConfidenceGamma(CostModel.linear(0.0, 0.01, max_gamma=2))
-    policy.start(1)
+    policy.add_rows([RowStart(0)])
     assert policy.keep_drafting(0, 1, 0.99)
     assert not policy.keep_drafting(0, 2, 0.99)  # v(4) unknown: gamma 2 is the most
     with pytest.raises(ValueError, match="told of draft token 4"):
@@ -229,16 +253,19 @@ def test_confidence_gamma_stops_where_the_costs_end_and_checks_the_order() -> No
 
 
 class RecordingStop:
-    """Wraps a ConfidenceGamma and counts early stops: the policy said stop with room left in the cap."""
+    """Wraps a ConfidenceGamma and counts early stops (the policy said stop with room left in the cap)
+    in `counts`, which the wrappers of every enumerated path share."""
 
-    def __init__(self, inner: ConfidenceGamma) -> None:
+    def __init__(self, inner: ConfidenceGamma, counts: collections.Counter[str]) -> None:
         self.inner = inner
         self.caps: dict[int, int] = {}
-        self.early_stops = 0
-        self.continued = 0
+        self.counts = counts
 
-    def start(self, num_rows: int) -> None:
-        self.inner.start(num_rows)
+    def add_rows(self, rows: list[RowStart]) -> None:
+        self.inner.add_rows(rows)
+
+    def release_rows(self, rows: list[int]) -> None:
+        self.inner.release_rows(rows)
 
     def draft_length(self, row: int) -> int:
         self.caps[row] = self.inner.draft_length(row)
@@ -247,8 +274,7 @@ class RecordingStop:
     def keep_drafting(self, row: int, drafted: int, confidence: float) -> bool:
         more = self.inner.keep_drafting(row, drafted, confidence)
         if drafted < self.caps[row]:
-            self.early_stops += not more
-            self.continued += more
+            self.counts["continued" if more else "early stops"] += 1
         return more
 
     def record(self, row: int, proposed: int, accepted: int) -> None:
@@ -258,12 +284,18 @@ class RecordingStop:
 def test_the_exact_check_sees_the_draft_stop_early_and_go_on() -> None:
     case = next(case for case in ADAPTIVE_CASES if case.name.startswith("adaptive gamma token, V=3"))
     target, draft = case.models()
-    policy = RecordingStop(confidence_policy(case.gamma))
+    counts: collections.Counter[str] = collections.Counter()
+
+    def engine() -> SpeculativeEngine:  # the grid's wiring, with the policy watched
+        policy = RecordingStop(confidence_policy(case.gamma), counts)
+        return SpeculativeEngine(
+            target, ModelDrafter(draft, target.vocab_size, stop=policy), gamma_policy=policy
+        )
+
     config = DecodeConfig(gamma=case.gamma, max_new_tokens=case.max_new_tokens)
-    drafter = ModelDrafter(draft, target.vocab_size, stop=policy)
-    result = check_speculative(target, drafter, case.prompts, config, gamma_policy=policy)
+    result = check_speculative(engine, case.prompts, config)
     assert result.total_variation <= EXACT_TOLERANCE
-    assert policy.early_stops > 0 and policy.continued > 0, (policy.early_stops, policy.continued)
+    assert counts["early stops"] > 0 and counts["continued"] > 0, counts
 
 
 class ScriptedPolicy:
@@ -274,9 +306,12 @@ class ScriptedPolicy:
         self.reports: list[tuple[int, int, int]] = []
         self._round: collections.Counter[int] = collections.Counter()
 
-    def start(self, num_rows: int) -> None:
-        self.reports = []
-        self._round = collections.Counter()
+    def add_rows(self, rows: list[RowStart]) -> None:
+        for start in rows:
+            self._round[start.row] = 0
+
+    def release_rows(self, rows: list[int]) -> None:
+        """Keeps the reports: the test reads them after the rows finished."""
 
     def draft_length(self, row: int) -> int:
         choices = self.script[row]
@@ -323,7 +358,7 @@ def test_a_policy_that_always_says_zero_is_plain_decoding() -> None:
     assert adaptive.metrics.draft_calls == 0
 
 
-ADAPTIVE_CASES = [case for case in exact_grid() if case.adaptive]
+ADAPTIVE_CASES = [case for case in exact_grid() if case.strategy.adaptive_gamma]
 
 
 @pytest.mark.parametrize("case", ADAPTIVE_CASES, ids=lambda case: case.name)
@@ -333,14 +368,17 @@ def test_adaptive_gamma_is_exact(case: ExactCase) -> None:
 
 
 class RecordingPolicy:
-    """Wraps a policy and counts the (row, proposed) pairs the engine reports."""
+    """Wraps a policy and counts the (row, proposed) pairs the engine reports into a shared `proposed`."""
 
-    def __init__(self, inner: AdaptiveGamma) -> None:
+    def __init__(self, inner: AdaptiveGamma, proposed: collections.Counter[tuple[int, int]]) -> None:
         self.inner = inner
-        self.proposed: collections.Counter[tuple[int, int]] = collections.Counter()
+        self.proposed = proposed
 
-    def start(self, num_rows: int) -> None:
-        self.inner.start(num_rows)
+    def add_rows(self, rows: list[RowStart]) -> None:
+        self.inner.add_rows(rows)
+
+    def release_rows(self, rows: list[int]) -> None:
+        self.inner.release_rows(rows)
 
     def draft_length(self, row: int) -> int:
         return self.inner.draft_length(row)
@@ -353,12 +391,15 @@ class RecordingPolicy:
 class RecordingLookupPolicy:
     """Wraps a LookupGamma and counts the (match length, length chosen) pairs the drafter asks for."""
 
-    def __init__(self, inner: LookupGamma) -> None:
+    def __init__(self, inner: LookupGamma, chosen: collections.Counter[tuple[int, int]]) -> None:
         self.inner = inner
-        self.chosen: collections.Counter[tuple[int, int]] = collections.Counter()
+        self.chosen = chosen
 
-    def start(self, num_rows: int) -> None:
-        self.inner.start(num_rows)
+    def add_rows(self, rows: list[RowStart]) -> None:
+        self.inner.add_rows(rows)
+
+    def release_rows(self, rows: list[int]) -> None:
+        self.inner.release_rows(rows)
 
     def draft_length(self, row: int) -> int:
         return self.inner.draft_length(row)
@@ -373,27 +414,41 @@ class RecordingLookupPolicy:
 
 
 def test_the_exact_lookup_check_sees_match_lengths_drafting_differently() -> None:
-    case = next(case for case in ADAPTIVE_CASES if case.drafter == "ngram" and case.verifier == "token")
+    case = next(
+        case
+        for case in ADAPTIVE_CASES
+        if case.strategy.drafter == "ngram" and case.strategy.verifier == "token"
+    )
     target, _ = case.models()
-    policy = RecordingLookupPolicy(lookup_policy(case.gamma))
+    chosen: collections.Counter[tuple[int, int]] = collections.Counter()
+
+    def engine() -> SpeculativeEngine:
+        policy = RecordingLookupPolicy(lookup_policy(case.gamma), chosen)
+        return SpeculativeEngine(
+            target, NgramDrafter(target.eos_token_ids, lengths=policy), gamma_policy=policy
+        )
+
     config = DecodeConfig(gamma=case.gamma, max_new_tokens=case.max_new_tokens)
-    drafter = NgramDrafter(target.eos_token_ids, lengths=policy)
-    result = check_speculative(target, drafter, case.prompts, config, gamma_policy=policy)
+    result = check_speculative(engine, case.prompts, config)
     assert result.total_variation <= EXACT_TOLERANCE
-    orders = {order for order, _ in policy.chosen}
-    assert len(orders) >= 2, policy.chosen
+    orders = {order for order, _ in chosen}
+    assert len(orders) >= 2, chosen
     # lengths 0 (a match length rejected before), 1 (its probe) and 2 (the prior) all occur
-    assert {length for _, length in policy.chosen} >= {0, 1, 2}, policy.chosen
+    assert {length for _, length in chosen} >= {0, 1, 2}, chosen
 
 
 def test_the_exact_check_sees_gamma_0_1_and_2_in_both_rows() -> None:
-    case = next(case for case in ADAPTIVE_CASES if "batch of 2" in case.name and case.verifier == "block")
-    target, draft = case.models()
-    policy = RecordingPolicy(adaptive_policy(case.gamma))
-    config = DecodeConfig(gamma=case.gamma, max_new_tokens=case.max_new_tokens)
-    drafter = case.build_drafter(target, draft)
-    result = check_speculative(
-        target, drafter, case.prompts, config, verifier=case.build_verifier(), gamma_policy=policy
+    case = next(
+        case for case in ADAPTIVE_CASES if "batch of 2" in case.name and case.strategy.verifier == "block"
     )
+    target, draft = case.models()
+    proposed: collections.Counter[tuple[int, int]] = collections.Counter()
+
+    def engine() -> SpeculativeEngine:  # the grid's drafter and verifier; a plain AdaptiveGamma watched
+        policy = RecordingPolicy(adaptive_policy(case.gamma), proposed)
+        return SpeculativeEngine(target, ModelDrafter(draft, target.vocab_size), verify_block, policy)
+
+    config = DecodeConfig(gamma=case.gamma, max_new_tokens=case.max_new_tokens)
+    result = check_speculative(engine, case.prompts, config)
     assert result.total_variation <= EXACT_TOLERANCE
-    assert {key for key in policy.proposed} >= {(row, g) for row in (0, 1) for g in (0, 1, 2)}
+    assert set(proposed) >= {(row, g) for row in (0, 1) for g in (0, 1, 2)}

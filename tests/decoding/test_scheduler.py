@@ -11,6 +11,7 @@ from conftest import tiny_causal_lm
 from exactspec.checking import grid
 from exactspec.checking.toy import random_tabular_model
 from exactspec.decoding import engine as engine_module
+from exactspec.decoding.engine import SpeculativeEngine
 from exactspec.decoding.scheduler import QueueFull, Request, Scheduler
 from exactspec.drafters.model import ModelDrafter
 from exactspec.foundations.settings import SamplingSettings
@@ -28,7 +29,7 @@ SETTINGS = [
 
 def toy_scheduler(**kwargs: object) -> Scheduler:
     target, draft = random_tabular_model(VOCAB, seed=1), random_tabular_model(VOCAB, seed=2)
-    return Scheduler(target, ModelDrafter(draft, VOCAB), **kwargs)
+    return Scheduler(SpeculativeEngine(target, ModelDrafter(draft, VOCAB)), **kwargs)
 
 
 def requests() -> list[Request]:
@@ -72,9 +73,9 @@ def test_hf_rows_joining_a_running_batch_equal_each_row_alone_in_float32():
     draft_model = tiny_causal_lm(vocab_size=64, seed=1, initializer_range=0.2, eos_token_id=3)
 
     def make(max_batch: int = 8) -> Scheduler:
-        return Scheduler(
-            HFLanguageModel(target_model), ModelDrafter(HFLanguageModel(draft_model), 64), max_batch=max_batch
-        )
+        drafter = ModelDrafter(HFLanguageModel(draft_model), 64)
+        engine = SpeculativeEngine(HFLanguageModel(target_model), drafter)
+        return Scheduler(engine, max_batch=max_batch)
 
     batch = [
         Request([5 + i, 9, 11, 2][: 2 + i % 3], SETTINGS[i % len(SETTINGS)], 6 + i, gamma=1 + i % 4, seed=i)
@@ -87,7 +88,7 @@ def test_hf_rows_joining_a_running_batch_equal_each_row_alone_in_float32():
 def test_cancelled_and_finished_rows_leave_and_free_their_cache():
     target = HFLanguageModel(tiny_causal_lm(vocab_size=64, seed=0, eos_token_id=3))
     draft = HFLanguageModel(tiny_causal_lm(vocab_size=64, seed=1, eos_token_id=3))
-    scheduler = Scheduler(target, ModelDrafter(draft, 64), gamma=2)
+    scheduler = Scheduler(SpeculativeEngine(target, ModelDrafter(draft, 64)), gamma=2)
     short = scheduler.submit(Request([5, 6], max_new_tokens=1, seed=0))
     long = scheduler.submit(Request([7, 8, 9], max_new_tokens=50, seed=1))
     scheduler.step()

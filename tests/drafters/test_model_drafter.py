@@ -8,6 +8,7 @@ from scipy import stats
 
 from exactspec.checking.toy import TabularModel, random_tabular_model
 from exactspec.drafters import Drafter, ModelDrafter
+from exactspec.foundations.rows import RowStart
 from exactspec.foundations.sampler import SeededSampler
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.foundations.transforms import probabilities
@@ -167,8 +168,7 @@ def test_a_draft_stop_ends_each_row_on_its_own_and_hears_every_token() -> None:
     drafter = ModelDrafter(draft, target.vocab_size, stop=stop)
     histories = [[1, 2], [3]]
     sampler = SeededSampler(0)
-    sampler.add_row(4, 4)
-    sampler.add_row(7, 7)
+    sampler.add_rows([RowStart(4, 4), RowStart(7, 7)])
     proposal = drafter.propose(histories, [3, 3], SamplingSettings(), sampler, [4, 7])
     assert proposal.lengths.tolist() == [1, 3]
     assert [(row, drafted) for row, drafted, _ in stop.calls] == [(4, 1), (7, 1), (7, 2), (7, 3)]

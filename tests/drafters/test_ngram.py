@@ -14,6 +14,7 @@ from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine
 from exactspec.drafters import ModelDrafter, Proposal
 from exactspec.drafters.hybrid import HybridDrafter
 from exactspec.drafters.ngram import LookupMatch, NgramDrafter, lookup_continuation, lookup_match
+from exactspec.foundations.rows import Stateless
 from exactspec.foundations.sampler import Sampler, SeededSampler
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.verifiers.block import verify_block
@@ -104,7 +105,7 @@ def test_a_proposal_without_q_must_say_deterministic() -> None:
         Proposal(tokens=torch.zeros(1, 1, dtype=torch.long), q=None, lengths=torch.ones(1, dtype=torch.long))
 
 
-class CountingDrafter:
+class CountingDrafter(Stateless):
     """Wraps a drafter and keeps each round's proposed lengths."""
 
     def __init__(self, inner) -> None:
@@ -135,7 +136,7 @@ def test_engine_runs_rounds_where_no_row_matches(verifier) -> None:
     assert engine.metrics.draft_calls == 0  # no draft model ran
 
 
-NGRAM_CASES = [case for case in exact_grid() if case.drafter in ("ngram", "hybrid")]
+NGRAM_CASES = [case for case in exact_grid() if case.strategy.drafter in ("ngram", "hybrid")]
 
 
 @pytest.mark.parametrize("case", NGRAM_CASES, ids=lambda case: case.name)
@@ -149,7 +150,7 @@ def test_the_no_match_case_really_has_rounds_without_a_match() -> None:
     target, _ = case.models()
     drafter = CountingDrafter(NgramDrafter(target.eos_token_ids))
     config = DecodeConfig(gamma=case.gamma, max_new_tokens=case.max_new_tokens)
-    result = check_speculative(target, drafter, case.prompts, config)
+    result = check_speculative(lambda: SpeculativeEngine(target, drafter), case.prompts, config)
     assert result.total_variation <= EXACT_TOLERANCE
     assert 0 < drafter.empty_rounds < len(drafter.lengths)
 
@@ -188,7 +189,7 @@ def test_hybrid_passes_a_single_source_through() -> None:
 # ---------------------------------------------------------------- teeth: drafters that lie
 
 
-class OneHotOnTheWrongToken:
+class OneHotOnTheWrongToken(Stateless):
     """Proposes the lookup's tokens but reports q one-hot on the next id: q(X) = 0 for what it drew."""
 
     def __init__(self, vocab_size: int) -> None:
@@ -202,7 +203,7 @@ class OneHotOnTheWrongToken:
         return Proposal(tokens=proposal.tokens, q=q, lengths=proposal.lengths, deterministic=True)
 
 
-class LookupTokensUniformQ:
+class LookupTokensUniformQ(Stateless):
     """Proposes the lookup's tokens but reports a uniform q, as if it had drawn them at random."""
 
     def __init__(self, vocab_size: int) -> None:
@@ -216,7 +217,7 @@ class LookupTokensUniformQ:
         return Proposal(tokens=proposal.tokens, q=q, lengths=proposal.lengths)
 
 
-class SamplesButClaimsDeterministic:
+class SamplesButClaimsDeterministic(Stateless):
     """Draws from the draft model but reports a deterministic proposal (q = None)."""
 
     def __init__(self, model: ModelDrafter) -> None:
@@ -241,10 +242,14 @@ TEETH_CASE = ExactCase("teeth", 4, 3, 3, prompts=((1, 2, 1),))
 def test_teeth_lying_lookup_drafters_are_caught(verifier) -> None:
     target, _ = TEETH_CASE.models()
     config = DecodeConfig(gamma=TEETH_CASE.gamma, max_new_tokens=TEETH_CASE.max_new_tokens)
-    honest = check_speculative(target, NgramDrafter(EOS), TEETH_CASE.prompts, config, verifier=verifier)
+    honest = check_speculative(
+        lambda: SpeculativeEngine(target, NgramDrafter(EOS), verifier), TEETH_CASE.prompts, config
+    )
     assert honest.total_variation <= EXACT_TOLERANCE
     for liar in (OneHotOnTheWrongToken(4), LookupTokensUniformQ(4)):
-        caught = check_speculative(target, liar, TEETH_CASE.prompts, config, verifier=verifier)
+        caught = check_speculative(
+            lambda liar=liar: SpeculativeEngine(target, liar, verifier), TEETH_CASE.prompts, config
+        )
         assert caught.total_variation > 1e-6, type(liar).__name__
 
 
@@ -256,5 +261,7 @@ def test_sampled_tokens_verified_as_one_hot_stay_exact(verifier) -> None:
     target, draft = TEETH_CASE.models()
     config = DecodeConfig(gamma=TEETH_CASE.gamma, max_new_tokens=TEETH_CASE.max_new_tokens)
     drafter = SamplesButClaimsDeterministic(ModelDrafter(draft, 4))
-    result = check_speculative(target, drafter, TEETH_CASE.prompts, config, verifier=verifier)
+    result = check_speculative(
+        lambda: SpeculativeEngine(target, drafter, verifier), TEETH_CASE.prompts, config
+    )
     assert result.total_variation <= EXACT_TOLERANCE

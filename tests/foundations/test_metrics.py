@@ -46,7 +46,7 @@ def test_acceptance_rate() -> None:
 
 def test_tokens_per_round_is_per_row_round() -> None:
     # Two rounds, the first with 3 rows and the second with 1: 4 row-rounds, 10 tokens.
-    metrics = DecodeMetrics(emitted_tokens=10, rows_per_round=[3, 1])
+    metrics = DecodeMetrics(emitted_tokens=10, row_rounds=4)
     assert metrics.tokens_per_round == 2.5
     assert math.isnan(DecodeMetrics().tokens_per_round)
 
@@ -73,7 +73,7 @@ def test_merge_adds_counts_times_and_positions() -> None:
         target_seconds=1.0,
         verify_seconds=0.25,
         total_seconds=2.0,
-        rows_per_round=[1, 1],
+        row_rounds=2,
     )
     first.record_positions([3, 3], [3, 1])
     second = DecodeMetrics(
@@ -87,7 +87,7 @@ def test_merge_adds_counts_times_and_positions() -> None:
         target_seconds=0.5,
         verify_seconds=0.125,
         total_seconds=1.0,
-        rows_per_round=[1],
+        row_rounds=1,
     )
     second.record_positions([4], [1])
     first.merge(second)
@@ -99,7 +99,7 @@ def test_merge_adds_counts_times_and_positions() -> None:
         0.375,
         3.0,
     )
-    assert first.rows_per_round == [1, 1, 1]
+    assert first.row_rounds == 3
     # first: [2, 2, 1] reached / [2, 1, 1] accepted; second: [1, 1, 0, 0] / [1, 0, 0, 0].
     assert first.proposed_by_position == [3, 3, 1, 0]
     assert first.accepted_by_position == [3, 1, 1, 0]
@@ -115,7 +115,7 @@ def test_merge_into_empty_equals_the_other() -> None:
         proposed_tokens=3,
         accepted_tokens=1,
         total_seconds=2.0,
-        rows_per_round=[2, 1, 1],
+        row_rounds=4,
     )
     other.record_positions([2, 1], [1, 0])
     merged = DecodeMetrics()
@@ -123,13 +123,11 @@ def test_merge_into_empty_equals_the_other() -> None:
     assert merged.as_dict() == other.as_dict()
     assert merged.proposed_by_position == other.proposed_by_position == [2, 1]
     assert merged.accepted_by_position == other.accepted_by_position == [1, 0]
-    assert merged.rows_per_round == [2, 1, 1]
+    assert merged.row_rounds == 4
 
 
 def test_as_dict_has_every_reported_quantity() -> None:
-    metrics = DecodeMetrics(
-        rounds=1, emitted_tokens=3, proposed_tokens=2, accepted_tokens=2, rows_per_round=[1]
-    )
+    metrics = DecodeMetrics(rounds=1, emitted_tokens=3, proposed_tokens=2, accepted_tokens=2, row_rounds=1)
     metrics.record_positions([2], [2])
     data = metrics.as_dict()
     assert data["acceptance_rate"] == 1.0

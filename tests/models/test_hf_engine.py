@@ -25,10 +25,11 @@ from exactspec.audit.broken import BrokenArgmaxDrafter  # noqa: E402
 from exactspec.checking.statistical import goodness_of_fit, likely_sequences  # noqa: E402
 from exactspec.checking.toy import TabularModel  # noqa: E402
 from exactspec.decoding.engine import DecodeConfig, RowState, SpeculativeEngine  # noqa: E402
+from exactspec.decoding.scheduler import Request, Scheduler  # noqa: E402
 from exactspec.drafters.model import ModelDrafter  # noqa: E402
 from exactspec.foundations.sampler import SeededSampler  # noqa: E402
 from exactspec.foundations.settings import SamplingSettings  # noqa: E402
-from exactspec.models.base import LanguageModel  # noqa: E402
+from exactspec.models.base import LanguageModel, ModelWrapper  # noqa: E402
 from exactspec.models.hf import HFLanguageModel  # noqa: E402
 
 VOCAB = 64
@@ -360,7 +361,7 @@ def _assert_same_kv(
         torch.testing.assert_close(values, ref_values, atol=ATOL, rtol=0)
 
 
-class CheckedModel:
+class CheckedModel(ModelWrapper):
     """An HFLanguageModel that, after every call, checks each row's cache against a fresh one.
 
     After a call with history h for row r, the cache of r must hold exactly the
@@ -369,25 +370,17 @@ class CheckedModel:
     """
 
     def __init__(self, model: transformers.PreTrainedModel, **kwargs: object) -> None:
-        self.model = model
-        self.inner = HFLanguageModel(model, **kwargs)
+        super().__init__(HFLanguageModel(model, **kwargs))
+        self.module = model
         self.checked = 0
-
-    @property
-    def vocab_size(self) -> int:
-        return self.inner.vocab_size
-
-    @property
-    def eos_token_ids(self) -> frozenset[int]:
-        return self.inner.eos_token_ids
 
     def logits(
         self, histories: Sequence[Sequence[int]], num_positions: int = 1, rows: Sequence[int] | None = None
     ) -> torch.Tensor:
-        out = self.inner.logits(histories, num_positions, rows)
+        out = self.model.logits(histories, num_positions, rows)
         row_ids = list(range(len(histories))) if rows is None else list(rows)
         for row, history in zip(row_ids, histories, strict=True):
-            _assert_same_kv(self.inner.cached_kv(row), _fresh_kv(self.model, list(history)))
+            _assert_same_kv(self.model.cached_kv(row), _fresh_kv(self.module, list(history)))
             self.checked += 1
         return out
 
@@ -409,17 +402,22 @@ def test_after_each_round_the_cache_rolls_back_to_the_kept_tokens_without_recomp
     """After a round, each row's next call keeps exactly its accepted tokens and feeds only the newest."""
     target = HFLanguageModel(target_model())
     engine = SpeculativeEngine(target, ModelDrafter(HFLanguageModel(DRAFTS["noisy copy"]()), VOCAB))
-    config = DecodeConfig(gamma=4, max_new_tokens=15, settings=SAMPLED)
-    states = engine.start(PROMPTS, config)
+    scheduler = Scheduler(engine, gamma=4, max_batch=len(PROMPTS), sampler=SeededSampler(seeds=[21, 22, 23]))
+    handles = [scheduler.submit(Request(prompt, SAMPLED, max_new_tokens=15)) for prompt in PROMPTS]
     fed: list[tuple[int, ...]] = []
     handle = target_model().register_forward_pre_hook(
         lambda module, args, kwargs: fed.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
     )
     rolled_back = 0
     try:
-        for output in engine.rounds(states, config, SeededSampler(seeds=[21, 22, 23])):
-            rows = sorted(output.new_tokens)  # the rows of this round
-            histories = [states[row].history for row in rows]
+        while True:
+            if not scheduler.step():
+                break
+            # The rows that go on (a row that finished has left, its cache freed at once)
+            rows = [handle.row for handle in handles if not handle.done.is_set()]
+            if not rows:
+                break
+            histories = [handles[row].state.history for row in rows]
             # The cache still holds this round's draft block; any rejected draft token is in it
             # (private bookkeeping, read only, to show there was something to roll back).
             held = dict(zip(target._row_ids, target._tokens, strict=True))
@@ -434,4 +432,4 @@ def test_after_each_round_the_cache_rolls_back_to_the_kept_tokens_without_recomp
     finally:
         handle.remove()
     assert rolled_back > 0
-    assert all(state.finish_reason is not None for state in states)
+    assert all(handle.finish_reason is not None for handle in handles)

@@ -25,6 +25,7 @@ from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine  # noqa: E
 from exactspec.drafters.model import ModelDrafter  # noqa: E402
 from exactspec.foundations.sampler import SeededSampler  # noqa: E402
 from exactspec.foundations.settings import SamplingSettings  # noqa: E402
+from exactspec.models.base import ModelWrapper  # noqa: E402
 from exactspec.models.hf import HFLanguageModel  # noqa: E402
 from exactspec.models.packed import (  # noqa: E402
     PackedInt4Linear,
@@ -197,28 +198,17 @@ def test_packed_greedy_equals_plain_greedy(weights: str, gamma: int) -> None:
     assert all(len(set(row)) >= 3 for row in plain)  # a non-trivial reference
 
 
-class Float64Logits:
+class Float64Logits(ModelWrapper):
     """A `LanguageModel` that is `model` with its float32 logits cast to float64.
 
     The exact enumeration multiplies probabilities in float64; the cast comes before the
     transforms, so p and q are computed in float64 from the packed model's own logits.
     """
 
-    def __init__(self, model: HFLanguageModel) -> None:
-        self._model = model
-
-    @property
-    def vocab_size(self) -> int:
-        return self._model.vocab_size
-
-    @property
-    def eos_token_ids(self) -> frozenset[int]:
-        return self._model.eos_token_ids
-
     def logits(
         self, histories: Sequence[Sequence[int]], num_positions: int = 1, rows: Sequence[int] | None = None
     ) -> torch.Tensor:
-        return self._model.logits(histories, num_positions, rows).double()
+        return self.model.logits(histories, num_positions, rows).double()
 
 
 # The adapter's output for a position must not depend on how many positions one forward pass
@@ -242,7 +232,9 @@ def test_packed_exact_distribution_through_the_adapter(
     config = DecodeConfig(
         gamma=gamma, max_new_tokens=max_new_tokens, settings=SamplingSettings(temperature=temperature)
     )
-    check = check_speculative(target, ModelDrafter(draft, SMALL_VOCAB), [[1, 2]], config)
+    check = check_speculative(
+        lambda: SpeculativeEngine(target, ModelDrafter(draft, SMALL_VOCAB)), [[1, 2]], config
+    )
     assert check.paths > 1 and check.sequences > 1
     assert check.total_variation <= PACKED_EXACT_TOLERANCE
 

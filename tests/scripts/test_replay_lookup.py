@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from exactspec.checking.toy import random_tabular_model
+from exactspec.decoding.builder import build_engine
 from exactspec.decoding.engine import DecodeConfig
 from exactspec.decoding.gamma import LookupGamma
-from exactspec.decoding.strategy import Strategy, build_engine
+from exactspec.decoding.strategy import Strategy
 from exactspec.drafters.ngram import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM
 from exactspec.foundations.costs import CostModel
 from exactspec.foundations.sampler import SeededSampler
@@ -36,9 +37,9 @@ def test_replay_proposes_what_the_engine_proposed_at_t0(adaptive: bool) -> None:
     gamma = COSTS.max_gamma
     engine = build_engine(target, None, Strategy("ngram", adaptive_gamma=adaptive), gamma, costs=COSTS)
     config = DecodeConfig(gamma=gamma, max_new_tokens=60, settings=SamplingSettings(temperature=0.0))
-    states = engine.start([prompt], config)
-    proposed = [output.proposed[0] for output in engine.rounds(states, config, SeededSampler(0))]
-    answer = states[0].generated
+    events = list(engine.stream([prompt], config, SeededSampler(0)))  # one per round: a single row
+    proposed = [event.proposed for event in events]
+    answer = [token for event in events for token in event.tokens]
 
     lengths = LookupGamma(COSTS, DEFAULT_MAX_NGRAM) if adaptive else None
     replayed = _replay_module().replay(prompt, answer, gamma, DEFAULT_MIN_NGRAM, DEFAULT_MAX_NGRAM, lengths)

@@ -23,7 +23,8 @@ import uvicorn
 from conftest import TOKENIZER_EOS_ID, TOKENIZER_VOCAB, tiny_causal_lm, tiny_tokenizer
 
 from exactspec.api.decoder import SpeculativeDecoder
-from exactspec.decoding.scheduler import Scheduler
+from exactspec.decoding.builder import build_scheduler
+from exactspec.decoding.strategy import Strategy
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.pair import ModelPair
 from exactspec.server.app import Service, create_app
@@ -343,7 +344,6 @@ def test_32_concurrent_streams_with_mixed_settings_each_equal_their_run_alone(
 
 
 def test_a_prompt_lookup_server_without_a_draft_model_equals_plain_greedy_decoding() -> None:
-    from exactspec.decoding.strategy import Strategy
 
     prompt = "def fib(n): return fib(n - 1) + fib(n - 2)\ndef fib(n):"
     with live_server(strategy=Strategy(drafter="ngram")) as (base, pair):
@@ -363,8 +363,9 @@ def test_a_prompt_lookup_server_without_a_draft_model_equals_plain_greedy_decodi
 
 
 def test_production_rounds_skip_the_per_round_input_checks() -> None:
-    # Issue 12: validation on in tests and `exactspec verify`, off in production rounds (as `generate`).
+    # Validation on in tests and `exactspec verify`, off in production rounds (as `generate`).
     target = tiny_causal_lm(vocab_size=VOCAB, seed=0, context=CONTEXT, eos_token_id=TOKENIZER_EOS_ID)
     pair = ModelPair.from_models(target, None, tokenizer=tiny_tokenizer())
     assert Service(pair, gamma=0).scheduler.engine.validate is False
-    assert Scheduler(pair.target).engine.validate is True  # a scheduler on its own keeps them
+    built = build_scheduler(pair.target, None, Strategy(), gamma=0)
+    assert built.engine.validate is True  # the builder's default keeps them

@@ -17,6 +17,7 @@ from exactspec.checking.exact import EnumeratingSampler, check_speculative, enum
 from exactspec.checking.grid import EXACT_TOLERANCE, ExactCase, exact_grid, run_exact_case
 from exactspec.checking.toy import random_tabular_model
 from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine
+from exactspec.decoding.strategy import Strategy
 from exactspec.drafters import ModelDrafter
 from exactspec.verifiers.block import verify_block
 from exactspec.verifiers.residual import residual_distribution
@@ -165,7 +166,9 @@ def test_validation_still_checks_shapes() -> None:
         verify_block(tokens, q, p, torch.tensor([3]), (), EnumeratingSampler())
 
 
-BLOCK_CASES = [case for case in exact_grid() if case.verifier == "block" and case.drafter == "model"]
+BLOCK_CASES = [
+    case for case in exact_grid() if case.strategy.verifier == "block" and case.strategy.drafter == "model"
+]
 
 
 @pytest.mark.parametrize("case", BLOCK_CASES, ids=lambda case: case.name)
@@ -190,11 +193,13 @@ def _check_block(case: ExactCase) -> float:
     target, draft = case.models()
     config = DecodeConfig(gamma=case.gamma, max_new_tokens=case.max_new_tokens, settings=case.settings)
     drafter = ModelDrafter(draft, target.vocab_size)
-    return check_speculative(target, drafter, case.prompts, config, verifier=verify_block).total_variation
+    return check_speculative(
+        lambda: SpeculativeEngine(target, drafter, verify_block), case.prompts, config
+    ).total_variation
 
 
 # V = 4, gamma = 2, n = 3, seed 2: enough paths with 0 < w_i < 1 that a wrong weight shows.
-TEETH_CASE = ExactCase("teeth", 4, 2, 3, seed=2, verifier="block")
+TEETH_CASE = ExactCase("teeth", 4, 2, 3, seed=2, strategy=Strategy(verifier="block"))
 
 
 def test_teeth_stop_probability_from_the_previous_weight(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -234,7 +239,7 @@ def _expected_tokens_per_round(verifier, seed: int, vocab: int, gamma: int) -> f
     config = DecodeConfig(gamma=gamma, max_new_tokens=gamma + 1)
 
     def run(sampler: EnumeratingSampler) -> int:
-        states = engine.start([[1]], config)
+        states = [engine.new_row([1])]  # toy models and no policy: no row state to set up
         return len(engine.round(states, [0], config, sampler).new_tokens[0])
 
     distribution, _ = enumerate_outputs(run)

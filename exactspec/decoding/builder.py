@@ -1,0 +1,172 @@
+"""The one builder: a `Strategy` (drafter, verifier, gamma policy) on a backend's models -> engine, scheduler.
+
+Every entry point builds here: the Python API (`SpeculativeDecoder`), `exactspec generate`,
+`serve`, `bench`, `audit`, `batch`, and the `verify` grid, whose exact cases name strategies and
+run through these same functions, so the proof covers the wiring that ships. The backend is the
+pair of `LanguageModel`s handed in (Hugging Face, llama.cpp, toy tables).
+
+>>> from exactspec.checking.toy import random_tabular_model
+>>> target = random_tabular_model(5, seed=1)
+>>> parts = build_components(target, None, Strategy(drafter="ngram", verifier="block"), gamma=4)
+>>> type(parts.drafter).__name__, parts.verifier.__name__, parts.gamma_policy
+('NgramDrafter', 'verify_block', None)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NamedTuple
+
+from exactspec.decoding.engine import SpeculativeEngine
+from exactspec.decoding.gamma import ConfidenceGamma, GammaPolicy, LookupGamma
+from exactspec.decoding.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_WAITING, Scheduler
+from exactspec.decoding.strategy import VERIFIERS, CostSource, Strategy
+from exactspec.drafters.base import Drafter
+from exactspec.drafters.hybrid import HybridDrafter
+from exactspec.drafters.model import ModelDrafter
+from exactspec.drafters.ngram import DEFAULT_MAX_NGRAM, NgramDrafter
+from exactspec.foundations.costs import CostModel
+from exactspec.foundations.metrics import Stopwatch
+from exactspec.foundations.sampler import Sampler
+from exactspec.models.base import LanguageModel
+from exactspec.models.costs import measure_cost_model
+from exactspec.models.timed import TimedModel
+from exactspec.verifiers.base import Verifier
+
+PolicyOptions = Mapping[str, float]
+"""Keyword arguments of `AdaptiveGamma` (prior, probe, memory: `exactspec.decoding.gamma`) for an adaptive
+strategy's policy; the defaults are what ships, the `verify` grid passes a weak prior so that a few
+enumerated rounds already move gamma."""
+
+
+class Components(NamedTuple):
+    """What `SpeculativeEngine(target, drafter, verifier, gamma_policy)` takes."""
+
+    drafter: Drafter | None
+    verifier: Verifier
+    gamma_policy: GammaPolicy | None
+
+
+def build_components(
+    target: LanguageModel,
+    draft: LanguageModel | None,
+    strategy: Strategy,
+    gamma: int,
+    costs: CostSource | None = None,
+    *,
+    policy_options: PolicyOptions | None = None,
+) -> Components:
+    """The drafter, verifier and gamma policy for `strategy` at (maximum) draft length `gamma`.
+
+    gamma = 0 is plain decoding: no drafter and no policy, whatever the strategy. Adaptive gamma
+    needs c and v(1..gamma + 1): from `costs` if given (a `CostModel` or a function of max_gamma,
+    such as `ModelPair.cost_model`), else measured here with `measure_cost_model` (a few seconds
+    on a real pair; not cached). Prompt lookup's c is 0 whatever was measured for the draft model.
+    `policy_options`: the adaptive policy's keyword arguments (default: what ships).
+
+    Raises ValueError when the strategy needs a draft model and `draft` is None.
+    """
+    verifier = VERIFIERS[strategy.verifier]
+    if gamma == 0:
+        return Components(None, verifier, None)
+    if strategy.needs_draft_model and draft is None:
+        raise ValueError(
+            f"drafter {strategy.drafter!r} needs a draft model; load one, use drafter 'ngram' "
+            "(prompt lookup) or gamma 0"
+        )
+    options = dict(policy_options or {})
+    if strategy.drafter == "ngram":
+        if not strategy.adaptive_gamma:
+            return Components(NgramDrafter(target.eos_token_ids), verifier, None)
+        # The lookup's length is chosen per match length, once the round's match is found.
+        costs_used = _cost_model(target, draft, strategy, gamma, costs)
+        lengths = LookupGamma(costs_used, DEFAULT_MAX_NGRAM, **options)
+        return Components(NgramDrafter(target.eos_token_ids, lengths=lengths), verifier, lengths)
+    assert draft is not None
+    policy = None
+    if strategy.adaptive_gamma:
+        # The cap per row from AdaptiveGamma, and within it the draft stops where it grows unsure.
+        policy = ConfidenceGamma(_cost_model(target, draft, strategy, gamma, costs), **options)
+    model_drafter = ModelDrafter(draft, target.vocab_size, stop=policy)
+    drafter: Drafter = (
+        model_drafter
+        if strategy.drafter == "model"
+        else HybridDrafter(NgramDrafter(target.eos_token_ids), model_drafter, target.vocab_size)
+    )
+    return Components(drafter, verifier, policy)
+
+
+def build_engine(
+    target: LanguageModel,
+    draft: LanguageModel | None,
+    strategy: Strategy,
+    gamma: int,
+    costs: CostSource | None = None,
+    *,
+    validate: bool = True,
+    policy_options: PolicyOptions | None = None,
+) -> SpeculativeEngine:
+    """A `SpeculativeEngine` over `build_components` (same arguments).
+
+    The draft model's forwards are timed (`exactspec.models.timed.TimedModel`) into the engine's
+    metrics. `validate`: the verifier checks its inputs every round (tests and `verify`); the
+    production entry points pass False (the checks change no token).
+    """
+    stopwatch = None
+    if draft is not None and gamma > 0 and strategy.needs_draft_model:
+        stopwatch = Stopwatch(draft.device)
+        draft = TimedModel(draft, stopwatch)
+    drafter, verifier, policy = build_components(
+        target, draft, strategy, gamma, costs, policy_options=policy_options
+    )
+    if stopwatch is not None:
+        stopwatch.take()  # a cost measurement above ran the draft; that is not decoding time
+    return SpeculativeEngine(
+        target, drafter, verifier, policy, validate=validate, draft_stopwatch=stopwatch
+    )
+
+
+def build_scheduler(
+    target: LanguageModel,
+    draft: LanguageModel | None,
+    strategy: Strategy,
+    gamma: int,
+    costs: CostSource | None = None,
+    *,
+    max_gamma: int | None = None,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    max_waiting: int = DEFAULT_MAX_WAITING,
+    sampler: Sampler | None = None,
+    validate: bool = True,
+    policy_options: PolicyOptions | None = None,
+) -> Scheduler:
+    """A `Scheduler` over `build_engine`: rows draft `gamma` tokens unless their request asks otherwise.
+
+    `max_gamma` (default `gamma`) is the longest draft a request may ask for: the engine's parts
+    are built for it (an adaptive policy's costs are measured up to it). The other arguments are
+    the scheduler's and the engine's.
+    """
+    cap = gamma if max_gamma is None else max_gamma
+    if cap < gamma:
+        raise ValueError(f"max_gamma {cap} is below the default gamma {gamma}")
+    engine = build_engine(
+        target, draft, strategy, cap, costs, validate=validate, policy_options=policy_options
+    )
+    return Scheduler(engine, gamma=gamma, max_batch=max_batch, max_waiting=max_waiting, sampler=sampler)
+
+
+def _cost_model(    target: LanguageModel,
+    draft: LanguageModel | None,
+    strategy: Strategy,
+    gamma: int,
+    costs: CostSource | None,
+) -> CostModel:
+    if costs is None:
+        model = measure_cost_model(target, draft if strategy.needs_draft_model else None, gamma)
+    elif isinstance(costs, CostModel):
+        model = costs.up_to(gamma)
+    else:
+        model = costs(gamma)
+    # Hybrid rows that find a lookup draft pay no model step; c of the draft model is the
+    # conservative choice for the rows that do not.
+    return model.without_draft_model() if strategy.drafter == "ngram" else model

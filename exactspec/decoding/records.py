@@ -1,0 +1,132 @@
+"""The records the decoding layer passes around: a run's config, a row's state, one round's result, events.
+
+Vocabulary: a *request* is one prompt with its own sampling settings, seed, gamma, length limit
+and stop rule; once admitted to a batch it is a *row*, named by a row id
+(`exactspec.foundations.rows`). Each round (`SpeculativeEngine.round`) returns a `RoundOutput`
+for its rows; the batch driver (`exactspec.decoding.scheduler.Scheduler`) turns it into one
+`RowEvent` per row, the one event type every consumer reads (the API's streams, the server,
+the benchmark, `SpeculativeEngine.generate`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from exactspec.foundations.settings import SamplingSettings
+
+FinishReason = Literal["eos", "length", "stop", "cancelled", "error"]
+"""Why a row ended: it emitted EOS, reached its length limit or a stop string, was cancelled by its
+submitter, or its round failed (`RowEvent.error` says how)."""
+
+StopCondition = Callable[[int, list[int]], int | None]
+"""(row, generated tokens so far) -> None to go on, or how many generated tokens to keep and stop.
+
+Used for stop strings: the text layer finds the first token that completes a
+stop string and the engine cuts the row there. The cut depends only on the
+emitted tokens, so the kept prefix keeps the target's distribution.
+"""
+
+MAX_GAMMA = 64
+"""More draft tokens than this per round is never useful (acceptance decays geometrically) and
+usually a typo; it also bounds the [B, gamma, V] q tensor."""
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """How a generation runs: draft length, length limit and sampling settings."""
+
+    gamma: int = 4
+    max_new_tokens: int = 128
+    settings: SamplingSettings = field(default_factory=SamplingSettings)
+
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.gamma, bool)
+            or not isinstance(self.gamma, int)
+            or not 0 <= self.gamma <= MAX_GAMMA
+        ):
+            raise ValueError(
+                f"gamma must be an integer in 0..{MAX_GAMMA} (0 = plain decoding), got {self.gamma!r}"
+            )
+        if (
+            isinstance(self.max_new_tokens, bool)
+            or not isinstance(self.max_new_tokens, int)
+            or self.max_new_tokens < 1
+        ):
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+
+
+@dataclass
+class RowState:
+    """One row's generation so far, and the row's own settings (docs/algorithm.md 6).
+
+    `settings`, `gamma` and `max_new_tokens` override the `DecodeConfig` of the run for this row
+    (None: use the config's); that is how rows of one batch sample with different settings,
+    draft lengths and length limits.
+    """
+
+    prompt: list[int]
+    generated: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    settings: SamplingSettings | None = None
+    gamma: int | None = None
+    max_new_tokens: int | None = None
+
+    @property
+    def history(self) -> list[int]:
+        return self.prompt + self.generated
+
+
+RowStates = Sequence[RowState] | Mapping[int, RowState]
+"""The rows of a run, indexed by row id: a list (ids 0..B-1) or, for a scheduler, a dict."""
+
+
+@dataclass(frozen=True)
+class RoundOutput:
+    """What one round added: row -> tokens newly emitted (after any stop cut), and rows that finished."""
+
+    new_tokens: dict[int, list[int]]
+    finished: dict[int, FinishReason]
+    proposed: dict[int, int] = field(default_factory=dict)  # row -> draft tokens it proposed
+    accepted: dict[int, int] = field(default_factory=dict)  # row -> draft tokens the verifier kept
+
+
+@dataclass(frozen=True)
+class Request:
+    """One row to decode: prompt token ids and the row's own settings.
+
+    Attributes:
+        prompt: token ids (at least one).
+        settings: the row's sampling settings (its own p and q).
+        max_new_tokens: the row's length limit.
+        gamma: the row's draft length (None: the scheduler's; 0: plain decoding for this row).
+        seed: seed of the row's random stream (None: the sampler's default stream for the row id;
+            the scheduler's own sampler starts from a random base seed, so that is a fresh stream).
+        stop: the row's stop rule, called as stop(row id, generated tokens) like the engine's
+            `StopCondition` (e.g. `exactspec.api.text.StopStrings`).
+    """
+
+    prompt: Sequence[int]
+    settings: SamplingSettings = field(default_factory=SamplingSettings)
+    max_new_tokens: int = 128
+    gamma: int | None = None
+    seed: int | None = None
+    stop: StopCondition | None = None
+
+
+@dataclass(frozen=True)
+class RowEvent:
+    """What one round did for one row: its new tokens, and why it ended once it has.
+
+    `proposed` and `accepted` count this round's draft tokens; `error` says what failed when
+    `finish_reason` is "error".
+    """
+
+    row: int
+    tokens: list[int]
+    finish_reason: FinishReason | None = None
+    proposed: int = 0
+    accepted: int = 0
+    error: str | None = None
