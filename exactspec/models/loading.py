@@ -3,7 +3,7 @@
 A spec is one of:
 
 * `"default-target"` / `"default-draft"`: the built-in default pair
-  (`exactspec.models.default_pair`), fetched and verified on first use;
+  (`exactspec.artefacts.default_pair`), fetched and verified on first use;
 * a path to a GGUF file (recognised by its magic bytes, not its name);
 * a local model folder (with `config.json`, as written by `save_pretrained`);
 * a Hugging Face hub id such as `"Qwen/Qwen2.5-0.5B"`.
@@ -34,23 +34,22 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from exactspec.foundations.errors import InvalidArgument
-from exactspec.models.default_pair import (
+from exactspec.artefacts.cache import cache_root
+from exactspec.artefacts.default_pair import (
     DEFAULT_DRAFT,
     DEFAULT_TARGET,
     DefaultPairError,
-    default_cache_dir,
     ensure_parted_model,
-    process_alive,
-    stamped_sha256,
 )
+from exactspec.artefacts.staging import publish_folder, staging_folder
+from exactspec.artefacts.stamps import stamped_sha256
+from exactspec.foundations.errors import InvalidArgument
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -154,7 +153,7 @@ def load_hf_model(
         spec: "default-target", "default-draft", a `.gguf` file, a model folder or a hub id.
         dtype: weight dtype; "auto" is `DEFAULT_DTYPE`, the fastest measured on CPU.
         cache_dir: exactspec cache folder (default pair files and GGUF conversions);
-            default `exactspec.models.default_pair.default_cache_dir()`.
+            default `exactspec.artefacts.cache.default_cache_dir()`.
         progress: show progress bars (download, conversion, weight loading) on stderr.
 
     Raises:
@@ -164,7 +163,7 @@ def load_hf_model(
     torch_dtype = resolve_dtype(dtype)
     kind, target = _resolve(spec, cache_dir, progress)
     if kind == "gguf":
-        return _load_gguf(target, torch_dtype, _cache_root(cache_dir), progress)
+        return _load_gguf(target, torch_dtype, cache_root(cache_dir), progress)
     if kind == "folder":
         return _load_pretrained(str(target), torch_dtype, progress, local=True)
     return _load_pretrained(str(target), torch_dtype, progress, local=False)
@@ -179,7 +178,7 @@ def load_tokenizer(
     """The tokenizer of `spec` alone (same specs as `load_hf_model`), without loading weights."""
     kind, target = _resolve(spec, cache_dir, progress)
     if kind == "gguf":
-        return _gguf_tokenizer(target, _conversion_entry(target, _cache_root(cache_dir)), progress)
+        return _gguf_tokenizer(target, _conversion_entry(target, cache_root(cache_dir)), progress)
     return _auto_tokenizer(str(target), local=kind == "folder")
 
 
@@ -192,10 +191,6 @@ def gguf_path(
     """The GGUF file a model spec names ("default-target" / "default-draft" or a .gguf path), else None."""
     kind, target = _resolve(spec, cache_dir, progress)
     return target if kind == "gguf" else None
-
-
-def _cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
-    return Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
 
 
 def _resolve(
@@ -645,30 +640,12 @@ def _probe_logits(model: PreTrainedModel, ids: torch.Tensor) -> torch.Tensor:
     return model(ids, use_cache=False).logits
 
 
-_STAGING = re.compile(r"^\..+\.tmp-(\d+)-[^/]*$")
-"""Staging folder names: `.<final name>.tmp-<pid>-<random>` (the pid lets a later run clean up after a
-killed one)."""
-
-
 def _staging_dir(final: Path) -> Path:
-    """A fresh, uniquely named folder beside `final` to build in (removing those of dead processes first)."""
+    """A fresh folder beside `final` to build in (`artefacts.staging`), or one clear error."""
     try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        _remove_stale_staging(final.parent)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-{os.getpid()}-", dir=final.parent))
-        # mkdtemp makes private (0700) folders; cache entries are plain readable files.
-        tmp.chmod(0o755)
+        return staging_folder(final)
     except OSError as error:
         raise _cache_failure(final.parent, error) from error
-    return tmp
-
-
-def _remove_stale_staging(folder: Path) -> None:
-    """Delete staging folders left by processes that no longer run (a killed conversion leaves GBs)."""
-    for child in folder.iterdir():
-        match = _STAGING.match(child.name)
-        if match and child.is_dir() and not process_alive(int(match.group(1))):
-            shutil.rmtree(child, ignore_errors=True)
 
 
 def _cache_failure(path: Path, error: OSError) -> ModelLoadError:
@@ -689,8 +666,6 @@ def _cache_failure(path: Path, error: OSError) -> ModelLoadError:
 def _publish(tmp: Path, final: Path) -> None:
     """Move a finished folder into place atomically; if another process won, keep theirs."""
     try:
-        os.rename(tmp, final)
+        publish_folder(tmp, final)
     except OSError as error:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not final.is_dir():
-            raise _cache_failure(final.parent, error) from error
+        raise _cache_failure(final.parent, error) from error
