@@ -9,7 +9,6 @@ tested in `tests/artefacts/`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -26,6 +25,7 @@ from conftest import dead_pid, install_parted_file  # noqa: E402
 from test_loading import PROBE, _tiny_model, _write_gguf  # noqa: E402
 
 import exactspec.models.loading as loading  # noqa: E402
+from exactspec.artefacts.conversion import CONVERSION_CACHE, conversion_entry  # noqa: E402
 from exactspec.artefacts.default_pair import PartedModel  # noqa: E402
 from exactspec.models.loading import ModelLoadError, load_hf_model  # noqa: E402
 
@@ -76,26 +76,11 @@ def test_a_copy_with_a_new_mtime_reuses_the_conversion(
     load_hf_model(path, dtype="float32", cache_dir=tmp_path / "cache", progress=False)
 
 
-def test_fingerprint_sees_every_sampled_block(tmp_path: Path) -> None:
-    size = 9 << 20  # larger than what is hashed whole
-    data = bytearray(hashlib.sha256(b"x").digest() * (size // 32))
-    path = tmp_path / "big.gguf"
-    path.write_bytes(bytes(data))
-    base = loading.content_fingerprint(path)
-    span = size - loading._FINGERPRINT_HEAD - loading._FINGERPRINT_BLOCK
-    block_10 = loading._FINGERPRINT_HEAD + span * 10 // (loading._FINGERPRINT_BLOCKS - 1)
-    for offset in (0, 1000, block_10, block_10 + loading._FINGERPRINT_BLOCK - 1, size - 1):
-        changed = bytearray(data)
-        changed[offset] ^= 0xFF
-        path.write_bytes(bytes(changed))
-        assert loading.content_fingerprint(path) != base, offset
-
-
 def test_provenance_is_checked_on_load(tmp_path: Path) -> None:
     path = tmp_path / "m.gguf"
     _write_gguf(path, _tiny_model())
     load_hf_model(path, dtype="float32", cache_dir=tmp_path, progress=False)
-    (record_path,) = (tmp_path / loading._CONVERSION_CACHE).glob("*/float32/exactspec-conversion.json")
+    (record_path,) = (tmp_path / CONVERSION_CACHE).glob("*/float32/exactspec-conversion.json")
     record = json.loads(record_path.read_text())
     record["fingerprint"] = "0" * 64
     record_path.write_text(json.dumps(record))
@@ -113,7 +98,7 @@ def test_provenance_is_checked_on_load(tmp_path: Path) -> None:
 def test_stale_staging_folders_of_dead_processes_are_removed(tmp_path: Path) -> None:
     path = tmp_path / "m.gguf"
     _write_gguf(path, _tiny_model())
-    entry = loading._conversion_entry(path, tmp_path / "cache")
+    entry = conversion_entry(path, tmp_path / "cache").folder
     entry.mkdir(parents=True)
     dead = entry / f".float32.tmp-{dead_pid()}-abc"
     alive = entry / f".float32.tmp-{os.getppid()}-def"
@@ -197,7 +182,7 @@ def test_two_first_runs_at_once_both_succeed(tmp_path: Path) -> None:
     names = sorted(p.name for p in cache.iterdir())
     assert names == sorted(
         [
-            loading._CONVERSION_CACHE,
+            CONVERSION_CACHE,
             model.file_name,
             f"{model.file_name}.lock",
             f"{model.file_name}.verified.json",

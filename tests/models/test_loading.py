@@ -19,6 +19,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 import exactspec.models.loading as loading  # noqa: E402
+from exactspec.artefacts.conversion import CONVERSION_CACHE  # noqa: E402
 from exactspec.artefacts.default_pair import DEFAULT_DRAFT, DefaultPairError  # noqa: E402
 from exactspec.models.loading import (  # noqa: E402
     DEFAULT_DTYPE,
@@ -225,7 +226,7 @@ def test_hub_network_failure_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _entries(cache: Path) -> list[Path]:
-    return sorted((cache / loading._CONVERSION_CACHE).glob("*/*"))
+    return sorted((cache / CONVERSION_CACHE).glob("*/*"))
 
 
 def test_gguf_conversion_is_cached(
@@ -272,7 +273,7 @@ def test_changed_file_gets_a_new_entry(tmp_path: Path) -> None:
     load_hf_model(path, dtype="float32", cache_dir=tmp_path, progress=False)
     _write_gguf(path, _tiny_model(tie=True))
     load_hf_model(path, dtype="float32", cache_dir=tmp_path, progress=False)
-    assert len(list((tmp_path / loading._CONVERSION_CACHE).iterdir())) == 2
+    assert len(list((tmp_path / CONVERSION_CACHE).iterdir())) == 2
 
 
 def test_mismatching_reload_is_discarded(
