@@ -79,3 +79,13 @@ def test_the_package_has_no_import_cycle() -> None:
 def test_top_level_holds_only_the_package_entry_points() -> None:
     """Every role lives in a folder; the top level is the public API and `python -m exactspec`."""
     assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py", "__main__.py"]
+
+
+def test_artefacts_import_only_the_foundations() -> None:
+    """Files on disk sit below the models: `models` asks `artefacts` for files, never the reverse."""
+    allowed = ("exactspec.artefacts", "exactspec.foundations")
+    graph = import_graph()
+    artefacts = [name for name in graph if name.startswith("exactspec.artefacts")]
+    assert "exactspec.artefacts.default_pair" in artefacts  # the walk really saw the folder
+    outside = {name: sorted(t for t in graph[name] if not t.startswith(allowed)) for name in artefacts}
+    assert not any(outside.values()), outside
