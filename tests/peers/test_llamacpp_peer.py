@@ -101,7 +101,7 @@ def test_bench_skips_the_column_with_a_message_when_the_package_is_absent(
 
 def test_real_llamacpp_decodes_the_default_draft_greedily() -> None:
     pytest.importorskip("llama_cpp")
-    from exactspec.models.default_pair import default_cache_dir
+    from exactspec.artefacts.cache import default_cache_dir
 
     path = Path(default_cache_dir()) / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
     if not path.is_file():

