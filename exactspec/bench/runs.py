@@ -16,6 +16,7 @@ import torch
 from exactspec.bench.timing import ForwardTimer, RoundStreamer, steady_state
 from exactspec.decoding.engine import DecodeConfig
 from exactspec.decoding.strategy import Strategy, build_engine
+from exactspec.foundations.rows import RowStart
 from exactspec.foundations.sampler import SeededSampler
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.base import LanguageModel
@@ -33,6 +34,10 @@ class NoEos:
         self._model = model
 
     @property
+    def device(self) -> torch.device:
+        return self._model.device
+
+    @property
     def vocab_size(self) -> int:
         return self._model.vocab_size
 
@@ -44,6 +49,16 @@ class NoEos:
         self, histories: Sequence[Sequence[int]], num_positions: int = 1, rows: Sequence[int] | None = None
     ) -> torch.Tensor:
         return self._model.logits(histories, num_positions, rows)
+
+    # The row lifecycle and the cache are the wrapped model's own (`foundations.rows`).
+    def add_rows(self, rows: Sequence[RowStart]) -> None:
+        self._model.add_rows(rows)
+
+    def release_rows(self, rows: Sequence[int]) -> None:
+        self._model.release_rows(rows)
+
+    def clear_cache(self) -> None:
+        self._model.clear_cache()
 
 
 class ExpectationRecorder:
