@@ -10,9 +10,6 @@ from typing import Any
 
 from exactspec.bench.runner import HF_ASSISTED, HF_PLAIN, PLAIN, SPECULATIVE, is_engine_method
 from exactspec.bench.summary import (
-    ADAPTIVE_FLOOR,
-    LOOKUP_TARGET,
-    OUTSIDE_MODEL_TARGET,
     configured_methods,
     label,
     sampling_rows,
@@ -69,13 +66,13 @@ def render_markdown(
     lines = ["# exactspec bench", ""]
     lines += _header(result, config, env, models, prompts, summary)
     lines += _recommendation(summary)
-    lines += _targets(summary)
     lines += _costs(summary)
     for sampling in sampling_rows(result):
         lines += _results_table(summary, sampling)
     for sampling in sampling_rows(result):
         lines += _per_prompt_tables(result, summary, sampling)
     lines += _block_table(summary)
+    lines += _adaptive_table(summary)
     if config.get("hf_assisted"):
         lines += _hf_section(result, summary)
     lines += _greedy_check(summary)
@@ -181,86 +178,6 @@ def _name_title(name: str) -> str:
     except ValueError:
         return name
     return f"T={name}"
-
-
-def _targets(summary: dict[str, Any]) -> list[str]:
-    """Issue 12's benchmark targets, each stated with its numbers and met / not met."""
-    goals = summary.get("targets") or {}
-    if not any(goals.values()):
-        return []
-
-    def verdict(met: bool) -> str:
-        return "**met**" if met else "**not met**"
-
-    lines = ["## Targets (issue 12)", ""]
-    for item in (goals.get("lookup") or {}).values():
-        per_prompt = ", ".join(f"{name} {_f(x)}x" for name, x in item["per_prompt"].items())
-        judged = (
-            f"{verdict(item['met'])} (target >= {LOOKUP_TARGET:g}x on every grounded prompt at T=0)"
-            if item["setting"] == "0"
-            else "(reported)"
-        )
-        lines.append(
-            f"- prompt lookup ({item['label']}), T={item['setting']}: median {_f(item['median'])}x, "
-            f"min {_f(item['min'])}x over plain on the grounded prompts ({per_prompt}) {judged}"
-        )
-    adaptive = goals.get("adaptive")
-    if adaptive:
-        lines.append(
-            f"- adaptive gamma, lowest speedup over plain on any prompt: {_f(adaptive['min_speedup'])}x at "
-            f"{adaptive['min_at']} {verdict(adaptive['floor_met'])} (target >= {ADAPTIVE_FLOOR:g}x)"
-        )
-        for setting, item in adaptive["median_vs_best_fixed"].items():
-            lines.append(
-                f"- adaptive gamma, median at {setting}: {_f(item['adaptive_median'])}x against the best "
-                "fixed "
-                f"gamma ({item['best_fixed_gamma']}, {_f(item['best_fixed_median'])}x) {verdict(item['met'])}"
-                + (
-                    f"; prompt by prompt faster than that gamma on {item['paired_faster_on']} of "
-                    f"{item['paired_prompts']}, median ratio {_f(item['paired_median_ratio'])}x (reported)"
-                    if item.get("paired_prompts")
-                    else ""
-                )
-            )
-    block = goals.get("block")
-    if block:
-        short = ", ".join(block["fewer_tokens_per_round"]) or "none"
-        if block.get("scored_pairs"):
-            expected_short = ", ".join(block["fewer_expected_tokens_per_round"]) or "none"
-            lines.append(
-                "- block verification: expected tokens/round of the block rule >= the token rule's, both "
-                f"scored on the same rounds, on all {block['scored_pairs']} prompt x setting x gamma pairs "
-                f"(each on both runs' rounds) {verdict(block['met'])} (fewer on: {expected_short}); "
-                f"median gain {_f(block['median_expected_gain'], 3)}x"
-            )
-            over = block.get("over_drafts")
-            if over:
-                lines.append(
-                    "- block verification, its expected tokens/round estimated over the drafts (the sum of "
-                    "its weights, never below the token rule's on a round, so this measures the size of the "
-                    "gain), at the sampled rows: "
-                    f"ahead on {over['ahead_on']} of {over['scorings']} scorings, gain median "
-                    f"{_f(over['median_gain'], 4)}x [{_f(over['min_gain'], 4)}, {_f(over['max_gain'], 4)}] "
-                    "(reported)"
-                )
-            judged = "(reported, not judged: two sampled runs differ by chance)"
-        else:
-            judged = verdict(block["met"])
-        lines.append(
-            f"- block verification: sampled tokens/round >= token verification's on all {block['pairs']} "
-            f"prompt x setting x gamma pairs {judged} (fewer on: {short}); "
-            "median tokens/round "
-            f"gain {_f(block['median_tokens_per_round_gain'], 3)}x, median wall-clock gain "
-            f"{_f(block['median_wall_clock_gain'], 3)}x"
-        )
-    outside = goals.get("outside_models")
-    if outside:
-        per_method = ", ".join(f"{name} {_pct(x)}" for name, x in outside["per_method"].items())
-        lines.append(
-            f"- time outside the model forwards at the realistic row: at most {_pct(outside['max'])} "
-            f"{verdict(outside['met'])} (target < {100 * OUTSIDE_MODEL_TARGET:g}%; {per_method})"
-        )
-    return lines + [""]
 
 
 def _recommendation(summary: dict[str, Any]) -> list[str]:
@@ -449,6 +366,7 @@ def _block_table(summary: dict[str, Any]) -> list[str]:
     lines = [
         "## Block against token verification (same drafts' model, same gamma, prompt and seed)",
         "",
+        *_block_summary(summary.get("block_summary")),
         "| sampling | prompt | gamma | tokens/round, token | tokens/round, block "
         "| expected, token run's rounds: token / block rule / block weights "
         "| expected, block run's rounds: token / block rule / block weights "
@@ -485,6 +403,64 @@ def _block_table(summary: dict[str, Any]) -> list[str]:
         "mean over drafts is the block rule's expected kept tokens as well: it shares the drafts' chance "
         "with the token rule's column and is never below it on any round, so the two measure the size of "
         "the gain with the drafts' noise taken out.",
+        "",
+    ]
+    return lines
+
+
+def _block_summary(block: dict[str, Any] | None) -> list[str]:
+    """The block-vs-token pairs in a few numbers: sampled gains, the paired expectation, over the drafts."""
+    if not block:
+        return []
+    lines = [
+        f"- {block['pairs']} prompt x sampling x gamma pairs: median tokens/round gain "
+        f"{_f(block['median_tokens_per_round_gain'], 3)}x, median wall-clock gain "
+        f"{_f(block['median_wall_clock_gain'], 3)}x (block run / token run; two sampled runs, so chance "
+        "is in both)."
+    ]
+    if block["scorings"]:
+        below = block["expected_below"]
+        lines.append(
+            f"- Both rules scored on the same rounds ({block['scorings']} scorings, each pair on both runs' "
+            f"rounds): the block rule's expected tokens/round above the token rule's in "
+            f"{block['expected_ahead']}, equal in {block['expected_tied']}, below in {len(below)}"
+            + (f" ({', '.join(below)})" if below else "")
+            + f"; median ratio {_f(block['median_expected_gain'], 3)}x."
+        )
+    over = block.get("over_drafts")
+    if over:
+        lines.append(
+            "- Over the drafts (the sum of block verification's weights against the token rule's "
+            f"expectation), at the sampled rows: above on {over['ahead_on']} of {over['scorings']} scorings, "
+            f"ratio median {_f(over['median_gain'], 4)}x [{_f(over['min_gain'], 4)}, "
+            f"{_f(over['max_gain'], 4)}]."
+        )
+    return lines + [""]
+
+
+def _adaptive_table(summary: dict[str, Any]) -> list[str]:
+    """Adaptive gamma against the fixed gamma with the highest median speedup, per sampling row."""
+    items = summary.get("adaptive_vs_fixed") or []
+    if not items:
+        return []
+    lines = [
+        "## Adaptive gamma against the best fixed gamma (draft model, token verification)",
+        "",
+        "| sampling | adaptive | median speedup | best fixed gamma | its median speedup "
+        "| faster than it on (prompts) | median per-prompt ratio |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for item in items:
+        lines.append(
+            f"| {_name_title(item['setting'])} | {item['label']} | {_f(item['median'])}x | "
+            f"{item['best_fixed_gamma']} | {_f(item['best_fixed_median'])}x | "
+            f"{item['faster_on']} of {item['paired_prompts']} | {_f(item['median_ratio'])}x |"
+        )
+    lines += [
+        "",
+        "Best fixed gamma: the speculative gamma with the highest median speedup at that sampling row. "
+        "The two medians may come from different prompts; the last two columns compare the two methods "
+        "prompt by prompt (ratio = adaptive speedup / fixed-gamma speedup on the same prompt).",
         "",
     ]
     return lines

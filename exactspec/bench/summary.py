@@ -24,8 +24,6 @@ from exactspec.bench.runner import (
     HF_ASSISTED,
     HF_PLAIN,
     LLAMACPP_PLAIN,
-    NGRAM,
-    NGRAM_ADAPTIVE,
     PLAIN,
     SPECULATIVE,
     SPECULATIVE_BLOCK,
@@ -71,8 +69,8 @@ def configured_methods(result: dict[str, Any]) -> list[tuple[str, int]]:
 
 
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
-    """Summary of a raw result: cost ratios, one row per setting, per-prompt rows, targets, the
-    recommended gamma per sampling row."""
+    """Summary of a raw result: cost ratios, one row per setting, per-prompt rows, block against
+    token verification, adaptive against fixed gamma, the recommended gamma per sampling row."""
     costs = cost_ratios(result["costs"])
     forward_costs = cost_ratios(result["costs"], forward_only=True)
     runs = result["runs"]
@@ -103,6 +101,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
             [r for r in rows if r["setting"] == sampling["name"]], costs
         )
     per_prompt = per_prompt_rows(result)
+    pairs = block_vs_token(per_prompt)
     return {
         "costs": costs,
         "forward_costs": forward_costs,
@@ -114,8 +113,9 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         "gamma_policy_costs": next(
             (r["gamma_policy_costs"] for r in runs if "gamma_policy_costs" in r), None
         ),
-        "block_vs_token": block_vs_token(per_prompt),
-        "targets": targets(result, rows, per_prompt),
+        "block_vs_token": pairs,
+        "block_summary": block_summary(result, pairs),
+        "adaptive_vs_fixed": adaptive_vs_fixed(rows, per_prompt),
         "recommendation": recommendation,
         "prediction_note": PREDICTION_NOTE,
         "estimated_full_run_seconds": estimate_full_run_seconds(result),
@@ -261,20 +261,8 @@ def label(method: str, gamma: int) -> str:
     return f"{method} gamma{'<=' if strategy_of(method).adaptive_gamma else '='}{gamma}"
 
 
-GROUNDED = "grounded"
-"""The prompt category whose output copies its input (edits, fixes, questions over a given text)."""
-
-LOOKUP_TARGET = 2.0
-"""Issue 12: prompt lookup at least 2.0x over plain on the grounded prompts at T = 0."""
-LOOKUP_METHODS = (NGRAM, NGRAM_ADAPTIVE)
-"""The prompt-lookup methods the lookup target is judged on, each on its own."""
-ADAPTIVE_FLOOR = 0.97
-"""Issue 12: adaptive gamma never below 0.97x of plain on any prompt."""
 EXPECTED_TIE = 1e-9
 """Expected tokens/round of the two rules closer than this count as equal (greedy rounds tie exactly)."""
-OUTSIDE_MODEL_TARGET = 0.03
-"""Issue 12: time outside the model forwards under 3% of wall time at the realistic-settings row."""
-REALISTIC = "realistic"
 
 
 def per_prompt_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -366,24 +354,14 @@ def block_vs_token(per_prompt: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return pairs
 
 
-def _expected_shortfalls(pair: dict[str, Any]) -> list[str]:
-    """Which of a pair's two runs score the block rule below the token rule on their own rounds."""
-    return [
-        which
-        for which in ("token", "block")
-        if (scored := pair.get(f"expected_on_{which}_rounds")) is not None
-        and not scored["block"] >= scored["token"] - EXPECTED_TIE
-    ]
-
-
 def _over_drafts(scored_pairs: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Block verification's gain estimated over the drafts (its weights' sum against the token rule's
     expectation, each run's own rounds; `verifiers.expected.block_weight_sum`), per prompt and pooled,
     over the sampled rows' pairs it is given.
 
-    Reported, never judged: on every round the weights' sum is at least the token rule's, so this
-    says by how much block verification gains on these prompts' rounds, not whether it does.
-    None for results from before the weights were kept.
+    On every round the weights' sum is at least the token rule's expectation, so this measures by
+    how much block verification gains on these prompts' rounds. None for results from before the
+    weights were kept.
     """
     gains = {
         f"{p['prompt']} ({p['setting']}, gamma={p['gamma']}, {which} run)": theory.ratio(
@@ -405,141 +383,80 @@ def _over_drafts(scored_pairs: list[dict[str, Any]]) -> dict[str, Any] | None:
     }
 
 
-def targets(
-    result: dict[str, Any], rows: list[dict[str, Any]], per_prompt: list[dict[str, Any]]
-) -> dict[str, Any]:
-    """Issue 12's benchmark targets, each with the numbers it is judged on and whether it is met.
+def block_summary(result: dict[str, Any], pairs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Block against token verification over all pairs (`block_vs_token`); None without pairs.
 
-    - lookup: each prompt-lookup method's (fixed and adaptive gamma, token verification) speedup
-      on each grounded prompt at T = 0 (and T = 0.7), met when every grounded prompt reaches
-      LOOKUP_TARGET;
-    - adaptive: its lowest per-prompt speedup over every sampling row (met at >= ADAPTIVE_FLOOR),
-      and per sampling row its median against the best fixed-gamma (token-verified) median (judged),
-      with the paired comparison beside it (on how many prompts adaptive beat that gamma, and the
-      median per-prompt ratio; reported);
-    - block: per prompt and gamma, tokens/round of the block rule >= the token rule's, judged on
-      the expected tokens/round of both rules scored on the same rounds (each of the two runs'
-      own rounds; sampled tokens/round of two runs differ by chance too, and are reported
-      beside), and the median wall-clock gain (block tokens/s / token tokens/s);
-    - outside models: each engine method's share of wall time outside the forwards at the
-      realistic row (pooled over prompts), met when all are below OUTSIDE_MODEL_TARGET.
-    A target whose runs are absent is None.
+    Sampled: the median gains in tokens/round and in tokens/s (two runs, so chance is in both).
+    Paired: each run scores both rules on its own rounds (`runs.ExpectationRecorder`); on how many
+    of these scorings the block rule's expected tokens/round is above, equal to (within
+    EXPECTED_TIE; greedy rows are equal by construction) or below the token rule's, which
+    scorings are below, and the median ratio. Over the drafts: `_over_drafts`, at the sampled rows.
     """
-    out: dict[str, Any] = {}
-    lookup = {}
-    lookup_runs = sorted({(r["method"], r["gamma"]) for r in per_prompt if r["method"] in LOOKUP_METHODS})
-    for setting in ("0", "0.7"):
-        for method, gamma in lookup_runs:
-            speedups = {
-                r["prompt"]: r["speedup"]
-                for r in per_prompt
-                if r["method"] == method
-                and r["gamma"] == gamma
-                and r["setting"] == setting
-                and r["category"] == GROUNDED
-            }
-            if speedups:
-                values = list(speedups.values())
-                name = label(method, gamma)
-                lookup[f"{setting} {name}"] = {
-                    "setting": setting,
-                    "label": name,
-                    "gamma": gamma,
-                    "per_prompt": speedups,
-                    "median": theory.median(values),
-                    "min": min(values),
-                    "met": setting == "0" and min(values) >= LOOKUP_TARGET,
-                }
-    out["lookup"] = lookup or None
+    if not pairs:
+        return None
+    # Greedy rows draft and verify one-hot distributions: every score there is equal by construction.
+    greedy_settings = {s["name"] for s in sampling_rows(result) if s["temperature"] == 0}
+    scorings = [
+        (f"{p['prompt']} ({p['setting']}, gamma={p['gamma']}, {which} run)", scored)
+        for p in pairs
+        for which in ("token", "block")
+        if (scored := p.get(f"expected_on_{which}_rounds")) is not None
+    ]
+    return {
+        "pairs": len(pairs),
+        "median_tokens_per_round_gain": theory.median(
+            [theory.ratio(p["block_tokens_per_round"], p["token_tokens_per_round"]) for p in pairs]
+        ),
+        "median_wall_clock_gain": theory.median([p["wall_clock_gain"] for p in pairs]),
+        "scorings": len(scorings),
+        "expected_ahead": sum(1 for _, s in scorings if s["block"] > s["token"] + EXPECTED_TIE),
+        "expected_tied": sum(1 for _, s in scorings if abs(s["block"] - s["token"]) <= EXPECTED_TIE),
+        "expected_below": [name for name, s in scorings if s["block"] < s["token"] - EXPECTED_TIE],
+        "median_expected_gain": theory.median([theory.ratio(s["block"], s["token"]) for _, s in scorings]),
+        "over_drafts": _over_drafts([p for p in pairs if p["setting"] not in greedy_settings]),
+    }
 
-    adaptive = [r for r in per_prompt if r["method"] == ADAPTIVE]
-    if adaptive:
-        worst = min(adaptive, key=lambda r: theory.nan_high(r["speedup"]))
-        by_setting = {}
-        for setting in sorted({r["setting"] for r in adaptive}):
-            own = [r for r in rows if r["setting"] == setting and r["method"] == ADAPTIVE]
-            fixed = [r for r in rows if r["setting"] == setting and r["method"] == SPECULATIVE]
-            best = max(fixed, key=lambda r: theory.nan_low(r["speedup"]["median"]), default=None)
-            if not own or best is None:
-                continue
-            median = own[0]["speedup"]["median"]
-            # The same comparison prompt by prompt: the medians above may come from different prompts.
-            fixed_speedup = {
-                r["prompt"]: r["speedup"]
-                for r in per_prompt
-                if r["setting"] == setting and r["method"] == SPECULATIVE and r["gamma"] == best["gamma"]
-            }
-            paired = [
-                theory.ratio(r["speedup"], fixed_speedup[r["prompt"]])
-                for r in adaptive
-                if r["setting"] == setting and r["prompt"] in fixed_speedup
-            ]
-            by_setting[setting] = {
-                "adaptive_median": median,
+
+def adaptive_vs_fixed(rows: list[dict[str, Any]], per_prompt: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Adaptive gamma against the fixed gamma with the highest median speedup, per sampling row.
+
+    Both use the draft model with token verification (methods ADAPTIVE and SPECULATIVE). Beside
+    the two medians (which may come from different prompts), the same comparison prompt by prompt:
+    on how many prompts adaptive gamma was faster than that fixed gamma, and the median of the
+    per-prompt ratios of their speedups.
+    """
+    out = []
+    for own in (r for r in rows if r["method"] == ADAPTIVE):
+        setting = own["setting"]
+        fixed = [r for r in rows if r["setting"] == setting and r["method"] == SPECULATIVE]
+        best = max(fixed, key=lambda r: theory.nan_low(r["speedup"]["median"]), default=None)
+        if best is None:
+            continue
+        fixed_speedup = {
+            r["prompt"]: r["speedup"]
+            for r in per_prompt
+            if r["setting"] == setting and r["method"] == SPECULATIVE and r["gamma"] == best["gamma"]
+        }
+        paired = [
+            theory.ratio(r["speedup"], fixed_speedup[r["prompt"]])
+            for r in per_prompt
+            if r["setting"] == setting
+            and r["method"] == ADAPTIVE
+            and r["gamma"] == own["gamma"]
+            and r["prompt"] in fixed_speedup
+        ]
+        out.append(
+            {
+                "setting": setting,
+                "label": own["label"],
+                "median": own["speedup"]["median"],
                 "best_fixed_gamma": best["gamma"],
                 "best_fixed_median": best["speedup"]["median"],
-                "met": theory.nan_low(median) >= theory.nan_high(best["speedup"]["median"]),
                 "paired_prompts": len(paired),
-                "paired_faster_on": sum(1 for ratio in paired if ratio > 1.0),
-                "paired_median_ratio": theory.median(paired) if paired else NAN,
+                "faster_on": sum(1 for ratio in paired if ratio > 1.0),
+                "median_ratio": theory.median(paired) if paired else NAN,
             }
-        out["adaptive"] = {
-            "min_speedup": worst["speedup"],
-            "min_at": f"{worst['prompt']} ({worst['setting']})",
-            "floor_met": theory.nan_low(worst["speedup"]) >= ADAPTIVE_FLOOR,
-            "median_vs_best_fixed": by_setting,
-            "median_met": bool(by_setting) and all(v["met"] for v in by_setting.values()),
-        }
-    else:
-        out["adaptive"] = None
-
-    pairs = block_vs_token(per_prompt)
-    if pairs:
-        # Greedy rows draft and verify one-hot distributions: every score there is equal by construction.
-        greedy_settings = {s["name"] for s in sampling_rows(result) if s["temperature"] == 0}
-        short = [p for p in pairs if not p["block_tokens_per_round"] >= p["token_tokens_per_round"]]
-        scored_pairs = [p for p in pairs if p.get("expected_on_block_rounds") is not None]
-        expected_short = [p for p in scored_pairs if _expected_shortfalls(p)]
-        out["block"] = {
-            "pairs": len(pairs),
-            "fewer_tokens_per_round": [f"{p['prompt']} ({p['setting']}, gamma={p['gamma']})" for p in short],
-            "scored_pairs": len(scored_pairs),
-            "fewer_expected_tokens_per_round": [
-                f"{p['prompt']} ({p['setting']}, gamma={p['gamma']}, "
-                f"on the {' and '.join(_expected_shortfalls(p))} run's rounds)"
-                for p in expected_short
-            ],
-            "median_expected_gain": theory.median(
-                [
-                    theory.ratio(scored["block"], scored["token"])
-                    for p in scored_pairs
-                    for scored in (p["expected_on_token_rounds"], p["expected_on_block_rounds"])
-                    if scored is not None
-                ]
-            )
-            if scored_pairs
-            else NAN,
-            # Judged on the paired expectation where the runs carry it, else on the sampled counts.
-            "met": not expected_short if scored_pairs else not short,
-            "over_drafts": _over_drafts([p for p in scored_pairs if p["setting"] not in greedy_settings]),
-            "median_wall_clock_gain": theory.median([p["wall_clock_gain"] for p in pairs]),
-            "median_tokens_per_round_gain": theory.median(
-                [theory.ratio(p["block_tokens_per_round"], p["token_tokens_per_round"]) for p in pairs]
-            ),
-        }
-    else:
-        out["block"] = None
-
-    realistic = [r for r in rows if r["setting"] == REALISTIC and is_engine_method(r["method"])]
-    if realistic:
-        fractions = {r["label"]: r["outside_model_fraction"] for r in realistic}
-        out["outside_models"] = {
-            "per_method": fractions,
-            "max": max(theory.nan_high(f) for f in fractions.values()),
-            "met": all(theory.nan_high(f) < OUTSIDE_MODEL_TARGET for f in fractions.values()),
-        }
-    else:
-        out["outside_models"] = None
+        )
     return out
 
 

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("matplotlib")
 
 from exactspec.bench.report import load_result, render_markdown, write_outputs  # noqa: E402
-from exactspec.bench.summary import summarize, targets  # noqa: E402
+from exactspec.bench.summary import adaptive_vs_fixed, block_summary, summarize  # noqa: E402
 
 N = 12  # new tokens per run
 
@@ -237,47 +237,62 @@ def test_the_load_warning_discounts_the_bench_s_own_threads() -> None:
     assert "the machine was loaded" in render_markdown(result)
 
 
-def test_lookup_target_judges_fixed_and_adaptive_lookup_each_on_its_own() -> None:
-    speedups = {("ngram", 8): (2.4, 1.9), ("ngram-adaptive", 16): (2.6, 2.01), ("hybrid", 4): (3.0, 2.5)}
-    per_prompt = [
-        {
-            "setting": "0",
-            "prompt": prompt,
-            "category": "grounded",
-            "method": method,
-            "gamma": gamma,
-            "speedup": value,
-        }
-        for (method, gamma), values in speedups.items()
-        for prompt, value in zip(("edit", "fix"), values, strict=True)
-    ]
-    slow_elsewhere = {**per_prompt[0], "prompt": "prose", "category": "explain", "speedup": 0.5}
-    lookup = targets({"runs": []}, [], [*per_prompt, slow_elsewhere])["lookup"]
-    assert set(lookup) == {"0 ngram gamma=8", "0 ngram-adaptive gamma<=16"}  # hybrid is not lookup alone
-    assert lookup["0 ngram gamma=8"]["min"] == 1.9 and not lookup["0 ngram gamma=8"]["met"]
-    assert lookup["0 ngram-adaptive gamma<=16"]["met"]
-    assert lookup["0 ngram-adaptive gamma<=16"]["median"] == pytest.approx(2.305)  # grounded prompts only
-
-
-def test_adaptive_target_pairs_each_prompt_with_the_best_fixed_gamma() -> None:
+def test_adaptive_is_paired_prompt_by_prompt_with_the_best_fixed_gamma() -> None:
     speedups = {("adaptive", 4): (1.2, 2.0), ("speculative", 2): (1.5, 1.6), ("speculative", 4): (1.0, 1.1)}
     per_prompt = [
-        {
-            "setting": "0",
-            "prompt": prompt,
-            "category": "coding",
-            "method": method,
-            "gamma": gamma,
-            "speedup": value,
-        }
+        {"setting": "0", "prompt": prompt, "method": method, "gamma": gamma, "speedup": value}
         for (method, gamma), values in speedups.items()
         for prompt, value in zip(("a", "b"), values, strict=True)
     ]
     rows = [
-        {"setting": "0", "method": method, "gamma": gamma, "speedup": {"median": sum(values) / 2}}
+        {
+            "setting": "0",
+            "method": method,
+            "gamma": gamma,
+            "label": f"{method} {gamma}",
+            "speedup": {"median": sum(values) / 2},
+        }
         for (method, gamma), values in speedups.items()
     ]
-    item = targets({"runs": []}, rows, per_prompt)["adaptive"]["median_vs_best_fixed"]["0"]
-    assert item["best_fixed_gamma"] == 2 and item["met"]  # median 1.6 against gamma 2's 1.55
-    assert item["paired_prompts"] == 2 and item["paired_faster_on"] == 1  # 1.2 < 1.5, 2.0 > 1.6
-    assert item["paired_median_ratio"] == pytest.approx((1.2 / 1.5 + 2.0 / 1.6) / 2)
+    (item,) = adaptive_vs_fixed(rows, per_prompt)
+    assert item["best_fixed_gamma"] == 2 and item["best_fixed_median"] == pytest.approx(1.55)
+    assert item["median"] == pytest.approx(1.6) and item["label"] == "adaptive 4"
+    assert item["paired_prompts"] == 2 and item["faster_on"] == 1  # 1.2 < 1.5, 2.0 > 1.6
+    assert item["median_ratio"] == pytest.approx((1.2 / 1.5 + 2.0 / 1.6) / 2)
+    assert adaptive_vs_fixed([r for r in rows if r["method"] == "adaptive"], per_prompt) == []  # no fixed
+
+
+def test_block_summary_counts_the_paired_scorings_and_leaves_greedy_rows_out_of_the_draft_gain() -> None:
+    def scored(token: float, block: float, weights: float) -> dict[str, float]:
+        return {"token": token, "block": block, "block_weights": weights}
+
+    def pair(setting: str, prompt: str, on_token: dict, on_block: dict) -> dict:
+        return {
+            "setting": setting,
+            "prompt": prompt,
+            "gamma": 2,
+            "token_tokens_per_round": 2.0,
+            "block_tokens_per_round": 2.2,
+            "token_tokens_per_second": 10.0,
+            "block_tokens_per_second": 9.0,
+            "wall_clock_gain": 0.9,
+            "expected_on_token_rounds": on_token,
+            "expected_on_block_rounds": on_block,
+        }
+
+    pairs = [
+        pair("0", "a", scored(2.0, 2.0, 2.0), scored(2.5, 2.5, 2.5)),  # greedy: equal by construction
+        pair("0.7", "a", scored(2.0, 2.2, 2.4), scored(2.0, 1.9, 2.1)),
+    ]
+    result = {"config": {"temperatures": [0.0, 0.7]}}
+    block = block_summary(result, pairs)
+    assert block["pairs"] == 2 and block["scorings"] == 4
+    assert (block["expected_ahead"], block["expected_tied"]) == (1, 2)
+    assert block["expected_below"] == ["a (0.7, gamma=2, block run)"]
+    assert block["median_expected_gain"] == pytest.approx(1.0)  # of 0.95, 1, 1, 1.1
+    assert block["median_tokens_per_round_gain"] == pytest.approx(1.1)
+    assert block["median_wall_clock_gain"] == pytest.approx(0.9)
+    over = block["over_drafts"]  # the sampled row only: 2.4 / 2.0 and 2.1 / 2.0
+    assert over["scorings"] == 2 and over["ahead_on"] == 2
+    assert over["min_gain"] == pytest.approx(1.05) and over["max_gain"] == pytest.approx(1.2)
+    assert block_summary(result, []) is None
