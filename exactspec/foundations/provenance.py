@@ -49,9 +49,10 @@ class Machine(JsonRecord):
         """`Xeon ..., 2 cores, 7.8 GiB, Linux-6.1-x86_64, Python 3.11.7, torch 2.5.1 (2 threads), no GPU`."""
         memory = f"{self.memory_bytes / 2**30:.1f} GiB" if self.memory_bytes else "memory unknown"
         gpus = ", ".join(self.gpus) if self.gpus else "no GPU"
+        threads = f"{self.torch_threads} thread{'' if self.torch_threads == 1 else 's'}"
         return (
             f"{self.cpu}, {self.cores or '?'} cores, {memory}, {self.os}, Python {self.python}, "
-            f"torch {self.torch} ({self.torch_threads} threads), {gpus}"
+            f"torch {self.torch} ({threads}), {gpus}"
         )
 
 
