@@ -17,7 +17,6 @@ Each record's `to_json()` / `from_json()` is `foundations.records.JsonRecord`'s.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,11 +25,6 @@ from exactspec.foundations.records import JsonRecord, json_key
 
 Forward = tuple[int, float]
 """One timed forward pass: (tokens fed, seconds)."""
-
-
-def field_values(record: Any) -> dict[str, Any]:
-    """A record's fields by name, unconverted (to build a record that extends it)."""
-    return {item.name: getattr(record, item.name) for item in dataclasses.fields(record)}
 
 
 @dataclass(frozen=True, kw_only=True)

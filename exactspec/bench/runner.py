@@ -42,12 +42,11 @@ from exactspec.bench.records import (
     ModelSpecs,
     PromptRecord,
     Run,
-    field_values,
 )
 from exactspec.bench.runs import run_engine, run_hf, run_llamacpp
 from exactspec.decoding.strategy import Strategy
 from exactspec.foundations.provenance import Machine, Provenance
-from exactspec.foundations.records import JsonRecord
+from exactspec.foundations.records import JsonRecord, field_values
 from exactspec.foundations.settings import REALISTIC_CHAT_SETTINGS, SamplingSettings
 from exactspec.models.pair import ModelPair
 from exactspec.peers import hf as hf_peer

@@ -19,11 +19,11 @@ from exactspec.bench.records import (
     Measurement,
     PolicyCosts,
     RunMetrics,
-    field_values,
 )
 from exactspec.bench.timing import ForwardTimer, RoundStreamer, steady_state
 from exactspec.decoding.engine import DecodeConfig
 from exactspec.decoding.strategy import Strategy, build_engine
+from exactspec.foundations.records import field_values
 from exactspec.foundations.rows import RowStart
 from exactspec.foundations.sampler import SeededSampler
 from exactspec.foundations.settings import SamplingSettings

@@ -188,7 +188,6 @@ def run(args: argparse.Namespace) -> int:
     # Created and test-written now: the full run takes about 1.5 hours, and its results must not be lost
     # to an output folder that turns out to be a file at the end.
     output_folder("--out", args.out)
-    provenance = command_provenance(args)  # taken as the run starts: its date is the run's
 
     def say(message: str) -> None:
         print(f"[exactspec bench] {message}", file=sys.stderr, flush=True)
@@ -212,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     progress = not args.no_progress
+    provenance = command_provenance(args)  # as the run starts, with the threads it runs with
 
     started = time.perf_counter()
     say(f"loading {args.target} and {args.draft}")

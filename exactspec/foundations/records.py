@@ -75,6 +75,12 @@ class JsonRecord:
         return cls(**values)
 
 
+def field_values(record: Any) -> dict[str, Any]:
+    """A dataclass's fields by name, unconverted: to build a record that extends it
+    (`Extended(**field_values(base), more=...)`)."""
+    return {item.name: getattr(record, item.name) for item in dataclasses.fields(record)}
+
+
 def to_json(value: Any) -> Any:
     """`value` as JSON-ready data: records by `to_json()`, NaN and infinities as None, keys as strings."""
     if isinstance(value, JsonRecord):
