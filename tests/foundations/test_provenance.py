@@ -111,3 +111,25 @@ def test_provenance_round_trips_through_json() -> None:
     assert data["machine"]["gpus"] == ["NVIDIA H200"] and data["commit"] == "abc1234 (uncommitted changes)"
     assert Provenance.from_json(data) == record
     assert "8 cores, 16.0 GiB" in record.machine.describe() and "NVIDIA H200" in record.machine.describe()
+
+
+def imported_modules(path: Path) -> list[str]:
+    """Every module an `import` or `from ... import` statement of the file names."""
+    import ast
+
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names.append(node.module or "")
+    return names
+
+
+def test_provenance_and_records_import_nothing_of_exactspec_above_the_foundations() -> None:
+    from exactspec.foundations import records
+
+    for module in (provenance, records):
+        ours = [name for name in imported_modules(Path(module.__file__)) if name.startswith("exactspec")]
+        assert all(name.startswith("exactspec.foundations.") for name in ours), (module.__name__, ours)
+    assert "exactspec.foundations.records" in imported_modules(Path(provenance.__file__))
