@@ -28,27 +28,27 @@ def main(folders: list[str]) -> int:
     for folder in folders:
         result = load_result(Path(folder) / "bench.json")
         summary = summarize(result)
-        weights = result["models"].get("weights", result["models"]["target"].get("weights", "dense"))
-        for row in summary["rows"]:
-            t = row["temperature"]
+        weights = result.models.weights or result.models.target.weights
+        for row in summary.rows:
+            t = row.temperature
             llama = {
-                r["prompt"]: r["steady_tokens_per_second"]
-                for r in result["runs"]
-                if r["method"] == LLAMACPP_PLAIN and r["temperature"] == t
+                r.prompt: r.steady_tokens_per_second
+                for r in result.runs
+                if r.method == LLAMACPP_PLAIN and r.temperature == t
             }
             ratios = [
-                r["steady_tokens_per_second"] / llama[r["prompt"]]
-                for r in result["runs"]
-                if r["temperature"] == t
-                and r["method"] == row["method"]
-                and r["gamma"] == row["gamma"]
-                and r["prompt"] in llama
+                r.steady_tokens_per_second / llama[r.prompt]
+                for r in result.runs
+                if r.temperature == t
+                and r.method == row.method
+                and r.gamma == row.gamma
+                and r.prompt in llama
             ]
             over_llama = statistics.median(ratios) if ratios else math.nan
             print(
-                f"| {weights} | {t:g} | {row['label']} | {row['tokens_per_second']['median']:.2f} | "
-                f"{row['speedup']['median']:.2f} | {over_llama:.2f} | {_f(row['alpha'])} | "
-                f"{_f(row['tokens_per_round'])} |"
+                f"| {weights} | {t:g} | {row.label} | {row.tokens_per_second.median:.2f} | "
+                f"{row.speedup.median:.2f} | {over_llama:.2f} | {_f(row.alpha)} | "
+                f"{_f(row.tokens_per_round)} |"
             )
     return 0
 

@@ -17,6 +17,7 @@ max) with the fraction of positions whose argmax agrees.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import statistics
@@ -146,11 +147,12 @@ def main() -> int:
             say(f"{name}: gap {json.dumps(entry['gap_to_first'])}")
         del probs
         context = sequences[0]
-        costs = measure_costs(pair, context, args.max_k, args.repeats, temperatures=[0.0])
-        ratios = cost_ratios(costs)
-        entry["costs"] = costs
+        costs = measure_costs(pair, context, args.max_k, args.repeats, [0.0])
+        # The ratios as plain dicts with int k (json.dumps writes the keys as strings).
+        ratios = dataclasses.asdict(cost_ratios(costs))
+        entry["costs"] = costs.to_json()
         entry["ratios"] = ratios
-        entry["forward_ratios"] = cost_ratios(costs, forward_only=True)
+        entry["forward_ratios"] = dataclasses.asdict(cost_ratios(costs, forward_only=True))
         say(
             f"{name}: target step {1000 * ratios['target_step_seconds']:.1f} ms, draft step "
             f"{1000 * ratios['draft_step_seconds']:.1f} ms, c {ratios['c']:.3f}, v "
@@ -160,8 +162,8 @@ def main() -> int:
             entry["split"] = {}
             for rows in [int(s) for s in args.splits.split(",") if s.strip()]:
                 set_max_rows(pair.target_model, rows)
-                split = cost_ratios(
-                    measure_costs(pair, context, args.max_k, args.repeats, temperatures=[0.0])
+                split = dataclasses.asdict(
+                    cost_ratios(measure_costs(pair, context, args.max_k, args.repeats, [0.0]))
                 )
                 entry["split"][str(rows)] = split
                 say(f"{name} split {rows}: v " + " ".join(f"{k}:{v:.2f}" for k, v in split["v"].items()))

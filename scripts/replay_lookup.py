@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from exactspec.api.text import encode_text
-from exactspec.bench.costs import cost_ratios
+from exactspec.bench.costs import CostMeasurement, cost_ratios
 from exactspec.decoding.gamma import LookupGamma
 from exactspec.drafters.ngram import lookup_match
 from exactspec.foundations.costs import CostModel
@@ -82,7 +82,7 @@ def main() -> None:
     args = parser.parse_args()
     result = json.loads(args.bench_json.read_text())
     tokenizer = load_tokenizer(args.target, progress=False)
-    v = cost_ratios(result["costs"])["v"]
+    v = cost_ratios(CostMeasurement.from_json(result["costs"])).v
     ranges = [tuple(int(x) for x in item.split("-")) for item in args.ngrams.split(",")]
     gammas = [int(g) for g in args.gammas.split(",")]
     prompts = {p["name"]: p for p in result["prompts"]}

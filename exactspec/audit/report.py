@@ -1,17 +1,117 @@
-"""Audit reports: terminal lines, a JSON file with every number, and a Markdown file for people."""
+"""Audit reports: terminal lines, a JSON file with every number, and a Markdown file for people.
+
+The JSON file is an `AuditReport` (a frozen `JsonRecord`: its provenance, what was audited, one
+`AuditRecord` per result); the Markdown file is rendered from that record alone
+(`render_markdown`), so `AuditReport.from_json` of the file renders it again.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from exactspec.audit.runner import AuditResult, SequenceRow
+from exactspec.foundations.provenance import Provenance
+from exactspec.foundations.records import JsonRecord, field_values
 
 Decode = Callable[[Sequence[int]], str]
 """Token ids -> text, to show sequences of a real tokenizer next to their ids."""
+
+Sequence_ = tuple[int, ...] | str
+"""A bucket's label: the token ids of a sequence, or "other" for the rest of the mass."""
+
+
+@dataclass(frozen=True)
+class SequenceRecord(JsonRecord):
+    """A bucket in a report: the sequence (or "other"), its exact p, observed and expected counts, z.
+
+    `text`: the sequence decoded by the tokenizer (None without one, or for "other").
+    """
+
+    sequence: Sequence_
+    probability: float
+    observed: int
+    expected: float
+    z: float
+    text: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditRecord(JsonRecord):
+    """Everything about one audit result (one generator on one case), as the JSON file holds it.
+
+    `details`: the generator's own description of itself and its runs (`Generator.details`: gamma,
+    batch size, acceptance rate, ...; its keys differ between generators). `g_statistic`: None
+    when infinite (a sampled sequence of target probability 0). `malformed`, `zero_probability`:
+    the sampled sequences that prove inexactness (tokens after EOS or cut short; p = 0), with
+    their decoded texts in `malformed_text`, `zero_probability_text` (None without a tokenizer).
+    """
+
+    generator: str
+    details: dict[str, Any]
+    verdict: str  # "pass" or "fail" at `significance`
+    significance: float
+    prompt: tuple[int, ...]
+    length: int
+    max_new_tokens: int
+    settings: str
+    samples: int
+    seed: int
+    buckets: int
+    bucket_threshold: float
+    bucketed_mass: float
+    g_statistic: float | None
+    p_value: float
+    chi_square_p_value: float
+    total_variation: float
+    total_variation_noise_q99: float
+    distinct_sequences: int
+    malformed: tuple[tuple[int, ...], ...]
+    zero_probability: tuple[tuple[int, ...], ...]
+    over_represented: tuple[SequenceRecord, ...]
+    under_represented: tuple[SequenceRecord, ...]
+    sample_seconds: float
+    reference_seconds: float
+    check_seconds: float
+    malformed_text: tuple[str, ...] | None = None
+    zero_probability_text: tuple[str, ...] | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditSetup(JsonRecord):
+    """What an audit run sampled from: its title, the models, the prompt, n, N and the seed."""
+
+    title: str
+    models: str
+    prompt_ids: tuple[int, ...]
+    n: int
+    samples: int
+    seed: int
+    prompt_text: str | None = None  # the prompt as given (None: given as ids, e.g. the tiny grid)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditReport(AuditSetup):
+    """A whole audit run (`<stem>.json`): provenance, setup, duration, verdict counts and every result."""
+
+    provenance: Provenance
+    seconds: float
+    significance: float
+    passed: int
+    failed: int
+    results: tuple[AuditRecord, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        data = super().to_json()
+        return {"provenance": data["provenance"], **data}  # first, as in every output's header
 
 
 def _label(label: tuple[int, ...] | str, decode: Decode | None) -> str:
@@ -21,54 +121,63 @@ def _label(label: tuple[int, ...] | str, decode: Decode | None) -> str:
     return f"{ids} {json.dumps(decode(label))}" if decode is not None else ids
 
 
+def _record_label(record: SequenceRecord) -> str:
+    """A bucket as `_label` shows it, from its record (the text decoded when it was written)."""
+    if isinstance(record.sequence, str):
+        return record.sequence
+    ids = " ".join(str(t) for t in record.sequence)
+    return f"{ids} {json.dumps(record.text)}" if record.text is not None else ids
+
+
+def _ids_label(sequence: tuple[int, ...], texts: tuple[str, ...] | None, index: int) -> str:
+    """`4 2 "foo"`: a sequence's ids, and its text when the record has one."""
+    ids = " ".join(str(t) for t in sequence)
+    return f"{ids} {json.dumps(texts[index])}" if texts is not None else ids
+
+
 def _number(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _row_dict(row: SequenceRow, decode: Decode | None) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "sequence": row.label if isinstance(row.label, str) else list(row.label),
-        "probability": row.probability,
-        "observed": row.observed,
-        "expected": row.expected,
-        "z": row.z_score,
-    }
-    if decode is not None and not isinstance(row.label, str):
-        out["text"] = decode(row.label)
-    return out
+def _row_record(row: SequenceRow, decode: Decode | None) -> SequenceRecord:
+    label = row.label if isinstance(row.label, str) else tuple(row.label)
+    text = decode(row.label) if decode is not None and not isinstance(row.label, str) else None
+    return SequenceRecord(label, row.probability, row.observed, row.expected, row.z_score, text)
 
 
-def result_dict(result: AuditResult, significance: float, decode: Decode | None = None) -> dict[str, Any]:
-    """Everything about one result, JSON-ready (inf -> null)."""
+def audit_record(result: AuditResult, significance: float, decode: Decode | None = None) -> AuditRecord:
+    """Everything about one result, as a record (infinite G -> None)."""
     fit, case = result.fit, result.case
-    return {
-        "generator": result.generator,
-        "details": result.details,
-        "verdict": "pass" if result.passes(significance) else "fail",
-        "significance": significance,
-        "prompt": list(case.prompt),
-        "length": case.length,
-        "max_new_tokens": case.budget,
-        "settings": case.settings.describe(),
-        "samples": case.samples,
-        "seed": case.seed,
-        "buckets": fit.degrees_of_freedom + 1,
-        "bucket_threshold": result.reference.min_probability,
-        "bucketed_mass": sum(result.reference.buckets.values()),
-        "g_statistic": _number(fit.g_statistic),
-        "p_value": fit.p_value,
-        "chi_square_p_value": fit.chi_square_p_value,
-        "total_variation": fit.total_variation,
-        "total_variation_noise_q99": fit.total_variation_null_q99,
-        "distinct_sequences": result.distinct_sequences,
-        "malformed": [list(s) for s in result.malformed],
-        "zero_probability": [list(s) for s in result.zero_probability],
-        "over_represented": [_row_dict(r, decode) for r in result.over_represented()],
-        "under_represented": [_row_dict(r, decode) for r in result.under_represented()],
-        "sample_seconds": result.sample_seconds,
-        "reference_seconds": result.reference.seconds,
-        "check_seconds": result.check_seconds,
-    }
+    return AuditRecord(
+        generator=result.generator,
+        details=dict(result.details),
+        verdict="pass" if result.passes(significance) else "fail",
+        significance=significance,
+        prompt=tuple(case.prompt),
+        length=case.length,
+        max_new_tokens=case.budget,
+        settings=case.settings.describe(),
+        samples=case.samples,
+        seed=case.seed,
+        buckets=fit.degrees_of_freedom + 1,
+        bucket_threshold=result.reference.min_probability,
+        bucketed_mass=sum(result.reference.buckets.values()),
+        g_statistic=_number(fit.g_statistic),
+        p_value=fit.p_value,
+        chi_square_p_value=fit.chi_square_p_value,
+        total_variation=fit.total_variation,
+        total_variation_noise_q99=fit.total_variation_null_q99,
+        distinct_sequences=result.distinct_sequences,
+        malformed=tuple(tuple(s) for s in result.malformed),
+        zero_probability=tuple(tuple(s) for s in result.zero_probability),
+        over_represented=tuple(_row_record(r, decode) for r in result.over_represented()),
+        under_represented=tuple(_row_record(r, decode) for r in result.under_represented()),
+        sample_seconds=result.sample_seconds,
+        reference_seconds=result.reference.seconds,
+        check_seconds=result.check_seconds,
+        malformed_text=None if decode is None else tuple(decode(s) for s in result.malformed),
+        zero_probability_text=None if decode is None else tuple(decode(s) for s in result.zero_probability),
+    )
 
 
 def terminal_lines(result: AuditResult, significance: float, decode: Decode | None = None) -> list[str]:
@@ -94,7 +203,7 @@ def terminal_lines(result: AuditResult, significance: float, decode: Decode | No
     return lines
 
 
-def summary_markdown(results: Sequence[AuditResult], significance: float) -> str:
+def summary_markdown(results: Sequence[AuditRecord]) -> str:
     """One table row per result."""
     header = (
         "| generator | settings | n | max new | N | buckets | G-test p | TV (noise q99) | "
@@ -102,88 +211,109 @@ def summary_markdown(results: Sequence[AuditResult], significance: float) -> str
         "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     rows = []
-    for result in results:
-        fit = result.fit
-        acceptance = result.details.get("acceptance_rate")
-        rate = result.case.samples / result.sample_seconds if result.sample_seconds > 0 else float("inf")
+    for r in results:
+        acceptance = r.details.get("acceptance_rate")
+        rate = r.samples / r.sample_seconds if r.sample_seconds > 0 else float("inf")
+        impossible = len(set(r.malformed) | set(r.zero_probability))
         rows.append(
-            f"| {result.generator} | {result.case.settings.describe()} | {result.case.length} | "
-            f"{result.case.budget} | {result.case.samples} | {fit.degrees_of_freedom + 1} | "
-            f"{fit.p_value:.3g} | {fit.total_variation:.4f} ({fit.total_variation_null_q99:.4f}) | "
-            f"{len(fit.impossible)} | {'' if acceptance is None else f'{acceptance:.2f}'} | {rate:.0f} | "
-            f"{'pass' if result.passes(significance) else '**FAIL**'} |"
+            f"| {r.generator} | {r.settings} | {r.length} | {r.max_new_tokens} | {r.samples} | {r.buckets} | "
+            f"{r.p_value:.3g} | {r.total_variation:.4f} ({r.total_variation_noise_q99:.4f}) | "
+            f"{impossible} | {'' if acceptance is None else f'{acceptance:.2f}'} | {rate:.0f} | "
+            f"{'pass' if r.passed else '**FAIL**'} |"
         )
     return header + "\n".join(rows) + "\n"
 
 
-def result_markdown(result: AuditResult, significance: float, decode: Decode | None = None) -> str:
+def result_markdown(r: AuditRecord) -> str:
     """A section for one result: the verdict, then the most skewed buckets."""
-    fit = result.fit
-    verdict = "pass" if result.passes(significance) else "FAIL"
-    threshold = result.reference.min_probability
+    g = "inf" if r.g_statistic is None else f"{r.g_statistic:.2f}"
     lines = [
-        f"### {result.generator}, {result.case.settings.describe()}",
+        f"### {r.generator}, {r.settings}",
         "",
-        f"- verdict: **{verdict}** at significance {significance:g}",
-        f"- G-test p-value {fit.p_value:.4g} (G = {fit.g_statistic:.2f}, {fit.degrees_of_freedom} degrees of "
-        f"freedom; Pearson p {fit.chi_square_p_value:.4g}), N = {fit.samples}",
-        f"- bucketed TV {fit.total_variation:.4f}; 99% of exact samplers stay below "
-        f"{fit.total_variation_null_q99:.4f}",
-        f"- buckets: {fit.degrees_of_freedom + 1} (sequences with p >= {threshold:.3g}, "
-        f"mass {sum(result.reference.buckets.values()):.4f}, plus 'other')",
-        f"- first {result.case.length} tokens of generations of up to {result.case.budget} tokens; "
-        f"seed {result.case.seed}; details {json.dumps(result.details)}",
+        f"- verdict: **{'pass' if r.passed else 'FAIL'}** at significance {r.significance:g}",
+        f"- G-test p-value {r.p_value:.4g} (G = {g}, {r.buckets - 1} degrees of freedom; Pearson p "
+        f"{r.chi_square_p_value:.4g}), N = {r.samples}",
+        f"- bucketed TV {r.total_variation:.4f}; 99% of exact samplers stay below "
+        f"{r.total_variation_noise_q99:.4f}",
+        f"- buckets: {r.buckets} (sequences with p >= {r.bucket_threshold:.3g}, "
+        f"mass {r.bucketed_mass:.4f}, plus 'other')",
+        f"- first {r.length} tokens of generations of up to {r.max_new_tokens} tokens; "
+        f"seed {r.seed}; details {json.dumps(r.details)}",
     ]
-    if result.zero_probability:
-        lines.append(f"- **sampled with target probability 0** ({len(result.zero_probability)}): ")
-        lines.extend(f"  - `{_label(s, decode)}`" for s in result.zero_probability[:20])
-    if result.malformed:
-        lines.append(f"- **malformed sequences** ({len(result.malformed)}): ")
-        lines.extend(f"  - `{_label(s, decode)}`" for s in result.malformed[:20])
+    for title, sequences, texts in (
+        ("sampled with target probability 0", r.zero_probability, r.zero_probability_text),
+        ("malformed sequences", r.malformed, r.malformed_text),
+    ):
+        if sequences:
+            lines.append(f"- **{title}** ({len(sequences)}): ")
+            lines.extend(f"  - `{_ids_label(s, texts, i)}`" for i, s in enumerate(sequences[:20]))
     lines += ["", "| | sequence | target p | observed | expected | z |", "|---|---|---|---|---|---|"]
-    for kind, rows in (("over", result.over_represented()), ("under", result.under_represented())):
+    for kind, rows in (("over", r.over_represented), ("under", r.under_represented)):
         for row in rows:
             lines.append(
-                f"| {kind} | `{_label(row.label, decode)}` | {row.probability:.4g} | {row.observed} | "
-                f"{row.expected:.1f} | {row.z_score:+.2f} |"
+                f"| {kind} | `{_record_label(row)}` | {row.probability:.4g} | {row.observed} | "
+                f"{row.expected:.1f} | {row.z:+.2f} |"
             )
     return "\n".join(lines) + "\n"
 
 
-def write_reports(
-    results: Sequence[AuditResult],
-    folder: str | Path,
-    stem: str,
-    significance: float,
-    meta: dict[str, Any],
-    decode: Decode | None = None,
-) -> tuple[Path, Path]:
-    """Write `<folder>/<stem>.json` and `<folder>/<stem>.md`; returns their paths."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    failed = [r for r in results if not r.passes(significance)]
-    payload = {
-        **meta,
-        "significance": significance,
-        "passed": len(results) - len(failed),
-        "failed": len(failed),
-        "results": [result_dict(r, significance, decode) for r in results],
-    }
-    json_path = folder / f"{stem}.json"
-    json_path.write_text(json.dumps(payload, indent=2) + "\n")
+def render_markdown(report: AuditReport) -> str:
+    """`<stem>.md`: provenance and setup, the verdict count, the summary table, one section per result."""
+    count = len(report.results)
+    setup = [
+        f"- models: {report.models}",
+        *([f"- prompt text: {report.prompt_text!r}"] if report.prompt_text is not None else []),
+        f"- prompt ids: {list(report.prompt_ids)}",
+        f"- n: {report.n}, samples (N): {report.samples}, seed: {report.seed}",
+        f"- duration: {report.seconds:.1f} s",
+    ]
     md = [
-        f"# exactspec audit: {meta.get('title', stem)}",
+        f"# exactspec audit: {report.title}",
         "",
-        "".join(f"- {key}: {value}\n" for key, value in meta.items() if key != "title"),
-        f"{len(results) - len(failed)} of {len(results)} passed at significance {significance:g} "
-        f"(with {len(results)} tests, about {len(results) * significance:.2g} false failures are expected "
+        *report.provenance.markdown(),
+        *setup,
+        "",
+        f"{report.passed} of {count} passed at significance {report.significance:g} "
+        f"(with {count} tests, about {count * report.significance:.2g} false failures are expected "
         f"from an exact sampler).",
         "",
-        summary_markdown(results, significance),
+        summary_markdown(report.results),
         "## Details",
         "",
     ]
-    md.extend(result_markdown(r, significance, decode) for r in results)
+    md.extend(result_markdown(r) for r in report.results)
+    return "\n".join(md)
+
+
+def build_report(
+    results: Sequence[AuditResult],
+    significance: float,
+    setup: AuditSetup,
+    *,
+    provenance: Provenance,
+    seconds: float,
+    decode: Decode | None = None,
+) -> AuditReport:
+    """The whole run as one record: `setup`'s fields, the provenance, and every result's record."""
+    records = tuple(audit_record(r, significance, decode) for r in results)
+    failed = sum(1 for r in records if not r.passed)
+    return AuditReport(
+        **field_values(setup),
+        provenance=provenance,
+        seconds=seconds,
+        significance=significance,
+        passed=len(records) - failed,
+        failed=failed,
+        results=records,
+    )
+
+
+def write_reports(report: AuditReport, folder: str | Path, stem: str) -> tuple[Path, Path]:
+    """Write `<folder>/<stem>.json` and `<folder>/<stem>.md`; returns their paths."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    json_path = folder / f"{stem}.json"
+    json_path.write_text(json.dumps(report.to_json(), indent=2, allow_nan=False) + "\n")
     md_path = folder / f"{stem}.md"
-    md_path.write_text("\n".join(md))
+    md_path.write_text(render_markdown(report))
     return json_path, md_path

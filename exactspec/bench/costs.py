@@ -3,18 +3,50 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
 from exactspec.bench.timing import ForwardTimer
+from exactspec.foundations.records import JsonRecord
 from exactspec.foundations.sampler import SeededSampler
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.foundations.transforms import probabilities
 from exactspec.models.pair import ModelPair
+
+
+@dataclass(frozen=True)
+class CostMeasurement(JsonRecord):
+    """Every timed call of `measure_costs`, in seconds (bench.json "costs").
+
+    target_seconds[k]: each repeat's target k-token call through the adapter; target_forward_seconds[k]:
+    the forward passes inside it (hooks); draft_seconds, draft_forward_seconds: the same for the
+    draft's 1-token steps; transform_and_sample_seconds[row]: the per-token work outside the models
+    at each sampling row. `seconds`: how long the whole measurement took (NaN until the caller sets it).
+    """
+
+    context_tokens: int
+    repeats: int
+    target_seconds: dict[int, tuple[float, ...]]
+    target_forward_seconds: dict[int, tuple[float, ...]]
+    draft_seconds: tuple[float, ...]
+    draft_forward_seconds: tuple[float, ...]
+    transform_and_sample_seconds: dict[str, tuple[float, ...]]
+    seconds: float = math.nan
+
+
+@dataclass(frozen=True)
+class CostRatios(JsonRecord):
+    """c and v(k) from the medians of a `CostMeasurement`: v maps k to v(k) (v(1) = 1)."""
+
+    target_step_seconds: float
+    draft_step_seconds: float
+    c: float
+    v: dict[int, float]
 
 
 def measure_costs(
@@ -23,7 +55,7 @@ def measure_costs(
     max_k: int,
     repeats: int,
     settings: Mapping[str, SamplingSettings] | Sequence[float],
-) -> dict[str, Any]:
+) -> CostMeasurement:
     """Time target k-token forwards (k = 1..max_k) and draft 1-token steps on a warm KV cache.
 
     The adapters are called with the same history again and again: each call
@@ -78,30 +110,29 @@ def measure_costs(
             sampler.categorical(probabilities(logits, row_settings, histories), [0])
             samples.append(time.perf_counter() - started)
         step_overhead[name] = samples
-    return {
-        "context_tokens": len(history),
-        "repeats": repeats,
-        "target_seconds": {str(k): v for k, v in target_times.items()},
-        "target_forward_seconds": {str(k): v for k, v in target_forward.items()},
-        "draft_seconds": draft_times,
-        "draft_forward_seconds": draft_forward,
-        "transform_and_sample_seconds": step_overhead,
-    }
-
-
-def cost_ratios(costs: dict[str, Any], forward_only: bool = False) -> dict[str, Any]:
-    """c and v(k) from `measure_costs` output (medians): through the adapter, or forward passes only."""
-    target_key, draft_key = (
-        ("target_forward_seconds", "draft_forward_seconds")
-        if forward_only
-        else ("target_seconds", "draft_seconds")
+    return CostMeasurement(
+        context_tokens=len(history),
+        repeats=repeats,
+        target_seconds={k: tuple(v) for k, v in target_times.items()},
+        target_forward_seconds={k: tuple(v) for k, v in target_forward.items()},
+        draft_seconds=tuple(draft_times),
+        draft_forward_seconds=tuple(draft_forward),
+        transform_and_sample_seconds={name: tuple(v) for name, v in step_overhead.items()},
     )
-    target = {int(k): statistics.median(v) for k, v in costs[target_key].items()}
-    draft = statistics.median(costs[draft_key])
+
+
+def cost_ratios(costs: CostMeasurement, forward_only: bool = False) -> CostRatios:
+    """c and v(k) from `measure_costs` output (medians): through the adapter, or forward passes only."""
+    if forward_only:
+        target_times, draft_times = costs.target_forward_seconds, costs.draft_forward_seconds
+    else:
+        target_times, draft_times = costs.target_seconds, costs.draft_seconds
+    target = {k: statistics.median(v) for k, v in target_times.items()}
+    draft = statistics.median(draft_times)
     one = target[1]
-    return {
-        "target_step_seconds": one,
-        "draft_step_seconds": draft,
-        "c": draft / one,
-        "v": {k: t / one for k, t in sorted(target.items())},
-    }
+    return CostRatios(
+        target_step_seconds=one,
+        draft_step_seconds=draft,
+        c=draft / one,
+        v={k: t / one for k, t in sorted(target.items())},
+    )

@@ -24,17 +24,23 @@ For each prompt, with k = gamma + 1 and `blocks` blocks:
 At each position and temperature T, p = softmax(logits / T) in float64 and
 the total variation distances between the passes are recorded, with how
 often their argmax (greedy) tokens differ and the largest |logit difference|.
+
+Records (written to numerics.json under their field names): `PositionStats` per position,
+`ComparisonSummary` (with a `TvSummary` per temperature) and `Comparison` per kind of
+comparison, and `NumericsResult` for a whole run, with its provenance.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
+from exactspec.foundations.provenance import Provenance
+from exactspec.foundations.records import JsonRecord
 from exactspec.models.base import LanguageModel
 
 DEFAULT_GAMMA = 4
@@ -49,6 +55,77 @@ COMPARISONS = {
     "padded_vs_block": "dtype: one-token passes padded to k vs block pass",
 }
 """Every comparison the measurement can make, by key, with what it compares."""
+
+
+@dataclass(frozen=True)
+class PositionStats(JsonRecord):
+    """One position, two kinds of pass: TV per temperature ("1", "0.7"), argmax agreement, max logit gap."""
+
+    tv: dict[str, float]
+    argmax_differs: bool
+    max_abs_logit_diff: float
+
+
+@dataclass(frozen=True)
+class TvSummary(JsonRecord):
+    """Total variation over the positions at one temperature: median, 99th percentile, max."""
+
+    median: float
+    p99: float
+    max: float
+
+
+@dataclass(frozen=True)
+class ComparisonSummary(JsonRecord):
+    """One comparison over every prompt's positions (`summarize`)."""
+
+    positions: int
+    tv: dict[str, TvSummary]  # by temperature, named as in PositionStats.tv
+    argmax_differs: int
+    argmax_differs_rate: float
+    max_abs_logit_diff: float
+
+
+@dataclass(frozen=True)
+class Comparison(JsonRecord):
+    """One kind of comparison (a key of COMPARISONS): its summary and every position's statistics."""
+
+    summary: ComparisonSummary
+    positions: tuple[PositionStats, ...]
+
+
+@dataclass(frozen=True)
+class NumericsPrompt(JsonRecord):
+    name: str
+    tokens: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class NumericsResult(JsonRecord):
+    """A whole `exactspec numerics` run (numerics.json).
+
+    `dtype`, `weights`: the target as measured (e.g. bfloat16, int4); `timings`: seconds of each
+    part ("bfloat16_seconds", "float32_seconds", and with padded passes the mean seconds of a
+    one-token and a padded step); `seconds`: the whole run. `comparisons`: by key of COMPARISONS.
+    """
+
+    provenance: Provenance
+    target: str
+    dtype: str
+    weights: str
+    gamma: int
+    k: int
+    blocks: int
+    temperatures: tuple[float, ...]
+    prompts: tuple[NumericsPrompt, ...]
+    timings: dict[str, float]
+    seconds: float
+    comparisons: dict[str, Comparison]
+
+    @property
+    def label(self) -> str:
+        """The dtype with the weight format when it is packed: "bfloat16", "bfloat16 int4"."""
+        return self.dtype if self.weights == "bf16" else f"{self.dtype} {self.weights}"
 
 
 @dataclass(frozen=True)
@@ -107,7 +184,7 @@ def score_passes(
 
 def position_stats(
     first: torch.Tensor, second: torch.Tensor, temperatures: Sequence[float]
-) -> list[dict[str, Any]]:
+) -> list[PositionStats]:
     """Per position: TV at each temperature, whether the argmax differs, max |logit difference|.
 
     first, second: [n, V] logits of the same positions from two kinds of pass.
@@ -117,11 +194,11 @@ def position_stats(
     argmax_differs = a.argmax(-1) != b.argmax(-1)  # [n]
     max_abs = (a - b).abs().amax(-1)  # [n]
     return [
-        {
-            "tv": {f"{t:g}": float(tv[t][j]) for t in temperatures},
-            "argmax_differs": bool(argmax_differs[j]),
-            "max_abs_logit_diff": float(max_abs[j]),
-        }
+        PositionStats(
+            tv={f"{t:g}": float(tv[t][j]) for t in temperatures},
+            argmax_differs=bool(argmax_differs[j]),
+            max_abs_logit_diff=float(max_abs[j]),
+        )
         for j in range(a.shape[0])
     ]
 
@@ -137,29 +214,30 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def summarize(positions: Sequence[dict[str, Any]], temperatures: Sequence[float]) -> dict[str, Any]:
+def summarize(positions: Sequence[PositionStats], temperatures: Sequence[float]) -> ComparisonSummary:
     """Median, 99th percentile and max of TV per temperature; argmax disagreement rate; max |logit diff|."""
-    summary: dict[str, Any] = {"positions": len(positions), "tv": {}}
+    tv = {}
     for t in temperatures:
-        values = [p["tv"][f"{t:g}"] for p in positions]
-        summary["tv"][f"{t:g}"] = {
-            "median": statistics.median(values),
-            "p99": percentile(values, 99),
-            "max": max(values),
-        }
-    differs = sum(p["argmax_differs"] for p in positions)
-    summary["argmax_differs"] = differs
-    summary["argmax_differs_rate"] = differs / len(positions)
-    summary["max_abs_logit_diff"] = max(p["max_abs_logit_diff"] for p in positions)
-    return summary
+        values = [p.tv[f"{t:g}"] for p in positions]
+        tv[f"{t:g}"] = TvSummary(
+            median=statistics.median(values), p99=percentile(values, 99), max=max(values)
+        )
+    differs = sum(p.argmax_differs for p in positions)
+    return ComparisonSummary(
+        positions=len(positions),
+        tv=tv,
+        argmax_differs=differs,
+        argmax_differs_rate=differs / len(positions),
+        max_abs_logit_diff=max(p.max_abs_logit_diff for p in positions),
+    )
 
 
 def compare(
     dtype_passes: Sequence[Passes],
     float32_passes: Sequence[Passes] | None,
     temperatures: Sequence[float] = DEFAULT_TEMPERATURES,
-) -> dict[str, Any]:
-    """{comparison key: {"summary": ..., "positions": [...]}} over every prompt's positions."""
+) -> dict[str, Comparison]:
+    """Comparison key -> its `Comparison` over every prompt's positions."""
     pairs: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {"block_vs_single": []}
     for index, passes in enumerate(dtype_passes):
         pairs["block_vs_single"].append((passes.block, passes.single))
@@ -172,16 +250,16 @@ def compare(
             pairs.setdefault("block_vs_single_float32", []).append((reference.block, reference.single))
             pairs.setdefault("dtype_vs_float32", []).append((passes.single, reference.single))
             pairs.setdefault("block_vs_float32", []).append((passes.block, reference.single))
-    result: dict[str, Any] = {}
+    result = {}
     for key in COMPARISONS:
         if key not in pairs:
             continue
         positions = [stat for a, b in pairs[key] for stat in position_stats(a, b, temperatures)]
-        result[key] = {"summary": summarize(positions, temperatures), "positions": positions}
+        result[key] = Comparison(summarize(positions, temperatures), tuple(positions))
     return result
 
 
-def markdown_table(comparisons: dict[str, Any], dtype: str, temperatures: Sequence[float]) -> str:
+def markdown_table(comparisons: dict[str, Comparison], dtype: str, temperatures: Sequence[float]) -> str:
     """The comparisons as one Markdown table (TV median / p99 / max per temperature, greedy differences)."""
     header = ["comparison", "positions"]
     for t in temperatures:
@@ -189,14 +267,35 @@ def markdown_table(comparisons: dict[str, Any], dtype: str, temperatures: Sequen
     header += ["greedy token differs", "max abs logit diff"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * 2 + "---:|" * (len(header) - 2)]
     for key, value in comparisons.items():
-        s = value["summary"]
-        cells = [COMPARISONS[key].replace("dtype", dtype), str(s["positions"])]
+        s = value.summary
+        cells = [COMPARISONS[key].replace("dtype", dtype), str(s.positions)]
         for t in temperatures:
-            tv = s["tv"][f"{t:g}"]
-            cells += [f"{tv['median']:.2g}", f"{tv['p99']:.2g}", f"{tv['max']:.2g}"]
-        cells += [
-            f"{s['argmax_differs']} ({100 * s['argmax_differs_rate']:.1f}%)",
-            f"{s['max_abs_logit_diff']:.3g}",
-        ]
+            tv = s.tv[f"{t:g}"]
+            cells += [f"{tv.median:.2g}", f"{tv.p99:.2g}", f"{tv.max:.2g}"]
+        cells += [f"{s.argmax_differs} ({100 * s.argmax_differs_rate:.1f}%)", f"{s.max_abs_logit_diff:.3g}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def render_markdown(result: NumericsResult) -> str:
+    """numerics.md: the provenance, what was compared, the table, the timings."""
+    names = ", ".join(p.name for p in result.prompts)
+    table = markdown_table(result.comparisons, result.label, result.temperatures)
+    return "\n".join(
+        [
+            f"# Numerics: block pass vs one-token passes ({result.target}, {result.dtype}, "
+            f"{result.weights} weights)",
+            "",
+            *result.provenance.markdown(),
+            "",
+            f"k = gamma + 1 = {result.k} tokens per verification pass, {result.blocks} blocks per prompt, "
+            f"prompts: {names}. TV = total variation between the two passes' p = softmax(logits / T) at the "
+            "same position; greedy token differs = their argmax differs.",
+            "",
+            table,
+            "",
+            f"Timings (s): {json.dumps({k: round(v, 4) for k, v in result.timings.items()})}; "
+            f"{result.seconds:.0f} s in all.",
+            "",
+        ]
+    )

@@ -1,4 +1,9 @@
-"""Write a benchmark result: `bench.json` (every raw measurement plus the summary), `report.md`, PNG plots."""
+"""Write a benchmark result: `bench.json` (every raw measurement plus the summary), `report.md`, PNG plots.
+
+bench.json is `BenchResult.to_json()` with `Summary.to_json()` under "summary"; `load_result` reads
+it back into the records, and the report renders from those alone (so a bench.json renders the
+report it was written with, by `render_markdown(load_result(path))`).
+"""
 
 from __future__ import annotations
 
@@ -8,17 +13,29 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from exactspec.bench.runner import HF_ASSISTED, HF_PLAIN, PLAIN, SPECULATIVE, is_engine_method
+from exactspec.bench.records import PromptRecord
+from exactspec.bench.runner import (
+    HF_ASSISTED,
+    HF_PLAIN,
+    PLAIN,
+    SPECULATIVE,
+    BenchConfig,
+    BenchResult,
+    SamplingRow,
+    is_engine_method,
+)
 from exactspec.bench.summary import (
-    ADAPTIVE_FLOOR,
-    LOOKUP_TARGET,
-    OUTSIDE_MODEL_TARGET,
+    BlockSummary,
+    ExpectedTokensPerRound,
+    SettingRow,
+    Summary,
     configured_methods,
     label,
     sampling_rows,
     summarize,
     theory_curve,
 )
+from exactspec.bench.theory import Spread
 
 JSON_FILE = "bench.json"
 REPORT_FILE = "report.md"
@@ -34,14 +51,14 @@ FULL_RUN_NOTE = (
 )
 
 
-def write_outputs(result: dict[str, Any], out_dir: str | Path, *, plots: bool = True) -> dict[str, Path]:
+def write_outputs(result: BenchResult, out_dir: str | Path, *, plots: bool = True) -> dict[str, Path]:
     """Write bench.json, report.md and (with `plots`) the PNG plots; returns name -> path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(result)
     paths = {"json": out / JSON_FILE, "report": out / REPORT_FILE}
     with paths["json"].open("w", encoding="utf-8") as handle:
-        json.dump(_finite({**result, "summary": summary}), handle, indent=1)
+        json.dump({**result.to_json(), "summary": summary.to_json()}, handle, indent=1, allow_nan=False)
         handle.write("\n")
     if plots:
         paths.update(write_plots(result, summary, out))
@@ -49,39 +66,36 @@ def write_outputs(result: dict[str, Any], out_dir: str | Path, *, plots: bool = 
     return paths
 
 
-def load_result(path: str | Path) -> dict[str, Any]:
-    """Read a bench.json back (the raw part re-renders with `write_outputs`)."""
+def load_result(path: str | Path) -> BenchResult:
+    """Read a bench.json back; `write_outputs` or `render_markdown` renders it again (the summary is
+    recomputed from the raw measurements, so the file's own "summary" is not read)."""
     with Path(path).open(encoding="utf-8") as handle:
         data = json.load(handle)
     data.pop("summary", None)
-    return data
+    return BenchResult.from_json(data)
 
 
 # --------------------------------------------------------------------------- markdown
 
 
-def render_markdown(
-    result: dict[str, Any], summary: dict[str, Any] | None = None, *, plots: bool = True
-) -> str:
+def render_markdown(result: BenchResult, summary: Summary | None = None, *, plots: bool = True) -> str:
     summary = summary or summarize(result)
-    config, env, models = result["config"], result["environment"], result["models"]
-    prompts = result["prompts"]
     lines = ["# exactspec bench", ""]
-    lines += _header(result, config, env, models, prompts, summary)
+    lines += _header(result, summary)
     lines += _recommendation(summary)
-    lines += _targets(summary)
     lines += _costs(summary)
     for sampling in sampling_rows(result):
         lines += _results_table(summary, sampling)
     for sampling in sampling_rows(result):
         lines += _per_prompt_tables(result, summary, sampling)
     lines += _block_table(summary)
-    if config.get("hf_assisted"):
+    lines += _adaptive_table(summary)
+    if result.config.hf_assisted:
         lines += _hf_section(result, summary)
     lines += _greedy_check(summary)
-    if result.get("errors"):
-        lines += ["## Errors", ""] + [f"- {e}" for e in result["errors"]] + [""]
-    lines += _method_notes(config)[:-1] + _trials_check(result, summary) + [""]
+    if result.errors:
+        lines += ["## Errors", ""] + [f"- {e}" for e in result.errors] + [""]
+    lines += _method_notes(result.config)[:-1] + _trials_check(result, summary) + [""]
     if plots:
         lines += [
             "## Plots",
@@ -96,66 +110,69 @@ def render_markdown(
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _header(
-    result: dict[str, Any],
-    config: dict[str, Any],
-    env: dict[str, Any],
-    models: dict[str, Any],
-    prompts: list[dict[str, Any]],
-    summary: dict[str, Any],
-) -> list[str]:
+def _provenance(result: BenchResult) -> list[str]:
+    """Code, command, machine and date of the run (the machine line with transformers and the load)."""
+    env = result.environment
+    start, end = env.load_average_start, env.load_average_end
+    load = (
+        f"; load average (1 min) {start[0]:.2f} at the start, {end[0]:.2f} at the end"
+        if start and end
+        else ""
+    )
+    extra = f"; transformers {env.transformers}{load}"
+    if result.provenance is None:
+        return [f"- provenance: not recorded (bench.json schema {result.schema}){extra}"]
+    return [line + extra if line.startswith("- machine:") else line for line in result.provenance.markdown()]
+
+
+def _header(result: BenchResult, summary: Summary) -> list[str]:
+    config, models, prompts = result.config, result.models, result.prompts
+
     def model_line(role: str) -> str:
-        m = models[role]
-        spec = models.get(f"{role}_spec")
+        m = models.target if role == "target" else models.draft
+        spec = models.target_spec if role == "target" else models.draft_spec
         name = f"`{spec}` " if spec else ""
-        weights = m.get("weights", "dense")
-        packed = f" ({weights} packed linear weights)" if weights != "dense" else ""
+        packed = f" ({m.weights} packed linear weights)" if m.weights != "dense" else ""
         return (
-            f"- {role}: {name}{m['class']}, {_count(m['parameters'])} parameters, {m['dtype']}{packed}, "
-            f"{m['layers']} layers, vocabulary {m['vocab_size']}"
+            f"- {role}: {name}{m.class_name}, {_count(m.parameters)} parameters, {m.dtype}{packed}, "
+            f"{m.layers} layers, vocabulary {m.vocab_size}"
         )
 
-    categories = {}
+    categories: dict[str, int] = {}
     for p in prompts:
-        categories[p["category"]] = categories.get(p["category"], 0) + 1
+        categories[p.category] = categories.get(p.category, 0) + 1
     mix = ", ".join(f"{n} {c}" for c, n in sorted(categories.items()))
-    load_start, load_end = env.get("load_average_start"), env.get("load_average_end")
-    load = ""
-    if load_start and load_end:
-        load = f"; load average (1 min) {load_start[0]:.2f} at the start, {load_end[0]:.2f} at the end"
-    estimate = summary.get("estimated_full_run_seconds")
+    estimate = summary.estimated_full_run_seconds
+    methods = ", ".join(label(m, g) for m, g in configured_methods(result) if is_engine_method(m))
     lines = [
+        *_provenance(result),
         model_line("target"),
         model_line("draft"),
-        f"- prompts: {len(prompts)} ({mix}): {', '.join(p['name'] for p in prompts)}",
-        f"- {config['max_new_tokens']} new tokens per run"
-        + (
-            " (EOS ignored by every side, so every run makes exactly that many)"
-            if config["ignore_eos"]
-            else ""
-        )
-        + f"; methods {', '.join(label(m, g) for m, g in configured_methods(result) if is_engine_method(m))}"
+        f"- prompts: {len(prompts)} ({mix}): {', '.join(p.name for p in prompts)}",
+        f"- {config.max_new_tokens} new tokens per run"
+        + (" (EOS ignored by every side, so every run makes exactly that many)" if config.ignore_eos else "")
+        + f"; methods {methods}"
         f"; sampling rows {', '.join(_setting_title(s) for s in sampling_rows(result))}; "
-        f"seed {config['seed']} "
+        f"seed {config.seed} "
         "(+ prompt index)"
         + (
-            f"; each method run {config['trials']} times in turn with that seed, its fastest run kept"
-            if config.get("trials", 1) > 1
+            f"; each method run {config.trials} times in turn with that seed, its fastest run kept"
+            if config.trials > 1
             else ""
         ),
-        f"- machine: {env.get('processor')}, {env.get('cpu_count')} CPUs, torch {env.get('torch')} "
-        f"({env.get('torch_threads')} threads), transformers {env.get('transformers')}{load}",
-        f"- duration: {_duration(result.get('duration_seconds'))} (cost measurement "
-        f"{_duration(result['costs'].get('seconds'))}, warm-up {_duration(result.get('warmup_seconds'))})",
+        f"- duration: {_duration(result.duration_seconds)} (cost measurement "
+        f"{_duration(result.costs.seconds)}, warm-up {_duration(result.warmup_seconds)})",
     ]
-    if estimate is not None and not _nan(estimate):
+    if not _nan(estimate):
         lines.append(
             f"- estimated duration of the full default run at the speeds seen here: {_duration(estimate)}. "
             + FULL_RUN_NOTE
         )
-    cpus = env.get("cpu_count") or 0
+    machine = result.provenance.machine if result.provenance else None
+    cpus = (machine.cores if machine else None) or 0
     # The end figure counts the bench's own threads; what is left of it is other work.
-    own = min(env.get("torch_threads") or 0, cpus)
+    own = min(machine.torch_threads if machine else 0, cpus)
+    load_start, load_end = result.environment.load_average_start, result.environment.load_average_end
     others = max(load_start[0] if load_start else 0.0, (load_end[0] - own) if load_end else 0.0)
     if load_start and cpus and others > 0.5 * cpus:
         lines.append(
@@ -166,12 +183,12 @@ def _header(
     return lines + [""]
 
 
-def _setting_title(sampling: dict[str, Any]) -> str:
+def _setting_title(sampling: SamplingRow) -> str:
     """`T=0`, `T=0.7`, or a named row with its settings: `realistic (T=0.7 top_k=20 top_p=0.8 rep=1.05)`."""
-    name = sampling["name"]
-    if name == f"{sampling['temperature']:g}":
+    name = sampling.name
+    if name == f"{sampling.settings.temperature:g}":
         return f"T={name}"
-    return f"{name} ({sampling.get('describe', '')})"
+    return f"{name} ({sampling.settings.describe()})"
 
 
 def _name_title(name: str) -> str:
@@ -183,117 +200,37 @@ def _name_title(name: str) -> str:
     return f"T={name}"
 
 
-def _targets(summary: dict[str, Any]) -> list[str]:
-    """Issue 12's benchmark targets, each stated with its numbers and met / not met."""
-    goals = summary.get("targets") or {}
-    if not any(goals.values()):
-        return []
-
-    def verdict(met: bool) -> str:
-        return "**met**" if met else "**not met**"
-
-    lines = ["## Targets (issue 12)", ""]
-    for item in (goals.get("lookup") or {}).values():
-        per_prompt = ", ".join(f"{name} {_f(x)}x" for name, x in item["per_prompt"].items())
-        judged = (
-            f"{verdict(item['met'])} (target >= {LOOKUP_TARGET:g}x on every grounded prompt at T=0)"
-            if item["setting"] == "0"
-            else "(reported)"
-        )
-        lines.append(
-            f"- prompt lookup ({item['label']}), T={item['setting']}: median {_f(item['median'])}x, "
-            f"min {_f(item['min'])}x over plain on the grounded prompts ({per_prompt}) {judged}"
-        )
-    adaptive = goals.get("adaptive")
-    if adaptive:
-        lines.append(
-            f"- adaptive gamma, lowest speedup over plain on any prompt: {_f(adaptive['min_speedup'])}x at "
-            f"{adaptive['min_at']} {verdict(adaptive['floor_met'])} (target >= {ADAPTIVE_FLOOR:g}x)"
-        )
-        for setting, item in adaptive["median_vs_best_fixed"].items():
-            lines.append(
-                f"- adaptive gamma, median at {setting}: {_f(item['adaptive_median'])}x against the best "
-                "fixed "
-                f"gamma ({item['best_fixed_gamma']}, {_f(item['best_fixed_median'])}x) {verdict(item['met'])}"
-                + (
-                    f"; prompt by prompt faster than that gamma on {item['paired_faster_on']} of "
-                    f"{item['paired_prompts']}, median ratio {_f(item['paired_median_ratio'])}x (reported)"
-                    if item.get("paired_prompts")
-                    else ""
-                )
-            )
-    block = goals.get("block")
-    if block:
-        short = ", ".join(block["fewer_tokens_per_round"]) or "none"
-        if block.get("scored_pairs"):
-            expected_short = ", ".join(block["fewer_expected_tokens_per_round"]) or "none"
-            lines.append(
-                "- block verification: expected tokens/round of the block rule >= the token rule's, both "
-                f"scored on the same rounds, on all {block['scored_pairs']} prompt x setting x gamma pairs "
-                f"(each on both runs' rounds) {verdict(block['met'])} (fewer on: {expected_short}); "
-                f"median gain {_f(block['median_expected_gain'], 3)}x"
-            )
-            over = block.get("over_drafts")
-            if over:
-                lines.append(
-                    "- block verification, its expected tokens/round estimated over the drafts (the sum of "
-                    "its weights, never below the token rule's on a round, so this measures the size of the "
-                    "gain), at the sampled rows: "
-                    f"ahead on {over['ahead_on']} of {over['scorings']} scorings, gain median "
-                    f"{_f(over['median_gain'], 4)}x [{_f(over['min_gain'], 4)}, {_f(over['max_gain'], 4)}] "
-                    "(reported)"
-                )
-            judged = "(reported, not judged: two sampled runs differ by chance)"
-        else:
-            judged = verdict(block["met"])
-        lines.append(
-            f"- block verification: sampled tokens/round >= token verification's on all {block['pairs']} "
-            f"prompt x setting x gamma pairs {judged} (fewer on: {short}); "
-            "median tokens/round "
-            f"gain {_f(block['median_tokens_per_round_gain'], 3)}x, median wall-clock gain "
-            f"{_f(block['median_wall_clock_gain'], 3)}x"
-        )
-    outside = goals.get("outside_models")
-    if outside:
-        per_method = ", ".join(f"{name} {_pct(x)}" for name, x in outside["per_method"].items())
-        lines.append(
-            f"- time outside the model forwards at the realistic row: at most {_pct(outside['max'])} "
-            f"{verdict(outside['met'])} (target < {100 * OUTSIDE_MODEL_TARGET:g}%; {per_method})"
-        )
-    return lines + [""]
-
-
-def _recommendation(summary: dict[str, Any]) -> list[str]:
+def _recommendation(summary: Summary) -> list[str]:
     lines = ["## Recommendation (token-verified draft model)", ""]
-    for temperature, rec in summary["recommendation"].items():
-        if rec.get("gamma") is None:
-            lines.append(f"- {_name_title(temperature)}: no speculative runs")
+    for name, rec in summary.recommendation.items():
+        if rec.gamma is None:
+            lines.append(f"- {_name_title(name)}: no speculative runs")
             continue
         theory_part = ""
-        if rec.get("theory_gamma") is not None:
+        if rec.theory_gamma is not None:
             theory_part = (
-                f"; the theory, with pooled alpha {_f(rec['pooled_alpha'])} and the measured c and v(k), "
-                f"predicts its best at gamma={rec['theory_gamma']} (S = {_f(rec['theory_speedup'])})"
-                if rec["theory_gamma"]
-                else f"; the theory (pooled alpha {_f(rec['pooled_alpha'])}, measured c and v(k)) predicts "
+                f"; the theory, with pooled alpha {_f(rec.pooled_alpha)} and the measured c and v(k), "
+                f"predicts its best at gamma={rec.theory_gamma} (S = {_f(rec.theory_speedup)})"
+                if rec.theory_gamma
+                else f"; the theory (pooled alpha {_f(rec.pooled_alpha)}, measured c and v(k)) predicts "
                 "no gamma beats plain decoding"
             )
-        if rec["gamma"]:
+        if rec.gamma:
             lines.append(
-                f"- {_name_title(temperature)}: **gamma = {rec['gamma']}** (median steady-state speedup "
-                f"{_f(rec['speedup'])}x over plain decoding){theory_part}."
+                f"- {_name_title(name)}: **gamma = {rec.gamma}** (median steady-state speedup "
+                f"{_f(rec.speedup)}x over plain decoding){theory_part}."
             )
         else:
             lines.append(
-                f"- {_name_title(temperature)}: **plain decoding** - no gamma was faster (best: gamma="
-                f"{rec['best_measured_gamma']}, {_f(rec['speedup'])}x){theory_part}."
+                f"- {_name_title(name)}: **plain decoding** - no gamma was faster (best: gamma="
+                f"{rec.best_measured_gamma}, {_f(rec.speedup)}x){theory_part}."
             )
     return lines + [""]
 
 
-def _costs(summary: dict[str, Any]) -> list[str]:
-    costs, forward = summary["costs"], summary["forward_costs"]
-    ks = sorted(int(k) for k in costs["v"])
+def _costs(summary: Summary) -> list[str]:
+    costs, forward = summary.costs, summary.forward_costs
+    ks = sorted(costs.v)
     lines = [
         "## Cost ratios (timed forwards on a warm KV cache)",
         "",
@@ -301,13 +238,12 @@ def _costs(summary: dict[str, Any]) -> list[str]:
         "|---|---:|---:|---:|" + "---:|" * len(ks),
     ]
     for name, source in (("through the adapter", costs), ("forward pass only", forward)):
-        v = {int(k): x for k, x in source["v"].items()}
         lines.append(
-            f"| {name} | {_ms(source['target_step_seconds'])} | {_ms(source['draft_step_seconds'])} | "
-            f"{_f(source['c'], 3)} | " + " | ".join(_f(v.get(k), 2) for k in ks) + " |"
+            f"| {name} | {_ms(source.target_step_seconds)} | {_ms(source.draft_step_seconds)} | "
+            f"{_f(source.c, 3)} | " + " | ".join(_f(source.v.get(k), 2) for k in ks) + " |"
         )
     per_token = ", ".join(
-        f"{_name_title(t)}: {_f(ms, 1)} ms" for t, ms in summary["transform_and_sample_ms"].items()
+        f"{_name_title(t)}: {_f(ms, 1)} ms" for t, ms in summary.transform_and_sample_ms.items()
     )
     lines += [
         "",
@@ -318,26 +254,26 @@ def _costs(summary: dict[str, Any]) -> list[str]:
         f"{per_token}.",
         "",
     ]
-    policy = summary.get("gamma_policy_costs")
+    policy = summary.gamma_policy_costs
     if policy:
-        v = ", ".join(_f(x, 2) for x in policy["v"])
+        v = ", ".join(_f(x, 2) for x in policy.v)
         lines += [
             f"Adaptive gamma optimised with its own measurement (ModelPair.cost_model, once per pair, a "
-            f"48-token cache): c = {_f(policy['c'], 3)}, v(1..{len(policy['v'])}) = {v}.",
+            f"48-token cache): c = {_f(policy.c, 3)}, v(1..{len(policy.v)}) = {v}.",
             "",
         ]
     return lines
 
 
-def _results_table(summary: dict[str, Any], sampling: dict[str, Any]) -> list[str]:
-    rows = [r for r in summary["rows"] if r.get("setting", f"{r['temperature']:g}") == sampling["name"]]
+def _results_table(summary: Summary, sampling: SamplingRow) -> list[str]:
+    rows = summary.rows_at(sampling.name)
     if not rows:
         return []
-    name = sampling["name"]
-    if name == f"{sampling['temperature']:g}":
-        title = f"## Temperature {name} ({'greedy' if sampling['temperature'] == 0 else 'sampling'})"
+    name, temperature = sampling.name, sampling.settings.temperature
+    if name == f"{temperature:g}":
+        title = f"## Temperature {name} ({'greedy' if temperature == 0 else 'sampling'})"
     else:
-        title = f"## {name.capitalize()} settings ({sampling.get('describe', '')})"
+        title = f"## {name.capitalize()} settings ({sampling.settings.describe()})"
     lines = [
         title,
         "",
@@ -348,27 +284,27 @@ def _results_table(summary: dict[str, Any], sampling: dict[str, Any]) -> list[st
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        predicted = r["gamma"] > 0 and not _nan(r["predicted_speedup"])
-        ours = is_engine_method(r["method"])
+        predicted = r.gamma > 0 and not _nan(r.predicted_speedup)
+        ours = is_engine_method(r.method)
         lines.append(
             "| "
             + " | ".join(
                 [
-                    r["label"],
-                    _f(r["tokens_per_second"]["median"]),
-                    _spread(r["speedup"]),
-                    _f(r["end_to_end_speedup"]["median"]),
-                    _f(r["alpha"], 3),
-                    _f(r["tokens_per_round"]),
-                    _f(r.get("mean_draft_length")) if ours and r["gamma"] else "",
-                    _f(r["expected_tokens_per_round"]) if predicted else "",
-                    _f(r["c"], 3) if predicted else "",
-                    _f(r["v"]) if predicted else "",
-                    _f(r["predicted_speedup"]) if predicted else "",
-                    _f(r["predicted_speedup_from_tokens_per_round"]) if predicted else "",
-                    _f(r["measured_over_predicted"]) if predicted else "",
+                    r.label,
+                    _f(r.tokens_per_second.median),
+                    _spread(r.speedup),
+                    _f(r.end_to_end_speedup.median),
+                    _f(r.alpha, 3),
+                    _f(r.tokens_per_round),
+                    _f(r.mean_draft_length) if ours and r.gamma else "",
+                    _f(r.expected_tokens_per_round) if predicted else "",
+                    _f(r.c, 3) if predicted else "",
+                    _f(r.v) if predicted else "",
+                    _f(r.predicted_speedup) if predicted else "",
+                    _f(r.predicted_speedup_from_tokens_per_round) if predicted else "",
+                    _f(r.measured_over_predicted) if predicted else "",
                     _overhead(r) if ours else "",
-                    _pct(r["outside_model_fraction"]),
+                    _pct(r.outside_model_fraction),
                 ]
             )
             + " |"
@@ -385,43 +321,36 @@ def _results_table(summary: dict[str, Any], sampling: dict[str, Any]) -> list[st
         "(timed by forward hooks, so HF is measured the same way).",
         "",
     ]
-    speculative_rows = [r for r in rows if r["method"] == SPECULATIVE]
+    speculative_rows = [r for r in rows if r.method == SPECULATIVE]
     if speculative_rows:
         lines.append(
             "In-run cost ratios (forward passes during the runs, prefill excluded): "
-            + "; ".join(
-                f"gamma={r['gamma']}: c {_f(r.get('run_c'), 3)}, v {_f(r.get('run_v'))}"
-                for r in speculative_rows
-            )
+            + "; ".join(f"gamma={r.gamma}: c {_f(r.run_c, 3)}, v {_f(r.run_v)}" for r in speculative_rows)
             + "."
         )
         lines.append("")
     return lines
 
 
-def _per_prompt_tables(
-    result: dict[str, Any], summary: dict[str, Any], sampling: dict[str, Any]
-) -> list[str]:
+def _per_prompt_tables(result: BenchResult, summary: Summary, sampling: SamplingRow) -> list[str]:
     """Per prompt at one sampling row: tokens/s of every method, then speedup and tokens/round."""
-    runs = [r for r in summary.get("per_prompt", []) if r["setting"] == sampling["name"]]
+    runs = [r for r in summary.per_prompt if r.setting == sampling.name]
     if not runs:
         return []
     methods = [
-        (m, g)
-        for m, g in configured_methods(result)
-        if any(r["method"] == m and r["gamma"] == g for r in runs)
+        (m, g) for m, g in configured_methods(result) if any(r.method == m and r.gamma == g for r in runs)
     ]
-    prompts = list(dict.fromkeys(r["prompt"] for r in runs))
-    cell = {(r["prompt"], r["method"], r["gamma"]): r for r in runs}
+    prompts = list(dict.fromkeys(r.prompt for r in runs))
+    cell = {(r.prompt, r.method, r.gamma): r for r in runs}
     header = "| prompt | category | " + " | ".join(label(m, g) for m, g in methods) + " |"
     rule = "|---|---|" + "---:|" * len(methods)
     lines = [f"### Per prompt, {_setting_title(sampling)}: tokens/s (steady state)", "", header, rule]
     for prompt in prompts:
-        first = next(r for r in runs if r["prompt"] == prompt)
+        first = next(r for r in runs if r.prompt == prompt)
         values = [cell.get((prompt, m, g)) for m, g in methods]
         lines.append(
-            f"| {prompt} | {first['category']} | "
-            + " | ".join(_f(v["tokens_per_second"]) if v else "" for v in values)
+            f"| {prompt} | {first.category} | "
+            + " | ".join(_f(v.tokens_per_second) if v else "" for v in values)
             + " |"
         )
     lines += [
@@ -432,23 +361,24 @@ def _per_prompt_tables(
         rule,
     ]
     for prompt in prompts:
-        first = next(r for r in runs if r["prompt"] == prompt)
+        first = next(r for r in runs if r.prompt == prompt)
         values = [cell.get((prompt, m, g)) for m, g in methods]
         lines.append(
-            f"| {prompt} | {first['category']} | "
-            + " | ".join(f"{_f(v['speedup'])}x / {_f(v['tokens_per_round'])}" if v else "" for v in values)
+            f"| {prompt} | {first.category} | "
+            + " | ".join(f"{_f(v.speedup)}x / {_f(v.tokens_per_round)}" if v else "" for v in values)
             + " |"
         )
     return lines + [""]
 
 
-def _block_table(summary: dict[str, Any]) -> list[str]:
-    pairs = summary.get("block_vs_token") or []
+def _block_table(summary: Summary) -> list[str]:
+    pairs = summary.block_vs_token
     if not pairs:
         return []
     lines = [
         "## Block against token verification (same drafts' model, same gamma, prompt and seed)",
         "",
+        *_block_summary(summary.block_summary),
         "| sampling | prompt | gamma | tokens/round, token | tokens/round, block "
         "| expected, token run's rounds: token / block rule / block weights "
         "| expected, block run's rounds: token / block rule / block weights "
@@ -456,19 +386,18 @@ def _block_table(summary: dict[str, Any]) -> list[str]:
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
-    def scored(item: dict[str, float] | None) -> str:
+    def scored(item: ExpectedTokensPerRound | None) -> str:
         if item is None:
             return "-"
-        weights = f"{item['block_weights']:.3f}" if "block_weights" in item else "-"
-        return f"{item['token']:.3f} / {item['block']:.3f} / {weights}"
+        return f"{item.token:.3f} / {item.block:.3f} / {_f(item.block_weights, 3)}"
 
     for p in pairs:
         lines.append(
-            f"| {_name_title(p['setting'])} | {p['prompt']} | {p['gamma']} | "
-            f"{_f(p['token_tokens_per_round'])} | {_f(p['block_tokens_per_round'])} | "
-            f"{scored(p.get('expected_on_token_rounds'))} | {scored(p.get('expected_on_block_rounds'))} | "
-            f"{_f(p['token_tokens_per_second'])} | "
-            f"{_f(p['block_tokens_per_second'])} | {_f(p['wall_clock_gain'], 3)}x |"
+            f"| {_name_title(p.setting)} | {p.prompt} | {p.gamma} | "
+            f"{_f(p.token_tokens_per_round)} | {_f(p.block_tokens_per_round)} | "
+            f"{scored(p.expected_on_token_rounds)} | {scored(p.expected_on_block_rounds)} | "
+            f"{_f(p.token_tokens_per_second)} | "
+            f"{_f(p.block_tokens_per_second)} | {_f(p.wall_clock_gain, 3)}x |"
         )
     lines += [
         "",
@@ -490,19 +419,76 @@ def _block_table(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _hf_section(result: dict[str, Any], summary: dict[str, Any]) -> list[str]:
-    policy = result.get("hf_policy") or {}
-    threshold = policy.get("assistant_confidence_threshold")
+def _block_summary(block: BlockSummary | None) -> list[str]:
+    """The block-vs-token pairs in a few numbers: sampled gains, the paired expectation, over the drafts."""
+    if block is None:
+        return []
+    lines = [
+        f"- {block.pairs} prompt x sampling x gamma pairs: median tokens/round gain "
+        f"{_f(block.median_tokens_per_round_gain, 3)}x, median wall-clock gain "
+        f"{_f(block.median_wall_clock_gain, 3)}x (block run / token run; two sampled runs, so chance "
+        "is in both)."
+    ]
+    if block.scorings:
+        below = block.expected_below
+        lines.append(
+            f"- Both rules scored on the same rounds ({block.scorings} scorings, each pair on both runs' "
+            f"rounds): the block rule's expected tokens/round above the token rule's in "
+            f"{block.expected_ahead}, equal in {block.expected_tied}, below in {len(below)}"
+            + (f" ({', '.join(below)})" if below else "")
+            + f"; median ratio {_f(block.median_expected_gain, 3)}x."
+        )
+    over = block.over_drafts
+    if over:
+        lines.append(
+            "- Over the drafts (the sum of block verification's weights against the token rule's "
+            f"expectation), at the sampled rows: above on {over.ahead_on} of {over.scorings} scorings, "
+            f"ratio median {_f(over.median_gain, 4)}x [{_f(over.min_gain, 4)}, {_f(over.max_gain, 4)}]."
+        )
+    return lines + [""]
+
+
+def _adaptive_table(summary: Summary) -> list[str]:
+    """Adaptive gamma against the fixed gamma with the highest median speedup, per sampling row."""
+    if not summary.adaptive_vs_fixed:
+        return []
+    lines = [
+        "## Adaptive gamma against the best fixed gamma (draft model, token verification)",
+        "",
+        "| sampling | adaptive | median speedup | best fixed gamma | its median speedup "
+        "| faster than it on (prompts) | median per-prompt ratio |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for item in summary.adaptive_vs_fixed:
+        lines.append(
+            f"| {_name_title(item.setting)} | {item.label} | {_f(item.median)}x | "
+            f"{item.best_fixed_gamma} | {_f(item.best_fixed_median)}x | "
+            f"{item.faster_on} of {item.paired_prompts} | {_f(item.median_ratio)}x |"
+        )
+    lines += [
+        "",
+        "Best fixed gamma: the speculative gamma with the highest median speedup at that sampling row. "
+        "The two medians may come from different prompts; the last two columns compare the two methods "
+        "prompt by prompt (ratio = adaptive speedup / fixed-gamma speedup on the same prompt).",
+        "",
+    ]
+    return lines
+
+
+def _hf_section(result: BenchResult, summary: Summary) -> list[str]:
+    policy = result.hf_policy
+    threshold = policy.assistant_confidence_threshold if policy else None
     adaptive = (
         "re-fitted from an ROC curve each round"
-        if policy.get("adaptive_confidence_threshold")
+        if policy and policy.adaptive_confidence_threshold
         else "fixed: HF re-fits it only when scikit-learn is installed, and it is not"
     )
     lines = [
         "## Hugging Face assisted generation",
         "",
         f"Draft length policy (the assistant's generation config with HF defaults): num_assistant_tokens="
-        f"{policy.get('num_assistant_tokens')}, schedule `{policy.get('num_assistant_tokens_schedule')}`, "
+        f"{policy.num_assistant_tokens if policy else None}, schedule "
+        f"`{policy.num_assistant_tokens_schedule if policy else None}`, "
         f"assistant_confidence_threshold={threshold} ({adaptive}): the draft stops early when its own "
         "probability of the token it drew falls below the threshold. Same models, dtype, prompts, seeds "
         "and number of new tokens; the same sampling settings as our runs of each row.",
@@ -511,32 +497,31 @@ def _hf_section(result: dict[str, Any], summary: dict[str, Any]) -> list[str]:
         "| tokens/round | tokens/s | speedup over our plain | speedup over HF plain |",
         "|---:|---|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
-    for r in summary["rows"]:
-        if r["method"] != HF_ASSISTED:
+    for r in summary.rows:
+        if r.method != HF_ASSISTED:
             continue
-        histogram = ", ".join(f"{k}: {n}" for k, n in r.get("hf_draft_lengths", {}).items())
+        histogram = ", ".join(f"{k}: {n}" for k, n in (r.hf_draft_lengths or {}).items())
         lines.append(
-            f"| {_name_title(r['setting'])} | {', '.join(r.get('hf_generator', []))} | "
-            f"{r.get('rounds', '')} | "
-            f"{_f(r.get('hf_mean_draft_length'), 1)} | {histogram} | {_f(r['alpha'], 3)} | "
-            f"{_f(r['tokens_per_round'])} | {_f(r['tokens_per_second']['median'])} | "
-            f"{_spread(r['speedup'])} | {_spread(r['speedup_over_hf_plain'])} |"
+            f"| {_name_title(r.setting)} | {', '.join(r.hf_generator)} | "
+            f"{'' if r.rounds is None else r.rounds} | "
+            f"{_f(r.hf_mean_draft_length, 1)} | {histogram} | {_f(r.alpha, 3)} | "
+            f"{_f(r.tokens_per_round)} | {_f(r.tokens_per_second.median)} | "
+            f"{_spread(r.speedup)} | {_spread(r.speedup_over_hf_plain)} |"
         )
-    for r in summary["rows"]:
-        if r["method"] == HF_PLAIN:
+    for r in summary.rows:
+        if r.method == HF_PLAIN:
             lines.append(
-                f"\nHF plain `generate` at {_name_title(r['setting'])}: "
-                f"{_f(r['tokens_per_second']['median'])} "
-                f"tokens/s, {_spread(r['speedup'])} x our plain decoding."
+                f"\nHF plain `generate` at {_name_title(r.setting)}: {_f(r.tokens_per_second.median)} "
+                f"tokens/s, {_spread(r.speedup)} x our plain decoding."
             )
     return lines + [""]
 
 
-def _trials_check(result: dict[str, Any], summary: dict[str, Any]) -> list[str]:
-    trials = result["config"].get("trials", 1)
+def _trials_check(result: BenchResult, summary: Summary) -> list[str]:
+    trials = result.config.trials
     if trials <= 1:
         return []
-    differing = summary.get("trials_differing") or []
+    differing = summary.trials_differing
     verdict = (
         f"the trials of {len(differing)} runs emitted different tokens: {', '.join(differing)} (the kept "
         "run is the fastest, whatever it emitted)"
@@ -546,8 +531,8 @@ def _trials_check(result: dict[str, Any], summary: dict[str, Any]) -> list[str]:
     return [f"- Each method ran {trials} times per prompt and sampling row with the same seed; {verdict}."]
 
 
-def _greedy_check(summary: dict[str, Any]) -> list[str]:
-    rows = [r for r in summary["rows"] if r["temperature"] == 0 and "compared_with_plain" in r]
+def _greedy_check(summary: Summary) -> list[str]:
+    rows = [r for r in summary.rows if r.temperature == 0 and r.compared_with_plain is not None]
     if not rows:
         return []
     lines = [
@@ -559,9 +544,7 @@ def _greedy_check(summary: dict[str, Any]) -> list[str]:
         "",
     ]
     for r in rows:
-        lines.append(
-            f"- {r['label']}: {r['same_tokens_as_plain']} of {r['compared_with_plain']} runs identical"
-        )
+        lines.append(f"- {r.label}: {r.same_tokens_as_plain} of {r.compared_with_plain} runs identical")
     return lines + [""]
 
 
@@ -571,7 +554,7 @@ LLAMACPP_NOTE = (
 )
 
 
-def _method_notes(config: dict[str, Any]) -> list[str]:
+def _method_notes(config: BenchConfig) -> list[str]:
     lines = [
         "## How this was measured",
         "",
@@ -600,7 +583,7 @@ def _method_notes(config: dict[str, Any]) -> list[str]:
         "- " + FULL_RUN_NOTE,
         "",
     ]
-    if config.get("llamacpp"):
+    if config.llamacpp:
         lines.insert(-1, LLAMACPP_NOTE)
     return lines
 
@@ -614,7 +597,7 @@ def _prediction_note() -> str:
 # --------------------------------------------------------------------------- plots
 
 
-def write_plots(result: dict[str, Any], summary: dict[str, Any], out: Path) -> dict[str, Path]:
+def write_plots(result: BenchResult, summary: Summary, out: Path) -> dict[str, Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -626,23 +609,21 @@ def write_plots(result: dict[str, Any], summary: dict[str, Any], out: Path) -> d
 
     fig, axes = plt.subplots(1, len(settings), figsize=(5.5 * len(settings), 4.2), squeeze=False)
     for ax, sampling in zip(axes[0], settings, strict=True):
-        rows = [r for r in summary["rows"] if r["setting"] == sampling["name"]]
-        spec = [r for r in rows if r["method"] == SPECULATIVE]
+        rows = summary.rows_at(sampling.name)
+        spec = [r for r in rows if r.method == SPECULATIVE]
         if spec:
-            gammas = [r["gamma"] for r in spec]
-            med = [_nan_to(r["speedup"]["median"]) for r in spec]
-            low = [m - _nan_to(r["speedup"]["min"], m) for m, r in zip(med, spec, strict=True)]
-            high = [_nan_to(r["speedup"]["max"], m) - m for m, r in zip(med, spec, strict=True)]
+            gammas = [r.gamma for r in spec]
+            med = [_nan_to(r.speedup.median) for r in spec]
+            low = [m - _nan_to(r.speedup.low, m) for m, r in zip(med, spec, strict=True)]
+            high = [_nan_to(r.speedup.high, m) - m for m, r in zip(med, spec, strict=True)]
             ax.errorbar(
                 gammas, med, yerr=[low, high], fmt="o-", capsize=4, label="measured (median, min-max)"
             )
-            ax.plot(
-                gammas, [r["predicted_speedup"] for r in spec], "s--", label="predicted S (alpha at gamma)"
-            )
-            rec = summary["recommendation"].get(sampling["name"], {})
-            alpha = rec.get("pooled_alpha")
+            ax.plot(gammas, [r.predicted_speedup for r in spec], "s--", label="predicted S (alpha at gamma)")
+            rec = summary.recommendation.get(sampling.name)
+            alpha = rec.pooled_alpha if rec else None
             if alpha is not None and not _nan(alpha):
-                curve = theory_curve(alpha, summary["costs"])
+                curve = theory_curve(alpha, summary.costs)
                 ax.plot(
                     [g for g, _ in curve],
                     [s for _, s in curve],
@@ -650,17 +631,15 @@ def write_plots(result: dict[str, Any], summary: dict[str, Any], out: Path) -> d
                     color="gray",
                     label=f"theory, pooled alpha={alpha:.2f}",
                 )
-        others = [
-            r for r in rows if is_engine_method(r["method"]) and r["method"] not in (PLAIN, SPECULATIVE)
-        ]
+        others = [r for r in rows if is_engine_method(r.method) and r.method not in (PLAIN, SPECULATIVE)]
         for r in others:
-            if not _nan(r["speedup"]["median"]):
-                ax.plot([r["gamma"]], [r["speedup"]["median"]], "D", label=r["label"])
+            if not _nan(r.speedup.median):
+                ax.plot([r.gamma], [r.speedup.median], "D", label=r.label)
         for r in rows:
-            if r["method"] == HF_ASSISTED and not _nan(r["speedup"]["median"]):
-                ax.axhline(r["speedup"]["median"], color="tab:red", linestyle="-.", label="HF assisted")
-            if r["method"] == HF_PLAIN and not _nan(r["speedup"]["median"]):
-                ax.axhline(r["speedup"]["median"], color="tab:green", linestyle=(0, (1, 3)), label="HF plain")
+            if r.method == HF_ASSISTED and not _nan(r.speedup.median):
+                ax.axhline(r.speedup.median, color="tab:red", linestyle="-.", label="HF assisted")
+            if r.method == HF_PLAIN and not _nan(r.speedup.median):
+                ax.axhline(r.speedup.median, color="tab:green", linestyle=(0, (1, 3)), label="HF plain")
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("gamma (draft tokens per round)")
@@ -672,11 +651,11 @@ def write_plots(result: dict[str, Any], summary: dict[str, Any], out: Path) -> d
 
     fig, axes = plt.subplots(1, len(settings), figsize=(5.5 * len(settings), 4.2), squeeze=False)
     for ax, sampling in zip(axes[0], settings, strict=True):
-        for r in summary["rows"]:
-            if r["setting"] != sampling["name"] or r["method"] != SPECULATIVE:
+        for r in summary.rows_at(sampling.name):
+            if r.method != SPECULATIVE:
                 continue
-            rates = r["acceptance_by_position"]
-            ax.plot(range(1, len(rates) + 1), [_nan_to(x) for x in rates], "o-", label=f"gamma={r['gamma']}")
+            rates = r.acceptance_by_position
+            ax.plot(range(1, len(rates) + 1), [_nan_to(x) for x in rates], "o-", label=f"gamma={r.gamma}")
         ax.set_ylim(0, 1.05)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("draft position i (given positions < i were accepted)")
@@ -688,18 +667,16 @@ def write_plots(result: dict[str, Any], summary: dict[str, Any], out: Path) -> d
 
     fig, ax = plt.subplots(figsize=(5.5, 4.2))
     for name, source, style in (
-        ("v(k), adapter", summary["costs"], "o-"),
-        ("v(k), forward only", summary["forward_costs"], "s--"),
+        ("v(k), adapter", summary.costs, "o-"),
+        ("v(k), forward only", summary.forward_costs, "s--"),
     ):
-        ks = sorted(int(k) for k in source["v"])
-        ax.plot(
-            ks, [source["v"][k] if k in source["v"] else source["v"][str(k)] for k in ks], style, label=name
-        )
+        ks = sorted(source.v)
+        ax.plot(ks, [source.v[k] for k in ks], style, label=name)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("k (tokens in one target forward)")
     ax.set_ylabel("time / one-token time")
-    ax.set_title(f"target cost ratios (c = {summary['costs']['c']:.3f})")
+    ax.set_title(f"target cost ratios (c = {summary.costs.c:.3f})")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     paths["costs_plot"] = _save_figure(plt, fig, out / COSTS_PLOT)
@@ -737,17 +714,17 @@ def _ms(seconds: Any) -> str:
     return "-" if _nan(seconds) else f"{1000 * seconds:.1f} ms"
 
 
-def _overhead(row: dict[str, Any]) -> str:
+def _overhead(row: SettingRow) -> str:
     """`3.5% (45 ms/round)`: share of engine time outside the forwards' callers, and its cost per round."""
-    per_round = row.get("overhead_ms_per_round")
+    per_round = row.overhead_ms_per_round
     suffix = "" if _nan(per_round) else f" ({per_round:.0f} ms/round)"
-    return _pct(row["overhead_fraction"]) + suffix
+    return _pct(row.overhead_fraction) + suffix
 
 
-def _spread(spread: dict[str, Any]) -> str:
-    if _nan(spread.get("median")):
+def _spread(spread: Spread) -> str:
+    if _nan(spread.median):
         return "-"
-    return f"{spread['median']:.2f} [{spread['min']:.2f}, {spread['max']:.2f}]"
+    return f"{spread.median:.2f} [{spread.low:.2f}, {spread.high:.2f}]"
 
 
 def _count(n: float) -> str:
@@ -764,19 +741,8 @@ def _duration(seconds: Any) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _finite(value: Any) -> Any:
-    """The same structure with NaN and infinities as None (strict JSON has no NaN); int keys as strings."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-
-
-def prompt_table(prompts: Sequence[dict[str, Any]]) -> str:
+def prompt_table(prompts: Sequence[PromptRecord]) -> str:
     """A small Markdown table of the prompts (name, category, tokens)."""
     lines = ["| prompt | category | tokens |", "|---|---|---:|"]
-    lines += [f"| {p['name']} | {p['category']} | {p['tokens']} |" for p in prompts]
+    lines += [f"| {p.name} | {p.category} | {p.tokens} |" for p in prompts]
     return "\n".join(lines)

@@ -15,28 +15,38 @@ speedup model (`exactspec.bench.theory`) describes the steady state, so the
 speedups are computed from it. The cost ratios c and v(k) are measured
 directly before the runs (`exactspec.bench.costs`).
 
-Everything is returned as one JSON-ready dict (`bench.json`); the summary and
-the report are computed from it alone (`exactspec.bench.summary`, `.report`).
+Everything is returned as one `BenchResult` (typed records, `exactspec.bench.records`; written
+as `bench.json`); the summary and the report are computed from it alone (`exactspec.bench.summary`,
+`.report`), so a bench.json read back renders the same report.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
-import platform
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from exactspec.bench import theory
-from exactspec.bench.costs import measure_costs
+from exactspec.bench.costs import CostMeasurement, measure_costs
+from exactspec.bench.records import (
+    Environment,
+    HfPolicy,
+    Measurement,
+    ModelRecord,
+    Models,
+    ModelSpecs,
+    PromptRecord,
+    Run,
+)
 from exactspec.bench.runs import run_engine, run_hf, run_llamacpp
 from exactspec.decoding.strategy import Strategy
+from exactspec.foundations.provenance import Machine, Provenance
+from exactspec.foundations.records import JsonRecord, field_values
 from exactspec.foundations.settings import REALISTIC_CHAT_SETTINGS, SamplingSettings
 from exactspec.models.pair import ModelPair
 from exactspec.peers import hf as hf_peer
@@ -67,7 +77,8 @@ DEFAULT_MAX_NEW_TOKENS = 128
 QUICK_GAMMAS = (2, 4)
 QUICK_MAX_NEW_TOKENS = 32
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""bench.json's format: 2 added the provenance and left the machine to it (1: results before it)."""
 WARMUP_PROMPT_TOKENS = 16
 
 
@@ -90,7 +101,7 @@ class SamplingRow:
 
 
 @dataclass(frozen=True)
-class BenchConfig:
+class BenchConfig(JsonRecord):
     """What to run. `cost_repeats` timed forwards per k measure c and v(k); `warmup_tokens` per method.
 
     `trials`: how many times each prompt and sampling row runs its whole method sequence (in turn:
@@ -163,6 +174,22 @@ class BenchConfig:
     def max_gamma(self) -> int:
         return max(gamma for _, gamma in self.methods())
 
+    def to_json(self) -> dict[str, Any]:
+        # The run order and sampling rows these fields mean, for a reader of bench.json (read back,
+        # they are computed again from the fields).
+        return {
+            **super().to_json(),
+            "methods": [list(m) for m in self.methods()],
+            "sampling_rows": [
+                {
+                    "name": row.name,
+                    "temperature": row.settings.temperature,
+                    "describe": row.settings.describe(),
+                }
+                for row in self.sampling_rows()
+            ],
+        }
+
 
 @dataclass(frozen=True)
 class EncodedPrompt:
@@ -173,34 +200,82 @@ class EncodedPrompt:
     chat: bool = False
 
 
-def environment() -> dict[str, Any]:
+@dataclass(frozen=True, kw_only=True)
+class BenchResult(JsonRecord):
+    """Everything one bench run measured: bench.json, less the summary computed from it.
+
+    `runs`: one `Run` per prompt, sampling row and method, in run order (with trials, each
+    method's fastest); `errors`: the peer runs that failed, one line each. `all_prompt_tokens`:
+    token counts of the whole built-in prompt set (to estimate the full run's duration).
+    `provenance`: read from a schema 1 file (before it was kept), only the machine is known and
+    the rest says "not recorded"; None when the file kept nothing of it.
+    """
+
+    schema: int = SCHEMA_VERSION
+    provenance: Provenance | None = None
+    config: BenchConfig
+    environment: Environment
+    models: Models
+    prompts: tuple[PromptRecord, ...]
+    all_prompt_tokens: tuple[int, ...] | None = None
+    hf_policy: HfPolicy | None = None
+    costs: CostMeasurement
+    warmup_seconds: float = math.nan
+    duration_seconds: float = math.nan
+    runs: tuple[Run, ...]
+    errors: tuple[str, ...] = ()
+
+    @classmethod
+    def from_json(cls, data: Any) -> BenchResult:
+        if "provenance" not in data and "cpu_count" in data.get("environment", {}):
+            data = {**data, "provenance": _schema_1_provenance(data["environment"]).to_json()}
+        return super().from_json(data)
+
+
+NOT_RECORDED = "not recorded"
+
+
+def _schema_1_provenance(environment: dict[str, Any]) -> Provenance:
+    """What a schema 1 bench.json kept of its provenance: the machine, in its "environment"."""
+    return Provenance(
+        commit=NOT_RECORDED,
+        command=NOT_RECORDED,
+        machine=Machine(
+            cpu=environment.get("processor") or NOT_RECORDED,
+            cores=environment.get("cpu_count"),
+            memory_bytes=None,
+            os=environment.get("platform") or NOT_RECORDED,
+            python=environment.get("python") or NOT_RECORDED,
+            torch=environment.get("torch") or NOT_RECORDED,
+            torch_threads=environment.get("torch_threads") or 0,
+        ),
+        created=NOT_RECORDED,
+    )
+
+
+def environment() -> Environment:
+    """transformers' version and the load average now (the machine itself is in the provenance)."""
     import transformers
 
-    return {
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-    }
+    return Environment(transformers=transformers.__version__, load_average_start=_load_average())
 
 
-def describe_model(model: Any) -> dict[str, Any]:
+def _load_average() -> tuple[float, ...] | None:
+    return tuple(os.getloadavg()) if hasattr(os, "getloadavg") else None
+
+
+def describe_model(model: Any) -> ModelRecord:
     from exactspec.models.packed import weight_count
 
-    parameters = weight_count(model)
-    return {
-        "class": type(model).__name__,
-        "parameters": parameters,
-        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-        "weights": getattr(model, "exactspec_weights", "dense"),  # set by models.packed.pack_model
-        "vocab_size": hf_peer.config_vocab(model),
-        "layers": getattr(model.config, "num_hidden_layers", None),
-        "hidden_size": getattr(model.config, "hidden_size", None),
-    }
+    return ModelRecord(
+        class_name=type(model).__name__,
+        parameters=weight_count(model),
+        dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
+        weights=getattr(model, "exactspec_weights", "dense"),  # set by models.packed.pack_model
+        vocab_size=hf_peer.config_vocab(model),
+        layers=getattr(model.config, "num_hidden_layers", None),
+        hidden_size=getattr(model.config, "hidden_size", None),
+    )
 
 
 def run_bench(
@@ -211,15 +286,17 @@ def run_bench(
     progress: bool = True,
     log: Callable[[str], None] | None = None,
     all_prompt_tokens: Sequence[int] | None = None,
-    description: dict[str, Any] | None = None,
+    description: ModelSpecs | None = None,
     llamacpp_model: Any | None = None,
-) -> dict[str, Any]:
-    """Run everything and return the raw result (JSON-ready; see the module docstring).
+    provenance: Provenance | None = None,
+) -> BenchResult:
+    """Run everything and return the raw result (see the module docstring).
 
     `all_prompt_tokens`: token counts of the whole built-in prompt set, kept to estimate how long
     the full run takes at the speeds measured here. `description`: how the models were asked for
     (specs, load time), stored beside what the models are. `llamacpp_model`: the loaded
     `llama_cpp.Llama` that `config.llamacpp` runs (`exactspec.peers.llamacpp.load`).
+    `provenance`: the code, command and machine of the run (default: this process's, now).
     """
     if not prompts:
         raise ValueError("no prompts to run")
@@ -227,39 +304,11 @@ def run_bench(
         raise ValueError("config.llamacpp is set but no llamacpp_model was given")
     say = log or (lambda message: None)
     started = time.perf_counter()
+    provenance = provenance or Provenance.collect()
     env = environment()
     rows = config.sampling_rows()
-    result: dict[str, Any] = {
-        "schema": SCHEMA_VERSION,
-        "config": {
-            **asdict(config),
-            "gammas": list(config.gammas),
-            "temperatures": list(config.temperatures),
-            "methods": [list(m) for m in config.methods()],
-            "sampling_rows": [
-                {
-                    "name": row.name,
-                    "temperature": row.settings.temperature,
-                    "describe": row.settings.describe(),
-                }
-                for row in rows
-            ],
-        },
-        "environment": env,
-        "models": {
-            **(description or {}),
-            "target": describe_model(pair.target_model),
-            "draft": describe_model(pair.draft_model),
-        },
-        "prompts": [
-            {"name": p.name, "category": p.category, "tokens": len(p.ids), "chat": p.chat, "text": p.text}
-            for p in prompts
-        ],
-        "all_prompt_tokens": list(all_prompt_tokens) if all_prompt_tokens else None,
-        "hf_policy": hf_peer.draft_policy(pair.draft_model) if config.hf_assisted else None,
-        "runs": [],
-        "errors": [],
-    }
+    runs: list[Run] = []
+    errors: list[str] = []
 
     max_k = config.max_gamma() + 1
     context = max(prompts, key=lambda p: len(p.ids)).ids if len(prompts[0].ids) <= max_k else prompts[0].ids
@@ -267,10 +316,8 @@ def run_bench(
         context = list(context) * (max_k // max(1, len(context)) + 2)
     say(f"measuring c and v(k) (k = 1..{max_k}) on a warm cache of {len(context)} tokens")
     costs_started = time.perf_counter()
-    result["costs"] = measure_costs(
-        pair, context, max_k, config.cost_repeats, {row.name: row.settings for row in rows}
-    )
-    result["costs"]["seconds"] = time.perf_counter() - costs_started
+    costs = measure_costs(pair, context, max_k, config.cost_repeats, {row.name: row.settings for row in rows})
+    costs = dataclasses.replace(costs, seconds=time.perf_counter() - costs_started)
 
     say("warm-up")
     warm_started = time.perf_counter()
@@ -281,7 +328,7 @@ def run_bench(
             _run_one(
                 pair, method, gamma, warm_ids, rows[-1].settings, warm_tokens, config, None, llamacpp_model
             )
-    result["warmup_seconds"] = time.perf_counter() - warm_started
+    warmup_seconds = time.perf_counter() - warm_started
 
     methods = config.methods()
     total = len(prompts) * len(rows) * len(methods) * config.trials
@@ -290,7 +337,7 @@ def run_bench(
         for index, prompt in enumerate(prompts):
             seed = config.seed + index
             for row in rows:
-                trials: dict[tuple[str, int], list[dict[str, Any]]] = {}
+                trials: dict[tuple[str, int], list[Run]] = {}
                 for trial in range(config.trials):
                     for method, gamma in methods:
                         label = f"{prompt.name} {row.name} {method}{f' gamma={gamma}' if gamma else ''}"
@@ -302,7 +349,7 @@ def run_bench(
                             _advance(bar)
                             continue
                         try:
-                            record = _run_one(
+                            measured = _run_one(
                                 pair,
                                 method,
                                 gamma,
@@ -318,39 +365,60 @@ def run_bench(
                                 raise
                             message = f"{method} at {row.name} failed on {prompt.name}: {error!r}"
                             say(message)
-                            result["errors"].append(message)
+                            errors.append(message)
                             failed_methods.add((method, row.name))
                             trials.pop((method, gamma), None)
                             _advance(bar)
                             continue
-                        trials.setdefault((method, gamma), []).append(record)
+                        run = Run(
+                            **field_values(measured),
+                            prompt=prompt.name,
+                            category=prompt.category,
+                            prompt_tokens=len(prompt.ids),
+                            setting=row.name,
+                            temperature=row.settings.temperature,
+                            method=method,
+                            gamma=gamma,
+                            seed=seed,
+                        )
+                        trials.setdefault((method, gamma), []).append(run)
                         _advance(bar)
-                plain_tokens: list[int] | None = None
+                plain_tokens: tuple[int, ...] | None = None
                 for method, gamma in methods:
                     if (method, gamma) not in trials:
                         continue
-                    record = _fastest_trial(trials[(method, gamma)])
+                    run = _fastest_trial(trials[(method, gamma)])
                     if method == PLAIN:
-                        plain_tokens = record["tokens"]
+                        plain_tokens = run.tokens
                     if plain_tokens is not None and method != PLAIN:
-                        record["same_tokens_as_plain"] = record["tokens"] == plain_tokens
-                        record["first_difference"] = _first_difference(record["tokens"], plain_tokens)
-                    result["runs"].append(
-                        {
-                            "prompt": prompt.name,
-                            "category": prompt.category,
-                            "prompt_tokens": len(prompt.ids),
-                            "setting": row.name,
-                            "temperature": row.settings.temperature,
-                            "method": method,
-                            "gamma": gamma,
-                            "seed": seed,
-                            **record,
-                        }
-                    )
-    env["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-    result["duration_seconds"] = time.perf_counter() - started
-    return result
+                        run = dataclasses.replace(
+                            run,
+                            same_tokens_as_plain=run.tokens == plain_tokens,
+                            first_difference=_first_difference(run.tokens, plain_tokens),
+                        )
+                    runs.append(run)
+    env = dataclasses.replace(env, load_average_end=_load_average())
+    return BenchResult(
+        provenance=provenance,
+        config=config,
+        environment=env,
+        models=Models(
+            **field_values(description or ModelSpecs()),
+            target=describe_model(pair.target_model),
+            draft=describe_model(pair.draft_model),
+        ),
+        prompts=tuple(
+            PromptRecord(name=p.name, category=p.category, tokens=len(p.ids), chat=p.chat, text=p.text)
+            for p in prompts
+        ),
+        all_prompt_tokens=tuple(all_prompt_tokens) if all_prompt_tokens else None,
+        hf_policy=HfPolicy(**hf_peer.draft_policy(pair.draft_model)) if config.hf_assisted else None,
+        costs=costs,
+        warmup_seconds=warmup_seconds,
+        duration_seconds=time.perf_counter() - started,
+        runs=tuple(runs),
+        errors=tuple(errors),
+    )
 
 
 def _run_one(
@@ -363,7 +431,7 @@ def _run_one(
     config: BenchConfig,
     seed: int | None = None,
     llamacpp_model: Any | None = None,
-) -> dict[str, Any]:
+) -> Measurement:
     seed = config.seed if seed is None else seed
     if is_engine_method(method):
         strategy = strategy_of(method)
@@ -373,21 +441,21 @@ def _run_one(
     return run_hf(pair, ids, method == HF_ASSISTED, settings, max_new_tokens, seed, config.ignore_eos)
 
 
-def _fastest_trial(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def _fastest_trial(runs: Sequence[Run]) -> Run:
     """The trial with the highest steady-state tokens/s, with every trial's speed and agreement beside it.
 
     `trial_tokens_per_second` lists each trial's steady-state speed in run order;
     `trials_same_tokens` says whether every trial emitted the same tokens (same seed: they should,
     up to the numerics of the machine, and a difference is reported rather than hidden).
     """
-    best = max(records, key=lambda r: theory.nan_low(r["steady_tokens_per_second"]))
-    if len(records) == 1:
+    best = max(runs, key=lambda r: theory.nan_low(r.steady_tokens_per_second))
+    if len(runs) == 1:
         return best
-    return {
-        **best,
-        "trial_tokens_per_second": [r["steady_tokens_per_second"] for r in records],
-        "trials_same_tokens": all(r["tokens"] == records[0]["tokens"] for r in records),
-    }
+    return dataclasses.replace(
+        best,
+        trial_tokens_per_second=tuple(r.steady_tokens_per_second for r in runs),
+        trials_same_tokens=all(r.tokens == runs[0].tokens for r in runs),
+    )
 
 
 def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:

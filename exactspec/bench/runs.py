@@ -13,10 +13,18 @@ from typing import Any
 
 import torch
 
+from exactspec.bench.records import (
+    AssistedRounds,
+    ExpectedAccepted,
+    Measurement,
+    PolicyCosts,
+    RunMetrics,
+)
 from exactspec.bench.timing import ForwardTimer, RoundStreamer, steady_state
 from exactspec.decoding.builder import build_engine
 from exactspec.decoding.engine import DecodeConfig
 from exactspec.decoding.strategy import Strategy
+from exactspec.foundations.records import field_values
 from exactspec.foundations.sampler import SeededSampler
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.base import LanguageModel, ModelWrapper
@@ -80,6 +88,15 @@ class ExpectationRecorder:
             draft_tokens, q, p, draft_lengths, eos_token_ids, sampler, rows, validate=validate
         )
 
+    def record(self) -> ExpectedAccepted:
+        """The sums so far, as bench.json keeps them."""
+        return ExpectedAccepted(
+            token=self.expected["token"],
+            block=self.expected["block"],
+            rounds=self.rounds,
+            block_weights=self.expected["block_weights"],
+        )
+
 
 def run_engine(
     pair: ModelPair,
@@ -90,7 +107,7 @@ def run_engine(
     seed: int,
     ignore_eos: bool,
     strategy: Strategy | None = None,
-) -> dict[str, Any]:
+) -> Measurement:
     """One generation through our engine (gamma = 0 is plain decoding), from empty caches.
 
     `strategy` picks drafter, verifier and gamma policy (`exactspec.decoding.builder.build_engine`,
@@ -122,25 +139,22 @@ def run_engine(
     metrics = engine.metrics
     metrics.verify_seconds -= recorder.seconds
     metrics.total_seconds -= recorder.seconds
-    record = {
-        "wall_seconds": wall,
-        **steady_state(events, started),
-        "tokens": tokens,
-        "finish_reason": finish_reason,
-        "metrics": {
-            **metrics.as_dict(),
-            "proposed_by_position": list(metrics.proposed_by_position),
-            "accepted_by_position": list(metrics.accepted_by_position),
-        },
-        "target_forwards": [list(c) for c in target_timer.calls],
-        "draft_forwards": [list(c) for c in draft_timer.calls],
-        "model_seconds": target_timer.seconds + draft_timer.seconds,
+    costs = getattr(engine.gamma_policy, "costs", None)  # what adaptive gamma optimised with
+    record = Measurement(
+        **field_values(steady_state(events, started)),
+        wall_seconds=wall,
+        tokens=tuple(tokens),
+        finish_reason=finish_reason,
+        metrics=RunMetrics.of(metrics),
+        target_forwards=tuple(target_timer.calls),
+        draft_forwards=tuple(draft_timer.calls),
+        model_seconds=target_timer.seconds + draft_timer.seconds,
         # E[kept draft tokens] summed over this run's rounds under each rule, on identical inputs.
-        "expected_accepted": {**recorder.expected, "rounds": recorder.rounds},
-    }
-    costs = getattr(engine.gamma_policy, "costs", None)
-    if costs is not None:  # what adaptive gamma optimised with (measured once per pair)
-        record["gamma_policy_costs"] = {"c": costs.draft_cost, "v": list(costs.verify_costs)}
+        expected_accepted=recorder.record(),
+        gamma_policy_costs=None
+        if costs is None
+        else PolicyCosts(costs.draft_cost, tuple(costs.verify_costs)),
+    )
     pair.clear_caches()
     return record
 
@@ -153,7 +167,7 @@ def run_hf(
     max_new_tokens: int,
     seed: int,
     ignore_eos: bool,
-) -> dict[str, Any]:
+) -> Measurement:
     """One `target_model.generate` call (assisted by the draft or plain), timed like `run_engine`."""
     model = pair.target_model
     input_ids = torch.tensor([list(ids)], device=model.device)  # [1, L]
@@ -175,32 +189,32 @@ def run_hf(
         wall = time.perf_counter() - started
     events = streamer.events[1:]  # the first put is the prompt
     tokens = output[0, len(ids) :].tolist()
-    record = {
-        "wall_seconds": wall,
-        **steady_state(events, started),
-        "tokens": tokens,
-        "finish_reason": "length" if len(tokens) >= max_new_tokens else "eos",
-        "target_forwards": [list(c) for c in target_timer.calls],
-        "draft_forwards": [list(c) for c in draft_timer.calls],
-        "model_seconds": target_timer.seconds + draft_timer.seconds,
-    }
+    steady = steady_state(events, started)
+    hf = None
     if assisted:
         # Round r's target forward scores its candidates plus one: width - 1 candidates (the
         # first forward also holds the prompt). Accepted = emitted - 1 per round.
         widths = [w for w, _ in target_timer.calls]
         candidates = [widths[0] - len(ids)] + [w - 1 for w in widths[1:]] if widths else []
-        accepted = [max(0, n - 1) for n in record["round_tokens"]]
+        accepted = [max(0, n - 1) for n in steady.round_tokens]
         universal = hf_peer.uses_universal_assistant(model, pair.draft_model)
-        record["hf"] = {
-            "generator": "universal (different vocabulary sizes)"
-            if universal
-            else "AssistedCandidateGenerator",
-            "candidate_lengths": candidates,
-            "accepted_per_round": accepted,
-            "proposed_tokens": sum(candidates),
-            "accepted_tokens": sum(accepted),
-        }
-    return record
+        hf = AssistedRounds(
+            generator="universal (different vocabulary sizes)" if universal else "AssistedCandidateGenerator",
+            candidate_lengths=tuple(candidates),
+            accepted_per_round=tuple(accepted),
+            proposed_tokens=sum(candidates),
+            accepted_tokens=sum(accepted),
+        )
+    return Measurement(
+        **field_values(steady),
+        wall_seconds=wall,
+        tokens=tuple(tokens),
+        finish_reason="length" if len(tokens) >= max_new_tokens else "eos",
+        target_forwards=tuple(target_timer.calls),
+        draft_forwards=tuple(draft_timer.calls),
+        model_seconds=target_timer.seconds + draft_timer.seconds,
+        hf=hf,
+    )
 
 
 def run_llamacpp(
@@ -211,7 +225,7 @@ def run_llamacpp(
     max_new_tokens: int,
     seed: int,
     ignore_eos: bool,
-) -> dict[str, Any]:
+) -> Measurement:
     """One plain llama.cpp generation (`exactspec.peers.llamacpp`), timed like `run_engine`."""
     started = time.perf_counter()
     out = llamacpp_peer.generate(
@@ -223,12 +237,12 @@ def run_llamacpp(
         eos_token_ids=() if ignore_eos else pair.eos_token_ids,
     )
     wall = time.perf_counter() - started
-    return {
-        "wall_seconds": wall,
-        **steady_state(out["events"], started),
-        "tokens": out["tokens"],
-        "finish_reason": out["finish_reason"],
-        "target_forwards": [],
-        "draft_forwards": [],
-        "model_seconds": wall,  # all of llama.cpp's time is inside llama.cpp
-    }
+    return Measurement(
+        **field_values(steady_state(out["events"], started)),
+        wall_seconds=wall,
+        tokens=tuple(out["tokens"]),
+        finish_reason=out["finish_reason"],
+        target_forwards=(),
+        draft_forwards=(),
+        model_seconds=wall,  # all of llama.cpp's time is inside llama.cpp
+    )

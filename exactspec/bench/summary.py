@@ -1,38 +1,45 @@
-"""From the raw benchmark result (`bench.json`) to one row per setting, with the theory beside it.
+"""From the raw benchmark result (`runner.BenchResult`, bench.json) to one row per setting, with the theory
+beside it.
 
 A setting is (sampling row, method, gamma); a sampling row is a temperature ("0", "0.7") or a named
-row ("realistic"), and results written before sampling rows existed are read as one row per
-temperature. Per-prompt quantities (tokens/s,
-speedup over plain decoding of the same prompt at the same temperature) are
-summarised by their median and spread over prompts; counts (accepted and
-proposed draft tokens, rounds) are pooled over prompts before dividing.
+row ("realistic"). Per-prompt quantities (tokens/s, speedup over plain decoding of the same prompt
+at the same sampling row) are summarised by their median and spread over prompts; counts
+(accepted and proposed draft tokens, rounds) are pooled over prompts before dividing.
 Speedups use steady-state tokens/s (after the first round, which holds the
 prefill); end-to-end figures are kept beside them.
+
+Records, all written to bench.json's "summary" under their field names: `Summary` holds
+`SettingRow`s (one per setting), `PromptRow`s (one per run), `BlockPair`s and a `BlockSummary`
+(block against token verification), `AdaptiveComparison`s (adaptive against fixed gamma) and a
+`Recommendation` per sampling row.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
 
 from exactspec.bench import theory
-from exactspec.bench.costs import cost_ratios
+from exactspec.bench.costs import CostRatios, cost_ratios
+from exactspec.bench.records import PolicyCosts, Run, RunMetrics
 from exactspec.bench.runner import (
     ADAPTIVE,
     HF_ASSISTED,
     HF_PLAIN,
     LLAMACPP_PLAIN,
-    NGRAM,
-    NGRAM_ADAPTIVE,
     PLAIN,
     SPECULATIVE,
     SPECULATIVE_BLOCK,
+    BenchResult,
+    SamplingRow,
     is_engine_method,
     strategy_of,
 )
 from exactspec.bench.theory import NAN, Spread
+from exactspec.foundations.records import JsonRecord
 
 # Which speedup is "the" prediction: E from measured alpha, as in docs/algorithm.md "Measured quantities".
 PREDICTION_NOTE = (
@@ -43,209 +50,394 @@ PREDICTION_NOTE = (
     "S(tokens/round) uses the measured mean tokens per round in place of E (no i.i.d. assumption)."
 )
 
-
-def sampling_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """The result's sampling rows ({name, temperature, describe}); one per temperature for old results."""
-    config = result["config"]
-    if config.get("sampling_rows"):
-        return config["sampling_rows"]
-    return [
-        {"name": f"{t:g}", "temperature": t, "describe": "greedy" if t == 0 else f"T={t:g}"}
-        for t in config["temperatures"]
-    ]
+EXPECTED_TIE = 1e-9
+"""Expected tokens/round of the two rules closer than this count as equal (greedy rounds tie exactly)."""
 
 
-def run_setting(run: dict[str, Any]) -> str:
-    """The sampling row a run belongs to (its temperature for results without sampling rows)."""
-    return run.get("setting") or f"{run['temperature']:g}"
+@dataclass(frozen=True, kw_only=True)
+class SettingRow(JsonRecord):
+    """One setting (sampling row, method, gamma) over its prompts: speeds, speedups, acceptance, theory.
+
+    Spreads are over prompts (per-prompt speedups against plain decoding of the same prompt);
+    counts are pooled over prompts. NaN (null in JSON) where a column does not apply: the
+    prediction columns without one fixed gamma and one c (plain, adaptive gamma, hybrid, peers),
+    the engine columns for peers, the `hf_` columns for all but HF assisted generation.
+    `same_tokens_as_plain` of `compared_with_plain` runs emitted plain decoding's tokens (None
+    for plain decoding itself).
+    """
+
+    setting: str
+    temperature: float
+    method: str
+    gamma: int
+    label: str
+    runs: int
+    prompts: tuple[str, ...]
+    new_tokens: int
+    tokens_per_second: Spread
+    end_to_end_tokens_per_second: Spread
+    speedup: Spread
+    end_to_end_speedup: Spread
+    speedup_over_hf_plain: Spread
+    outside_model_fraction: float
+    alpha: float = NAN
+    tokens_per_round: float = NAN
+    expected_tokens_per_round: float = NAN
+    c: float = NAN
+    v: float = NAN
+    predicted_speedup: float = NAN
+    pooled_predicted_speedup: float = NAN
+    predicted_speedup_from_tokens_per_round: float = NAN
+    measured_over_predicted: float = NAN
+    overhead_fraction: float = NAN
+    overhead_ms_per_round: float = NAN
+    mean_draft_length: float = NAN
+    acceptance_by_position: tuple[float, ...] = ()
+    rounds: int | None = None
+    accepted_tokens: int | None = None
+    proposed_tokens: int | None = None
+    run_c: float = NAN  # c and v(gamma + 1) from the runs' own forward passes (prefill excluded)
+    run_v: float = NAN
+    same_tokens_as_plain: int | None = None
+    compared_with_plain: int | None = None
+    hf_mean_draft_length: float = NAN
+    hf_draft_lengths: dict[int, int] | None = None  # draft length -> rounds that drafted it
+    hf_generator: tuple[str, ...] = ()
 
 
-def configured_methods(result: dict[str, Any]) -> list[tuple[str, int]]:
-    """(method, gamma) in run order, the peers last (for old results: plain, each gamma, the peers)."""
-    config = result["config"]
-    if config.get("methods"):
-        order = [(m, int(g)) for m, g in config["methods"] if is_engine_method(m)]
-    else:
-        order = [(PLAIN, 0)] + [(SPECULATIVE, g) for g in config["gammas"]]
+@dataclass(frozen=True)
+class ExpectedTokensPerRound(JsonRecord):
+    """Per rule, 1 + E[kept draft tokens] per round on one run's own rounds (`runs.ExpectationRecorder`).
+
+    `block_weights`: 1 + the mean sum of block verification's weights per round, its estimate
+    over the drafts (None for results from before it was kept).
+    """
+
+    token: float
+    block: float
+    block_weights: float | None = None
+
+
+@dataclass(frozen=True)
+class PromptRow(JsonRecord):
+    """One run: tokens/s, speedup over plain (same prompt and sampling row), tokens per round."""
+
+    setting: str
+    prompt: str
+    category: str
+    method: str
+    gamma: int
+    label: str
+    tokens_per_second: float
+    speedup: float
+    end_to_end_speedup: float
+    tokens_per_round: float
+    mean_draft_length: float
+    outside_model_fraction: float
+    overhead_fraction: float
+    expected_tokens_per_round: ExpectedTokensPerRound | None = None
+
+
+@dataclass(frozen=True)
+class BlockPair(JsonRecord):
+    """Block against token verification at the same gamma, prompt and sampling row (same drafter).
+
+    `expected_on_token_rounds`, `expected_on_block_rounds`: both rules scored on the token run's
+    rounds and on the block run's rounds (None for runs without the record).
+    """
+
+    setting: str
+    prompt: str
+    gamma: int
+    token_tokens_per_round: float
+    block_tokens_per_round: float
+    token_tokens_per_second: float
+    block_tokens_per_second: float
+    wall_clock_gain: float  # block tokens/s / token tokens/s
+    expected_on_token_rounds: ExpectedTokensPerRound | None = None
+    expected_on_block_rounds: ExpectedTokensPerRound | None = None
+
+
+@dataclass(frozen=True)
+class OverDrafts(JsonRecord):
+    """Block verification's weights' sum against the token rule's expectation, per scoring and pooled.
+
+    `gains`: "prompt (row, gamma=g, token|block run)" -> block weights / token rule; `ahead_on`:
+    the scorings whose gain is above 1 (beyond EXPECTED_TIE).
+    """
+
+    scorings: int
+    gains: dict[str, float]
+    ahead_on: int
+    median_gain: float
+    min_gain: float
+    max_gain: float
+
+
+@dataclass(frozen=True)
+class BlockSummary(JsonRecord):
+    """Block against token verification over all pairs (`block_summary`)."""
+
+    pairs: int
+    median_tokens_per_round_gain: float
+    median_wall_clock_gain: float
+    scorings: int
+    expected_ahead: int
+    expected_tied: int
+    expected_below: tuple[str, ...]  # the scorings where the block rule's expectation is the lower
+    median_expected_gain: float
+    over_drafts: OverDrafts | None = None
+
+
+@dataclass(frozen=True)
+class AdaptiveComparison(JsonRecord):
+    """Adaptive gamma against the fixed gamma with the highest median speedup, at one sampling row.
+
+    `faster_on` of `paired_prompts`: prompts on which adaptive gamma's speedup was the higher;
+    `median_ratio`: the median per-prompt ratio adaptive / fixed.
+    """
+
+    setting: str
+    label: str
+    median: float
+    best_fixed_gamma: int
+    best_fixed_median: float
+    paired_prompts: int
+    faster_on: int
+    median_ratio: float
+
+
+@dataclass(frozen=True)
+class Recommendation(JsonRecord):
+    """The token-verified draft model's best gamma at one sampling row (gamma None: no such runs).
+
+    `gamma`: the fastest measured gamma, or 0 when none beat plain decoding; `theory_gamma`,
+    `theory_speedup`: the best gamma and speedup the theory predicts from the pooled alpha and
+    the measured c and v(k).
+    """
+
+    gamma: int | None
+    best_measured_gamma: int | None = None
+    speedup: float = NAN
+    pooled_alpha: float = NAN
+    theory_gamma: int | None = None
+    theory_speedup: float = NAN
+
+
+@dataclass(frozen=True, kw_only=True)
+class Summary(JsonRecord):
+    """The summary of one `BenchResult` (bench.json "summary"; recomputed whenever a report is written).
+
+    `costs`, `forward_costs`: c and v(k) through the adapters and of the forward passes alone;
+    `transform_and_sample_ms`: per sampling row, the per-token work outside the models;
+    `gamma_policy_costs`: what adaptive gamma optimised with (None without adaptive runs);
+    `trials_differing`: runs whose same-seed trials did not all emit the same tokens.
+    """
+
+    costs: CostRatios
+    forward_costs: CostRatios
+    transform_and_sample_ms: dict[str, float]
+    rows: tuple[SettingRow, ...]
+    per_prompt: tuple[PromptRow, ...]
+    gamma_policy_costs: PolicyCosts | None = None
+    block_vs_token: tuple[BlockPair, ...] = ()
+    block_summary: BlockSummary | None = None
+    adaptive_vs_fixed: tuple[AdaptiveComparison, ...] = ()
+    recommendation: dict[str, Recommendation]
+    prediction_note: str = PREDICTION_NOTE
+    estimated_full_run_seconds: float = NAN
+    trials_differing: tuple[str, ...] = ()
+
+    def rows_at(self, setting: str) -> list[SettingRow]:
+        """The setting rows of one sampling row, in run order."""
+        return [r for r in self.rows if r.setting == setting]
+
+
+def sampling_rows(result: BenchResult) -> list[SamplingRow]:
+    """The result's sampling rows, as its config names them ("0", "0.7", "realistic")."""
+    return result.config.sampling_rows()
+
+
+def configured_methods(result: BenchResult) -> list[tuple[str, int]]:
+    """(method, gamma) in run order, the peers last."""
+    order = [(m, g) for m, g in result.config.methods() if is_engine_method(m)]
     return order + [(HF_ASSISTED, 0), (HF_PLAIN, 0), (LLAMACPP_PLAIN, 0)]
 
 
-def summarize(result: dict[str, Any]) -> dict[str, Any]:
-    """Summary of a raw result: cost ratios, one row per setting, per-prompt rows, targets, the
-    recommended gamma per sampling row."""
-    costs = cost_ratios(result["costs"])
-    forward_costs = cost_ratios(result["costs"], forward_only=True)
-    runs = result["runs"]
-    rows = []
+def summarize(result: BenchResult) -> Summary:
+    """Summary of a raw result: cost ratios, one row per setting, per-prompt rows, block against
+    token verification, adaptive against fixed gamma, the recommended gamma per sampling row."""
+    costs = cost_ratios(result.costs)
+    runs = result.runs
+    rows: list[SettingRow] = []
     for sampling in sampling_rows(result):
-        at_t = [r for r in runs if run_setting(r) == sampling["name"]]
-        plain_by_prompt = {r["prompt"]: r for r in at_t if r["method"] == PLAIN}
-        hf_plain_by_prompt = {r["prompt"]: r for r in at_t if r["method"] == HF_PLAIN}
-        plain_step = _median_forward([r for r in at_t if r["method"] == PLAIN], "target_forwards", width=1)
+        at_row = [r for r in runs if r.setting == sampling.name]
+        plain_by_prompt = {r.prompt: r for r in at_row if r.method == PLAIN}
+        hf_plain_by_prompt = {r.prompt: r for r in at_row if r.method == HF_PLAIN}
+        plain_step = _median_forward([r.target_forwards for r in at_row if r.method == PLAIN], width=1)
         for method, gamma in configured_methods(result):
-            group = [r for r in at_t if r["method"] == method and r["gamma"] == gamma]
-            if not group:
-                continue
-            row = _row(
-                sampling["temperature"],
-                method,
-                gamma,
-                group,
-                plain_by_prompt,
-                hf_plain_by_prompt,
-                costs,
-                plain_step,
-            )
-            rows.append({"setting": sampling["name"], **row})
-    recommendation = {}
-    for sampling in sampling_rows(result):
-        recommendation[sampling["name"]] = _recommend(
-            [r for r in rows if r["setting"] == sampling["name"]], costs
-        )
+            group = [r for r in at_row if r.method == method and r.gamma == gamma]
+            if group:
+                rows.append(
+                    _row(
+                        sampling, method, gamma, group, plain_by_prompt, hf_plain_by_prompt, costs, plain_step
+                    )
+                )
     per_prompt = per_prompt_rows(result)
-    return {
-        "costs": costs,
-        "forward_costs": forward_costs,
-        "transform_and_sample_ms": {
-            t: 1000 * statistics.median(v) for t, v in result["costs"]["transform_and_sample_seconds"].items()
+    pairs = block_vs_token(per_prompt)
+    return Summary(
+        costs=costs,
+        forward_costs=cost_ratios(result.costs, forward_only=True),
+        transform_and_sample_ms={
+            name: 1000 * statistics.median(v) for name, v in result.costs.transform_and_sample_seconds.items()
         },
-        "rows": rows,
-        "per_prompt": per_prompt,
-        "gamma_policy_costs": next(
-            (r["gamma_policy_costs"] for r in runs if "gamma_policy_costs" in r), None
-        ),
-        "block_vs_token": block_vs_token(per_prompt),
-        "targets": targets(result, rows, per_prompt),
-        "recommendation": recommendation,
-        "prediction_note": PREDICTION_NOTE,
-        "estimated_full_run_seconds": estimate_full_run_seconds(result),
-        # Runs whose trials (--trials, same seed) did not all emit the same tokens.
-        "trials_differing": [
-            f"{r['prompt']} ({run_setting(r)}, {label(r['method'], r['gamma'])})"
+        rows=tuple(rows),
+        per_prompt=tuple(per_prompt),
+        gamma_policy_costs=next((r.gamma_policy_costs for r in runs if r.gamma_policy_costs), None),
+        block_vs_token=tuple(pairs),
+        block_summary=block_summary(result, pairs),
+        adaptive_vs_fixed=tuple(adaptive_vs_fixed(rows, per_prompt)),
+        recommendation={
+            sampling.name: _recommend([r for r in rows if r.setting == sampling.name], costs)
+            for sampling in sampling_rows(result)
+        },
+        estimated_full_run_seconds=estimate_full_run_seconds(result),
+        trials_differing=tuple(
+            f"{r.prompt} ({r.setting}, {label(r.method, r.gamma)})"
             for r in runs
-            if r.get("trials_same_tokens") is False
-        ],
-    }
+            if r.trials_same_tokens is False
+        ),
+    )
 
 
 def _row(
-    temperature: float,
+    sampling: SamplingRow,
     method: str,
     gamma: int,
-    group: list[dict[str, Any]],
-    plain_by_prompt: dict[str, dict[str, Any]],
-    hf_plain_by_prompt: dict[str, dict[str, Any]],
-    costs: dict[str, Any],
+    group: list[Run],
+    plain_by_prompt: dict[str, Run],
+    hf_plain_by_prompt: dict[str, Run],
+    costs: CostRatios,
     plain_step: float,
-) -> dict[str, Any]:
-    steady = [r["steady_tokens_per_second"] for r in group]
-    end_to_end = [r["new_tokens"] / r["wall_seconds"] if r["wall_seconds"] > 0 else NAN for r in group]
+) -> SettingRow:
+    steady = [r.steady_tokens_per_second for r in group]
+    end_to_end = [r.new_tokens / r.wall_seconds if r.wall_seconds > 0 else NAN for r in group]
     speedups, e2e_speedups, over_hf_plain = [], [], []
     for r in group:
-        plain = plain_by_prompt.get(r["prompt"])
+        plain = plain_by_prompt.get(r.prompt)
         if plain is not None:
-            speedups.append(theory.ratio(r["steady_tokens_per_second"], plain["steady_tokens_per_second"]))
-            e2e_speedups.append(theory.ratio(plain["wall_seconds"], r["wall_seconds"]))
-        hf_plain = hf_plain_by_prompt.get(r["prompt"])
+            speedups.append(theory.ratio(r.steady_tokens_per_second, plain.steady_tokens_per_second))
+            e2e_speedups.append(theory.ratio(plain.wall_seconds, r.wall_seconds))
+        hf_plain = hf_plain_by_prompt.get(r.prompt)
         if hf_plain is not None:
-            over_hf_plain.append(
-                theory.ratio(r["steady_tokens_per_second"], hf_plain["steady_tokens_per_second"])
-            )
-    row: dict[str, Any] = {
-        "temperature": temperature,
-        "method": method,
-        "gamma": gamma,
-        "label": label(method, gamma),
-        "runs": len(group),
-        "prompts": [r["prompt"] for r in group],
-        "new_tokens": sum(r["new_tokens"] for r in group),
-        "tokens_per_second": Spread.of(steady).as_dict(),
-        "end_to_end_tokens_per_second": Spread.of(end_to_end).as_dict(),
-        "speedup": Spread.of(speedups).as_dict(),
-        "end_to_end_speedup": Spread.of(e2e_speedups).as_dict(),
-        "speedup_over_hf_plain": Spread.of(over_hf_plain).as_dict(),
-        "outside_model_fraction": _outside_model_fraction(group),
-        "alpha": NAN,
-        "tokens_per_round": NAN,
-        "expected_tokens_per_round": NAN,
-        "c": NAN,
-        "v": NAN,
-        "predicted_speedup": NAN,
-        "predicted_speedup_from_tokens_per_round": NAN,
-        "measured_over_predicted": NAN,
-        "overhead_fraction": NAN,
-        "acceptance_by_position": [],
-    }
-    same = [r["same_tokens_as_plain"] for r in group if "same_tokens_as_plain" in r]
-    if same:
-        row["same_tokens_as_plain"] = sum(same)
-        row["compared_with_plain"] = len(same)
+            over_hf_plain.append(theory.ratio(r.steady_tokens_per_second, hf_plain.steady_tokens_per_second))
+    same = [r.same_tokens_as_plain for r in group if r.same_tokens_as_plain is not None]
+    row = SettingRow(
+        setting=sampling.name,
+        temperature=sampling.settings.temperature,
+        method=method,
+        gamma=gamma,
+        label=label(method, gamma),
+        runs=len(group),
+        prompts=tuple(r.prompt for r in group),
+        new_tokens=sum(r.new_tokens for r in group),
+        tokens_per_second=Spread.of(steady),
+        end_to_end_tokens_per_second=Spread.of(end_to_end),
+        speedup=Spread.of(speedups),
+        end_to_end_speedup=Spread.of(e2e_speedups),
+        speedup_over_hf_plain=Spread.of(over_hf_plain),
+        outside_model_fraction=_outside_model_fraction(group),
+        same_tokens_as_plain=sum(same) if same else None,
+        compared_with_plain=len(same) if same else None,
+    )
     if is_engine_method(method):
-        strategy = strategy_of(method)
-        # The i.i.d. prediction needs one fixed gamma and one c: not for adaptive gamma (gamma varies)
-        # nor hybrid (c is 0 on lookup rounds and the model's c on the others).
-        predictable = bool(gamma) and not strategy.adaptive_gamma and strategy.drafter != "hybrid"
-        metrics = [r["metrics"] for r in group]
-        accepted = sum(m["accepted_tokens"] for m in metrics)
-        proposed = sum(m["proposed_tokens"] for m in metrics)
-        rounds = sum(m["rounds"] for m in metrics)
-        emitted = sum(m["emitted_tokens"] for m in metrics)
-        total = sum(m["total_seconds"] for m in metrics)
-        overhead = sum(m["other_seconds"] + m["verify_seconds"] for m in metrics)
-        row["overhead_fraction"] = overhead / total if total > 0 else NAN
-        row["overhead_ms_per_round"] = 1000 * overhead / rounds if rounds else NAN
-        row["tokens_per_round"] = emitted / rounds if rounds else NAN
-        row["mean_draft_length"] = proposed / rounds if rounds else NAN
-        row["rounds"] = rounds
-        row["acceptance_by_position"] = _pooled_positions(metrics)
-        row["c"] = costs["c"] if gamma and strategy.needs_draft_model else 0.0
-        row["v"] = costs["v"].get(gamma + 1, NAN)
-        # Measured during the runs (forward passes only, prefill excluded), for comparison.
-        draft_step = _median_forward(group, "draft_forwards") if gamma else NAN
-        row["run_c"] = theory.ratio(draft_step, plain_step) if gamma and strategy.needs_draft_model else 0.0
-        row["run_v"] = theory.ratio(_median_forward(group, "target_forwards", width=gamma + 1), plain_step)
-        if gamma:
-            alpha = theory.acceptance_rate(accepted, proposed)
-            row["alpha"] = alpha
-            row["accepted_tokens"], row["proposed_tokens"] = accepted, proposed
-        if predictable:
-            row["expected_tokens_per_round"] = theory.tokens_per_round(alpha, gamma)
-            row["pooled_predicted_speedup"] = theory.predicted_speedup(alpha, gamma, row["c"], row["v"])
-            row["predicted_speedup_from_tokens_per_round"] = theory.speedup_from_tokens_per_round(
-                row["tokens_per_round"], gamma, row["c"], row["v"]
-            )
-            # Acceptance differs a lot between prompts (code vs prose), and S is not linear in alpha:
-            # compare each prompt's measured speedup with the prediction from its own alpha, then take
-            # medians, so the measured and predicted columns describe the same prompts.
-            predicted, ratios = [], []
-            for r in group:
-                m = r["metrics"]
-                plain = plain_by_prompt.get(r["prompt"])
-                if not m["proposed_tokens"] or plain is None:
-                    continue
-                own_alpha = theory.acceptance_rate(m["accepted_tokens"], m["proposed_tokens"])
-                own = theory.predicted_speedup(own_alpha, gamma, row["c"], row["v"])
-                predicted.append(own)
-                measured = theory.ratio(r["steady_tokens_per_second"], plain["steady_tokens_per_second"])
-                ratios.append(theory.ratio(measured, own))
-            row["predicted_speedup"] = statistics.median(predicted) if predicted else NAN
-            row["measured_over_predicted"] = statistics.median(ratios) if ratios else NAN
-        elif not gamma:
-            row["predicted_speedup"] = 1.0
-            row["measured_over_predicted"] = theory.ratio(row["speedup"]["median"], 1.0)
+        return _engine_columns(row, group, plain_by_prompt, costs, plain_step)
     if method == HF_ASSISTED:
-        hf = [r["hf"] for r in group if "hf" in r]
-        candidates = [n for h in hf for n in h["candidate_lengths"]]
-        accepted = sum(h["accepted_tokens"] for h in hf)
-        proposed = sum(h["proposed_tokens"] for h in hf)
-        rounds = sum(len(h["candidate_lengths"]) for h in hf)
-        row["alpha"] = theory.ratio(accepted, proposed)
-        row["tokens_per_round"] = row["new_tokens"] / rounds if rounds else NAN
-        row["rounds"] = rounds
-        row["hf_mean_draft_length"] = statistics.fmean(candidates) if candidates else NAN
-        row["hf_draft_lengths"] = _histogram(candidates)
-        row["hf_generator"] = sorted({h["generator"] for h in hf})
+        return _assisted_columns(row, group)
     return row
+
+
+def _engine_columns(
+    row: SettingRow, group: list[Run], plain_by_prompt: dict[str, Run], costs: CostRatios, plain_step: float
+) -> SettingRow:
+    """`row` with the columns of our engine's methods: acceptance, rounds, overhead, the theory."""
+    method, gamma = row.method, row.gamma
+    strategy = strategy_of(method)
+    # The i.i.d. prediction needs one fixed gamma and one c: not for adaptive gamma (gamma varies)
+    # nor hybrid (c is 0 on lookup rounds and the model's c on the others).
+    predictable = bool(gamma) and not strategy.adaptive_gamma and strategy.drafter != "hybrid"
+    metrics = [r.metrics for r in group if r.metrics is not None]
+    accepted = sum(m.accepted_tokens for m in metrics)
+    proposed = sum(m.proposed_tokens for m in metrics)
+    rounds = sum(m.rounds for m in metrics)
+    emitted = sum(m.emitted_tokens for m in metrics)
+    total = sum(m.total_seconds for m in metrics)
+    overhead = sum(m.other_seconds + m.verify_seconds for m in metrics)
+    c = costs.c if gamma and strategy.needs_draft_model else 0.0
+    v = costs.v.get(gamma + 1, NAN)
+    # Measured during the runs (forward passes only, prefill excluded), for comparison.
+    draft_step = _median_forward([r.draft_forwards for r in group]) if gamma else NAN
+    tokens_per_round = emitted / rounds if rounds else NAN
+    row = dataclasses.replace(
+        row,
+        overhead_fraction=overhead / total if total > 0 else NAN,
+        overhead_ms_per_round=1000 * overhead / rounds if rounds else NAN,
+        tokens_per_round=tokens_per_round,
+        mean_draft_length=proposed / rounds if rounds else NAN,
+        rounds=rounds,
+        acceptance_by_position=_pooled_positions(metrics),
+        c=c,
+        v=v,
+        run_c=theory.ratio(draft_step, plain_step) if gamma and strategy.needs_draft_model else 0.0,
+        run_v=theory.ratio(_median_forward([r.target_forwards for r in group], width=gamma + 1), plain_step),
+    )
+    if not gamma:
+        return dataclasses.replace(
+            row, predicted_speedup=1.0, measured_over_predicted=theory.ratio(row.speedup.median, 1.0)
+        )
+    alpha = theory.acceptance_rate(accepted, proposed)
+    row = dataclasses.replace(row, alpha=alpha, accepted_tokens=accepted, proposed_tokens=proposed)
+    if not predictable:
+        return row
+    # Acceptance differs a lot between prompts (code vs prose), and S is not linear in alpha:
+    # compare each prompt's measured speedup with the prediction from its own alpha, then take
+    # medians, so the measured and predicted columns describe the same prompts.
+    predicted, ratios = [], []
+    for r in group:
+        plain = plain_by_prompt.get(r.prompt)
+        if r.metrics is None or not r.metrics.proposed_tokens or plain is None:
+            continue
+        own_alpha = theory.acceptance_rate(r.metrics.accepted_tokens, r.metrics.proposed_tokens)
+        own = theory.predicted_speedup(own_alpha, gamma, c, v)
+        predicted.append(own)
+        measured = theory.ratio(r.steady_tokens_per_second, plain.steady_tokens_per_second)
+        ratios.append(theory.ratio(measured, own))
+    return dataclasses.replace(
+        row,
+        expected_tokens_per_round=theory.tokens_per_round(alpha, gamma),
+        pooled_predicted_speedup=theory.predicted_speedup(alpha, gamma, c, v),
+        predicted_speedup_from_tokens_per_round=theory.speedup_from_tokens_per_round(
+            tokens_per_round, gamma, c, v
+        ),
+        predicted_speedup=statistics.median(predicted) if predicted else NAN,
+        measured_over_predicted=statistics.median(ratios) if ratios else NAN,
+    )
+
+
+def _assisted_columns(row: SettingRow, group: list[Run]) -> SettingRow:
+    """`row` with the columns of transformers' assisted generation: its drafts and acceptance."""
+    hf = [r.hf for r in group if r.hf is not None]
+    candidates = [n for h in hf for n in h.candidate_lengths]
+    rounds = sum(len(h.candidate_lengths) for h in hf)
+    return dataclasses.replace(
+        row,
+        alpha=theory.ratio(sum(h.accepted_tokens for h in hf), sum(h.proposed_tokens for h in hf)),
+        tokens_per_round=row.new_tokens / rounds if rounds else NAN,
+        rounds=rounds,
+        hf_mean_draft_length=statistics.fmean(candidates) if candidates else NAN,
+        hf_draft_lengths=_histogram(candidates),
+        hf_generator=tuple(sorted({h.generator for h in hf})),
+    )
 
 
 def label(method: str, gamma: int) -> str:
@@ -261,319 +453,232 @@ def label(method: str, gamma: int) -> str:
     return f"{method} gamma{'<=' if strategy_of(method).adaptive_gamma else '='}{gamma}"
 
 
-GROUNDED = "grounded"
-"""The prompt category whose output copies its input (edits, fixes, questions over a given text)."""
-
-LOOKUP_TARGET = 2.0
-"""Issue 12: prompt lookup at least 2.0x over plain on the grounded prompts at T = 0."""
-LOOKUP_METHODS = (NGRAM, NGRAM_ADAPTIVE)
-"""The prompt-lookup methods the lookup target is judged on, each on its own."""
-ADAPTIVE_FLOOR = 0.97
-"""Issue 12: adaptive gamma never below 0.97x of plain on any prompt."""
-EXPECTED_TIE = 1e-9
-"""Expected tokens/round of the two rules closer than this count as equal (greedy rounds tie exactly)."""
-OUTSIDE_MODEL_TARGET = 0.03
-"""Issue 12: time outside the model forwards under 3% of wall time at the realistic-settings row."""
-REALISTIC = "realistic"
-
-
-def per_prompt_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+def per_prompt_rows(result: BenchResult) -> list[PromptRow]:
     """One row per run: tokens/s, speedup over plain (same prompt and sampling row), tokens per round.
 
     Speedups are steady state (after the first round), as in the setting rows; the end-to-end
     speedup includes the prefill. outside_model_fraction = 1 - (forward-hook time of both models)
     / wall time.
     """
-    plain: dict[tuple[str, str], dict[str, Any]] = {
-        (run_setting(r), r["prompt"]): r for r in result["runs"] if r["method"] == PLAIN
-    }
+    plain = {(r.setting, r.prompt): r for r in result.runs if r.method == PLAIN}
     rows = []
-    for r in result["runs"]:
-        base = plain.get((run_setting(r), r["prompt"]))
-        metrics = r.get("metrics")
-        if metrics is not None:
-            rounds = metrics["rounds"]
-            tokens_per_round = metrics["emitted_tokens"] / rounds if rounds else NAN
-            draft_length = metrics["proposed_tokens"] / rounds if rounds else NAN
-            overhead = metrics.get("overhead_fraction", NAN)
+    for r in result.runs:
+        base = plain.get((r.setting, r.prompt))
+        if r.metrics is not None:
+            rounds = r.metrics.rounds
+            tokens_per_round = r.metrics.emitted_tokens / rounds if rounds else NAN
+            draft_length = r.metrics.proposed_tokens / rounds if rounds else NAN
+            overhead = r.metrics.overhead_fraction
         else:
-            rounds = len(r.get("round_tokens", []))
-            tokens_per_round = r["new_tokens"] / rounds if rounds else NAN
+            rounds = len(r.round_tokens)
+            tokens_per_round = r.new_tokens / rounds if rounds else NAN
             draft_length = overhead = NAN
         rows.append(
-            {
-                "setting": run_setting(r),
-                "prompt": r["prompt"],
-                "category": r.get("category"),
-                "method": r["method"],
-                "gamma": r["gamma"],
-                "label": label(r["method"], r["gamma"]),
-                "tokens_per_second": r["steady_tokens_per_second"],
-                "speedup": theory.ratio(r["steady_tokens_per_second"], base["steady_tokens_per_second"])
+            PromptRow(
+                setting=r.setting,
+                prompt=r.prompt,
+                category=r.category,
+                method=r.method,
+                gamma=r.gamma,
+                label=label(r.method, r.gamma),
+                tokens_per_second=r.steady_tokens_per_second,
+                speedup=theory.ratio(r.steady_tokens_per_second, base.steady_tokens_per_second)
                 if base
                 else NAN,
-                "end_to_end_speedup": theory.ratio(base["wall_seconds"], r["wall_seconds"]) if base else NAN,
-                "tokens_per_round": tokens_per_round,
-                "mean_draft_length": draft_length,
-                "outside_model_fraction": _outside_model_fraction([r]),
-                "overhead_fraction": overhead,
-                "expected_tokens_per_round": _expected_tokens_per_round(r),
-            }
+                end_to_end_speedup=theory.ratio(base.wall_seconds, r.wall_seconds) if base else NAN,
+                tokens_per_round=tokens_per_round,
+                mean_draft_length=draft_length,
+                outside_model_fraction=_outside_model_fraction([r]),
+                overhead_fraction=overhead,
+                expected_tokens_per_round=_expected_tokens_per_round(r),
+            )
         )
     return rows
 
 
-def _expected_tokens_per_round(run: dict[str, Any]) -> dict[str, float] | None:
+def _expected_tokens_per_round(run: Run) -> ExpectedTokensPerRound | None:
     """Per rule, 1 + E[kept draft tokens] per round on this run's own rounds (`runs.ExpectationRecorder`).
 
     One token beyond the kept drafts per round (the residual or bonus; the benchmark ignores EOS).
-    None for runs without the record (peers, results from before it was kept).
+    None for runs without the record (peers, results from before it was kept) or without rounds.
     """
-    expected = run.get("expected_accepted")
-    if not expected or not expected.get("rounds"):
+    expected = run.expected_accepted
+    if expected is None or not expected.rounds:
         return None
-    # "block_weights" (results from before it was kept lack it): block's estimate over the drafts.
-    return {
-        rule: 1.0 + expected[rule] / expected["rounds"]
-        for rule in ("token", "block", "block_weights")
-        if rule in expected
-    }
+    weights = expected.block_weights
+    return ExpectedTokensPerRound(
+        token=1.0 + expected.token / expected.rounds,
+        block=1.0 + expected.block / expected.rounds,
+        block_weights=None if weights is None else 1.0 + weights / expected.rounds,
+    )
 
 
-def block_vs_token(per_prompt: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def block_vs_token(per_prompt: Sequence[PromptRow]) -> list[BlockPair]:
     """Block against token verification at the same gamma, prompt and sampling row (same drafter)."""
-    token = {(r["setting"], r["prompt"], r["gamma"]): r for r in per_prompt if r["method"] == SPECULATIVE}
+    token = {(r.setting, r.prompt, r.gamma): r for r in per_prompt if r.method == SPECULATIVE}
     pairs = []
     for r in per_prompt:
-        other = token.get((r["setting"], r["prompt"], r["gamma"]))
-        if r["method"] != SPECULATIVE_BLOCK or other is None:
+        other = token.get((r.setting, r.prompt, r.gamma))
+        if r.method != SPECULATIVE_BLOCK or other is None:
             continue
         pairs.append(
-            {
-                "setting": r["setting"],
-                "prompt": r["prompt"],
-                "gamma": r["gamma"],
-                "token_tokens_per_round": other["tokens_per_round"],
-                "block_tokens_per_round": r["tokens_per_round"],
-                "token_tokens_per_second": other["tokens_per_second"],
-                "block_tokens_per_second": r["tokens_per_second"],
-                "wall_clock_gain": theory.ratio(r["tokens_per_second"], other["tokens_per_second"]),
+            BlockPair(
+                setting=r.setting,
+                prompt=r.prompt,
+                gamma=r.gamma,
+                token_tokens_per_round=other.tokens_per_round,
+                block_tokens_per_round=r.tokens_per_round,
+                token_tokens_per_second=other.tokens_per_second,
+                block_tokens_per_second=r.tokens_per_second,
+                wall_clock_gain=theory.ratio(r.tokens_per_second, other.tokens_per_second),
                 # Both rules scored on the same rounds: on the token run's and on the block run's.
-                "expected_on_token_rounds": other.get("expected_tokens_per_round"),
-                "expected_on_block_rounds": r.get("expected_tokens_per_round"),
-            }
+                expected_on_token_rounds=other.expected_tokens_per_round,
+                expected_on_block_rounds=r.expected_tokens_per_round,
+            )
         )
     return pairs
 
 
-def _expected_shortfalls(pair: dict[str, Any]) -> list[str]:
-    """Which of a pair's two runs score the block rule below the token rule on their own rounds."""
-    return [
-        which
-        for which in ("token", "block")
-        if (scored := pair.get(f"expected_on_{which}_rounds")) is not None
-        and not scored["block"] >= scored["token"] - EXPECTED_TIE
-    ]
+def _scorings(pairs: Sequence[BlockPair]) -> list[tuple[str, ExpectedTokensPerRound]]:
+    """Each pair's scorings of both rules, on the token run's rounds and on the block run's, by name."""
+    named = []
+    for p in pairs:
+        for which, scored in (("token", p.expected_on_token_rounds), ("block", p.expected_on_block_rounds)):
+            if scored is not None:
+                named.append((f"{p.prompt} ({p.setting}, gamma={p.gamma}, {which} run)", scored))
+    return named
 
 
-def _over_drafts(scored_pairs: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _over_drafts(pairs: Sequence[BlockPair]) -> OverDrafts | None:
     """Block verification's gain estimated over the drafts (its weights' sum against the token rule's
-    expectation, each run's own rounds; `verifiers.expected.block_weight_sum`), per prompt and pooled,
-    over the sampled rows' pairs it is given.
+    expectation, each run's own rounds; `verifiers.expected.block_weight_sum`), per scoring and pooled,
+    over the pairs it is given.
 
-    Reported, never judged: on every round the weights' sum is at least the token rule's, so this
-    says by how much block verification gains on these prompts' rounds, not whether it does.
-    None for results from before the weights were kept.
+    On every round the weights' sum is at least the token rule's expectation, so this measures by
+    how much block verification gains on these prompts' rounds. None for results from before the
+    weights were kept.
     """
     gains = {
-        f"{p['prompt']} ({p['setting']}, gamma={p['gamma']}, {which} run)": theory.ratio(
-            scored["block_weights"], scored["token"]
-        )
-        for p in scored_pairs
-        for which in ("token", "block")
-        if (scored := p.get(f"expected_on_{which}_rounds")) is not None and "block_weights" in scored
+        name: theory.ratio(scored.block_weights, scored.token)
+        for name, scored in _scorings(pairs)
+        if scored.block_weights is not None
     }
     if not gains:
         return None
-    return {
-        "scorings": len(gains),
-        "gains": gains,
-        "ahead_on": sum(1 for gain in gains.values() if gain > 1.0 + EXPECTED_TIE),
-        "median_gain": theory.median(list(gains.values())),
-        "min_gain": min(gains.values()),
-        "max_gain": max(gains.values()),
-    }
+    return OverDrafts(
+        scorings=len(gains),
+        gains=gains,
+        ahead_on=sum(1 for gain in gains.values() if gain > 1.0 + EXPECTED_TIE),
+        median_gain=theory.median(list(gains.values())),
+        min_gain=min(gains.values()),
+        max_gain=max(gains.values()),
+    )
 
 
-def targets(
-    result: dict[str, Any], rows: list[dict[str, Any]], per_prompt: list[dict[str, Any]]
-) -> dict[str, Any]:
-    """Issue 12's benchmark targets, each with the numbers it is judged on and whether it is met.
+def block_summary(result: BenchResult, pairs: Sequence[BlockPair]) -> BlockSummary | None:
+    """Block against token verification over all pairs (`block_vs_token`); None without pairs.
 
-    - lookup: each prompt-lookup method's (fixed and adaptive gamma, token verification) speedup
-      on each grounded prompt at T = 0 (and T = 0.7), met when every grounded prompt reaches
-      LOOKUP_TARGET;
-    - adaptive: its lowest per-prompt speedup over every sampling row (met at >= ADAPTIVE_FLOOR),
-      and per sampling row its median against the best fixed-gamma (token-verified) median (judged),
-      with the paired comparison beside it (on how many prompts adaptive beat that gamma, and the
-      median per-prompt ratio; reported);
-    - block: per prompt and gamma, tokens/round of the block rule >= the token rule's, judged on
-      the expected tokens/round of both rules scored on the same rounds (each of the two runs'
-      own rounds; sampled tokens/round of two runs differ by chance too, and are reported
-      beside), and the median wall-clock gain (block tokens/s / token tokens/s);
-    - outside models: each engine method's share of wall time outside the forwards at the
-      realistic row (pooled over prompts), met when all are below OUTSIDE_MODEL_TARGET.
-    A target whose runs are absent is None.
+    Sampled: the median gains in tokens/round and in tokens/s (two runs, so chance is in both).
+    Paired: each run scores both rules on its own rounds (`runs.ExpectationRecorder`); on how many
+    of these scorings the block rule's expected tokens/round is above, equal to (within
+    EXPECTED_TIE; greedy rows are equal by construction) or below the token rule's, which
+    scorings are below, and the median ratio. Over the drafts: `_over_drafts`, at the sampled rows.
     """
-    out: dict[str, Any] = {}
-    lookup = {}
-    lookup_runs = sorted({(r["method"], r["gamma"]) for r in per_prompt if r["method"] in LOOKUP_METHODS})
-    for setting in ("0", "0.7"):
-        for method, gamma in lookup_runs:
-            speedups = {
-                r["prompt"]: r["speedup"]
-                for r in per_prompt
-                if r["method"] == method
-                and r["gamma"] == gamma
-                and r["setting"] == setting
-                and r["category"] == GROUNDED
-            }
-            if speedups:
-                values = list(speedups.values())
-                name = label(method, gamma)
-                lookup[f"{setting} {name}"] = {
-                    "setting": setting,
-                    "label": name,
-                    "gamma": gamma,
-                    "per_prompt": speedups,
-                    "median": theory.median(values),
-                    "min": min(values),
-                    "met": setting == "0" and min(values) >= LOOKUP_TARGET,
-                }
-    out["lookup"] = lookup or None
+    if not pairs:
+        return None
+    # Greedy rows draft and verify one-hot distributions: every score there is equal by construction.
+    greedy = {row.name for row in sampling_rows(result) if row.settings.temperature == 0}
+    scorings = _scorings(pairs)
+    return BlockSummary(
+        pairs=len(pairs),
+        median_tokens_per_round_gain=theory.median(
+            [theory.ratio(p.block_tokens_per_round, p.token_tokens_per_round) for p in pairs]
+        ),
+        median_wall_clock_gain=theory.median([p.wall_clock_gain for p in pairs]),
+        scorings=len(scorings),
+        expected_ahead=sum(1 for _, s in scorings if s.block > s.token + EXPECTED_TIE),
+        expected_tied=sum(1 for _, s in scorings if abs(s.block - s.token) <= EXPECTED_TIE),
+        expected_below=tuple(name for name, s in scorings if s.block < s.token - EXPECTED_TIE),
+        median_expected_gain=theory.median([theory.ratio(s.block, s.token) for _, s in scorings]),
+        over_drafts=_over_drafts([p for p in pairs if p.setting not in greedy]),
+    )
 
-    adaptive = [r for r in per_prompt if r["method"] == ADAPTIVE]
-    if adaptive:
-        worst = min(adaptive, key=lambda r: theory.nan_high(r["speedup"]))
-        by_setting = {}
-        for setting in sorted({r["setting"] for r in adaptive}):
-            own = [r for r in rows if r["setting"] == setting and r["method"] == ADAPTIVE]
-            fixed = [r for r in rows if r["setting"] == setting and r["method"] == SPECULATIVE]
-            best = max(fixed, key=lambda r: theory.nan_low(r["speedup"]["median"]), default=None)
-            if not own or best is None:
-                continue
-            median = own[0]["speedup"]["median"]
-            # The same comparison prompt by prompt: the medians above may come from different prompts.
-            fixed_speedup = {
-                r["prompt"]: r["speedup"]
-                for r in per_prompt
-                if r["setting"] == setting and r["method"] == SPECULATIVE and r["gamma"] == best["gamma"]
-            }
-            paired = [
-                theory.ratio(r["speedup"], fixed_speedup[r["prompt"]])
-                for r in adaptive
-                if r["setting"] == setting and r["prompt"] in fixed_speedup
-            ]
-            by_setting[setting] = {
-                "adaptive_median": median,
-                "best_fixed_gamma": best["gamma"],
-                "best_fixed_median": best["speedup"]["median"],
-                "met": theory.nan_low(median) >= theory.nan_high(best["speedup"]["median"]),
-                "paired_prompts": len(paired),
-                "paired_faster_on": sum(1 for ratio in paired if ratio > 1.0),
-                "paired_median_ratio": theory.median(paired) if paired else NAN,
-            }
-        out["adaptive"] = {
-            "min_speedup": worst["speedup"],
-            "min_at": f"{worst['prompt']} ({worst['setting']})",
-            "floor_met": theory.nan_low(worst["speedup"]) >= ADAPTIVE_FLOOR,
-            "median_vs_best_fixed": by_setting,
-            "median_met": bool(by_setting) and all(v["met"] for v in by_setting.values()),
+
+def adaptive_vs_fixed(
+    rows: Sequence[SettingRow], per_prompt: Sequence[PromptRow]
+) -> list[AdaptiveComparison]:
+    """Adaptive gamma against the fixed gamma with the highest median speedup, per sampling row.
+
+    Both use the draft model with token verification (methods ADAPTIVE and SPECULATIVE). Beside
+    the two medians (which may come from different prompts), the same comparison prompt by prompt:
+    on how many prompts adaptive gamma was faster than that fixed gamma, and the median of the
+    per-prompt ratios of their speedups.
+    """
+    out = []
+    for own in (r for r in rows if r.method == ADAPTIVE):
+        fixed = [r for r in rows if r.setting == own.setting and r.method == SPECULATIVE]
+        best = max(fixed, key=lambda r: theory.nan_low(r.speedup.median), default=None)
+        if best is None:
+            continue
+        fixed_speedup = {
+            r.prompt: r.speedup
+            for r in per_prompt
+            if r.setting == own.setting and r.method == SPECULATIVE and r.gamma == best.gamma
         }
-    else:
-        out["adaptive"] = None
-
-    pairs = block_vs_token(per_prompt)
-    if pairs:
-        # Greedy rows draft and verify one-hot distributions: every score there is equal by construction.
-        greedy_settings = {s["name"] for s in sampling_rows(result) if s["temperature"] == 0}
-        short = [p for p in pairs if not p["block_tokens_per_round"] >= p["token_tokens_per_round"]]
-        scored_pairs = [p for p in pairs if p.get("expected_on_block_rounds") is not None]
-        expected_short = [p for p in scored_pairs if _expected_shortfalls(p)]
-        out["block"] = {
-            "pairs": len(pairs),
-            "fewer_tokens_per_round": [f"{p['prompt']} ({p['setting']}, gamma={p['gamma']})" for p in short],
-            "scored_pairs": len(scored_pairs),
-            "fewer_expected_tokens_per_round": [
-                f"{p['prompt']} ({p['setting']}, gamma={p['gamma']}, "
-                f"on the {' and '.join(_expected_shortfalls(p))} run's rounds)"
-                for p in expected_short
-            ],
-            "median_expected_gain": theory.median(
-                [
-                    theory.ratio(scored["block"], scored["token"])
-                    for p in scored_pairs
-                    for scored in (p["expected_on_token_rounds"], p["expected_on_block_rounds"])
-                    if scored is not None
-                ]
+        paired = [
+            theory.ratio(r.speedup, fixed_speedup[r.prompt])
+            for r in per_prompt
+            if r.setting == own.setting
+            and r.method == ADAPTIVE
+            and r.gamma == own.gamma
+            and r.prompt in fixed_speedup
+        ]
+        out.append(
+            AdaptiveComparison(
+                setting=own.setting,
+                label=own.label,
+                median=own.speedup.median,
+                best_fixed_gamma=best.gamma,
+                best_fixed_median=best.speedup.median,
+                paired_prompts=len(paired),
+                faster_on=sum(1 for ratio in paired if ratio > 1.0),
+                median_ratio=theory.median(paired) if paired else NAN,
             )
-            if scored_pairs
-            else NAN,
-            # Judged on the paired expectation where the runs carry it, else on the sampled counts.
-            "met": not expected_short if scored_pairs else not short,
-            "over_drafts": _over_drafts([p for p in scored_pairs if p["setting"] not in greedy_settings]),
-            "median_wall_clock_gain": theory.median([p["wall_clock_gain"] for p in pairs]),
-            "median_tokens_per_round_gain": theory.median(
-                [theory.ratio(p["block_tokens_per_round"], p["token_tokens_per_round"]) for p in pairs]
-            ),
-        }
-    else:
-        out["block"] = None
-
-    realistic = [r for r in rows if r["setting"] == REALISTIC and is_engine_method(r["method"])]
-    if realistic:
-        fractions = {r["label"]: r["outside_model_fraction"] for r in realistic}
-        out["outside_models"] = {
-            "per_method": fractions,
-            "max": max(theory.nan_high(f) for f in fractions.values()),
-            "met": all(theory.nan_high(f) < OUTSIDE_MODEL_TARGET for f in fractions.values()),
-        }
-    else:
-        out["outside_models"] = None
+        )
     return out
 
 
-def _recommend(rows: list[dict[str, Any]], costs: dict[str, Any]) -> dict[str, Any]:
-    speculative = [r for r in rows if r["method"] == SPECULATIVE and not math.isnan(r["speedup"]["median"])]
+def _recommend(rows: Sequence[SettingRow], costs: CostRatios) -> Recommendation:
+    speculative = [r for r in rows if r.method == SPECULATIVE and not math.isnan(r.speedup.median)]
     if not speculative:
-        return {"gamma": None}
-    best = max(speculative, key=lambda r: r["speedup"]["median"])
-    accepted = sum(r.get("accepted_tokens", 0) for r in speculative)
-    proposed = sum(r.get("proposed_tokens", 0) for r in speculative)
+        return Recommendation(gamma=None)
+    best = max(speculative, key=lambda r: r.speedup.median)
+    accepted = sum(r.accepted_tokens or 0 for r in speculative)
+    proposed = sum(r.proposed_tokens or 0 for r in speculative)
     alpha = theory.ratio(accepted, proposed)
     theory_gamma, theory_speedup = (
-        theory.best_gamma(alpha, costs["c"], costs["v"]) if not math.isnan(alpha) else (None, NAN)
+        theory.best_gamma(alpha, costs.c, costs.v) if not math.isnan(alpha) else (None, NAN)
     )
-    return {
-        "gamma": best["gamma"] if best["speedup"]["median"] > 1.0 else 0,
-        "best_measured_gamma": best["gamma"],
-        "speedup": best["speedup"]["median"],
-        "pooled_alpha": alpha,
-        "theory_gamma": theory_gamma,
-        "theory_speedup": theory_speedup,
-    }
+    return Recommendation(
+        gamma=best.gamma if best.speedup.median > 1.0 else 0,
+        best_measured_gamma=best.gamma,
+        speedup=best.speedup.median,
+        pooled_alpha=alpha,
+        theory_gamma=theory_gamma,
+        theory_speedup=theory_speedup,
+    )
 
 
-def theory_curve(alpha: float, costs: dict[str, Any]) -> list[tuple[int, float]]:
+def theory_curve(alpha: float, costs: CostRatios) -> list[tuple[int, float]]:
     """(gamma, predicted S) for every gamma whose v(gamma + 1) was measured."""
     return [
-        (k - 1, theory.predicted_speedup(alpha, k - 1, costs["c"], costs["v"][k]))
-        for k in sorted(costs["v"])
+        (k - 1, theory.predicted_speedup(alpha, k - 1, costs.c, costs.v[k]))
+        for k in sorted(costs.v)
         if k >= 2
     ]
 
 
-def estimate_full_run_seconds(result: dict[str, Any]) -> float:
+def estimate_full_run_seconds(result: BenchResult) -> float:
     """Rough time of the default full run (16 prompts, gammas 1,2,4,6,8, two temperatures, 128 tokens,
     both HF peers) at the speeds seen in this result.
 
@@ -585,17 +690,15 @@ def estimate_full_run_seconds(result: dict[str, Any]) -> float:
     from exactspec.bench.prompts import PROMPTS
     from exactspec.bench.runner import DEFAULT_GAMMAS, DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURES
 
-    runs = [r for r in result["runs"] if r.get("steady_tokens") and r.get("steady_seconds")]
+    runs = [r for r in result.runs if r.steady_tokens and r.steady_seconds]
     if not runs:
         return NAN
     per_token: dict[tuple[str, int], list[float]] = {}
     for r in runs:
-        per_token.setdefault((r["method"], r["gamma"]), []).append(r["steady_seconds"] / r["steady_tokens"])
+        per_token.setdefault((r.method, r.gamma), []).append(r.steady_seconds / r.steady_tokens)
     speeds = {key: statistics.median(v) for key, v in per_token.items()}
-    prefill = statistics.median(r["first_round_seconds"] / max(1, r["prompt_tokens"]) for r in runs)
-    lengths = result.get("all_prompt_tokens") or [
-        statistics.fmean(p["tokens"] for p in result["prompts"])
-    ] * len(PROMPTS)
+    prefill = statistics.median(r.first_round_seconds / max(1, r.prompt_tokens) for r in runs)
+    lengths = result.all_prompt_tokens or [statistics.fmean(p.tokens for p in result.prompts)] * len(PROMPTS)
     spec = {g: s for (m, g), s in speeds.items() if m == SPECULATIVE}
     plain = speeds.get((PLAIN, 0), statistics.median(speeds.values()))
     methods = [plain]
@@ -604,37 +707,47 @@ def estimate_full_run_seconds(result: dict[str, Any]) -> float:
         methods.append(spec[nearest] if nearest is not None else plain)
     methods += [speeds.get((HF_ASSISTED, 0), plain), speeds.get((HF_PLAIN, 0), plain)]
     per_prompt = [sum(prefill * n + DEFAULT_MAX_NEW_TOKENS * s for s in methods) for n in lengths]
-    fixed = result["costs"].get("seconds", 0.0) + result.get("warmup_seconds", 0.0)
+    fixed = _or_zero(result.costs.seconds) + _or_zero(result.warmup_seconds)
     return len(DEFAULT_TEMPERATURES) * sum(per_prompt) + fixed
 
 
-def _outside_model_fraction(group: list[dict[str, Any]]) -> float:
-    wall = sum(r["wall_seconds"] for r in group)
-    model = sum(r.get("model_seconds", 0.0) for r in group)
+def _or_zero(seconds: float) -> float:
+    """A duration, 0 where it was not recorded (NaN)."""
+    return 0.0 if math.isnan(seconds) else seconds
+
+
+def _outside_model_fraction(group: Sequence[Run]) -> float:
+    wall = sum(r.wall_seconds for r in group)
+    model = sum(r.model_seconds for r in group)
     return 1.0 - model / wall if wall > 0 else NAN
 
 
-def _median_forward(group: Sequence[dict[str, Any]], key: str, width: int | None = None) -> float:
-    """Median seconds of the forwards after each run's first (the prefill), optionally of one width."""
-    times = [s for r in group for w, s in r.get(key, [])[1:] if width is None or w == width]
+def _median_forward(forwards: Sequence[Sequence[tuple[int, float]]], width: int | None = None) -> float:
+    """Median seconds of the forwards after each run's first (the prefill), optionally of one width.
+
+    `forwards`: per run, its (tokens fed, seconds) forward passes in order.
+    """
+    times = [s for run in forwards for w, s in run[1:] if width is None or w == width]
     return statistics.median(times) if times else NAN
 
 
-def _pooled_positions(metrics: list[dict[str, Any]]) -> list[float]:
+def _pooled_positions(metrics: Sequence[RunMetrics]) -> tuple[float, ...]:
+    """Acceptance by draft position, counts pooled over runs (conditional on reaching the position)."""
     proposed: list[int] = []
     accepted: list[int] = []
     for m in metrics:
-        for i, (n, a) in enumerate(zip(m["proposed_by_position"], m["accepted_by_position"], strict=True)):
+        for i, (n, a) in enumerate(zip(m.proposed_by_position, m.accepted_by_position, strict=True)):
             if i >= len(proposed):
                 proposed.append(0)
                 accepted.append(0)
             proposed[i] += n
             accepted[i] += a
-    return [a / n if n else NAN for a, n in zip(accepted, proposed, strict=True)]
+    return tuple(a / n if n else NAN for a, n in zip(accepted, proposed, strict=True))
 
 
-def _histogram(values: list[int]) -> dict[str, int]:
+def _histogram(values: Sequence[int]) -> dict[int, int]:
+    """value -> how often it occurs, by value."""
     counts: dict[int, int] = {}
     for v in values:
         counts[v] = counts.get(v, 0) + 1
-    return {str(k): counts[k] for k in sorted(counts)}
+    return dict(sorted(counts.items()))

@@ -20,7 +20,9 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from exactspec.foundations.records import JsonRecord, json_key
 
 NAN = float("nan")
 
@@ -89,14 +91,17 @@ def best_gamma(
 
 
 @dataclass(frozen=True)
-class Spread:
-    """Median and spread of a sample (nan and None dropped): min, first quartile, third quartile, max."""
+class Spread(JsonRecord):
+    """Median and spread of a sample (nan and None dropped): min, first quartile, third quartile, max.
+
+    Written to JSON as {median, min, q1, q3, max, count}.
+    """
 
     median: float
-    low: float
+    low: float = field(metadata=json_key("min"))
     q1: float
     q3: float
-    high: float
+    high: float = field(metadata=json_key("max"))
     count: int
 
     @classmethod
@@ -114,16 +119,6 @@ class Spread:
             return cls(x, x, x, x, x, 1)
         q1, _, q3 = statistics.quantiles(kept, n=4, method="inclusive")
         return cls(statistics.median(kept), kept[0], q1, q3, kept[-1], len(kept))
-
-    def as_dict(self) -> dict[str, float | int]:
-        return {
-            "median": self.median,
-            "min": self.low,
-            "q1": self.q1,
-            "q3": self.q3,
-            "max": self.high,
-            "count": self.count,
-        }
 
 
 def median(values: Sequence[float]) -> float:

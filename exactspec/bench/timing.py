@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from exactspec.bench.records import SteadyState
+
 
 class ForwardTimer:
     """Forward hooks that record (tokens fed, seconds) of every forward pass of an HF model."""
@@ -63,20 +65,23 @@ class RoundStreamer:
         pass
 
 
-def steady_state(events: list[tuple[float, int]], started: float) -> dict[str, Any]:
-    """Round times (from `started`) and tokens, and steady-state tokens/s (after the first round)."""
-    times = [t - started for t, _ in events]
-    tokens = [n for _, n in events]
+def steady_state(events: list[tuple[float, int]], started: float) -> SteadyState:
+    """Round times (from `started`) and tokens, and steady-state tokens/s (after the first round).
+
+    `events`: (perf_counter time, tokens emitted) at the end of each round.
+    """
+    times = tuple(t - started for t, _ in events)
+    tokens = tuple(n for _, n in events)
     total = sum(tokens)
     steady_tokens = total - tokens[0] if tokens else 0
     steady_seconds = times[-1] - times[0] if len(times) > 1 else 0.0
-    return {
-        "round_times": times,
-        "round_tokens": tokens,
-        "new_tokens": total,
-        "first_round_seconds": times[0] if times else math.nan,
-        "first_round_tokens": tokens[0] if tokens else 0,
-        "steady_tokens": steady_tokens,
-        "steady_seconds": steady_seconds,
-        "steady_tokens_per_second": steady_tokens / steady_seconds if steady_seconds > 0 else math.nan,
-    }
+    return SteadyState(
+        round_times=times,
+        round_tokens=tokens,
+        new_tokens=total,
+        first_round_seconds=times[0] if times else math.nan,
+        first_round_tokens=tokens[0] if tokens else 0,
+        steady_tokens=steady_tokens,
+        steady_seconds=steady_seconds,
+        steady_tokens_per_second=steady_tokens / steady_seconds if steady_seconds > 0 else math.nan,
+    )

@@ -7,7 +7,6 @@ load only when the command runs.
 from __future__ import annotations
 
 import argparse
-import platform
 import time
 from typing import Any
 
@@ -22,6 +21,7 @@ from exactspec.cli.common import (
     add_sampling_arguments,
     check_model_arguments,
     check_significance,
+    command_provenance,
     finite_float,
     gamma_argument,
     output_folder,
@@ -151,8 +151,8 @@ def run(args: argparse.Namespace) -> int:
     output_folder("--out", args.out)
     progress = not args.no_progress
     started = time.perf_counter()
-    meta: dict[str, Any] = {}
     decode = None
+    prompt_text = None
     if args.tiny:
         from exactspec.audit.tiny import TINY_PROMPT, TinyPairSpec, tiny_pair
 
@@ -169,8 +169,7 @@ def run(args: argparse.Namespace) -> int:
         batch_sizes = [args.batch_size] if args.batch_size else list(TINY_BATCH_SIZES)
         cells = grid_cells(kinds, grid_settings, gammas, batch_sizes)
         stem = "tiny"
-        meta["title"] = "tiny random Qwen2 models"
-        meta["models"] = f"{spec}"
+        title, models = "tiny random Qwen2 models", f"{spec}"
     else:
         pair, decode, prompt = _load_pair(args, progress)
         length = args.length or PAIR_LENGTH
@@ -179,17 +178,18 @@ def run(args: argparse.Namespace) -> int:
         batch_size = args.batch_size or PAIR_BATCH_SIZE
         cells = grid_cells(kinds, [settings], [gamma], [batch_size], control_batch_size=batch_size)
         stem = "pair"
-        meta["title"] = f"{args.target} with draft {args.draft}"
-        meta["models"] = f"target {args.target}, draft {args.draft}, dtype {args.dtype}"
-        meta["prompt_text"] = repr(args.prompt)
-    meta.update(
-        {
-            "prompt_ids": prompt,
-            "n": length,
-            "samples": samples,
-            "seed": args.seed,
-            "machine": f"{platform.machine()}, torch {torch.__version__}, {torch.get_num_threads()} threads",
-        }
+        title = f"{args.target} with draft {args.draft}"
+        models = f"target {args.target}, draft {args.draft}, dtype {args.dtype}"
+        prompt_text = args.prompt
+    provenance = command_provenance(args)  # after the tiny grid's thread count is set
+    setup = report.AuditSetup(
+        title=title,
+        models=models,
+        prompt_ids=tuple(prompt),
+        n=length,
+        samples=samples,
+        seed=args.seed,
+        prompt_text=prompt_text,
     )
     print(
         f"exactspec audit: {len(cells)} audit(s), first {length} tokens, N = {samples} each, "
@@ -207,16 +207,18 @@ def run(args: argparse.Namespace) -> int:
         progress=progress,
         on_result=lambda result: _print_lines(report.terminal_lines(result, args.significance, decode)),
     )
-    meta["seconds"] = round(time.perf_counter() - started, 1)
-    json_path, md_path = report.write_reports(results, args.out, stem, args.significance, meta, decode)
-    failed = [r for r in results if not r.passes(args.significance)]
-    verdict = "FAIL" if failed else "PASS"
+    seconds = round(time.perf_counter() - started, 1)
+    audit_report = report.build_report(
+        results, args.significance, setup, provenance=provenance, seconds=seconds, decode=decode
+    )
+    json_path, md_path = report.write_reports(audit_report, args.out, stem)
+    verdict = "FAIL" if audit_report.failed else "PASS"
     print(
-        f"audit {verdict}: {len(results) - len(failed)} of {len(results)} passed at significance "
-        f"{args.significance:g} (N = {samples} samples each, {meta['seconds']:.0f} s); "
+        f"audit {verdict}: {audit_report.passed} of {len(results)} passed at significance "
+        f"{args.significance:g} (N = {samples} samples each, {seconds:.0f} s); "
         f"reports: {json_path}, {md_path}"
     )
-    return EXIT_FAILED if failed else EXIT_OK
+    return EXIT_FAILED if audit_report.failed else EXIT_OK
 
 
 def _print_lines(lines: list[str]) -> None:

@@ -25,6 +25,7 @@ from exactspec.cli.common import (
     add_model_arguments,
     add_strategy_arguments,
     check_model_arguments,
+    command_provenance,
     output_folder,
     positive_int,
     strategy,
@@ -148,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
 
     from exactspec.api.decoder import SpeculativeDecoder
     from exactspec.bench.prompts import PROMPTS
+    from exactspec.bench.records import ModelSpecs
     from exactspec.bench.report import write_outputs
     from exactspec.bench.runner import BenchConfig, EncodedPrompt, run_bench
     from exactspec.bench.summary import summarize
@@ -209,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     progress = not args.no_progress
+    provenance = command_provenance(args)  # as the run starts, with the threads it runs with
 
     started = time.perf_counter()
     say(f"loading {args.target} and {args.draft}")
@@ -226,12 +229,9 @@ def run(args: argparse.Namespace) -> int:
         EncodedPrompt(p.name, p.category, decoder.encode([p.text], chat=p.chat)[0], p.text, p.chat)
         for p in prompts
     ]
-    description = {
-        "target_spec": args.target,
-        "draft_spec": args.draft,
-        "weights": pair.weights,
-        "load_seconds": load_seconds,
-    }
+    description = ModelSpecs(
+        target_spec=args.target, draft_spec=args.draft, weights=pair.weights, load_seconds=load_seconds
+    )
     rows = config.sampling_rows()
     runs = len(encoded) * len(rows) * len(config.methods()) * config.trials
     trials = f" x {config.trials} trials" if config.trials > 1 else ""
@@ -249,19 +249,18 @@ def run(args: argparse.Namespace) -> int:
         all_prompt_tokens=all_tokens,
         description=description,
         llamacpp_model=llm,
+        provenance=provenance,
     )
     paths = write_outputs(result, args.out, plots=not args.no_plots)
     summary = summarize(result)
-    for name, rec in summary["recommendation"].items():
-        if rec.get("gamma") is not None:
-            choice = f"gamma={rec['gamma']}" if rec["gamma"] else "plain decoding"
+    for name, rec in summary.recommendation.items():
+        if rec.gamma is not None:
+            choice = f"gamma={rec.gamma}" if rec.gamma else "plain decoding"
             print(
-                f"{name}: best {choice} (best measured gamma={rec['best_measured_gamma']}: "
-                f"{rec['speedup']:.2f}x over plain, steady state)"
+                f"{name}: best {choice} (best measured gamma={rec.best_measured_gamma}: "
+                f"{rec.speedup:.2f}x over plain, steady state)"
             )
-    print(
-        f"report: {paths['report']}  raw data: {paths['json']}  ({result['duration_seconds'] / 60:.1f} min)"
-    )
+    print(f"report: {paths['report']}  raw data: {paths['json']}  ({result.duration_seconds / 60:.1f} min)")
     return EXIT_OK
 
 

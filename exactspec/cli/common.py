@@ -17,6 +17,7 @@ from exactspec.cli import EXIT_BROKEN_PIPE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_
 from exactspec.decoding.engine import MAX_GAMMA
 from exactspec.decoding.strategy import Strategy
 from exactspec.foundations.errors import InvalidArgument
+from exactspec.foundations.provenance import Provenance
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.packed import WEIGHT_CHOICES
 
@@ -304,3 +305,9 @@ def gamma_argument(text: str) -> int:
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
     return _int_at_least(text, 1)
+
+
+def command_provenance(args: argparse.Namespace) -> Provenance:
+    """The provenance of this command's outputs: code, machine, now, and the command line as given
+    (`cli.main` keeps it on `args`; parsed without it, the process's own `sys.argv`)."""
+    return Provenance.collect(getattr(args, "argv", None))

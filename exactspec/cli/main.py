@@ -42,6 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help()
             return EXIT_USAGE
         name = f"exactspec {args.command}"
+        args.argv = ["exactspec", *argv]  # the command line as given, for the outputs' provenance
         return args.run(args)
     except KeyboardInterrupt:
         _say(f"{name}: interrupted")

@@ -19,6 +19,7 @@ from exactspec.cli.common import (
     EXIT_OK,
     UsageError,
     add_model_arguments,
+    command_provenance,
     gamma_argument,
     output_folder,
     positive_int,
@@ -97,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"[exactspec numerics] {message}", file=sys.stderr, flush=True)
 
     prompts = select_prompts(args.prompts, quick=args.quick)
+    provenance = command_provenance(args)
     started = time.perf_counter()
     say(f"loading {args.target} (dtype {args.dtype}, weights {args.weights})")
     pair = ModelPair.from_pretrained(
@@ -104,10 +106,9 @@ def run(args: argparse.Namespace) -> int:
     )
     weights = pair.weights
     dtype = str(next(pair.target_model.parameters()).dtype).removeprefix("torch.")
-    label = dtype if weights == "bf16" else f"{dtype} {weights}"  # e.g. "bfloat16 int4"
     decoder = SpeculativeDecoder.from_pair(pair)
     encoded = [decoder.encode([p.text], chat=p.chat)[0] for p in prompts]
-    timings: dict[str, Any] = {}
+    timings: dict[str, float] = {}
     say(f"{len(prompts)} prompts, {args.blocks} blocks of k = {args.gamma + 1} positions each, {dtype}")
     clock = time.perf_counter()
     passes = [
@@ -131,27 +132,26 @@ def run(args: argparse.Namespace) -> int:
             for ids, p in zip(encoded, passes, strict=True)
         ]
         timings["float32_seconds"] = time.perf_counter() - clock
-    comparisons = numerics.compare(passes, reference, temperatures)
-    table = numerics.markdown_table(comparisons, label, temperatures)
-    result = {
-        "target": args.target,
-        "dtype": dtype,
-        "weights": weights,
-        "gamma": args.gamma,
-        "k": args.gamma + 1,
-        "blocks": args.blocks,
-        "temperatures": list(temperatures),
-        "prompts": [{"name": p.name, "tokens": len(ids)} for p, ids in zip(prompts, encoded, strict=True)],
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "timings": timings,
-        "seconds": time.perf_counter() - started,
-        "comparisons": comparisons,
-    }
-    (out / "numerics.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / "numerics.md").write_text(_markdown(result, table))
-    print(table)
-    say(f"wrote {out / 'numerics.md'} and {out / 'numerics.json'} in {result['seconds']:.0f} s")
+    result = numerics.NumericsResult(
+        provenance=provenance,
+        target=args.target,
+        dtype=dtype,
+        weights=weights,
+        gamma=args.gamma,
+        k=args.gamma + 1,
+        blocks=args.blocks,
+        temperatures=temperatures,
+        prompts=tuple(
+            numerics.NumericsPrompt(p.name, len(ids)) for p, ids in zip(prompts, encoded, strict=True)
+        ),
+        timings=timings,
+        seconds=time.perf_counter() - started,
+        comparisons=numerics.compare(passes, reference, temperatures),
+    )
+    (out / "numerics.json").write_text(json.dumps(result.to_json(), indent=1, allow_nan=False) + "\n")
+    (out / "numerics.md").write_text(numerics.render_markdown(result))
+    print(numerics.markdown_table(result.comparisons, result.label, temperatures))
+    say(f"wrote {out / 'numerics.md'} and {out / 'numerics.json'} in {result.seconds:.0f} s")
     return EXIT_OK
 
 
@@ -169,17 +169,3 @@ def _time_steps(model: Any, prompt: list[int], gamma: int, blocks: int) -> dict[
             model.logits([sequence + [sequence[-1]] * (j + 1)], width)
         out[name] = (time.perf_counter() - clock) / steps
     return out
-
-
-def _markdown(result: dict[str, Any], table: str) -> str:
-    names = ", ".join(p["name"] for p in result["prompts"])
-    return (
-        f"# Numerics: block pass vs one-token passes ({result['target']}, {result['dtype']}, "
-        f"{result['weights']} weights)\n\n"
-        f"k = gamma + 1 = {result['k']} tokens per verification pass, {result['blocks']} blocks per prompt, "
-        f"prompts: {names}. TV = total variation between the two passes' p = softmax(logits / T) at the "
-        "same position; greedy token differs = their argmax differs.\n\n"
-        f"{table}\n\n"
-        f"Timings (s): {json.dumps({k: round(v, 4) for k, v in result['timings'].items()})}; torch "
-        f"{result['torch']}, {result['torch_threads']} threads, {result['seconds']:.0f} s in all.\n"
-    )

@@ -16,6 +16,7 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
+from exactspec.audit import report  # noqa: E402
 from exactspec.audit.generators import first_tokens, make_generator, sample_seed  # noqa: E402
 from exactspec.audit.grid import GridCell, grid_cells, run_cells  # noqa: E402
 from exactspec.audit.runner import (  # noqa: E402
@@ -28,6 +29,7 @@ from exactspec.audit.runner import (  # noqa: E402
 from exactspec.audit.tiny import TINY_PROMPT, TinyPairSpec, tiny_pair  # noqa: E402
 from exactspec.checking.statistical import likely_sequences, sequence_probability  # noqa: E402
 from exactspec.cli.main import main  # noqa: E402
+from exactspec.foundations.provenance import Provenance  # noqa: E402
 from exactspec.foundations.settings import SamplingSettings  # noqa: E402
 from exactspec.models.pair import ModelPair  # noqa: E402
 
@@ -174,6 +176,38 @@ def test_run_cells_shares_references(pair: ModelPair) -> None:
     assert all(r.passes(SIGNIFICANCE) for r in results)
 
 
+def test_report_records_read_back_and_render_the_same_markdown(pair: ModelPair, tmp_path) -> None:
+    """A failing result with decoded sequences: the JSON file reads back into the record it was
+    written from, and the Markdown renders from that record alone."""
+    failing = audit(pair, "broken-argmax", SamplingSettings(), gamma=2, batch=16, n=500)
+    passing = audit(pair, "plain", SamplingSettings(temperature=0.7), batch=16, n=300)
+
+    def decode(ids: Sequence[int]) -> str:
+        return "".join(chr(ord("a") + t % 26) for t in ids)
+
+    setup = report.AuditSetup(
+        title="tiny", models=f"{SPEC}", prompt_ids=tuple(TINY_PROMPT), n=3, samples=500, seed=1
+    )
+    provenance = Provenance.collect(["exactspec", "audit", "--tiny"])
+    built = report.build_report(
+        [failing, passing], SIGNIFICANCE, setup, provenance=provenance, seconds=1.5, decode=decode
+    )
+    assert (built.passed, built.failed) == (1, 1) and built.results[0].verdict == "fail"
+    top = built.results[0].over_represented[0]
+    assert isinstance(top.sequence, tuple) and top.text == decode(top.sequence)
+    json_path, md_path = report.write_reports(built, tmp_path, "tiny")
+    data = json.loads(json_path.read_text())
+    assert data["provenance"]["command"] == "exactspec audit --tiny" and data["failed"] == 1
+    assert data["results"][0]["over_represented"][0]["text"] == top.text
+    back = report.AuditReport.from_json(data)
+    assert back == built
+    markdown = md_path.read_text()
+    assert markdown == report.render_markdown(back)
+    assert f"- code: {provenance.commit}" in markdown and "- n: 3, samples (N): 500, seed: 1" in markdown
+    assert f'`{" ".join(map(str, top.sequence))} "{top.text}"`' in markdown
+    assert "**FAIL**" in markdown and "1 of 2 passed" in markdown
+
+
 def test_cli_audit_tiny_writes_reports(tmp_path, capsys) -> None:
     out = tmp_path / "audit"
     code = main(
@@ -183,10 +217,13 @@ def test_cli_audit_tiny_writes_reports(tmp_path, capsys) -> None:
     printed = capsys.readouterr().out
     assert code == 0, printed
     assert "audit PASS: 1 of 1 passed at significance 0.001" in printed
-    report = json.loads((out / "tiny.json").read_text())
-    assert report["results"][0]["verdict"] == "pass"
-    assert report["results"][0]["settings"] == "T=1 top_k=5"
-    assert "| exactspec plain batch=16 |" in (out / "tiny.md").read_text()
+    written = json.loads((out / "tiny.json").read_text())
+    assert written["results"][0]["verdict"] == "pass"
+    assert written["results"][0]["settings"] == "T=1 top_k=5"
+    assert written["provenance"]["command"].startswith("exactspec audit --tiny --generator plain")
+    markdown = (out / "tiny.md").read_text()
+    assert "| exactspec plain batch=16 |" in markdown
+    assert "- command: `exactspec audit --tiny --generator plain --samples 300" in markdown
 
 
 def test_cli_audit_tiny_narrows_the_grid_to_given_flags(tmp_path, capsys) -> None:

@@ -51,10 +51,10 @@ def test_float64_block_and_single_passes_agree_to_rounding():
     lm = HFLanguageModel(model(torch.float64))
     passes = numerics.score_passes(lm, PROMPT, None, gamma=3, blocks=2)
     result = numerics.compare([passes], None, (1.0, 0.7))
-    summary = result["block_vs_single"]["summary"]
+    summary = result["block_vs_single"].summary
     assert set(result) == {"block_vs_single"}
-    assert summary["positions"] == 8 and summary["argmax_differs"] == 0
-    assert summary["tv"]["1"]["max"] < 1e-12 and summary["tv"]["0.7"]["max"] < 1e-12
+    assert summary.positions == 8 and summary.argmax_differs == 0
+    assert summary.tv["1"].max < 1e-12 and summary.tv["0.7"].max < 1e-12
 
 
 def test_bfloat16_against_float32_reports_every_comparison():
@@ -62,10 +62,10 @@ def test_bfloat16_against_float32_reports_every_comparison():
     fp32 = numerics.score_passes(HFLanguageModel(model(torch.float32)), PROMPT, bf16.tokens, 2, 2)
     result = numerics.compare([bf16, bf16], [fp32, fp32], (1.0,))
     assert list(result) == list(numerics.COMPARISONS)
-    assert all(value["summary"]["positions"] == 12 for value in result.values())
+    assert all(value.summary.positions == len(value.positions) == 12 for value in result.values())
     # bfloat16 rounding is visible against float32; float32's own block/single difference is far smaller.
-    assert result["dtype_vs_float32"]["summary"]["max_abs_logit_diff"] > 1e-4
-    assert result["block_vs_single_float32"]["summary"]["tv"]["1"]["max"] < 1e-5
+    assert result["dtype_vs_float32"].summary.max_abs_logit_diff > 1e-4
+    assert result["block_vs_single_float32"].summary.tv["1"].max < 1e-5
     table = numerics.markdown_table(result, "bfloat16", (1.0,))
     assert table.count("\n") == 1 + len(numerics.COMPARISONS)
     assert "bfloat16 vs float32 (one-token passes)" in table
@@ -80,11 +80,12 @@ def test_mismatched_reference_tokens_are_refused():
 
 
 def test_summary_statistics_on_known_values():
-    positions = [
-        {"tv": {"1": v}, "argmax_differs": v > 0.5, "max_abs_logit_diff": 2 * v} for v in (0.0, 0.1, 0.2, 0.9)
-    ]
+    positions = [numerics.PositionStats({"1": v}, v > 0.5, 2 * v) for v in (0.0, 0.1, 0.2, 0.9)]
     summary = numerics.summarize(positions, (1.0,))
-    assert summary["tv"]["1"] == {"median": pytest.approx(0.15), "p99": pytest.approx(0.879), "max": 0.9}
-    assert summary["argmax_differs"] == 1 and summary["argmax_differs_rate"] == 0.25
-    assert summary["max_abs_logit_diff"] == 1.8
+    tv = summary.tv["1"]
+    assert (tv.median, tv.p99, tv.max) == (pytest.approx(0.15), pytest.approx(0.879), 0.9)
+    assert summary.argmax_differs == 1 and summary.argmax_differs_rate == 0.25
+    assert summary.max_abs_logit_diff == 1.8
+    written = numerics.ComparisonSummary.from_json(summary.to_json())
+    assert written == summary and summary.to_json()["tv"]["1"]["p99"] == pytest.approx(0.879)
     assert numerics.percentile([1.0, 2.0, 3.0], 50) == 2.0

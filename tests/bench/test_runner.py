@@ -6,7 +6,9 @@ timing asserted: only that every run happened and the files are there.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -17,8 +19,9 @@ pytest.importorskip("matplotlib")
 
 from conftest import tiny_causal_lm  # noqa: E402
 
+from exactspec.bench.records import ModelSpecs, Run  # noqa: E402
 from exactspec.bench.report import render_markdown, write_outputs  # noqa: E402
-from exactspec.bench.runner import BenchConfig, EncodedPrompt, run_bench  # noqa: E402
+from exactspec.bench.runner import BenchConfig, BenchResult, EncodedPrompt, run_bench  # noqa: E402
 from exactspec.bench.runs import ExpectationRecorder  # noqa: E402
 from exactspec.foundations.sampler import SeededSampler  # noqa: E402
 from exactspec.models.pair import ModelPair  # noqa: E402
@@ -39,7 +42,35 @@ def tiny_pair() -> ModelPair:
     return ModelPair.from_models(target_model, draft_model)
 
 
-DESCRIPTION = {"target_spec": "tiny-target", "draft_spec": "tiny-draft"}
+DESCRIPTION = ModelSpecs(target_spec="tiny-target", draft_spec="tiny-draft")
+
+
+def trial_run(steady_tokens_per_second: float, tokens: tuple[int, ...]) -> Run:
+    """A kept run of two rounds emitting `tokens`, at the given steady speed (only what trials compare)."""
+    return Run(
+        round_times=(0.5, 1.0),
+        round_tokens=(1, len(tokens) - 1),
+        new_tokens=len(tokens),
+        first_round_seconds=0.5,
+        first_round_tokens=1,
+        steady_tokens=len(tokens) - 1,
+        steady_seconds=math.nan if math.isnan(steady_tokens_per_second) else 0.5,
+        steady_tokens_per_second=steady_tokens_per_second,
+        wall_seconds=1.0,
+        tokens=tokens,
+        finish_reason="length",
+        target_forwards=((6, 0.4), (1, 0.2)),
+        draft_forwards=(),
+        model_seconds=0.6,
+        prompt="code",
+        category="coding",
+        prompt_tokens=6,
+        setting="0",
+        temperature=0.0,
+        method="plain",
+        gamma=0,
+        seed=0,
+    )
 
 
 def test_bench_on_tiny_models_writes_every_output(tmp_path: Path) -> None:
@@ -52,8 +83,8 @@ def test_bench_on_tiny_models_writes_every_output(tmp_path: Path) -> None:
     )
     result = run_bench(tiny_pair(), prompts, config, progress=False, description=DESCRIPTION)
 
-    methods = [(r["prompt"], r["temperature"], r["method"], r["gamma"]) for r in result["runs"]]
-    assert len(methods) == 2 * 2 * 5 and not result["errors"]
+    methods = [(r.prompt, r.temperature, r.method, r.gamma) for r in result.runs]
+    assert len(methods) == 2 * 2 * 5 and not result.errors
     # interleaved: for each prompt and temperature, plain first, then each gamma, then HF
     assert [m[2:] for m in methods[:5]] == [
         ("plain", 0),
@@ -62,19 +93,24 @@ def test_bench_on_tiny_models_writes_every_output(tmp_path: Path) -> None:
         ("hf-assisted", 0),
         ("hf-plain", 0),
     ]
-    for run in result["runs"]:
-        assert run["new_tokens"] == len(run["tokens"]) == 8  # EOS ignored by every side
-    hf = [r for r in result["runs"] if r["method"] == "hf-assisted"]
-    assert all(sum(r["hf"]["candidate_lengths"]) == r["hf"]["proposed_tokens"] for r in hf)
-    assert result["hf_policy"]["num_assistant_tokens"] is not None
+    for run in result.runs:
+        assert run.new_tokens == len(run.tokens) == 8  # EOS ignored by every side
+    hf = [r.hf for r in result.runs if r.method == "hf-assisted"]
+    assert len(hf) == 4 and all(h is not None and sum(h.candidate_lengths) == h.proposed_tokens for h in hf)
+    assert result.hf_policy is not None and result.hf_policy.num_assistant_tokens is not None
+    # The provenance of this very run: the code's commit (or unknown), this process's command line.
+    assert result.provenance is not None and result.provenance.commit
+    assert result.provenance.machine.torch_threads == torch.get_num_threads()
 
     paths = write_outputs(result, tmp_path / "bench-out")
     for name in ("json", "report", "speedup_plot", "acceptance_plot", "costs_plot"):
         assert paths[name].is_file() and paths[name].stat().st_size > 0, name
     data = json.loads(paths["json"].read_text())
     assert len(data["runs"]) == 20 and data["summary"]["rows"]
+    assert data["provenance"] == result.provenance.to_json()
     text = paths["report"].read_text()
     assert "## Temperature 0 (greedy)" in text and "HF assisted" in text
+    assert f"- code: {result.provenance.commit}" in text
 
 
 def test_cli_registers_bench_and_rejects_bad_lists(capsys: pytest.CaptureFixture[str]) -> None:
@@ -129,7 +165,7 @@ def test_cli_bench_methods_settings_and_strategy_flags(capsys: pytest.CaptureFix
 
 def test_bench_runs_every_engine_method_and_named_settings(tmp_path: Path) -> None:
     """Prompt lookup, hybrid, adaptive gamma and block verification beside plain and speculative, at T=0
-    and the realistic chat settings; the report has per-prompt tables, block vs token and the targets."""
+    and the realistic chat settings; the report has per-prompt tables, block vs token, adaptive vs fixed."""
     repeated = [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6]
     prompts = [
         EncodedPrompt("edit", "grounded", repeated),
@@ -159,17 +195,17 @@ def test_bench_runs_every_engine_method_and_named_settings(tmp_path: Path) -> No
     pair = tiny_pair()
     result = run_bench(pair, prompts, config, progress=False, description=DESCRIPTION)
 
-    runs = result["runs"]
-    assert len(runs) == 2 * 2 * 6 and not result["errors"]
-    assert {r["setting"] for r in runs} == {"0", "realistic"}
-    assert all(r["new_tokens"] == 8 for r in runs)
-    greedy = [r for r in runs if r["setting"] == "0" and r["method"] != "plain"]
-    assert all(r["same_tokens_as_plain"] for r in greedy)  # every method is greedy decoding at T=0
-    lookup = [r for r in runs if r["method"] == "ngram"]
-    assert all(r["metrics"]["draft_calls"] == 0 for r in lookup)
+    runs = result.runs
+    assert len(runs) == 2 * 2 * 6 and not result.errors
+    assert {r.setting for r in runs} == {"0", "realistic"}
+    assert all(r.new_tokens == 8 for r in runs)
+    greedy = [r for r in runs if r.setting == "0" and r.method != "plain"]
+    assert all(r.same_tokens_as_plain for r in greedy)  # every method is greedy decoding at T=0
+    lookup = [r for r in runs if r.method == "ngram"]
+    assert lookup and all(r.metrics is not None and r.metrics.draft_calls == 0 for r in lookup)
     assert pair._costs is not None and pair._costs.max_gamma >= 3  # adaptive measured the pair once
-    adaptive = [r for r in runs if r["method"] == "adaptive"]
-    assert all(len(r["gamma_policy_costs"]["v"]) == 4 for r in adaptive)  # v(1..gamma + 1) recorded
+    adaptive = [r for r in runs if r.method == "adaptive"]
+    assert adaptive and all(r.gamma_policy_costs and len(r.gamma_policy_costs.v) == 4 for r in adaptive)
 
     paths = write_outputs(result, tmp_path / "out")
     data = json.loads(paths["json"].read_text())
@@ -179,7 +215,8 @@ def test_bench_runs_every_engine_method_and_named_settings(tmp_path: Path) -> No
     assert len(summary["per_prompt"]) == len(runs)
     assert len(summary["block_vs_token"]) == 2 * 2
     for run in runs:  # both rules scored on every round of every engine run, untimed
-        assert run["expected_accepted"]["rounds"] == run["metrics"]["rounds"]
+        assert run.expected_accepted is not None and run.metrics is not None
+        assert run.expected_accepted.rounds == run.metrics.rounds
     for pair_row in summary["block_vs_token"]:
         for scored in (pair_row["expected_on_token_rounds"], pair_row["expected_on_block_rounds"]):
             assert 1.0 <= scored["token"] <= 3.0 and 1.0 <= scored["block"] <= 3.0  # gamma 2: 1 + 0..2
@@ -187,26 +224,33 @@ def test_bench_runs_every_engine_method_and_named_settings(tmp_path: Path) -> No
             if pair_row["setting"] == "0":  # greedy p and q: both rules keep the same tokens
                 assert scored["block"] == pytest.approx(scored["token"], abs=1e-12)
                 assert scored["block_weights"] == pytest.approx(scored["token"], abs=1e-12)
-    assert summary["targets"]["block"]["scored_pairs"] == 2 * 2
-    assert summary["targets"]["block"]["median_expected_gain"] > 0.5  # a ratio of two expected counts
-    over_drafts = summary["targets"]["block"]["over_drafts"]
+    block = summary["block_summary"]
+    assert block["pairs"] == 2 * 2 and block["scorings"] == 2 * 2 * 2  # each pair on both runs' rounds
+    assert block["expected_tied"] >= 2 * 2  # the greedy row's pairs, on both runs' rounds
+    assert block["expected_ahead"] + block["expected_tied"] + len(block["expected_below"]) == 8
+    assert block["median_expected_gain"] > 0.5  # a ratio of two expected counts
+    over_drafts = block["over_drafts"]
     # the realistic row's 2 pairs, each on both runs' rounds (greedy rows score equal by construction)
     assert over_drafts["scorings"] == 2 * 2 and over_drafts["min_gain"] >= 1.0 - 1e-12
-    targets = summary["targets"]
-    assert set(targets["lookup"]) == {"0 ngram gamma=4"}
-    assert "edit" in targets["lookup"]["0 ngram gamma=4"]["per_prompt"]
-    assert isinstance(targets["adaptive"]["floor_met"], bool) and targets["outside_models"]["per_method"]
+    adaptive = summary["adaptive_vs_fixed"]
+    assert [(a["setting"], a["best_fixed_gamma"], a["paired_prompts"]) for a in adaptive] == [
+        ("0", 2, 2),
+        ("realistic", 2, 2),
+    ]
     text = paths["report"].read_text()
     for heading in (
-        "## Targets (issue 12)",
         "## Temperature 0 (greedy)",
         "## Realistic settings (T=0.7 top_k=20 top_p=0.8 rep=1.05)",
         "### Per prompt, T=0: speedup over plain / tokens per round",
         "## Block against token verification",
-        "expected tokens/round of the block rule >= the token rule's",
-        "its expected tokens/round estimated over the drafts",
+        "the block rule's expected tokens/round above the token rule's in",
+        "- Over the drafts (the sum of block verification's weights",
+        "## Adaptive gamma against the best fixed gamma",
+        "| realistic | adaptive gamma<=3 |",
     ):
         assert heading in text, heading
+    for project_goal in ("issue", "Target", "met**", "floor"):
+        assert project_goal not in text, project_goal
 
 
 def test_old_results_without_sampling_rows_still_render() -> None:
@@ -221,11 +265,11 @@ def test_old_results_without_sampling_rows_still_render() -> None:
         hf_assisted=False,
         hf_plain=False,
     )
-    result = run_bench(tiny_pair(), prompts, config, progress=False, description=DESCRIPTION)
-    del result["config"]["methods"], result["config"]["sampling_rows"]
-    for run in result["runs"]:
+    data = run_bench(tiny_pair(), prompts, config, progress=False, description=DESCRIPTION).to_json()
+    del data["config"]["methods"], data["config"]["sampling_rows"], data["provenance"]
+    for run in data["runs"]:
         del run["setting"]
-    text = render_markdown(result, plots=False)
+    text = render_markdown(BenchResult.from_json(data), plots=False)
     assert "## Temperature 0 (greedy)" in text and "speculative gamma=1" in text
 
 
@@ -259,33 +303,36 @@ def test_trials_repeat_each_method_and_keep_its_fastest_run(tmp_path: Path) -> N
         trials=2,
     )
     result = run_bench(tiny_pair(), prompts, config, progress=False, description=DESCRIPTION)
-    runs = result["runs"]
-    assert [(r["setting"], r["method"]) for r in runs] == [
+    runs = result.runs
+    assert [(r.setting, r.method) for r in runs] == [
         ("0", "plain"),
         ("0", "speculative"),
         ("0.7", "plain"),
         ("0.7", "speculative"),
     ]
     for run in runs:
-        speeds = run["trial_tokens_per_second"]
-        assert len(speeds) == 2 and run["steady_tokens_per_second"] == max(speeds)
-        assert run["trials_same_tokens"]  # the same seed: the second trial repeats the first generation
+        speeds = run.trial_tokens_per_second
+        assert speeds is not None and len(speeds) == 2 and run.steady_tokens_per_second == max(speeds)
+        assert run.trials_same_tokens  # the same seed: the second trial repeats the first generation
     text = render_markdown(result, plots=False)
     assert "each method run 2 times in turn with that seed, its fastest run kept" in text
     assert "every method's trials emitted the same tokens" in text
-    runs[1]["trials_same_tokens"] = False  # as if the machine's numerics had changed one trial's tokens
-    assert "emitted different tokens: code (0, speculative gamma=2)" in render_markdown(result, plots=False)
+    # As if the machine's numerics had changed one trial's tokens:
+    changed = (runs[0], dataclasses.replace(runs[1], trials_same_tokens=False), *runs[2:])
+    text = render_markdown(dataclasses.replace(result, runs=changed), plots=False)
+    assert "emitted different tokens: code (0, speculative gamma=2)" in text
 
 
 def test_fastest_trial_prefers_a_measured_speed_and_reports_disagreeing_trials() -> None:
     from exactspec.bench.runner import _fastest_trial
 
-    slow = {"steady_tokens_per_second": 4.0, "tokens": [1, 2]}
-    fast = {"steady_tokens_per_second": 5.0, "tokens": [1, 3]}
-    unmeasured = {"steady_tokens_per_second": float("nan"), "tokens": [1, 2]}
+    slow = trial_run(4.0, (1, 2))
+    fast = trial_run(5.0, (1, 3))
+    unmeasured = trial_run(float("nan"), (1, 2))
     best = _fastest_trial([unmeasured, slow, fast])
-    assert best["tokens"] == [1, 3] and best["trials_same_tokens"] is False
-    assert best["trial_tokens_per_second"][1:] == [4.0, 5.0]
+    assert best.tokens == (1, 3) and best.trials_same_tokens is False
+    assert best.trial_tokens_per_second is not None and best.trial_tokens_per_second[1:] == (4.0, 5.0)
     assert _fastest_trial([slow]) is slow  # one trial: the record as it was, no trial fields
+    assert slow.trial_tokens_per_second is None and slow.trials_same_tokens is None
     with pytest.raises(ValueError, match="trials"):
         BenchConfig(trials=0)

@@ -78,4 +78,8 @@ def test_spread() -> None:
     assert (one.median, one.low, one.q1, one.q3, one.high) == (1.5,) * 5
     empty = theory.Spread.of([])
     assert empty.count == 0 and math.isnan(empty.median)
-    assert spread.as_dict()["max"] == 4.0
+    written = spread.to_json()
+    assert (written["min"], written["max"], written["count"]) == (1.0, 4.0, 4)
+    assert empty.to_json()["median"] is None  # NaN has no JSON; it reads back as NaN
+    assert math.isnan(theory.Spread.from_json(empty.to_json()).median)
+    assert theory.Spread.from_json(written) == spread

@@ -11,7 +11,7 @@ pytest.importorskip("transformers")
 
 from conftest import TOKENIZER_EOS_ID, TOKENIZER_VOCAB, tiny_causal_lm, tiny_tokenizer  # noqa: E402
 
-from exactspec.bench.numerics import COMPARISONS  # noqa: E402
+from exactspec.bench.numerics import COMPARISONS, NumericsResult, render_markdown  # noqa: E402
 from exactspec.cli.main import main  # noqa: E402
 
 
@@ -34,7 +34,16 @@ def test_numerics_writes_the_table_and_json(
     assert result["weights"] == (weights or "int4")  # auto is int4 on the CPU
     assert list(result["comparisons"]) == list(COMPARISONS)
     assert set(result["timings"]) >= {"single_step_seconds", "padded_step_seconds", "float32_seconds"}
-    assert f"| {label}: block pass vs one-token passes |" in (out / "numerics.md").read_text()
+    assert result["provenance"]["command"].startswith("exactspec numerics --target ")
+    assert result["provenance"]["machine"]["torch_threads"] >= 1
+    back = NumericsResult.from_json(result)  # numerics.json reads back into its record
+    assert back.comparisons["block_vs_single"].summary.positions == len(
+        back.comparisons["block_vs_single"].positions
+    )
+    markdown = (out / "numerics.md").read_text()
+    assert f"| {label}: block pass vs one-token passes |" in markdown
+    assert f"- code: {back.provenance.commit}" in markdown and "- machine: " in markdown
+    assert markdown == render_markdown(back)  # the report renders from the JSON alone
     assert "greedy token differs" in capsys.readouterr().out
 
 

@@ -77,16 +77,16 @@ def test_bench_runs_the_llamacpp_column_after_ours() -> None:
     with pytest.raises(ValueError, match="llamacpp_model"):
         run_bench(pair, prompts, config, progress=False)
     result = run_bench(pair, prompts, config, progress=False, llamacpp_model=CountingLlama())
-    assert [(r["method"], r["gamma"]) for r in result["runs"]] == [
+    assert [(r.method, r.gamma) for r in result.runs] == [
         ("plain", 0),
         ("speculative", 2),
         (LLAMACPP_PLAIN, 0),
     ]
-    run = result["runs"][-1]
-    assert run["tokens"] == [10, 11, 12, EOS, 14, 15] and run["new_tokens"] == 6  # EOS ignored
-    rows = {r["method"]: r for r in summarize(result)["rows"]}
-    assert rows[LLAMACPP_PLAIN]["label"] == "llama.cpp plain"
-    assert rows[LLAMACPP_PLAIN]["tokens_per_second"]["median"] > 0
+    run = result.runs[-1]
+    assert run.tokens == (10, 11, 12, EOS, 14, 15) and run.new_tokens == 6  # EOS ignored
+    rows = {r.method: r for r in summarize(result).rows}
+    assert rows[LLAMACPP_PLAIN].label == "llama.cpp plain"
+    assert rows[LLAMACPP_PLAIN].tokens_per_second.median > 0
 
 
 def test_bench_skips_the_column_with_a_message_when_the_package_is_absent(
