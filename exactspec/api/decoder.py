@@ -20,6 +20,7 @@ import exactspec.api.arguments as arguments
 from exactspec.api.text import StopStrings, TextStream, encode_text
 from exactspec.decoding.builder import build_engine
 from exactspec.decoding.engine import DecodeConfig, FinishReason, SpeculativeEngine
+from exactspec.decoding.records import RowEvent
 from exactspec.decoding.strategy import DrafterName, Strategy, VerifierName, default_gamma
 from exactspec.foundations.errors import InvalidArgument
 from exactspec.foundations.metrics import DecodeMetrics
@@ -237,16 +238,27 @@ class SpeculativeDecoder:
     def _stream(self, request: _Request) -> Iterator[StreamEvent]:
         with self._locked():
             run = self._start(request)
-            streams = [TextStream(self.tokenizer, run.stop) for _ in request.prompts]
-            generated: list[list[int]] = [[] for _ in request.prompts]
             events = run.engine.stream(request.prompts, request.config, run.sampler, run.stop)
-            for event in events:
-                generated[event.row].extend(event.tokens)
-                reason = event.finish_reason
-                delta = streams[event.row].update(generated[event.row], final=reason is not None)
-                if event.tokens or delta or reason:
-                    metrics = run.engine.metrics if reason else None
-                    yield StreamEvent(event.row, delta, event.tokens, reason, metrics)
+            # Closed here, inside the lock: a stream closed early frees its rows' caches before the
+            # next caller may use the models (a generator left to the garbage collector would do it
+            # later, on whatever thread, while that caller runs).
+            with contextlib.closing(events):
+                yield from self._text_events(events, run)
+
+    def _text_events(self, events: Iterator[RowEvent], run: _Run) -> Iterator[StreamEvent]:
+        """Each row's RowEvents as text deltas (stop strings cut), the finishing one with the metrics."""
+        streams: dict[int, TextStream] = {}
+        generated: dict[int, list[int]] = {}
+        for event in events:
+            if event.row not in streams:
+                streams[event.row] = TextStream(self.tokenizer, run.stop)
+                generated[event.row] = []
+            generated[event.row].extend(event.tokens)
+            reason = event.finish_reason
+            delta = streams[event.row].update(generated[event.row], final=reason is not None)
+            if event.tokens or delta or reason:
+                metrics = run.engine.metrics if reason else None
+                yield StreamEvent(event.row, delta, event.tokens, reason, metrics)
 
     def generate(
         self,

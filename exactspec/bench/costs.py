@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from exactspec.bench.timing import ForwardTimer
+from exactspec.bench.timing import ForwardTimer, engine_module
 from exactspec.foundations.records import JsonRecord
 from exactspec.foundations.sampler import SeededSampler
 from exactspec.foundations.settings import SamplingSettings
@@ -77,7 +77,10 @@ def measure_costs(
     target_forward: dict[int, list[float]] = {k: [] for k in range(1, max_k + 1)}
     draft_times: list[float] = []
     draft_forward: list[float] = []
-    with ForwardTimer(pair.target_model) as target_timer, ForwardTimer(pair.draft_model) as draft_timer:
+    with (
+        ForwardTimer(engine_module(pair.target)) as target_timer,
+        ForwardTimer(engine_module(pair.draft)) as draft_timer,
+    ):
         pair.target.logits([history], 1)  # prefill (untimed)
         pair.draft.logits([history], 1)
         pair.target.logits([history], min(2, max_k))  # untimed: first-call allocations

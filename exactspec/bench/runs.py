@@ -20,7 +20,7 @@ from exactspec.bench.records import (
     PolicyCosts,
     RunMetrics,
 )
-from exactspec.bench.timing import ForwardTimer, RoundStreamer, steady_state
+from exactspec.bench.timing import ForwardTimer, RoundStreamer, engine_module, steady_state
 from exactspec.decoding.builder import build_engine
 from exactspec.decoding.engine import DecodeConfig
 from exactspec.decoding.strategy import Strategy
@@ -128,7 +128,10 @@ def run_engine(
     events: list[tuple[float, int]] = []
     tokens: list[int] = []
     finish_reason = None
-    with ForwardTimer(pair.target_model) as target_timer, ForwardTimer(pair.draft_model) as draft_timer:
+    with (
+        ForwardTimer(engine_module(pair.target)) as target_timer,
+        ForwardTimer(engine_module(pair.draft)) as draft_timer,
+    ):
         started = time.perf_counter()
         for event in engine.stream([list(ids)], config, sampler):
             # The recorder's scoring is not the method's work: its time comes off every clock.

@@ -15,12 +15,23 @@ from typing import Any
 import torch
 
 from exactspec.bench.records import SteadyState
+from exactspec.models.base import LanguageModel
+from exactspec.models.hf import HFLanguageModel
+
+
+def engine_module(model: LanguageModel | None) -> Any | None:
+    """The transformers module an engine model runs (the HF adapter's own copy), else None.
+
+    The adapters work on copies of the stock modules (`exactspec.models.hf.module_copy`), so hooks on
+    `ModelPair.target_model` see the transformers peer's forwards, never the engine's.
+    """
+    return model.module if isinstance(model, HFLanguageModel) else None
 
 
 class ForwardTimer:
-    """Forward hooks that record (tokens fed, seconds) of every forward pass of an HF model."""
+    """Forward hooks that record (tokens fed, seconds) of every forward pass of an HF model (None: none)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any | None) -> None:
         self.calls: list[tuple[int, float]] = []
         self._model = model
         self._started = 0.0
@@ -36,6 +47,8 @@ class ForwardTimer:
         self.calls.append((self._width, time.perf_counter() - self._started))
 
     def __enter__(self) -> ForwardTimer:
+        if self._model is None:
+            return self
         self._handles = [
             self._model.register_forward_pre_hook(self._before, with_kwargs=True),
             self._model.register_forward_hook(self._after, with_kwargs=True),

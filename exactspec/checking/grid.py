@@ -165,7 +165,7 @@ class AdapterCase(ExactCase):
         from exactspec.models.hf import HFLanguageModel
 
         assert isinstance(target, HFLanguageModel)
-        return FullForwardModel(target._model, target.eos_token_ids, target.vocab_size)
+        return FullForwardModel(target.module, target.eos_token_ids, target.vocab_size)
 
 
 GRID_POLICY_OPTIONS = {"prior_accepted": 0.5, "prior_rejected": 0.5, "probe_after": 1}

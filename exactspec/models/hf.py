@@ -8,7 +8,9 @@ invalid (bookkeeping), never by recomputing the prompt.
 
 from __future__ import annotations
 
+import copy
 import inspect
+import itertools
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -92,12 +94,15 @@ class HFLanguageModel:
             grouped_attention: on CPU, switch a model that uses transformers' "sdpa" attention to
                 `exactspec.models.attention` (torch's fused CPU kernel is several times slower
                 for decoding's few query tokens in bfloat16; the module says what was measured).
-                The switch is made on `model` itself, so transformers' own `generate` on the same
-                module uses it too.
             two_row_linears: on CPU, multiply a dense bfloat16 linear layer's lone input row as
                 two equal rows (`exactspec.models.two_rows`): a one-token pass then computes
-                each row as the verifier's k-token pass does, bit for bit, and faster. Also made
-                on `model` itself.
+                each row as the verifier's k-token pass does, bit for bit, and faster.
+
+        The adapter wraps, it does not patch: both switches (and eval mode) are made on its own
+        structural copy of `model` (`module_copy`: new module objects and config, the same weight
+        tensors, so no memory is duplicated). The caller's module, its config and its attention
+        implementation stay as they were, so transformers' own `generate` on it runs stock
+        transformers (the benchmark's and the audit's peer).
         """
         if not 0.0 <= max_hole_fraction <= 1.0:
             raise ValueError(f"max_hole_fraction must lie in [0, 1], got {max_hole_fraction}")
@@ -125,11 +130,11 @@ class HFLanguageModel:
                 "caches can hold holes"
             )
 
-        self._model = model.eval()
+        self._model = module_copy(model).eval()
         if grouped_attention:
-            use_grouped_attention(model)
+            use_grouped_attention(self._model)
         if two_row_linears:
-            use_two_row_linears(model)
+            use_two_row_linears(self._model)
         self._vocab_size = vocab_size
         self._eos_token_ids = eos
         self._max_hole_fraction = max_hole_fraction
@@ -143,6 +148,11 @@ class HFLanguageModel:
     @property
     def vocab_size(self) -> int:
         return self._vocab_size
+
+    @property
+    def module(self) -> PreTrainedModel:
+        """The adapter's own module (a structural copy of the one it was given, with its switches)."""
+        return self._model
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -433,6 +443,14 @@ class HFLanguageModel:
         logits = out.logits[:, -k:, : self._vocab_size]  # [B, k, V]
         # float64 stays float64 (the exact grid runs the adapter in float64); anything else is float32.
         return logits if logits.dtype == torch.float64 else logits.float()
+
+
+def module_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A structural copy of `model`: new module objects (and config), the very same parameter and buffer
+    tensors. Switching the copy's classes, attention or config leaves `model` untouched; no weight is
+    duplicated (tied weights stay tied, since the memo maps each tensor to itself)."""
+    shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+    return copy.deepcopy(model, shared)
 
 
 def _common_prefix_length(a: list[int], b: list[int]) -> int:

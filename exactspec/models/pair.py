@@ -1,9 +1,11 @@
 """A target and an optional draft, loaded once: the one pair class of the API, the benchmark and the audit.
 
-It holds both views of each model: the Hugging Face module (what transformers'
-own `generate` runs, for the peers) and our `HFLanguageModel` adapter around
-that same module (what the engine runs). There is never a second copy of the
-weights.
+It holds both views of each model: the stock Hugging Face module as loaded (what
+transformers' own `generate` runs, for the peers: dense weights, transformers' own
+attention) and our `HFLanguageModel` adapter (what the engine runs), which works on
+its own structural copy of the module (`models.hf.module_copy`: the weight tensors
+are shared, never duplicated). With packed weights (`weights="int4"`, ...) the
+adapter's copy has its linear layers packed; the stock module keeps its dense ones.
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ class ModelPair:
     """The models one run decodes with.
 
     Attributes:
-        target_model: the target's transformers module.
-        target: our adapter around it (KV cache per row).
+        target_model: the target's transformers module, stock (what the transformers peers run).
+        target: our adapter (KV cache per row) over its own copy of it, packed when `weights` says.
         draft_model: the draft's transformers module, or None (plain decoding only).
-        draft: our adapter around it, or None.
+        draft: our adapter over its own copy of it, or None.
         tokenizer: the shared tokenizer, or None (token ids only).
         lock: held by whoever runs the adapters, whose KV caches one call at a time may use
             (every `SpeculativeDecoder` over this pair holds it for each call).
@@ -57,8 +59,12 @@ class ModelPair:
         tokenizer: Any | None = None,
         draft_tokenizer: Any | None = None,
         eos_token_ids: Collection[int] | None = None,
+        engine_modules: tuple[Any, Any | None] | None = None,
     ) -> ModelPair:
-        """Wrap loaded transformers models.
+        """Wrap loaded transformers models (which stay as they are: the adapters work on copies).
+
+        `engine_modules`: (target, draft) modules for the adapters to wrap instead, e.g. copies with
+        packed linear layers (`from_pretrained` makes them); default the models themselves.
 
         End-of-generation ids: `eos_token_ids` if given, else the model's EOS ids
         plus the tokenizer's EOS and chat end-of-turn tokens. A draft tokenizer
@@ -73,17 +79,18 @@ class ModelPair:
             eos_token_ids = model_eos_ids(target_model)
             if tokenizer is not None:
                 eos_token_ids = end_of_generation_ids(tokenizer, eos_token_ids)
-        target = _adapter("target", HFLanguageModel, target_model, eos_token_ids)
+        engine_target, engine_draft = engine_modules or (target_model, draft_model)
+        target = _adapter("target", HFLanguageModel, engine_target, eos_token_ids)
         draft = None
         if draft_model is not None:
-            draft_vocab = output_rows(draft_model)
+            draft_vocab = output_rows(engine_draft)
             if draft_vocab > target.vocab_size:
                 raise InvalidArgument(
                     f"the draft model has {draft_vocab} output rows, more than the target's "
                     f"{target.vocab_size}; the draft vocabulary must be a prefix of the target's"
                 )
-            draft = _adapter("draft", HFLanguageModel, draft_model, target.eos_token_ids)
-        weights = getattr(target_model, "exactspec_weights", "bf16")  # set by models.packed
+            draft = _adapter("draft", HFLanguageModel, engine_draft, target.eos_token_ids)
+        weights = getattr(engine_target, "exactspec_weights", "bf16")  # set by models.packed
         return cls(target_model, target, draft_model, draft, tokenizer, weights=weights)
 
     @classmethod
@@ -116,16 +123,20 @@ class ModelPair:
             weights = auto_weights(where)
         target_model, tokenizer = load_hf_model(target, dtype=dtype, cache_dir=cache_dir, progress=progress)
         target_model = target_model.to(where)
-        _pack(target_model, target, weights, cache_dir)
-        draft_model = draft_tokenizer = None
+        engine_target = _packed_copy(target_model, target, weights, cache_dir)
+        draft_model = draft_tokenizer = engine_draft = None
         if draft is not None:
             draft_model, draft_tokenizer = load_hf_model(
                 draft, dtype=dtype, cache_dir=cache_dir, progress=progress
             )
             draft_model = draft_model.to(where)
-            _pack(draft_model, draft, weights, cache_dir)
+            engine_draft = _packed_copy(draft_model, draft, weights, cache_dir)
         return cls.from_models(
-            target_model, draft_model, tokenizer=tokenizer, draft_tokenizer=draft_tokenizer
+            target_model,
+            draft_model,
+            tokenizer=tokenizer,
+            draft_tokenizer=draft_tokenizer,
+            engine_modules=(engine_target, engine_draft),
         )
 
     @property
@@ -139,13 +150,15 @@ class ModelPair:
 
     @functools.cached_property
     def reference(self) -> LanguageModel:
-        """A second adapter over the target module, for exact probabilities beside a running engine.
+        """A second adapter over the engine's target module (packed as the engine's is), for exact
+        probabilities beside a running engine.
 
         It has its own KV cache, so the reference's rows and the engine's never evict each other.
         """
         from exactspec.models.hf import HFLanguageModel
 
-        return HFLanguageModel(self.target_model, eos_token_ids=self.eos_token_ids)
+        assert isinstance(self.target, HFLanguageModel)
+        return HFLanguageModel(self.target.module, eos_token_ids=self.eos_token_ids)
 
     def cost_model(self, max_gamma: int) -> CostModel:
         """c and v(1..max_gamma + 1) of this pair's backend, measured on first use and cached on the pair.
@@ -180,13 +193,20 @@ def _adapter(role: str, adapter: Any, model: Any, eos_token_ids: Collection[int]
         raise InvalidArgument(f"the {role} model does not fit: {error}{hint}") from error
 
 
-def _pack(model: Any, spec: str | os.PathLike[str], weights: str, cache_dir: Any) -> None:
-    """Pack the model's linear layers as `weights` says (models.packed; "int4-gguf": models.gguf_int4)."""
+def _packed_copy(model: Any, spec: str | os.PathLike[str], weights: str, cache_dir: Any) -> Any:
+    """The module the engine's adapter runs: `model` itself for dense weights, else a copy whose linear
+    layers are packed as `weights` says (models.packed; "int4-gguf": models.gguf_int4). The stock
+    module keeps its dense layers for the transformers peers."""
+    from exactspec.models.hf import module_copy
     from exactspec.models.packed import WeightFormat, pack_model
 
-    if not WeightFormat.parse(weights).from_gguf:
+    fmt = WeightFormat.parse(weights)
+    if fmt.bits is None:
+        return model
+    model = module_copy(model)
+    if not fmt.from_gguf:
         pack_model(model, weights)
-        return
+        return model
     from exactspec.models.gguf_int4 import pack_model_from_gguf
     from exactspec.models.loading import gguf_path
 
@@ -194,3 +214,4 @@ def _pack(model: Any, spec: str | os.PathLike[str], weights: str, cache_dir: Any
     if path is None:
         raise ValueError(f"--weights {weights} needs a GGUF model; {spec} is not one")
     pack_model_from_gguf(model, path)
+    return model

@@ -370,3 +370,12 @@ def test_check_speculative_on_a_hand_model() -> None:
     assert result.target == pytest.approx({((0,),): 0.25, ((1, 0),): 0.1875, ((1, 1),): 0.5625}, abs=1e-15)
     assert result.speculative == pytest.approx(result.target, abs=1e-15)
     assert result.total_variation <= EXACT_TOLERANCE
+
+
+def test_the_verify_grid_runs_every_shipped_strategy_sampled() -> None:
+    """`exactspec verify` covers each strategy the builder ships, with at least one sampled (T > 0) case."""
+    from exactspec.checking.grid import exact_grid
+    from exactspec.decoding.strategy import all_strategies
+
+    sampled = {case.strategy for case in exact_grid() if not case.settings.greedy and not case.schedule}
+    assert sampled >= set(all_strategies())

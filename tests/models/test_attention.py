@@ -63,7 +63,8 @@ def test_adapter_logits_match_sdpa_across_holes_and_rows(family: str) -> None:
     for grouped in (False, True):
         model = tiny_causal_lm(family, vocab_size=VOCAB, seed=0).double()
         adapter = HFLanguageModel(model, eos_token_ids=[1], grouped_attention=grouped)
-        assert (model.config._attn_implementation == NAME) is grouped
+        assert (adapter.module.config._attn_implementation == NAME) is grouped  # on the adapter's copy
+        assert model.config._attn_implementation == "sdpa"  # the caller's module as it was
         first = adapter.logits(histories, 1)
         # Row 0 drafted [10, 11] and kept only 10 (11's slot becomes a hole), then scores 3 tokens.
         adapter.logits([histories[0] + [10, 11], histories[1] + [12, 13]], 3)

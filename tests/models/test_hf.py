@@ -112,7 +112,7 @@ def test_single_row_never_has_holes_and_never_recomputes_the_prompt():
     lm = HFLanguageModel(model)
     rng = random.Random(2)
     history = [rng.randrange(VOCAB) for _ in range(12)]
-    with fed_shapes(model) as shapes:
+    with fed_shapes(lm.module) as shapes:  # the adapter runs its own copy of the module
         lm.logits([history])
         for _ in range(15):
             rollback = rng.randint(0, 4)
@@ -152,7 +152,7 @@ def test_subset_of_rows_after_a_row_finishes():
     lm = HFLanguageModel(model)
     rng = random.Random(4)
     histories = {r: [rng.randrange(VOCAB) for _ in range(n)] for r, n in [(0, 5), (1, 9), (2, 3)]}
-    with fed_shapes(model) as shapes:
+    with fed_shapes(lm.module) as shapes:  # the adapter runs its own copy of the module
         lm.logits(list(histories.values()))
         for live in ([0, 1, 2], [0, 2], [0, 2], [2], [2]):
             lm.release_rows(set(lm.cached_rows) - set(live))  # rows that finished leave the cache
@@ -202,7 +202,7 @@ def test_rows_that_are_not_named_keep_their_cache_and_ride_along():
     out = lm.logits([histories[1]], rows=[1])
     torch.testing.assert_close(out[0, 0], reference(model, histories[1], 1)[0], atol=ATOL, rtol=0)
     assert lm.cached_rows == [0, 1, 2]
-    with fed_shapes(model) as shapes:
+    with fed_shapes(lm.module) as shapes:  # the adapter runs its own copy of the module
         histories = [h + [11] for h in histories]
         order = [2, 0, 1]  # any order
         out = lm.logits([histories[r] for r in order], rows=order)
@@ -330,3 +330,29 @@ def test_sliding_window_layers_are_refused():
     )
     with pytest.raises(NotImplementedError, match="DynamicSlidingWindowLayer"):
         HFLanguageModel(transformers.Qwen2ForCausalLM(config))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_wrapping_a_transformers_model_leaves_it_unchanged(dtype: torch.dtype) -> None:
+    """The adapter wraps, it does not patch: the caller's module keeps its attention implementation, its
+    linear layers' classes, its training flag and its config; the adapter's copy shares the weights."""
+    model = tiny_model().to(dtype).train()
+    before_classes = [type(module) for module in model.modules()]
+    before_config = model.config.to_dict()
+    lm = HFLanguageModel(model)
+    assert model.config._attn_implementation == "sdpa"
+    assert [type(module) for module in model.modules()] == before_classes
+    assert all(type(m) is torch.nn.Linear for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert model.training and model.config.to_dict() == before_config
+    # the adapter's own copy carries the switches, over the very same tensors
+    assert lm.module is not model and not lm.module.training
+    assert lm.module.config._attn_implementation == "exactspec_grouped"
+    if dtype == torch.bfloat16:
+        assert any(type(m).__name__ == "TwoRowLinear" for m in lm.module.modules())
+    assert all(a is b for a, b in zip(model.parameters(), lm.module.parameters(), strict=True))
+    # and the stock module still computes what it computed before the adapter existed
+    with torch.inference_mode():
+        ids = torch.tensor([[1, 2, 3]])
+        stock = model.eval()(input_ids=ids).logits
+        fresh = tiny_model().to(dtype).eval()(input_ids=ids).logits
+    torch.testing.assert_close(stock, fresh, atol=0, rtol=0)

@@ -405,7 +405,7 @@ def test_after_each_round_the_cache_rolls_back_to_the_kept_tokens_without_recomp
     scheduler = Scheduler(engine, gamma=4, max_batch=len(PROMPTS), sampler=SeededSampler(seeds=[21, 22, 23]))
     handles = [scheduler.submit(Request(prompt, SAMPLED, max_new_tokens=15)) for prompt in PROMPTS]
     fed: list[tuple[int, ...]] = []
-    handle = target_model().register_forward_pre_hook(
+    handle = target.module.register_forward_pre_hook(
         lambda module, args, kwargs: fed.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
     )
     rolled_back = 0

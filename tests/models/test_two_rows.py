@@ -67,8 +67,9 @@ def test_the_adapter_switches_its_model_and_packing_still_finds_the_layers() -> 
 
     model = tiny_causal_lm(vocab_size=64, seed=0, eos_token_id=3).to(torch.bfloat16)
     adapter = HFLanguageModel(model)
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    assert linears and all(type(m) is TwoRowLinear for m in linears)
+    linears = [m for m in adapter.module.modules() if isinstance(m, nn.Linear)]
+    assert linears and all(type(m) is TwoRowLinear for m in linears)  # on the adapter's own copy
+    assert not any(type(m) is TwoRowLinear for m in model.modules())  # the caller's module as it was
     adapter.logits([[5, 6, 7]], 1)
     step = adapter.logits([[5, 6, 7, 8]], 1)[0, 0]  # a one-token step: token 8 fed alone
     adapter.clear_cache()
@@ -77,8 +78,9 @@ def test_the_adapter_switches_its_model_and_packing_still_finds_the_layers() -> 
     assert torch.equal(step, block)
 
     kept = tiny_causal_lm(vocab_size=64, seed=0, eos_token_id=3).to(torch.bfloat16)
-    HFLanguageModel(kept, two_row_linears=False)
-    assert not any(type(m) is TwoRowLinear for m in kept.modules())
+    unswitched = HFLanguageModel(kept, two_row_linears=False)
+    assert not any(type(m) is TwoRowLinear for m in unswitched.module.modules())
 
-    counts = pack_model(model, "int8")  # a switched model packs like a plain one
-    assert counts and not any(type(m) is TwoRowLinear for m in model.modules())
+    switched = adapter.module
+    counts = pack_model(switched, "int8")  # a switched model packs like a plain one
+    assert counts["packed"] and not any(type(m) is TwoRowLinear for m in switched.modules())
