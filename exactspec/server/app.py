@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import time
 import uuid
@@ -26,6 +27,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -50,7 +52,7 @@ from exactspec.decoding.scheduler import (
 )
 from exactspec.decoding.strategy import Strategy
 from exactspec.models.pair import ModelPair
-from exactspec.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from exactspec.server.schemas import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, SamplingFields
 
 DEFAULT_MODEL_NAME = "exactspec"
 DEFAULT_MAX_TOKENS = 256
@@ -399,17 +401,33 @@ def create_app(service: Service) -> FastAPI:
         }
         return {"object": "list", "data": [card]}
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=ERROR_RESPONSES)
     async def completions(body: CompletionRequest, request: Request) -> Any:
         service.check(body)
         return await _generate(service, body, service.encode_completion(body), request, chat=False)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=ERROR_RESPONSES)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         service.check(body)
         return await _generate(service, body, service.encode_chat(body), request, chat=True)
 
+    app.openapi = functools.partial(_openapi, app)  # type: ignore[method-assign]
     return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema, less the 422 responses it adds to routes with a body: this server answers an
+    invalid body with a 400 in OpenAI's error shape (`validation_error` above), which the routes
+    document instead."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        for path in schema.get("paths", {}).values():
+            for operation in path.values():
+                operation.get("responses", {}).pop("422", None)
+        for unused in ("HTTPValidationError", "ValidationError"):
+            schema.get("components", {}).get("schemas", {}).pop(unused, None)
+        app.openapi_schema = schema
+    return app.openapi_schema
 
 
 async def _generate(

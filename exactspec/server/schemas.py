@@ -141,3 +141,31 @@ class CompletionRequest(SamplingFields):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[Message] = Field(min_length=1)
+
+
+class ErrorDetail(BaseModel):
+    """OpenAI's error object."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """The body of every error response: `{"error": {"message", "type", "param", "code"}}`."""
+
+    error: ErrorDetail
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {
+        "model": ErrorResponse,
+        "description": "Invalid request: a field out of range, an unsupported parameter, a prompt "
+        "beyond the context (code context_length_exceeded), or a body that does not parse",
+    },
+    404: {"model": ErrorResponse, "description": "Unknown model (code model_not_found) or route"},
+    429: {"model": ErrorResponse, "description": "The waiting queue is full (code queue_full): retry later"},
+    500: {"model": ErrorResponse, "description": "A failure of the server's own"},
+}
+"""What the generation routes answer besides 200, as OpenAPI `responses` (the schema clients see)."""

@@ -225,6 +225,30 @@ def test_errors_have_openai_shape_and_the_server_keeps_serving(
     assert complete(model=MODEL, prompt="still", max_tokens=3, temperature=0).choices[0].text is not None
 
 
+def test_the_openapi_schema_documents_the_error_responses_the_routes_return(
+    server: tuple[str, ModelPair],
+) -> None:
+    schema = httpx.get(server[0] + "/openapi.json").json()
+    error_schema = schema["components"]["schemas"]["ErrorResponse"]
+    assert error_schema["properties"]["error"]["$ref"].endswith("/ErrorDetail")
+    assert set(schema["components"]["schemas"]["ErrorDetail"]["properties"]) == {
+        "message",
+        "type",
+        "param",
+        "code",
+    }
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        responses = schema["paths"][path]["post"]["responses"]
+        assert {"200", "400", "404", "429", "500"} <= set(responses), path
+        assert "422" not in responses  # an invalid body is answered with a 400 in OpenAI's shape
+        for status in ("400", "404", "429"):
+            body = responses[status]["content"]["application/json"]["schema"]
+            assert body["$ref"].endswith("/ErrorResponse"), (path, status)
+    # what the schema promises is what the server does: an invalid body gets a documented 400
+    invalid = httpx.post(server[0] + "/v1/chat/completions", json={"model": MODEL, "messages": "x"})
+    assert invalid.status_code == 400 and set(invalid.json()) == {"error"}
+
+
 def test_a_disconnected_stream_is_cancelled_and_frees_its_row(server: tuple[str, ModelPair]) -> None:
     base = server[0]
     before = metric(base, "exactspec_requests_total", '{outcome="cancelled"}')
