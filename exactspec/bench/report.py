@@ -490,8 +490,10 @@ def _hf_section(result: BenchResult, summary: Summary) -> list[str]:
         f"{policy.num_assistant_tokens if policy else None}, schedule "
         f"`{policy.num_assistant_tokens_schedule if policy else None}`, "
         f"assistant_confidence_threshold={threshold} ({adaptive}): the draft stops early when its own "
-        "probability of the token it drew falls below the threshold. Same models, dtype, prompts, seeds "
-        "and number of new tokens; the same sampling settings as our runs of each row.",
+        "probability of the token it drew falls below the threshold. It runs stock transformers, as its "
+        "users run it: the loaded modules with their dense weights and transformers' own attention "
+        "(our engine runs its own copies, packed when --weights says). Same prompts, seeds and number "
+        "of new tokens; the same sampling settings as our runs of each row.",
         "",
         "| sampling | generator | rounds | mean draft length | draft lengths used (length: rounds) | alpha "
         "| tokens/round | tokens/s | speedup over our plain | speedup over HF plain |",

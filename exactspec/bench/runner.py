@@ -44,6 +44,7 @@ from exactspec.bench.records import (
     Run,
 )
 from exactspec.bench.runs import run_engine, run_hf, run_llamacpp
+from exactspec.bench.timing import engine_module
 from exactspec.decoding.strategy import Strategy
 from exactspec.foundations.provenance import Machine, Provenance
 from exactspec.foundations.records import JsonRecord, field_values
@@ -404,8 +405,10 @@ def run_bench(
         environment=env,
         models=Models(
             **field_values(description or ModelSpecs()),
-            target=describe_model(pair.target_model),
-            draft=describe_model(pair.draft_model),
+            # What our engine runs (the adapters' own modules, packed when --weights says); the
+            # transformers peers run the stock modules, dense.
+            target=describe_model(engine_module(pair.target) or pair.target_model),
+            draft=describe_model(engine_module(pair.draft) or pair.draft_model),
         ),
         prompts=tuple(
             PromptRecord(name=p.name, category=p.category, tokens=len(p.ids), chat=p.chat, text=p.text)
