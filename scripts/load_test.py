@@ -1,26 +1,33 @@
 """Load test of `exactspec serve`: N concurrent streaming clients with mixed settings, speculative vs plain.
 
-For each mode (speculative: the server's gamma; plain: gamma = 0 per request, the same engine
-without a draft) and each concurrency level, it sends `max(concurrency, --min-requests)`
-streaming requests, at most `concurrency` in flight, and reports p50 / p95 time to first token,
-tokens/s per request (completion tokens / request wall time) and in total (all completion
-tokens / wall time of the level). Prompts are the built-in coding benchmark prompts (chat ones
-through /v1/chat/completions, completion prefixes through /v1/completions); settings rotate
-through greedy, T=0.7 top-p 0.9, T=1 top-k 40 and T=0.8 with a repetition penalty, every
-sampled request seeded.
+For each output length (--max-tokens, default 32 and 128), each concurrency level (default 1, 2, 4,
+8, 16) and each mode (speculative: requests leave gamma to the server; plain: `"gamma": 0` per
+request, the same server decoding with the target alone), it sends `max(concurrency,
+--min-requests)` streaming requests, at most `concurrency` in flight, and reports p50 / p95 time
+to first token, tokens/s per request (completion tokens / request wall time) and in total (all
+completion tokens / wall time of the level), and the inter-token latency of the requests already
+streaming while another one waits for its first token (p95: what a joining prompt costs them).
+Prompts are the built-in coding benchmark prompts (chat ones through /v1/chat/completions,
+completion prefixes through /v1/completions); settings rotate through greedy, T=0.7 top-p 0.9,
+T=1 top-k 40 and T=0.8 with a repetition penalty, every sampled request seeded.
+
+The server it starts is `exactspec serve`'s: the same defaults (the built-in pair, CPU weights
+auto = int4, adaptive gamma planned per round up to --gamma, --prefill-chunk), --fixed-gamma as
+in serve.
 
     # the built-in pair, started in this process (what docs/bench/serve/ was made with):
-    flock /tmp/exactspec-heavy.lock python scripts/load_test.py --out docs/bench/serve
+    python scripts/load_test.py --out docs/bench/serve
     # or drive a server that is already running:
     python scripts/load_test.py --url http://127.0.0.1:8000 --out load-out
 
-Writes `results.json`, `table.md` and `serve.png` into --out.
+Writes `results.json`, `table.md` and `serve.png` into --out, after every level.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import socket
 import statistics
@@ -29,6 +36,9 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from exactspec.decoding.scheduler import DEFAULT_PREFILL_CHUNK
+from exactspec.decoding.strategy import ADAPTIVE_DEFAULT_GAMMA
 
 SETTINGS_MIX: list[dict[str, Any]] = [
     {"temperature": 0.0},
@@ -52,11 +62,23 @@ def start_server(args: argparse.Namespace) -> str:
     """Load the pair and serve it from a thread of this process; returns the base URL."""
     import uvicorn
 
+    from exactspec.decoding.strategy import Strategy
     from exactspec.models.pair import ModelPair
     from exactspec.server.app import Service, create_app
 
-    pair = ModelPair.from_pretrained(args.target, args.draft, dtype=args.dtype, device=args.device)
-    service = Service(pair, gamma=args.gamma, max_batch=args.max_batch, max_waiting=1024)
+    pair = ModelPair.from_pretrained(
+        args.target, args.draft, dtype=args.dtype, device=args.device, weights=args.weights
+    )
+    strategy = Strategy(adaptive_gamma=not args.fixed_gamma)
+    service = Service(
+        pair,
+        gamma=args.gamma,
+        max_batch=args.max_batch,
+        max_waiting=1024,
+        strategy=strategy,
+        prefill_chunk=args.prefill_chunk,
+        progress=lambda line: print(f"[load test] {line}", file=sys.stderr, flush=True),
+    )
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -92,6 +114,7 @@ async def one_request(client: Any, index: int, gamma: int | None, max_tokens: in
     first = None
     usage = None
     stats = None
+    arrivals: list[float] = []  # when each streamed piece of text arrived
     if prompt.chat:
         stream = await client.chat.completions.create(
             messages=[{"role": "user", "content": prompt.text}], **common
@@ -101,8 +124,9 @@ async def one_request(client: Any, index: int, gamma: int | None, max_tokens: in
     async for chunk in stream:
         if chunk.choices:
             piece = chunk.choices[0].delta.content if prompt.chat else chunk.choices[0].text
-            if piece and first is None:
-                first = time.perf_counter()
+            if piece:
+                arrivals.append(time.perf_counter())
+                first = first or arrivals[-1]
         if chunk.usage is not None:
             usage = chunk.usage
             stats = (chunk.model_extra or {}).get("exactspec")
@@ -111,6 +135,9 @@ async def one_request(client: Any, index: int, gamma: int | None, max_tokens: in
     return {
         "prompt": prompt.name,
         "settings": SETTINGS_MIX[index % len(SETTINGS_MIX)],
+        "started": started,
+        "first_token_at": first or ended,
+        "arrivals": arrivals,
         "ttft": (first or ended) - started,
         "seconds": ended - started,
         "tokens": tokens,
@@ -140,6 +167,21 @@ async def run_level(base: str, concurrency: int, requests: int, gamma: int | Non
     accept = [r["acceptance_rate"] for r in results if r["acceptance_rate"] is not None]
     rounds = [r["tokens_per_round"] for r in results if r["tokens_per_round"] is not None]
     total_tokens = sum(r["tokens"] for r in results)
+    gaps = [b - a for r in results for a, b in itertools.pairwise(r["arrivals"])]
+    joining = [(r["started"], r["first_token_at"]) for r in results]
+    # Gaps of a streaming request that overlap another request's wait for its first token.
+    while_joining = [
+        later - earlier
+        for r in results
+        for earlier, later in itertools.pairwise(r["arrivals"])
+        if any(
+            begin < later and earlier < end
+            for begin, end in joining
+            if (begin, end) != (r["started"], r["first_token_at"])
+        )
+    ]
+    for r in results:  # absolute clock readings mean nothing outside this process
+        del r["started"], r["first_token_at"], r["arrivals"]
     return {
         "concurrency": concurrency,
         "requests": requests,
@@ -149,6 +191,8 @@ async def run_level(base: str, concurrency: int, requests: int, gamma: int | Non
         "ttft_p95": percentile(ttfts, 0.95),
         "tokens_per_second_per_request_p50": percentile(per_request, 0.5),
         "tokens_per_second_total": total_tokens / wall,
+        "inter_token_p95": percentile(gaps, 0.95),
+        "inter_token_p95_while_joining": percentile(while_joining, 0.95),
         "acceptance_rate_mean": statistics.fmean(accept) if accept else None,
         "tokens_per_round_mean": statistics.fmean(rounds) if rounds else None,
         "results": results,
@@ -156,50 +200,73 @@ async def run_level(base: str, concurrency: int, requests: int, gamma: int | Non
 
 
 def table(levels: dict[str, list[dict]]) -> str:
+    """One row per (output length, concurrency): speculative and plain side by side."""
     lines = [
-        "| mode | concurrent | requests | TTFT p50 (s) | TTFT p95 (s) | tokens/s per request (p50) "
-        "| tokens/s total | speculative / plain (total) | acceptance | tokens/round |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| max tokens | concurrent | requests | speculative tokens/s total | plain tokens/s total "
+        "| speculative / plain | TTFT p50 spec / plain (s) | TTFT p95 spec / plain (s) "
+        "| inter-token p95 while a request joins, spec / plain (s) | acceptance | tokens/round |",
+        "|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|",
     ]
-    plain = {level["concurrency"]: level for level in levels.get("plain", [])}
-    for mode, rows in levels.items():
-        for level in rows:
-            base = plain.get(level["concurrency"])
-            ratio = (
-                f"{level['tokens_per_second_total'] / base['tokens_per_second_total']:.2f}"
-                if mode != "plain" and base
-                else ""
-            )
-            accept = level["acceptance_rate_mean"]
-            per_round = level["tokens_per_round_mean"]
-            lines.append(
-                f"| {mode} | {level['concurrency']} | {level['requests']} | {level['ttft_p50']:.2f} | "
-                f"{level['ttft_p95']:.2f} | {level['tokens_per_second_per_request_p50']:.2f} | "
-                f"{level['tokens_per_second_total']:.2f} | {ratio} | "
-                f"{'' if accept is None else f'{accept:.2f}'} | "
-                f"{'' if per_round is None else f'{per_round:.2f}'} |"
-            )
+    keys = sorted({(level["max_tokens"], level["concurrency"]) for rows in levels.values() for level in rows})
+    by = {mode: {(lv["max_tokens"], lv["concurrency"]): lv for lv in rows} for mode, rows in levels.items()}
+
+    def pair(field: str, key: tuple[int, int]) -> str:
+        spec, plain = by.get("speculative", {}).get(key), by.get("plain", {}).get(key)
+        return " / ".join("-" if lv is None else f"{lv[field]:.2f}" for lv in (spec, plain))
+
+    for key in keys:
+        spec, plain = by.get("speculative", {}).get(key), by.get("plain", {}).get(key)
+        ratio = (
+            f"{spec['tokens_per_second_total'] / plain['tokens_per_second_total']:.2f}x"
+            if spec and plain
+            else ""
+        )
+        accept = spec["acceptance_rate_mean"] if spec else None
+        per_round = spec["tokens_per_round_mean"] if spec else None
+        requests = (spec or plain)["requests"]
+        totals = ["-" if lv is None else f"{lv['tokens_per_second_total']:.2f}" for lv in (spec, plain)]
+        lines.append(
+            f"| {key[0]} | {key[1]} | {requests} | {totals[0]} | {totals[1]} | {ratio} | "
+            f"{pair('ttft_p50', key)} | {pair('ttft_p95', key)} | "
+            f"{pair('inter_token_p95_while_joining', key)} | "
+            f"{'' if accept is None else f'{accept:.2f}'} | "
+            f"{'' if per_round is None else f'{per_round:.2f}'} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def plot(levels: dict[str, list[dict]], path: Path) -> None:
+    """Throughput and TTFT p95 by concurrency, one panel pair per output length."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for mode, rows in levels.items():
-        xs = [level["concurrency"] for level in rows]
-        left.plot(xs, [level["tokens_per_second_total"] for level in rows], marker="o", label=mode)
-        right.plot(xs, [level["ttft_p50"] for level in rows], marker="o", label=f"{mode} p50")
-        right.plot(xs, [level["ttft_p95"] for level in rows], marker="x", linestyle="--", label=f"{mode} p95")
-    left.set(xlabel="concurrent requests", ylabel="tokens/s (all requests)", title="throughput", xscale="log")
-    right.set(xlabel="concurrent requests", ylabel="seconds", title="time to first token", xscale="log")
-    for axis in (left, right):
-        axis.set_xticks([1, 4, 16], ["1", "4", "16"])
-        axis.legend()
-        axis.grid(alpha=0.3)
+    lengths = sorted({level["max_tokens"] for rows in levels.values() for level in rows})
+    figure, axes = plt.subplots(len(lengths), 2, figsize=(10, 3.6 * len(lengths)), squeeze=False)
+    for (left, right), length in zip(axes, lengths, strict=True):
+        for mode, rows in levels.items():
+            chosen = [level for level in rows if level["max_tokens"] == length]
+            xs = [level["concurrency"] for level in chosen]
+            left.plot(xs, [level["tokens_per_second_total"] for level in chosen], marker="o", label=mode)
+            right.plot(xs, [level["ttft_p95"] for level in chosen], marker="x", label=f"{mode} p95")
+        left.set(
+            xlabel="concurrent requests",
+            ylabel="tokens/s (all requests)",
+            xscale="log",
+            title=f"throughput, {length}-token outputs",
+        )
+        right.set(
+            xlabel="concurrent requests",
+            ylabel="seconds",
+            xscale="log",
+            title=f"time to first token, {length}-token outputs",
+        )
+        for axis in (left, right):
+            ticks = sorted({level["concurrency"] for rows in levels.values() for level in rows})
+            axis.set_xticks(ticks, [str(t) for t in ticks])
+            axis.legend()
+            axis.grid(alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
@@ -212,7 +279,10 @@ def write(out: Path, levels: dict[str, list[dict]], args: argparse.Namespace, ar
         "draft": args.draft,
         "dtype": args.dtype,
         "device": args.device,
+        "weights": args.weights,
         "gamma": args.gamma,
+        "adaptive_gamma": not args.fixed_gamma,
+        "prefill_chunk": args.prefill_chunk,
         "max_batch": args.max_batch,
         "max_tokens": args.max_tokens,
         "settings_mix": SETTINGS_MIX,
@@ -230,12 +300,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draft", default="default-draft")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--gamma", type=int, default=4, help="draft tokens per round (speculative mode)")
+    parser.add_argument("--weights", default="auto")
+    parser.add_argument(
+        "--gamma", type=int, default=ADAPTIVE_DEFAULT_GAMMA, help="the server's gamma (as exactspec serve's)"
+    )
+    parser.add_argument("--fixed-gamma", action="store_true", help="as exactspec serve --fixed-gamma")
+    parser.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK)
     parser.add_argument("--max-batch", type=int, default=16, help="server batch rows (default 16)")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--min-requests", type=int, default=4, help="requests per level at least (default 4)")
     parser.add_argument(
-        "--max-tokens", type=int, default=32, help="completion tokens per request (default 32)"
+        "--max-tokens", type=int, nargs="+", default=[32, 128], help="completion tokens per request"
     )
     parser.add_argument(
         "--modes", nargs="+", default=["speculative", "plain"], choices=["speculative", "plain"]
@@ -247,23 +322,31 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for concurrency in args.concurrency:  # both modes at each level: a run cut short still compares them
-        for mode in args.modes:
-            gamma = 0 if mode == "plain" else None
-            requests = max(concurrency, args.min_requests)
-            level = asyncio.run(run_level(base, concurrency, requests, gamma, args.max_tokens))
-            levels.setdefault(mode, []).append(level)
-            print(
-                f"{mode:>11} c={concurrency:<3} ttft p50 {level['ttft_p50']:.2f}s "
-                f"p95 {level['ttft_p95']:.2f}s, {level['tokens_per_second_total']:.2f} tokens/s total, "
-                f"{level['tokens_per_second_per_request_p50']:.2f} per request "
-                f"({level['wall_seconds']:.0f} s)",
-                file=sys.stderr,
-                flush=True,
-            )
-            write(out, levels, args, argv, time.perf_counter() - started)  # after every level
+    # both modes at each level, back to back: a run cut short still compares them
+    for max_tokens in args.max_tokens:
+        for concurrency in args.concurrency:
+            for mode in args.modes:
+                gamma = 0 if mode == "plain" else None
+                requests = max(concurrency, args.min_requests)
+                level = asyncio.run(run_level(base, concurrency, requests, gamma, max_tokens))
+                level["max_tokens"] = max_tokens
+                levels.setdefault(mode, []).append(level)
+                report(mode, level)
+                write(out, levels, args, argv, time.perf_counter() - started)  # after every level
     print(table(levels))
     return 0
+
+
+def report(mode: str, level: dict) -> None:
+    concurrency = level["concurrency"]
+    print(
+        f"{mode:>11} n={level['max_tokens']:<4} c={concurrency:<3} ttft p50 {level['ttft_p50']:.2f}s "
+        f"p95 {level['ttft_p95']:.2f}s, {level['tokens_per_second_total']:.2f} tokens/s total, "
+        f"{level['tokens_per_second_per_request_p50']:.2f} per request "
+        f"({level['wall_seconds']:.0f} s)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from exactspec.checking.toy import TabularModel, random_tabular_model
 from exactspec.decoding.builder import build_engine
 from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine
 from exactspec.decoding.strategy import Strategy
-from exactspec.foundations.costs import CostModel
+from exactspec.foundations.costs import BatchCosts, CostModel
 from exactspec.foundations.sampler import SeededSampler
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.base import LanguageModel
@@ -67,6 +67,9 @@ class ExactCase:
     # `Scheduler` runs with at most `max_batch` rows at a time; `settings` and `prompts` are unused.
     schedule: tuple[ScheduledRow, ...] = ()
     max_batch: int = 8
+    # Adaptive cases only: plan each round for the whole batch from made-up pass costs
+    # (`batch_costs`: what `exactspec serve` runs) instead of row by row.
+    planned: bool = False
 
     def models(self) -> tuple[TabularModel, TabularModel]:
         """(target, draft) for this case."""
@@ -113,6 +116,7 @@ class ExactCase:
                 costs=self.costs(),
                 validate=True,
                 policy_options=GRID_POLICY_OPTIONS,
+                batch_costs=GRID_BATCH_COSTS if self.planned else None,
             )
 
         return build
@@ -167,6 +171,20 @@ class AdapterCase(ExactCase):
         assert isinstance(target, HFLanguageModel)
         return FullForwardModel(target.module, target.eos_token_ids, target.vocab_size)
 
+
+GRID_BATCH_COSTS = BatchCosts(
+    rows=(1, 2, 3),
+    widths=(1, 2, 3, 4),
+    target=tuple(
+        tuple(1.0 + 0.1 * (w - 1) + 0.8 * (r - 1) * (w - 1) for w in range(1, 5)) for r in (1, 2, 3)
+    ),
+    draft=tuple(tuple(0.1 + 0.02 * (w - 1) + 0.02 * (r - 1) for w in range(1, 5)) for r in (1, 2, 3)),
+)
+"""Made-up seconds of a pass by shape for the planned (cost-aware) cases: a wide pass is cheap for one
+row and dear for two or more, so a row alone drafts (under the weak prior, 1 or 2 tokens: 1.5 / 1.2
+and 1.75 / 1.4 expected tokens per second against plain's 1.0) and rows together draft nothing (two
+rows at 1 token each: 3.0 / 2.0, against plain's 2.0 / 1.0): the gamma a row gets changes with
+who shares its round."""
 
 GRID_POLICY_OPTIONS = {"prior_accepted": 0.5, "prior_rejected": 0.5, "probe_after": 1}
 """The adaptive cases' policy settings: a prior of one pseudo-round and a probe after one round at 0, so
@@ -400,6 +418,21 @@ def scheduler_cases() -> list[ExactCase]:
             2,
             schedule=(ScheduledRow((1,), penalised, 2), ScheduledRow((2,), hot, 2)),
             max_batch=1,
+        ),
+        # Cost-aware rounds (serve's adaptive gamma): row 0 drafts while alone, nothing once row 1
+        # joins, and again after row 1 leaves; row 2 names its own gamma, which the plan keeps.
+        ExactCase(
+            "scheduler: cost-aware rounds, gamma by batch",
+            3,
+            2,
+            5,
+            schedule=(
+                ScheduledRow((1,), SamplingSettings(), 3),
+                ScheduledRow((2,), hot, 1, joins_after=1),
+                ScheduledRow((2, 1), penalised, 2, gamma=1, joins_after=2),
+            ),
+            strategy=Strategy(adaptive_gamma=True),
+            planned=True,
         ),
     ]
 

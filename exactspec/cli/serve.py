@@ -7,7 +7,6 @@ import sys
 
 from exactspec.cli.common import (
     EXIT_OK,
-    UsageError,
     add_device_argument,
     add_model_arguments,
     add_strategy_arguments,
@@ -16,6 +15,8 @@ from exactspec.cli.common import (
     positive_int,
     strategy,
 )
+from exactspec.decoding.scheduler import DEFAULT_PREFILL_CHUNK
+from exactspec.decoding.strategy import ADAPTIVE_DEFAULT_GAMMA
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -33,7 +34,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--gamma",
         type=gamma_argument,
         default=None,
-        help="default draft tokens per round (default 4 with dense weights, 2 with int4 ones)",
+        help="draft tokens per round for a request that does not name its own: the most with adaptive "
+        f"gamma (default {ADAPTIVE_DEFAULT_GAMMA}), else every round's (default 4 with dense weights, 2 with "
+        "int4 ones)",
     )
     parser.add_argument(
         "--plain", action="store_true", help="plain decoding with the target alone (no draft)"
@@ -56,11 +59,33 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         default=256,
         help="max_tokens when a request gives none (default 256)",
     )
+    parser.add_argument(
+        "--prefill-chunk",
+        type=positive_int,
+        default=DEFAULT_PREFILL_CHUNK,
+        help="prompt tokens prefilled per round for joining requests, so that running requests keep "
+        f"decoding while others join (default {DEFAULT_PREFILL_CHUNK})",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no loading progress bars")
     add_model_arguments(parser)
     add_device_argument(parser)
     add_strategy_arguments(parser)
-    parser.set_defaults(run=run)
+    speculation = next(g for g in parser._action_groups if g.title and g.title.startswith("speculation"))
+    for action in speculation._group_actions:
+        if action.dest == "adaptive_gamma":  # serve plans the batch, unlike generate's single stream
+            action.help = (
+                "the default in serve: before each round, the draft lengths of every request that "
+                "does not name its own gamma are planned together (0..--gamma each) from the measured "
+                "seconds of a pass by shape, once per pair and machine, and each request's acceptance: "
+                "the more rows a round holds, the less they draft"
+            )
+    speculation.add_argument(
+        "--fixed-gamma",
+        dest="adaptive_gamma",
+        action="store_false",
+        help="every round drafts --gamma tokens for every request that does not name its own",
+    )
+    parser.set_defaults(run=run, adaptive_gamma=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,8 +96,6 @@ def run(args: argparse.Namespace) -> int:
     from exactspec.server.app import Service, create_app
 
     chosen = strategy(args)
-    if chosen.adaptive_gamma:
-        raise UsageError("--adaptive-gamma is not available in serve yet; give a fixed --gamma")
     draft = draft_to_load(args, chosen)
     pair = ModelPair.from_pretrained(
         args.target,
@@ -83,19 +106,26 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         weights=args.weights,
     )
+    if args.gamma is not None:
+        gamma = args.gamma
+    else:
+        gamma = ADAPTIVE_DEFAULT_GAMMA if chosen.adaptive_gamma else default_gamma(pair.weights)
     service = Service(
         pair,
         model_name=args.served_model_name,
-        gamma=0 if args.plain else (default_gamma(pair.weights) if args.gamma is None else args.gamma),
+        gamma=0 if args.plain else gamma,
         max_batch=args.max_batch,
         max_waiting=args.max_waiting,
         default_max_tokens=args.max_tokens,
         strategy=chosen,
+        prefill_chunk=args.prefill_chunk,
+        progress=None if args.no_progress else lambda line: print(f"[exactspec] {line}", file=sys.stderr),
     )
     device = next(pair.target_model.parameters()).device
     print(
         f"[exactspec] serving {args.served_model_name!r} ({args.target} / {draft or 'no draft'}, "
-        f"{chosen.drafter} drafter, {chosen.verifier} verification, gamma {service.gamma}, "
+        f"{chosen.drafter} drafter, {chosen.verifier} verification, "
+        f"{'adaptive gamma up to' if chosen.adaptive_gamma and service.gamma else 'gamma'} {service.gamma}, "
         f"{pair.weights} weights, {device}) on http://{args.host}:{args.port}",
         file=sys.stderr,
     )

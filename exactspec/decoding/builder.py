@@ -19,13 +19,14 @@ from typing import NamedTuple
 
 from exactspec.decoding.engine import SpeculativeEngine
 from exactspec.decoding.gamma import ConfidenceGamma, GammaPolicy, LookupGamma
+from exactspec.decoding.planner import CostAwareGamma
 from exactspec.decoding.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_WAITING, Scheduler
 from exactspec.decoding.strategy import VERIFIERS, CostSource, Strategy
 from exactspec.drafters.base import Drafter
 from exactspec.drafters.hybrid import HybridDrafter
 from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.ngram import DEFAULT_MAX_NGRAM, NgramDrafter
-from exactspec.foundations.costs import CostModel
+from exactspec.foundations.costs import BatchCosts, CostModel
 from exactspec.foundations.metrics import Stopwatch
 from exactspec.foundations.sampler import Sampler
 from exactspec.models.base import LanguageModel
@@ -55,6 +56,7 @@ def build_components(
     costs: CostSource | None = None,
     *,
     policy_options: PolicyOptions | None = None,
+    batch_costs: BatchCosts | None = None,
 ) -> Components:
     """The drafter, verifier and gamma policy for `strategy` at (maximum) draft length `gamma`.
 
@@ -63,6 +65,10 @@ def build_components(
     such as `ModelPair.cost_model`), else measured here with `measure_cost_model` (a few seconds
     on a real pair; not cached). Prompt lookup's c is 0 whatever was measured for the draft model.
     `policy_options`: the adaptive policy's keyword arguments (default: what ships).
+    `batch_costs`: with adaptive gamma and a draft model, plan each round's draft lengths for the
+    whole batch from these measured pass costs (`exactspec.decoding.planner.CostAwareGamma`, what the
+    server runs) instead of row by row with the draft's confidence stop (`ConfidenceGamma`, a single
+    stream's best).
 
     Raises ValueError when the strategy needs a draft model and `draft` is None.
     """
@@ -83,11 +89,14 @@ def build_components(
         lengths = LookupGamma(costs_used, DEFAULT_MAX_NGRAM, **options)
         return Components(NgramDrafter(target.eos_token_ids, lengths=lengths), verifier, lengths)
     assert draft is not None
-    policy = None
-    if strategy.adaptive_gamma:
+    policy: GammaPolicy | None = None
+    stop = None
+    if strategy.adaptive_gamma and batch_costs is not None:
+        policy = CostAwareGamma(batch_costs, **options)
+    elif strategy.adaptive_gamma:
         # The cap per row from AdaptiveGamma, and within it the draft stops where it grows unsure.
-        policy = ConfidenceGamma(_cost_model(target, draft, strategy, gamma, costs), **options)
-    model_drafter = ModelDrafter(draft, target.vocab_size, stop=policy)
+        policy = stop = ConfidenceGamma(_cost_model(target, draft, strategy, gamma, costs), **options)
+    model_drafter = ModelDrafter(draft, target.vocab_size, stop=stop)
     drafter: Drafter = (
         model_drafter
         if strategy.drafter == "model"
@@ -105,6 +114,7 @@ def build_engine(
     *,
     validate: bool = True,
     policy_options: PolicyOptions | None = None,
+    batch_costs: BatchCosts | None = None,
 ) -> SpeculativeEngine:
     """A `SpeculativeEngine` over `build_components` (same arguments).
 
@@ -117,7 +127,7 @@ def build_engine(
         stopwatch = Stopwatch(draft.device)
         draft = TimedModel(draft, stopwatch)
     drafter, verifier, policy = build_components(
-        target, draft, strategy, gamma, costs, policy_options=policy_options
+        target, draft, strategy, gamma, costs, policy_options=policy_options, batch_costs=batch_costs
     )
     if stopwatch is not None:
         stopwatch.take()  # a cost measurement above ran the draft; that is not decoding time
@@ -139,20 +149,38 @@ def build_scheduler(
     sampler: Sampler | None = None,
     validate: bool = True,
     policy_options: PolicyOptions | None = None,
+    batch_costs: BatchCosts | None = None,
+    prefill_chunk: int | None = None,
 ) -> Scheduler:
     """A `Scheduler` over `build_engine`: rows draft `gamma` tokens unless their request asks otherwise.
 
     `max_gamma` (default `gamma`) is the longest draft a request may ask for: the engine's parts
-    are built for it (an adaptive policy's costs are measured up to it). The other arguments are
+    are built for it (an adaptive policy's costs are measured up to it). `batch_costs`: adaptive
+    rounds planned for the whole batch (`build_components`). `prefill_chunk`: joining rows'
+    prompts are prefilled at most this many tokens per round (`Scheduler`). The other arguments are
     the scheduler's and the engine's.
     """
     cap = gamma if max_gamma is None else max_gamma
     if cap < gamma:
         raise ValueError(f"max_gamma {cap} is below the default gamma {gamma}")
     engine = build_engine(
-        target, draft, strategy, cap, costs, validate=validate, policy_options=policy_options
+        target,
+        draft,
+        strategy,
+        cap,
+        costs,
+        validate=validate,
+        policy_options=policy_options,
+        batch_costs=batch_costs,
     )
-    return Scheduler(engine, gamma=gamma, max_batch=max_batch, max_waiting=max_waiting, sampler=sampler)
+    return Scheduler(
+        engine,
+        gamma=gamma,
+        max_batch=max_batch,
+        max_waiting=max_waiting,
+        sampler=sampler,
+        prefill_chunk=prefill_chunk,
+    )
 
 
 def _cost_model(    target: LanguageModel,

@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import torch
 
-from exactspec.decoding.gamma import GammaPolicy, record_round
+from exactspec.decoding.gamma import GammaPolicy, RoundRow, record_round
 from exactspec.decoding.records import (
     MAX_GAMMA,
     DecodeConfig,
@@ -116,6 +116,15 @@ class SpeculativeEngine:
             for role in self._row_roles():
                 role.release_rows(rows)
 
+    def prefill(self, row: int, tokens: Sequence[int]) -> None:
+        """Put a joining row's first `tokens` (a prefix of its prompt) in the target's cache ahead of its
+        first round; the logits of that pass are not needed (the round scores its own positions)."""
+        if not tokens:
+            return
+        with self.target_stopwatch.timing():
+            self.target.logits([list(tokens)], 1, rows=[row])
+        self.metrics.prefill_seconds += self.target_stopwatch.take()
+
     def _row_roles(self) -> list[RowLifecycle]:
         return [role for role in (self.target, self.drafter, self.gamma_policy) if role is not None]
 
@@ -201,12 +210,10 @@ class SpeculativeEngine:
             sampler=sampler,
             raise_round_errors=True,  # a direct caller gets the exception, as from any function
         )
-        request = Request(
-            (), config.settings, config.max_new_tokens, gamma=config.gamma, seed=None, stop=stop
-        )
-        handles = [
-            scheduler.submit(replace(request, prompt=prompt), on_event=on_event) for prompt in prompts
-        ]
+        # gamma None: each row drafts the scheduler's gamma (config.gamma), or what the gamma policy
+        # chooses up to it; seed None: the sampler's own stream for the row id.
+        request = Request((), config.settings, config.max_new_tokens, gamma=None, seed=None, stop=stop)
+        handles = [scheduler.submit(replace(request, prompt=prompt), on_event=on_event) for prompt in prompts]
         return scheduler, [handle.state for handle in handles]
 
     # ------------------------------------------------------------------ one round
@@ -236,11 +243,18 @@ class SpeculativeEngine:
             for row in active
         ]
         if self.gamma_policy is not None:
-            # docs/algorithm.md 5: a draft length chosen from past rounds only keeps the round exact.
-            max_draft = [
-                min(limit, self.gamma_policy.draft_length(row))
-                for row, limit in zip(active, max_draft, strict=True)
-            ]
+            # docs/algorithm.md 5: draft lengths chosen before the round's draws keep the round exact.
+            max_draft = self.gamma_policy.plan(
+                [
+                    RoundRow(
+                        row,
+                        limit,
+                        states[row].fixed_gamma,
+                        len(states[row].prompt) + len(states[row].generated),
+                    )
+                    for row, limit in zip(active, max_draft, strict=True)
+                ]
+            )
         # A drafter gets one SamplingSettings when every row shares it (drafters written for
         # one batch-wide setting keep working), else one per row.
         shared = all(row_settings == settings[0] for row_settings in settings)

@@ -22,22 +22,45 @@ forwards through the adapters).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from exactspec.foundations.costs import CostModel
 from exactspec.foundations.rows import RowLifecycle, RowStart
 
 
-@runtime_checkable
-class GammaPolicy(RowLifecycle, Protocol):
-    """Chooses each row's draft length before a round and learns from the round's result.
+@dataclass(frozen=True)
+class RoundRow:
+    """What a gamma policy knows of a row before a round.
 
-    State is kept per row id: `add_rows` starts a row from the prior, `release_rows` forgets it
-    (`exactspec.foundations.rows`), so rows can join and leave a running batch (the server).
+    Attributes:
+        row: the row id.
+        limit: the most draft tokens it may propose this round (its gamma, and the room left
+            before its length limit: a round emits at most draft + 1 tokens).
+        fixed: its request fixed its gamma: it drafts `limit` tokens, whatever the policy (which
+            still hears how the round went).
+        length: tokens in its history now (prompt and generated).
     """
 
-    def draft_length(self, row: int) -> int:
-        """How many tokens row `row` should draft this round (0 = no speculation)."""
+    row: int
+    limit: int
+    fixed: bool = False
+    length: int = 0
+
+
+@runtime_checkable
+class GammaPolicy(RowLifecycle, Protocol):
+    """Chooses the rows' draft lengths before a round and learns from the round's result.
+
+    State is kept per row id: `add_rows` starts a row from the prior, `release_rows` forgets it
+    (`exactspec.foundations.rows`), so rows can join and leave a running batch (the server). A
+    policy may choose each row on its own (`PerRowGamma`) or the whole batch at once
+    (`exactspec.decoding.planner.CostAwareGamma`); either way the lengths are fixed before the
+    round's draws, which keeps every round exact (docs/algorithm.md 5).
+    """
+
+    def plan(self, rows: Sequence[RoundRow]) -> list[int]:
+        """Each row's draft length this round, in 0..row.limit (exactly row.limit for a fixed row)."""
         ...
 
     def record(self, row: int, proposed: int, accepted: int) -> None:
@@ -45,7 +68,18 @@ class GammaPolicy(RowLifecycle, Protocol):
         ...
 
 
-class AdaptiveGamma:
+class PerRowGamma:
+    """`plan` for a policy that chooses each row on its own: min(limit, draft_length(row)) per free row."""
+
+    def draft_length(self, row: int) -> int:
+        """How many tokens row `row` should draft this round (0 = no speculation)."""
+        raise NotImplementedError
+
+    def plan(self, rows: Sequence[RoundRow]) -> list[int]:
+        return [r.limit if r.fixed else min(r.limit, self.draft_length(r.row)) for r in rows]
+
+
+class AdaptiveGamma(PerRowGamma):
     """Per-row gamma maximising the predicted speedup S from the row's acceptance so far, by position.
 
     Rule, per row and round. Counts over the row's past rounds that drafted, for each draft
@@ -199,7 +233,7 @@ class _RowCounts:
         self.rounds_at_zero = 0
 
 
-class LookupGamma:
+class LookupGamma(PerRowGamma):
     """Adaptive gamma for prompt lookup: `AdaptiveGamma`'s rule learned per row and per match length n.
 
     How far a lookup draft goes right depends on how long the matched suffix is: a unigram match
@@ -279,7 +313,7 @@ CONFIDENCE_BINS = 10
 """`ConfidenceGamma` calibrates acceptance in this many equal-width bins of the draft's top probability."""
 
 
-class ConfidenceGamma:
+class ConfidenceGamma(PerRowGamma):
     """`AdaptiveGamma`'s per-row cap, and within it a stop as soon as the draft grows unsure.
 
     Per row and round, `AdaptiveGamma` picks the most tokens to draft (K, 0 included). While

@@ -64,7 +64,8 @@ class RowState:
 
     `settings`, `gamma` and `max_new_tokens` override the `DecodeConfig` of the run for this row
     (None: use the config's); that is how rows of one batch sample with different settings,
-    draft lengths and length limits.
+    draft lengths and length limits. A gamma policy drafts at most `gamma` for the row, and
+    exactly `gamma` when `fixed_gamma` (its request asked for that gamma).
     """
 
     prompt: list[int]
@@ -73,6 +74,7 @@ class RowState:
     settings: SamplingSettings | None = None
     gamma: int | None = None
     max_new_tokens: int | None = None
+    fixed_gamma: bool = False  # its request fixed gamma: a gamma policy leaves its draft length alone
 
     @property
     def history(self) -> list[int]:

@@ -48,6 +48,10 @@ DEFAULT_MAX_BATCH = 8
 DEFAULT_MAX_WAITING = 64
 """Requests that may wait for a free row by default; beyond that `submit` raises `QueueFull`."""
 
+DEFAULT_PREFILL_CHUNK = 32
+"""Prompt tokens the server prefills per round for joining requests (`Scheduler(prefill_chunk=...)`):
+rows already decoding wait for at most one such chunk's forward per round."""
+
 
 class QueueFull(Exception):
     """The waiting queue is full: the caller should retry later (HTTP 429)."""
@@ -74,6 +78,8 @@ class RoundEngine(Protocol):
     def add_rows(self, rows: Sequence[RowStart]) -> None: ...
 
     def release_rows(self, rows: Sequence[int]) -> None: ...
+
+    def prefill(self, row: int, tokens: Sequence[int]) -> None: ...
 
     def round(
         self,
@@ -159,6 +165,7 @@ class Scheduler:
         max_waiting: int = DEFAULT_MAX_WAITING,
         sampler: Sampler | None = None,
         raise_round_errors: bool = False,
+        prefill_chunk: int | None = None,
     ) -> None:
         """
         Args:
@@ -173,7 +180,14 @@ class Scheduler:
             raise_round_errors: a round that raises ends its rows with an "error" event and, if
                 True, the exception then propagates out of `step` (a direct caller such as
                 `SpeculativeEngine.generate`); if False (a server) the scheduler goes on.
+            prefill_chunk: if given, a joining row's prompt is prefilled in the target before its
+                first round, this many tokens per step at most over all joining rows, each row on
+                its own (`_prefill`): rows already decoding keep a round per step while prompts
+                join. None: a joining row is prefilled inside its first round (the offline default:
+                every row joins at once, and nothing is decoding yet).
         """
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1 (or None), got {prefill_chunk}")
         if max_batch < 1 or max_waiting < 0:
             raise ValueError(f"max_batch must be >= 1 and max_waiting >= 0, got {max_batch}, {max_waiting}")
         if gamma is None:
@@ -193,6 +207,8 @@ class Scheduler:
         self._active: dict[int, RowHandle] = {}
         self._states: dict[int, RowState] = {}
         self._next_row = 0
+        self.prefill_chunk = prefill_chunk
+        self._prefilled: dict[int, int] = {}  # admitted rows still being prefilled -> prompt tokens done
         self._thread: threading.Thread | None = None
         self._stopping = False
 
@@ -219,6 +235,9 @@ class Scheduler:
                 max_new_tokens=request.max_new_tokens,
                 index=row,
             )
+            # A request that names its gamma keeps it; one that leaves it to the scheduler lets the
+            # engine's gamma policy (if any) choose up to the scheduler's gamma each round.
+            state.fixed_gamma = request.gamma is not None
             free_rows = max(0, self.max_batch - len(self._active))  # they take a request at the next round
             if len(self._waiting) >= self.max_waiting + free_rows:
                 raise QueueFull(
@@ -244,16 +263,23 @@ class Scheduler:
     # ------------------------------------------------------------------ rounds
 
     def step(self) -> bool:
-        """Admit what fits, run one round, dispatch its events. False when nothing is left to run."""
+        """Admit what fits, prefill joining rows (within the chunk budget), run one round over the rows
+        ready for it, dispatch its events. False when nothing is left to run."""
         with self._lock:
             self._drop_cancelled()
             joining: list[RowHandle] = []
             while self._waiting and len(self._active) + len(joining) < self.max_batch:
                 joining.append(self._waiting.popleft())
             self._admit(joining)
-            active = list(self._active)  # join order: row ids grow
-        if not active:
+            prefilling = [row for row in self._active if row in self._prefilled]
+        if not self._active:
             return False
+        if prefilling:
+            self._prefill(prefilling)
+        with self._lock:
+            active = [row for row in self._active if row not in self._prefilled]  # join order
+        if not active:
+            return True  # this step prefilled; the rows join a round at a later step
         try:
             output = self.engine.round(self._states, active, self.config, self.sampler, self._stop)
         except Exception as error:  # a failed round ends its rows, never the scheduler
@@ -318,7 +344,8 @@ class Scheduler:
     # ------------------------------------------------------------------ bookkeeping (lock held)
 
     def _admit(self, handles: list[RowHandle]) -> None:
-        """Rows join: the sampler starts their streams, the engine's roles set up their state."""
+        """Rows join: the sampler starts their streams, the engine's roles set up their state; with a
+        prefill chunk, their prompts are prefilled (`_prefill`) before their first round."""
         if not handles:
             return
         starts = [RowStart(handle.row, handle.request.seed) for handle in handles]
@@ -326,6 +353,41 @@ class Scheduler:
         self.engine.add_rows(starts)
         for handle in handles:
             self._active[handle.row] = handle
+            if self.prefill_chunk is not None and len(handle.state.prompt) > 1:
+                self._prefilled[handle.row] = 0
+
+    def _prefill(self, rows: list[int]) -> None:
+        """Feed the target up to `prefill_chunk` prompt tokens in all, to the rows that joined first.
+
+        Each row is fed on its own (no padding to another row's length), at most a chunk at a time,
+        so the rows already decoding wait for one chunk's forward per round, not for every joining
+        prompt. A row whose prompt (all but its last token: its first round scores that one) is in
+        the target's cache joins the next round. The draft model is not prefilled here: it catches
+        up when the row first drafts, which the gamma policy weighs (`decoding.planner`), so a row
+        that never drafts never pays for it and the first token waits for the target alone.
+        """
+        assert self.prefill_chunk is not None
+        budget = self.prefill_chunk
+        for row in rows:
+            if budget <= 0:
+                break
+            state = self._states[row]
+            done, goal = self._prefilled[row], len(state.prompt) - 1
+            upto = min(goal, done + budget)
+            try:
+                self.engine.prefill(row, state.prompt[:upto])
+            except Exception as error:  # a failed prefill ends its row, as a failed round ends its rows
+                with self._lock:
+                    self._prefilled.pop(row, None)
+                    self._retire(row, RowEvent(row, [], "error", error=f"{type(error).__name__}: {error}"))
+                if self.raise_round_errors:
+                    raise
+                continue
+            budget -= upto - done
+            if upto >= goal:
+                del self._prefilled[row]
+            else:
+                self._prefilled[row] = upto
 
     def _drop_cancelled(self) -> None:
         for handle in [h for h in self._waiting if h.cancelled.is_set()]:
@@ -342,6 +404,7 @@ class Scheduler:
         self.sampler.release_rows([row])
         handle = self._active.pop(row)
         self._states.pop(row, None)
+        self._prefilled.pop(row, None)
         handle._emit(event)
 
     def _stop(self, row: int, generated: list[int]) -> int | None:

@@ -48,6 +48,9 @@ INT4_DEFAULT_GAMMA = 2
 of 4: a block of up to 4 tokens (gamma <= 3) costs v(4) = 1.6 one-token steps, 5 tokens 2.9
 (docs/bench/packed-costs.md); gamma 2 had the best worst case over the coding prompts
 (docs/bench/packed-int4)."""
+ADAPTIVE_DEFAULT_GAMMA = 4
+"""The most draft tokens a round may give a row under adaptive gamma when no gamma is given (`serve`):
+the policy chooses 0..this each round, so a cap above the best fixed gamma costs nothing."""
 VERIFIERS: dict[str, Verifier] = {"token": verify, "block": verify_block}
 
 _BASE_NAMES = {"model": "speculative", "ngram": "ngram", "hybrid": "hybrid"}

@@ -1,13 +1,16 @@
 """What a round costs, in units of one target one-token forward (docs/algorithm.md "Measured quantities").
 
-`CostModel` holds c (a draft step) and v(k) (a k-token target pass), measured on the backend
-in use (`exactspec.models.costs.measure_cost_model`); the gamma policies and the benchmark's
-theory predict speedups from it.
+`CostModel` holds c (a draft step) and v(k) (a k-token target pass) of one row, measured on the
+backend in use (`exactspec.models.costs.measure_cost_model`); the gamma policies and the
+benchmark's theory predict speedups from it. `BatchCosts` holds the seconds of a pass by its
+shape (rows x tokens), which the server's cost-aware rounds plan with.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+
+from exactspec.foundations.records import JsonRecord
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -72,3 +75,84 @@ class CostModel:
         tokens that emit `tokens_per_round` tokens on average (whatever model predicts that number)."""
         plain_round = self.verify_costs[0]  # one plain token costs v(1)
         return tokens_per_round * plain_round / (gamma * self.draft_cost + self.verify_costs[gamma])
+
+
+@dataclass(frozen=True)
+class BatchCosts(JsonRecord):
+    """Measured seconds of one forward pass by its shape, for planning rounds of a whole batch.
+
+    A round over B rows whose longest draft is g costs one target pass of B rows x (g + 1)
+    tokens (rows with shorter drafts are padded to that width: the backend computes the padding
+    too) plus, for j = 1..g, one draft step over the rows still drafting (the first step also
+    feeds each row the tokens its draft cache lacks). These tables give both, measured on the
+    backend in use (`exactspec.models.costs.measure_batch_costs`).
+
+    Attributes:
+        rows: the row counts measured, increasing (e.g. 1, 2, 4, 8, 16).
+        widths: the tokens per row measured, increasing (1..K + 1).
+        target: seconds of a target pass, [len(rows)][len(widths)].
+        draft: seconds of a draft pass, same grid; None for a drafter without a model.
+        context_tokens: the cached tokens each row had when measured.
+    """
+
+    rows: tuple[int, ...]
+    widths: tuple[int, ...]
+    target: tuple[tuple[float, ...], ...]
+    draft: tuple[tuple[float, ...], ...] | None = None
+    context_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.rows or list(self.rows) != sorted(set(self.rows)) or self.rows[0] < 1:
+            raise ValueError(f"rows must be increasing positive counts, got {self.rows}")
+        if not self.widths or list(self.widths) != sorted(set(self.widths)) or self.widths[0] < 1:
+            raise ValueError(f"widths must be increasing positive counts, got {self.widths}")
+        for name, table in (("target", self.target), ("draft", self.draft)):
+            if table is None:
+                continue
+            if len(table) != len(self.rows) or any(len(line) != len(self.widths) for line in table):
+                raise ValueError(f"{name} must be a {len(self.rows)} x {len(self.widths)} table")
+            if any(not value > 0 for line in table for value in line):
+                raise ValueError(f"{name} seconds must be positive")
+
+    def target_seconds(self, rows: int, width: int) -> float:
+        """A target pass over `rows` rows of `width` tokens each (interpolated, see `_lookup`)."""
+        return _lookup(self.rows, self.widths, self.target, rows, width)
+
+    def draft_seconds(self, rows: int, width: int) -> float:
+        """A draft pass over `rows` rows of `width` tokens each; 0 without a draft model."""
+        if self.draft is None or rows == 0:
+            return 0.0
+        return _lookup(self.rows, self.widths, self.draft, rows, width)
+
+    def single_row(self) -> CostModel:
+        """c and v(k) of one row alone: what the per-row rules (`AdaptiveGamma`) optimise with."""
+        one = self.target_seconds(1, 1)
+        draft_cost = self.draft_seconds(1, 1) / one
+        return CostModel(draft_cost, tuple(self.target_seconds(1, w) / one for w in self.widths))
+
+
+def _lookup(
+    rows_grid: tuple[int, ...],
+    widths_grid: tuple[int, ...],
+    table: tuple[tuple[float, ...], ...],
+    rows: int,
+    width: int,
+) -> float:
+    """table at (rows, width): linear between grid points, and past the last one along the line through
+    the last two (a pass over more tokens costs more; extrapolation never goes below the last value)."""
+    if rows < 1 or width < 1:
+        raise ValueError(f"a pass has at least one row of one token, got {rows} x {width}")
+
+    def along(grid: tuple[int, ...], values: list[float], at: int) -> float:
+        if len(grid) == 1:
+            return values[0] * at / grid[0]  # one point: proportional to the tokens
+        upper = next((i for i, g in enumerate(grid) if g >= at), len(grid) - 1)
+        lower = max(upper - 1, 0)
+        if upper == lower:
+            return values[0]
+        g0, g1, v0, v1 = grid[lower], grid[upper], values[lower], values[upper]
+        value = v0 + (v1 - v0) * (at - g0) / (g1 - g0)
+        return max(value, values[-1]) if at > grid[-1] else value
+
+    by_rows = [along(widths_grid, list(line), width) for line in table]
+    return along(rows_grid, by_rows, rows)

@@ -78,6 +78,7 @@ class DecodeMetrics:
     draft_forward_seconds: float = 0.0
     target_forward_seconds: float = 0.0
     verify_seconds: float = 0.0
+    prefill_seconds: float = 0.0  # prompts fed to the target ahead of their first round (the server's)
     total_seconds: float = 0.0
 
     @property
@@ -157,6 +158,7 @@ class DecodeMetrics:
             "draft_seconds": self.draft_seconds,
             "target_seconds": self.target_seconds,
             "verify_seconds": self.verify_seconds,
+            "prefill_seconds": self.prefill_seconds,
             "draft_forward_seconds": self.draft_forward_seconds,
             "target_forward_seconds": self.target_forward_seconds,
             "overhead_seconds": self.overhead_seconds,

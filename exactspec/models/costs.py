@@ -1,13 +1,18 @@
-"""c and v(k) of a backend, measured through the `LanguageModel` protocol (docs/algorithm.md 5)."""
+"""What a backend's passes cost, measured through the `LanguageModel` protocol (docs/algorithm.md 5).
+
+`measure_cost_model`: c and v(k) of one row (the per-row gamma policies). `measure_batch_costs`:
+seconds of a pass by shape, rows x tokens (the server's cost-aware rounds,
+`exactspec.decoding.planner`).
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from exactspec.foundations.costs import CostModel
+from exactspec.foundations.costs import BatchCosts, CostModel
 from exactspec.models.base import LanguageModel
 
 COST_CONTEXT_TOKENS = 48
@@ -80,3 +85,67 @@ def _clear(models: Sequence[LanguageModel]) -> None:
         clear = getattr(model, "clear_cache", None)  # not in the protocol: toy models have no cache
         if clear is not None:
             clear()
+
+
+BATCH_ROWS = (1, 2, 4, 8, 16)
+"""Row counts `measure_batch_costs` times (up to the largest batch asked for); others are interpolated."""
+
+BATCH_REPEATS = 3
+"""Timed passes per shape; the fastest is kept, as in `measure_cost_model`."""
+
+
+def measure_batch_costs(
+    target: LanguageModel,
+    draft: LanguageModel | None,
+    max_gamma: int,
+    max_rows: int,
+    *,
+    repeats: int = BATCH_REPEATS,
+    context_tokens: int = COST_CONTEXT_TOKENS,
+    progress: Callable[[str], None] | None = None,
+) -> BatchCosts:
+    """Seconds of a target (and draft) pass by shape, rows x tokens, on a warm cache of `context_tokens`.
+
+    For each row count r in BATCH_ROWS up to `max_rows` (and `max_rows` itself): r rows with distinct
+    pseudo-random histories are prefilled, then every width w = 1..max_gamma + 1 is timed as one
+    `logits(histories, w)` call (the adapter rolls the last w tokens back and feeds them again),
+    interleaved over `repeats` rounds, the fastest of each kept. The draft model gets the same
+    shapes (its first draft step feeds each row what its cache lacks; later steps one token).
+    Both models' caches are cleared before and after. A few seconds for the default pair's int4
+    weights at 8 rows; `progress` hears one line per row count.
+    """
+    if max_gamma < 0 or max_rows < 1 or repeats < 1:
+        raise ValueError(
+            f"need max_gamma >= 0, max_rows >= 1, repeats >= 1; got {max_gamma}, {max_rows}, {repeats}"
+        )
+    widths = tuple(range(1, max_gamma + 2))
+    row_counts = tuple(sorted({r for r in BATCH_ROWS if r < max_rows} | {max_rows}))
+    length = max(context_tokens, max_gamma + 2)
+    vocab = target.vocab_size if draft is None else min(target.vocab_size, draft.vocab_size)
+    models = [m for m in (target, draft) if m is not None]
+    tables: dict[int, list[list[float]]] = {id(m): [] for m in models}
+    _clear(models)
+    for rows in row_counts:
+        if progress is not None:
+            progress(f"timing passes of {rows} row{'s' if rows > 1 else ''} x 1..{widths[-1]} tokens")
+        generator = torch.Generator().manual_seed(rows)
+        histories = [torch.randint(0, vocab, (length,), generator=generator).tolist() for _ in range(rows)]
+        ids = list(range(rows))
+        times: dict[int, dict[int, list[float]]] = {id(m): {w: [] for w in widths} for m in models}
+        for model in models:
+            model.logits(histories, 1, rows=ids)  # prefill, untimed
+            model.logits(histories, min(2, widths[-1]), rows=ids)  # untimed: first-call allocations
+        for _ in range(repeats):
+            for width in widths:
+                for model in models:
+                    started = time.perf_counter()
+                    model.logits(histories, width, rows=ids)
+                    times[id(model)][width].append(time.perf_counter() - started)
+        for model in models:
+            tables[id(model)].append([min(times[id(model)][w]) for w in widths])
+        _clear(models)
+
+    def frozen(model: LanguageModel | None) -> tuple[tuple[float, ...], ...] | None:
+        return None if model is None else tuple(tuple(line) for line in tables[id(model)])
+
+    return BatchCosts(row_counts, widths, frozen(target), frozen(draft), context_tokens=length)  # type: ignore[arg-type]

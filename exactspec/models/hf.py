@@ -203,6 +203,46 @@ class HFLanguageModel:
     # ---------------------------------------------------------------- internals
 
     def _logits(self, history_lists: list[list[int]], k: int, row_ids: list[int]) -> torch.Tensor:
+        requested = set(row_ids)
+        others = [r for r in self._row_ids if r not in requested]
+        if not others or self._cache is None:
+            return self._logits_of(history_lists, k, row_ids)
+        # Cached rows this call does not name are set aside and merged back after: riding along, each
+        # would be fed padding as wide as the widest requested feed (a prefill chunk, a draft's
+        # catch-up), and every layer would compute it. Their cache is moved, never recomputed.
+        aside = self._split_off(others)
+        logits = self._logits_of(history_lists, k, row_ids)
+        self._merge_state(aside)
+        return logits
+
+    def _split_off(self, rows: list[int]) -> tuple:
+        """The state of these cached rows, taken out of this adapter's (which keeps the other rows)."""
+        assert self._cache is not None
+        move = [b for b, r in enumerate(self._row_ids) if r in set(rows)]
+        keep = [b for b, r in enumerate(self._row_ids) if r not in set(rows)]
+        moved_index = torch.tensor(move, device=self._device)
+        moved = DynamicCache(
+            ddp_cache_data=[(keys[moved_index], values[moved_index]) for keys, values, *_ in self._cache]
+        )
+        state = (
+            moved,
+            [self._row_ids[b] for b in move],
+            [self._tokens[b] for b in move],
+            [self._slots[b] for b in move],
+            self._valid[move],
+        )
+        if not keep:
+            self.clear_cache()
+            return state
+        self._cache.batch_select_indices(torch.tensor(keep, device=self._device))
+        self._row_ids = [self._row_ids[b] for b in keep]
+        self._tokens = [self._tokens[b] for b in keep]
+        self._slots = [self._slots[b] for b in keep]
+        self._valid = self._valid[keep]
+        return state
+
+    def _logits_of(self, history_lists: list[list[int]], k: int, row_ids: list[int]) -> torch.Tensor:
+        """`_logits` for a call that names every cached row (and maybe new ones)."""
         joining = [j for j, r in enumerate(row_ids) if r not in self._row_ids]
         staying = [j for j, r in enumerate(row_ids) if r in self._row_ids]
         if not joining or not staying or self._cache is None:
@@ -240,6 +280,10 @@ class HFLanguageModel:
         holes are masked and positions count real tokens only, so a row's results do not move.
         """
         cache, row_ids, tokens, slots, valid = other
+        if self._cache is None:  # nothing here (every row of this adapter was the other's)
+            self._put_state(other)
+            self._crop_trailing_holes()
+            return
         width = max(self._valid.shape[1], valid.shape[1])
         mine = self._front_padded(self._cache, self._slots, self._valid, width)
         theirs = self._front_padded(cache, slots, valid, width)

@@ -13,14 +13,14 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from exactspec.foundations.costs import CostModel
+from exactspec.foundations.costs import BatchCosts, CostModel
 from exactspec.foundations.errors import InvalidArgument
 from exactspec.models.base import LanguageModel
-from exactspec.models.costs import measure_cost_model
+from exactspec.models.costs import measure_batch_costs, measure_cost_model
 from exactspec.models.tokenizers import check_tokenizers_compatible, end_of_generation_ids
 
 
@@ -48,7 +48,9 @@ class ModelPair:
     tokenizer: Any | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     weights: str = "bf16"
+    source: dict[str, str] | None = None  # what was loaded (specs, dtype, weights, device): keys cached costs
     _costs: CostModel | None = field(default=None, init=False, repr=False, compare=False)
+    _batch_costs: BatchCosts | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def from_models(
@@ -131,13 +133,21 @@ class ModelPair:
             )
             draft_model = draft_model.to(where)
             engine_draft = _packed_copy(draft_model, draft, weights, cache_dir)
-        return cls.from_models(
+        pair = cls.from_models(
             target_model,
             draft_model,
             tokenizer=tokenizer,
             draft_tokenizer=draft_tokenizer,
             engine_modules=(engine_target, engine_draft),
         )
+        pair.source = {
+            "target": str(target),
+            "draft": str(draft),
+            "dtype": str(dtype),
+            "weights": str(weights),
+            "device": str(where),
+        }
+        return pair
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -170,6 +180,49 @@ class ModelPair:
         if self._costs is None or self._costs.max_gamma < max_gamma:
             self._costs = measure_cost_model(self.target, self.draft, max_gamma)
         return self._costs.up_to(max_gamma)
+
+    def batch_costs(
+        self,
+        max_gamma: int,
+        max_rows: int,
+        *,
+        cache_dir: str | os.PathLike[str] | None = None,
+        progress: Callable[[str], None] | None = None,
+    ) -> BatchCosts:
+        """Seconds of a pass by shape (`models.costs.measure_batch_costs`): the server plans rounds with it.
+
+        Measured once per pair and machine: kept on the pair, and on disk in the cache folder
+        (`artefacts.measurements`) under the pair's source (specs, dtype, weights, device) and the
+        machine (CPU, cores, torch version and threads), for pairs loaded by `from_pretrained`; a
+        pair built from modules in memory measures on first use. About a minute for the default
+        pair on 2 CPU cores at 8 rows. Clears both KV caches.
+        """
+        held = self._batch_costs
+        if held is not None and held.widths[-1] >= max_gamma + 1 and held.rows[-1] >= max_rows:
+            return held
+
+        def measure() -> BatchCosts:
+            return measure_batch_costs(self.target, self.draft, max_gamma, max_rows, progress=progress)
+
+        if self.source is None:
+            costs = measure()
+        else:
+            from exactspec.artefacts.measurements import measured
+            from exactspec.foundations.provenance import machine
+
+            here = machine()
+            key = {
+                **self.source,
+                "max_gamma": max_gamma,
+                "max_rows": max_rows,
+                "machine": {"cpu": here.cpu, "cores": here.cores, "torch": here.torch},
+                "threads": here.torch_threads,
+            }
+            costs, stored = measured("batch-costs", key, BatchCosts, measure, cache_dir)
+            if stored and progress is not None:
+                progress("pass costs: measured before on this machine, read from the cache")
+        self._batch_costs = costs
+        return costs
 
     def clear_caches(self) -> None:
         """Drop every KV cache (the next call starts from the prompt)."""

@@ -46,11 +46,13 @@ from exactspec.decoding.records import Request as RowRequest
 from exactspec.decoding.scheduler import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_WAITING,
+    DEFAULT_PREFILL_CHUNK,
     QueueFull,
     RowHandle,
     Scheduler,
 )
 from exactspec.decoding.strategy import Strategy
+from exactspec.foundations.costs import BatchCosts
 from exactspec.models.pair import ModelPair
 from exactspec.server.schemas import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, SamplingFields
 
@@ -162,12 +164,21 @@ class Service:
         max_waiting: int = DEFAULT_MAX_WAITING,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         strategy: Strategy | None = None,
+        batch_costs: BatchCosts | None = None,
+        prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
+        progress: Callable[[str], None] | None = None,
     ) -> None:
-        """`strategy`: the drafter and verifier (default: the draft model, token verification). Prompt
-        lookup ("ngram") needs no draft model; adaptive gamma is not served yet."""
+        """`strategy`: the drafter, verifier and fixed or adaptive gamma (default: the draft model, token
+        verification, fixed gamma). Prompt lookup ("ngram") needs no draft model.
+
+        With adaptive gamma and a draft model, each round's draft lengths are planned for the whole
+        batch (`exactspec.decoding.planner.CostAwareGamma`, up to `gamma` for a request that leaves
+        gamma to the server) from `batch_costs`, the measured seconds of a pass by shape (default:
+        `ModelPair.batch_costs`, measured once per pair and machine, then read from the cache;
+        `progress` hears what it is doing). Adaptive prompt lookup keeps its per-row rule.
+        `prefill_chunk`: prompt tokens prefilled per round for joining rows (`Scheduler`).
+        """
         strategy = strategy or Strategy()
-        if strategy.adaptive_gamma:
-            raise ValueError("adaptive gamma is not available in the server yet; give a fixed gamma")
         if pair.tokenizer is None:
             raise ValueError("the server needs the pair's tokenizer")
         self.pair = pair
@@ -176,16 +187,25 @@ class Service:
         can_draft = pair.draft is not None or not strategy.needs_draft_model
         self.strategy = strategy
         self.gamma = gamma if can_draft else 0
+        plans = strategy.adaptive_gamma and strategy.needs_draft_model and self.gamma > 0
+        if plans and batch_costs is None:
+            batch_costs = pair.batch_costs(self.gamma, max_batch, progress=progress)
+        self.batch_costs = batch_costs if plans else None
         # Parts for the largest gamma a request may ask for: a request's own gamma caps each round.
+        # (Adaptive lookup measures its costs up to the server's gamma, its cap.)
+        lookup_costs = strategy.adaptive_gamma and not strategy.needs_draft_model
         self.scheduler: Scheduler = build_scheduler(
             pair.target,
             pair.draft,
             strategy,
             self.gamma,
-            max_gamma=MAX_GAMMA if can_draft else 0,
+            pair.cost_model,
+            max_gamma=self.gamma if lookup_costs else (MAX_GAMMA if can_draft else 0),
             max_batch=max_batch,
             max_waiting=max_waiting,
             validate=False,  # as `generate` runs: no per-round input checks in production rounds
+            batch_costs=self.batch_costs,
+            prefill_chunk=prefill_chunk,
         )
         self.metrics = ServerMetrics(self.scheduler)
         self.default_max_tokens = default_max_tokens

@@ -16,7 +16,7 @@ from exactspec.checking.grid import (
 )
 from exactspec.checking.toy import random_tabular_model
 from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine
-from exactspec.decoding.gamma import AdaptiveGamma, ConfidenceGamma, GammaPolicy, LookupGamma
+from exactspec.decoding.gamma import AdaptiveGamma, ConfidenceGamma, GammaPolicy, LookupGamma, PerRowGamma
 from exactspec.decoding.strategy import Strategy
 from exactspec.drafters import ModelDrafter
 from exactspec.drafters.ngram import DEFAULT_MAX_NGRAM, NgramDrafter
@@ -252,7 +252,7 @@ def test_confidence_gamma_stops_where_the_costs_end_and_checks_the_order() -> No
         policy.keep_drafting(0, 4, 0.5)
 
 
-class RecordingStop:
+class RecordingStop(PerRowGamma):
     """Wraps a ConfidenceGamma and counts early stops (the policy said stop with room left in the cap)
     in `counts`, which the wrappers of every enumerated path share."""
 
@@ -298,7 +298,7 @@ def test_the_exact_check_sees_the_draft_stop_early_and_go_on() -> None:
     assert counts["early stops"] > 0 and counts["continued"] > 0, counts
 
 
-class ScriptedPolicy:
+class ScriptedPolicy(PerRowGamma):
     """Row r drafts script[r][k] tokens in its k-th round; records every report."""
 
     def __init__(self, script: dict[int, list[int]]) -> None:
@@ -367,7 +367,7 @@ def test_adaptive_gamma_is_exact(case: ExactCase) -> None:
     assert result.total_variation <= EXACT_TOLERANCE, result.total_variation
 
 
-class RecordingPolicy:
+class RecordingPolicy(PerRowGamma):
     """Wraps a policy and counts the (row, proposed) pairs the engine reports into a shared `proposed`."""
 
     def __init__(self, inner: AdaptiveGamma, proposed: collections.Counter[tuple[int, int]]) -> None:
@@ -388,7 +388,7 @@ class RecordingPolicy:
         self.inner.record(row, proposed, accepted)
 
 
-class RecordingLookupPolicy:
+class RecordingLookupPolicy(PerRowGamma):
     """Wraps a LookupGamma and counts the (match length, length chosen) pairs the drafter asks for."""
 
     def __init__(self, inner: LookupGamma, chosen: collections.Counter[tuple[int, int]]) -> None:

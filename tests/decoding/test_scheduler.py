@@ -14,6 +14,7 @@ from exactspec.decoding import engine as engine_module
 from exactspec.decoding.engine import SpeculativeEngine
 from exactspec.decoding.scheduler import QueueFull, Request, Scheduler
 from exactspec.drafters.model import ModelDrafter
+from exactspec.foundations.sampler import SeededSampler
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.hf import HFLanguageModel
 
@@ -184,3 +185,41 @@ def test_the_scheduler_grid_catches_an_engine_that_ignores_per_row_settings(monk
 def test_scheduler_rows_draw_on_the_models_device():
     scheduler = toy_scheduler()
     assert scheduler.sampler.device == torch.device("cpu")
+
+
+def test_joining_prompts_are_prefilled_in_chunks_while_running_rows_keep_decoding():
+    target = HFLanguageModel(tiny_causal_lm(vocab_size=64, seed=0).double(), eos_token_ids=[63])
+    fed: list[tuple[int, ...]] = []
+    hook = target.module.register_forward_pre_hook(
+        lambda module, args, kwargs: fed.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    try:
+        scheduler = Scheduler(SpeculativeEngine(target), gamma=0, prefill_chunk=4, sampler=SeededSampler(0))
+        running = scheduler.submit(
+            Request([5, 6], SamplingSettings(temperature=0), max_new_tokens=30, seed=0)
+        )
+        scheduler.step()  # a 2-token prompt: its 1 token ahead of the last is fed, then its first round
+        assert running.rounds == 1
+        long_prompt = list(range(10, 21))  # 11 tokens: 10 to prefill, in chunks of at most 4
+        joining = scheduler.submit(
+            Request(long_prompt, SamplingSettings(temperature=0), max_new_tokens=3, seed=1)
+        )
+        fed.clear()
+        steps = 0
+        while joining.rounds == 0:
+            before = running.rounds
+            scheduler.step()
+            steps += 1
+            assert running.rounds == before + 1  # the running row decodes at every step meanwhile
+        assert steps == 3  # chunks of 4, 4 and 2 tokens; the step of the last one also runs its first round
+        assert [shape for shape in fed if shape[0] == 1 and shape[1] > 1][:3] == [(1, 4), (1, 4), (1, 2)]
+        scheduler.run_until_idle()
+    finally:
+        hook.remove()
+    # float64: what a chunked prefill computes is what one pass computes, so the tokens are those of
+    # the same request served without chunks
+    alone_target = HFLanguageModel(target.module, eos_token_ids=[63])
+    alone = Scheduler(SpeculativeEngine(alone_target), gamma=0, sampler=SeededSampler(0))
+    handle = alone.submit(Request(long_prompt, SamplingSettings(temperature=0), max_new_tokens=3, seed=1))
+    alone.run_until_idle()
+    assert joining.generated == handle.generated and len(joining.generated) == 3

@@ -19,3 +19,14 @@ def test_measured_cost_model_is_normalised() -> None:
         costs.up_to(5)
 
 
+
+
+def test_batch_costs_are_measured_for_every_shape_up_to_the_largest_batch() -> None:
+    from exactspec.models.costs import measure_batch_costs
+
+    costs = measure_batch_costs(TARGET, DRAFT, max_gamma=2, max_rows=6, repeats=1)
+    assert costs.rows == (1, 2, 4, 6) and costs.widths == (1, 2, 3)
+    assert costs.draft is not None and all(value > 0 for line in costs.target for value in line)
+    assert measure_batch_costs(TARGET, None, max_gamma=1, max_rows=1, repeats=1).draft is None
+    with pytest.raises(ValueError):
+        measure_batch_costs(TARGET, DRAFT, max_gamma=1, max_rows=0)

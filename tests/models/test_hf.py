@@ -192,16 +192,19 @@ def test_subset_of_rows_after_a_row_finishes():
             torch.testing.assert_close(out[b, 0], reference(model, histories[r], 1)[0], atol=ATOL, rtol=0)
 
 
-def test_rows_that_are_not_named_keep_their_cache_and_ride_along():
-    """A call naming some of the cached rows (a drafter whose other rows stopped early) loses nothing."""
+def test_rows_that_are_not_named_keep_their_cache_and_are_not_computed():
+    """A call naming some of the cached rows (a drafter whose other rows stopped early, a prefill chunk)
+    feeds only those; the others are set aside and keep their cache."""
     model = tiny_model()
     lm = HFLanguageModel(model)
     histories = [[1, 2, 3, 4], [5, 6], [7, 8, 9]]
     lm.logits(histories)
-    histories[1] = histories[1] + [10]
-    out = lm.logits([histories[1]], rows=[1])
-    torch.testing.assert_close(out[0, 0], reference(model, histories[1], 1)[0], atol=ATOL, rtol=0)
-    assert lm.cached_rows == [0, 1, 2]
+    histories[1] = histories[1] + [10, 12, 13]
+    with fed_shapes(lm.module) as shapes:
+        out = lm.logits([histories[1]], num_positions=3, rows=[1])
+    assert shapes == [(1, 3)]  # row 1 alone: rows 0 and 2 were not fed padding
+    torch.testing.assert_close(out[0, 2], reference(model, histories[1], 1)[0], atol=ATOL, rtol=0)
+    assert sorted(lm.cached_rows) == [0, 1, 2]
     with fed_shapes(lm.module) as shapes:  # the adapter runs its own copy of the module
         histories = [h + [11] for h in histories]
         order = [2, 0, 1]  # any order

@@ -65,8 +65,21 @@ def test_serve_passes_weights_and_uses_the_chosen_drafter_and_verifier(
     assert service.scheduler.engine.verifier is verify_block
 
 
-def test_serve_refuses_adaptive_gamma_and_hybrid_without_a_draft(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["serve", "--adaptive-gamma"]) == 2
-    assert "--adaptive-gamma" in capsys.readouterr().err
+def test_serve_plans_rounds_by_default_and_fixed_gamma_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    from exactspec.decoding.planner import CostAwareGamma
+    from exactspec.decoding.strategy import ADAPTIVE_DEFAULT_GAMMA
+
+    _, served = _capture_serve(monkeypatch, [])
+    service = served["app"].state.service
+    assert service.strategy.adaptive_gamma and service.gamma == ADAPTIVE_DEFAULT_GAMMA
+    assert isinstance(service.scheduler.engine.gamma_policy, CostAwareGamma)
+    assert service.batch_costs is not None and service.batch_costs.widths[-1] == ADAPTIVE_DEFAULT_GAMMA + 1
+    _, served = _capture_serve(monkeypatch, ["--fixed-gamma", "--gamma", "3"])
+    service = served["app"].state.service
+    assert not service.strategy.adaptive_gamma and service.scheduler.engine.gamma_policy is None
+    assert service.gamma == 3
+
+
+def test_serve_refuses_hybrid_without_a_draft(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--drafter", "hybrid", "--draft", "none"]) == 2
     assert "--drafter hybrid" in capsys.readouterr().err

@@ -1,0 +1,171 @@
+"""Cost-aware rounds: every row's draft length chosen together, for the batch's expected tokens per second.
+
+Why the batch and not each row alone. A round over B rows whose longest draft is g costs one
+target pass of B rows x (g + 1) tokens (the backend pads shorter drafts to that width and computes
+the padding) plus g draft steps over the rows still drafting. On a CPU the target pass costs more
+the more tokens it scores (torch's int4 kernel: 4 rows 1.85x one row, 5 rows 3.7x), so a batch that
+plain decoding already fills gains nothing from extra draft tokens, while a row alone gains from
+several. One gamma for every batch size drafts too much under load and too little alone
+(issue 21's measurement: 0.69x of plain at 4 concurrent requests with gamma 2). vLLM sets draft
+lengths per batch size by hand (`num_speculative_tokens_per_batch_size`); SmartSpec / TurboSpec
+(arXiv 2406.14066) choose them from a goodput model. Here the costs are measured
+(`exactspec.models.costs.measure_batch_costs`) and each row brings its own acceptance estimate.
+
+The rule, before each round. Row b has position acceptance rates a_{b,1..K} (`AdaptiveGamma`'s
+per-position estimate from its own finished rounds, under the prior) and, if it drafts, a draft
+cache lag l_b (tokens of its history the draft model has not seen yet: 1 or 2 after a round it
+drafted, more after rounds it did not, its prompt when it has never drafted; that catch-up is
+spread over CATCH_UP_ROUNDS rounds, see `_cost`). For every cap G = 0..the largest limit:
+
+    free rows' draft tokens (at most G each) are added one at a time, best first, by their
+    marginal expected token m_{b,j} = a_{b,1} ... a_{b,j} (row b's j-th draft token is emitted
+    only if every one before it was kept; within a row these only fall, so the order is each
+    row's own);
+    after each addition the round's value is evaluated:
+
+        E    = sum_b (1 + m_{b,1} + ... + m_{b,g_b})                 expected tokens emitted
+        cost = T(B, g + 1) + D(r_1, max lag) + D(r_2, 1) + ... + D(r_g, 1)
+               (g = the longest draft, at most G; r_j = rows drafting at least j tokens)
+        value = E / cost                                            expected tokens per second
+
+and the best drafts found over every G is the plan (a cap G keeps one well-accepted row from
+widening every row's block). Rows whose request fixed its gamma draft exactly that. No draft at
+all is a plain round (value B / T(B, 1)).
+
+Exactness: the plan depends on the rows' finished rounds, their lengths and the measured costs,
+all known before the round's draws, so each round is exact given its history and so is the
+output (docs/algorithm.md 5). A row's draft length now depends on which rows share the batch,
+so a seeded request's tokens may depend on the load; its law does not (docs/algorithm.md 6).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from exactspec.decoding.gamma import AdaptiveGamma, RoundRow
+from exactspec.foundations.costs import BatchCosts
+from exactspec.foundations.rows import RowStart
+
+CATCH_UP_ROUNDS = 8
+"""The rounds a draft cache's catch-up (its prompt, or the tokens of rounds it sat out) is spread over
+when a round's cost is estimated: a horizon, not a measurement (a 64-token answer at 2 to 3 tokens a
+round runs 20 to 30 rounds; 8 leaves room for rows that end sooner)."""
+
+
+class CostAwareGamma:
+    """Plans each round's draft lengths for the whole batch from measured costs (the module docstring).
+
+    >>> costs = BatchCosts(rows=(1, 4), widths=(1, 2, 3), target=((1.0, 1.1, 1.2), (1.2, 3.0, 5.0)),
+    ...                    draft=((0.3, 0.4, 0.5), (0.4, 0.6, 0.8)))
+    >>> policy = CostAwareGamma(costs)
+    >>> policy.add_rows([RowStart(0)])
+    >>> policy.plan([RoundRow(0, limit=2, length=3)])  # alone: drafting pays (target width is cheap)
+    [2]
+    >>> policy.add_rows([RowStart(r) for r in (1, 2, 3)])
+    >>> policy.plan([RoundRow(r, limit=2, length=3) for r in range(4)])  # four rows: width costs
+    [0, 0, 0, 0]
+    """
+
+    def __init__(self, costs: BatchCosts, **adaptive: float) -> None:
+        """costs: seconds of the target and draft passes by shape; `adaptive`: `AdaptiveGamma`'s keyword
+        arguments for the per-row acceptance estimates (prior, memory)."""
+        self.costs = costs
+        self.rates = AdaptiveGamma(costs.single_row(), **adaptive)  # type: ignore[arg-type]
+        self._seen: dict[int, int] = {}  # row -> tokens of its history the draft model has seen
+        self._planned: dict[int, tuple[int, int]] = {}  # row -> (length, draft) of this round's plan
+
+    @property
+    def max_gamma(self) -> int:
+        """The longest draft the costs were measured for (a block of max_gamma + 1 tokens)."""
+        return self.costs.widths[-1] - 1
+
+    def add_rows(self, rows: Sequence[RowStart]) -> None:
+        self.rates.add_rows(rows)
+        for start in rows:
+            self._seen[start.row] = 0
+            self._planned.pop(start.row, None)
+
+    def release_rows(self, rows: Sequence[int]) -> None:
+        self.rates.release_rows(rows)
+        for row in rows:
+            self._seen.pop(row, None)
+            self._planned.pop(row, None)
+
+    def plan(self, rows: Sequence[RoundRow]) -> list[int]:
+        if not rows:
+            return []
+        fixed = [r.limit if r.fixed else 0 for r in rows]
+        # Marginal expected tokens of each free row's j-th draft token, j = 1..its limit.
+        marginals: list[tuple[float, int, int]] = []  # (m_{b,j}, b, j)
+        for b, r in enumerate(rows):
+            if r.fixed:
+                continue
+            reach = 1.0
+            for j, rate in enumerate(self.rates.position_rates(r.row)[: min(r.limit, self.max_gamma)]):
+                reach *= rate
+                marginals.append((reach, b, j + 1))
+        marginals.sort(key=lambda item: (-item[0], item[1], item[2]))
+        lags = [max(1, r.length - self._seen.get(r.row, 0)) for r in rows]
+        fresh = [self._seen.get(r.row, 0) == 0 for r in rows]
+        fixed_expected = sum(self._expected(r.row, fixed[b]) for b, r in enumerate(rows) if r.fixed)
+        narrowest = max(fixed, default=0)
+        best_value, best = -1.0, list(fixed)
+        for width_gamma in range(narrowest, max((r.limit for r in rows), default=0) + 1):
+            drafts = list(fixed)
+            expected = fixed_expected + sum(1.0 for r in rows if not r.fixed)
+            candidates = iter(m for m in marginals if m[2] <= width_gamma)
+            while True:
+                value = expected / self._cost(drafts, lags, fresh)
+                if value > best_value:
+                    best_value, best = value, list(drafts)
+                step = next(candidates, None)
+                if step is None:
+                    break
+                reach, b, j = step
+                drafts[b] = j  # the marginals of one row come in order 1, 2, ...
+                expected += reach
+        for b, r in enumerate(rows):
+            self._planned[r.row] = (r.length, best[b])
+        return best
+
+    def record(self, row: int, proposed: int, accepted: int) -> None:
+        self.rates.record(row, proposed, accepted)
+        length, planned = self._planned.pop(row, (None, 0))
+        if length is not None and proposed > 0:
+            # The draft fed the history and its first proposed - 1 tokens; the kept prefix is what its
+            # cache still holds next round (`LanguageModel.logits` rolls back the rest).
+            self._seen[row] = length + min(accepted, proposed - 1)
+
+    def _expected(self, row: int, draft: int) -> float:
+        """1 + a_1 + a_1 a_2 + ... (draft terms): the row's expected tokens this round."""
+        expected, reach = 1.0, 1.0
+        for rate in self.rates.position_rates(row)[:draft]:
+            reach *= rate
+            expected += reach
+        return expected
+
+    def _cost(self, drafts: Sequence[int], lags: Sequence[int], fresh: Sequence[bool]) -> float:
+        """Seconds of the round: the target pass over the block (as wide as the longest draft + 1: shorter
+        drafts are padded to it), and the draft steps over the rows still drafting.
+
+        The first draft step also feeds each row what its draft cache lacks: rows the draft has seen
+        before together, padded to the longest lag; a row it has never seen on its own (its prompt,
+        the adapters prefill joining rows apart). That catch-up is paid once and serves the rounds
+        after it, so only 1 / CATCH_UP_ROUNDS of what it costs beyond a one-token step is charged
+        to this round (charged in full, a row the draft has not seen would never start drafting).
+        """
+        longest = max(drafts, default=0)
+        seconds = self.costs.target_seconds(len(drafts), longest + 1)
+        for j in range(1, longest + 1):
+            drafting = [b for b, g in enumerate(drafts) if g >= j]
+            seconds += self.costs.draft_seconds(len(drafting), 1)
+            if j > 1:
+                continue
+            seen = [b for b in drafting if not fresh[b]]
+            catch_up = 0.0
+            if seen:
+                catch_up += self.costs.draft_seconds(len(seen), max(lags[b] for b in seen))
+                catch_up -= self.costs.draft_seconds(len(seen), 1)
+            catch_up += sum(self.costs.draft_seconds(1, lags[b]) for b in drafting if fresh[b])
+            seconds += catch_up / CATCH_UP_ROUNDS
+        return seconds
