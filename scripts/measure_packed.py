@@ -11,7 +11,7 @@ one forward pass, and the per-position total variation distance between their ne
 distributions (T = 1, softmax of the logits) is summarised (mean, median, 90th percentile,
 max) with the fraction of positions whose argmax agrees.
 
-    python scripts/measure_packed.py --out docs/bench/packed-costs
+    python scripts/measure_packed.py --out docs/bench/packed-costs/report
 """
 
 from __future__ import annotations
@@ -108,7 +108,9 @@ def main() -> int:
         default="1,2,4",
         help="for the first int4 format: also time k-token blocks scored in pieces of this many rows",
     )
-    parser.add_argument("--out", default="docs/bench/packed-costs", help="writes OUT.json and OUT.md")
+    parser.add_argument(
+        "--out", default="docs/bench/packed-costs/report", help="writes OUT.json and OUT.md"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     formats = [w.strip() for w in args.weights.split(",") if w.strip()]

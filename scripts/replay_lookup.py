@@ -9,7 +9,8 @@ for a given speedup, and which n-gram range and gamma keep the most. The predict
 the run's own v(k) (c = 0): tokens/round / v(proposal + 1), where v past the measured k is taken
 as the largest measured one.
 
-    python scripts/replay_lookup.py docs/bench/lookup/bench.json --ngrams 1-2,1-4 --gammas 8,16 --adaptive
+    python scripts/replay_lookup.py docs/bench/lookup-adaptive/bench.json \
+        --ngrams 1-2,1-4 --gammas 8,16 --adaptive
 
 `--adaptive` adds adaptive lookup (`exactspec.decoding.gamma.LookupGamma`: draft length per match length)
 choosing with the run's v(k); a real run chooses with `measure_cost_model`'s, which differ a little.

@@ -118,10 +118,12 @@ def output_folder(flag: str, folder: str) -> Path:
     return path
 
 
-def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
-    """The sampling flags shared by every command that samples."""
+def add_sampling_arguments(parser: argparse.ArgumentParser, temperature: float = 1.0) -> None:
+    """The sampling flags shared by every command that samples; `temperature` is the command's default."""
     group = parser.add_argument_group("sampling (define p and q; Hugging Face semantics)")
-    group.add_argument("--temperature", type=finite_float, default=1.0, help="0 = greedy (default 1.0)")
+    group.add_argument(
+        "--temperature", type=finite_float, default=temperature, help=f"0 = greedy (default {temperature:g})"
+    )
     group.add_argument(
         "--top-k", type=non_negative_int, default=0, help="keep the k most likely tokens (0 = off)"
     )

@@ -54,8 +54,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     add_strategy_arguments(parser)
     add_model_arguments(parser)
     add_device_argument(parser)
-    add_sampling_arguments(parser)
-    parser.set_defaults(run=run, temperature=0.0)
+    add_sampling_arguments(parser, temperature=0.0)  # generate is greedy unless asked
+    parser.set_defaults(run=run)
 
 
 def read_prompt(args: argparse.Namespace) -> str:

@@ -100,7 +100,8 @@ class AdaptiveGamma(PerRowGamma):
     what a draft of the target's own family gets: the first rounds draft 2 for the default pair
     (c = 0.39), and one early rejection no longer sends a row to gamma 0 (with the earlier
     Beta(1, 1), r = 1/3 after it, and grounded-edit-retry at the realistic row spent 16 of 35
-    rounds at 0 in docs/bench/round2 though its first draft token was accepted 16 times in 19).
+    rounds at 0 in the round-2 bench (commit 80bf7eb) though its first draft token was accepted 16 times
+    in 19).
     a_j is the acceptance rate at position j given that the round reached it, each shrunk
     towards the one before it, so a position with little evidence inherits its neighbour's rate
     and an untried position (n_j = 0) the deepest tried one's. Acceptance is not independent from
@@ -239,7 +240,8 @@ class LookupGamma(PerRowGamma):
     How far a lookup draft goes right depends on how long the matched suffix is: a unigram match
     (the last token occurred before) is often a token that recurs in many places, a 4-gram match
     usually the very span being copied. Replaying the greedy answers of the bench's grounded prompts
-    (docs/bench/lookup, gamma 8): unigram matches kept 0.3 to 1.7 of their 7.5 proposed tokens a round,
+    (docs/bench/lookup-adaptive, gamma 8): unigram matches kept 0.3 to 1.7 of their 7.5 proposed tokens a
+    round,
     4-gram matches 3.5 to 7.2 of 8. One acceptance rate per row mixes the two, and with c = 0 and
     v(9) above v(2) the unigram rounds pay for long blocks they rarely keep. So each (row, n) pair
     has its own statistics and choice (`AdaptiveGamma` over keys row * (max_ngram + 1) + n, with the

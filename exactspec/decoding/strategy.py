@@ -41,12 +41,13 @@ VerifierName = Literal["token", "block"]
 DRAFTERS: tuple[DrafterName, ...] = ("model", "ngram", "hybrid")
 
 DENSE_DEFAULT_GAMMA = 4
-"""Draft length when none is given, dense weights: the best median of the default pair's bench
-(bfloat16, 2 cores: docs/bench/quick-report.md)."""
+"""Draft length when none is given, dense weights: the best median of the default pair's quick bench
+(bfloat16, 2 cores, commit ea5796b). A later run with two-row linears (docs/bench/round4) had gamma 2
+ahead on the median (1.32x against 1.25x at T=0) and gamma 4 ahead on the best prompts."""
 INT4_DEFAULT_GAMMA = 2
 """Draft length when none is given, packed int4 weights. torch's int4 CPU kernel scores rows in tiles
 of 4: a block of up to 4 tokens (gamma <= 3) costs v(4) = 1.6 one-token steps, 5 tokens 2.9
-(docs/bench/packed-costs.md); gamma 2 had the best worst case over the coding prompts
+(docs/bench/packed-costs); gamma 2 had the best worst case over the coding prompts
 (docs/bench/packed-int4)."""
 ADAPTIVE_DEFAULT_GAMMA = 4
 """The most draft tokens a round may give a row under adaptive gamma when no gamma is given (`serve`):

@@ -15,15 +15,18 @@ class SamplingSettings:
     The same settings, applied by `exactspec.foundations.transforms.probabilities`, build
     p for the target and q for the draft (docs/algorithm.md section 4). Each transform
     follows Hugging Face's definition so that results are comparable with
-    `transformers.generate`.
+    `transformers.generate`, except where ties decide (top-p, below).
 
     Attributes:
         temperature: 0 means greedy (one-hot on the argmax, ties broken by the
             lowest id); otherwise logits are divided by it.
         top_k: keep the k highest logits (ties with the k-th are kept, as in
             Hugging Face); 0 disables.
-        top_p: nucleus sampling, keep the smallest set of most likely tokens
-            whose mass reaches top_p; 1.0 disables.
+        top_p: nucleus sampling, Hugging Face's rule: sort ascending, remove the
+            tokens whose cumulative mass is <= 1 - top_p, always keep the most
+            likely; 1.0 disables. Among tokens tied at the cut, the highest ids
+            are kept (a stable sort); Hugging Face's unstable sort may keep other
+            tied ids, so on a tie at the cut the two can keep different tokens.
         min_p: drop tokens whose probability is below min_p times the largest
             probability; 0.0 disables.
         repetition_penalty: Hugging Face's penalty on every token already in the

@@ -23,7 +23,7 @@ exactly as it would be alone, and the verifier's block pass equals one-token
 passes bit for bit (docs/bench/numerics-int4: 384 positions, k = 3 and 5).
 The price: scores are rounded to bfloat16, so the dense bfloat16 model is
 further from its float32 self than with SDPA, which accumulates in float32
-(median per-position TV at T = 1: 0.0056 against 0.0032, docs/bench/numerics.md).
+(median per-position TV at T = 1: 0.0056 against 0.0032, docs/bench/numerics-two-rows).
 A variant computing scores and values in float32 broke the identity (block vs
 one-token TV up to 0.044 at k = 5, int4) and was not kept.
 

@@ -222,7 +222,7 @@ class PackedInt8Linear(nn.Module):
         flat = x.reshape(-1, self.in_features).to(self.scales.dtype).contiguous()  # [M, K]
         if flat.shape[0] == 1:
             # The kernel's one-row path is ~10x slower than its two-row path on this CPU
-            # (docs/bench/packed-costs.md: 1220 ms vs 122 ms a step): score the row twice.
+            # (docs/bench/packed-costs: 1220 ms vs 122 ms a step): score the row twice.
             out = torch.ops.aten._weight_int8pack_mm(
                 flat.expand(2, -1).contiguous(), self.weight_int8, self.scales
             )

@@ -1,6 +1,6 @@
-"""Probe for docs/bench/numerics.md: can a bfloat16 one-token pass be bit-identical to the block pass?
+"""Probe for docs/bench/numerics-two-rows: can a bfloat16 one-token pass be bit-identical to the block pass?
 
-Run: PYTHONPATH=. python docs/bench/batch_invariance_probe.py  (a random bfloat16 Qwen2 with the
+Run: PYTHONPATH=. python scripts/batch_invariance_probe.py  (a random bfloat16 Qwen2 with the
 default target's layer shapes, 2 of its 28 layers; no model download; about a minute on 2 cores),
 or with --default-target: the built-in 1.5B target in bfloat16, on the first bench prompt.
 

@@ -1,0 +1,79 @@
+"""README and docs/ stay true to the tree: links resolve, the layout table is whole, cli.md is current."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import exactspec
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = Path(exactspec.__file__).parent
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def documents() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def local_links(document: Path) -> list[str]:
+    """Relative link targets of a Markdown file (web links and in-page anchors left out)."""
+    targets = []
+    for target in LINK.findall(document.read_text()):
+        if re.match(r"[a-z]+:", target) or target.startswith("#"):
+            continue
+        targets.append(target.split("#", 1)[0])
+    return targets
+
+
+def broken_links(document: Path) -> list[str]:
+    return [t for t in local_links(document) if not (document.parent / t).exists()]
+
+
+def test_broken_link_check_finds_a_planted_broken_link(tmp_path: Path) -> None:
+    (tmp_path / "there.md").write_text("x")
+    page = tmp_path / "page.md"
+    page.write_text("[ok](there.md) [web](https://example.org) [anchor](#a) [gone](missing/report.md#x)")
+    assert broken_links(page) == ["missing/report.md"]
+
+
+def test_every_linked_file_exists() -> None:
+    assert len(documents()) > 5
+    broken = {str(d.relative_to(ROOT)): broken_links(d) for d in documents() if broken_links(d)}
+    assert not broken, broken
+
+
+def layout_table() -> dict[str, set[str]]:
+    """README's layout table: folder -> the module names its row lists."""
+    section = (ROOT / "README.md").read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and (folder := re.fullmatch(r"`(\w+)/`", cells[0])):
+            rows[folder.group(1)] = set(re.findall(r"`(\w+)`", cells[1]))
+    return rows
+
+
+def test_readme_layout_table_names_every_module() -> None:
+    table = layout_table()
+    for folder in sorted(p for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()):
+        modules = {p.stem for p in folder.glob("*.py")} - {"__init__"}
+        assert folder.name in table, f"README layout table has no row for {folder.name}/"
+        listed = table[folder.name]
+        assert modules == listed, f"{folder.name}/: missing {modules - listed}, gone {listed - modules}"
+
+
+def test_cli_reference_is_current() -> None:
+    script = ROOT / "scripts" / "cli_reference.py"
+    done = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_bench_index_lists_every_report_folder() -> None:
+    bench = ROOT / "docs" / "bench"
+    listed = {target.split("/", 1)[0] for target in local_links(bench / "README.md")}
+    folders = {p.name for p in bench.iterdir() if p.is_dir()}
+    assert folders == listed, f"unlisted: {sorted(folders - listed)}, gone: {sorted(listed - folders)}"
+    assert not [p.name for p in bench.iterdir() if p.suffix == ".py"], "scripts belong in scripts/"
