@@ -12,5 +12,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$0" -nt "$stamp" ]
   .venv/bin/python -m pip install --quiet --upgrade pip
   .venv/bin/python -m pip install --quiet "torch==2.13.0"
   .venv/bin/python -m pip install --quiet -e ".[hf,dev,serve]"
+  # llama.cpp backend (exactspec.models.llamacpp), built from source once (about 12 minutes on 2 cores;
+  # pip caches the wheel). A native build (-march=native) segfaults on its first decode on our CPUs.
+  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON" .venv/bin/python -m pip install --quiet -e ".[llamacpp]"
   touch "$stamp"
 fi
