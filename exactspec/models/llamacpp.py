@@ -107,6 +107,7 @@ class LlamaCppModel:
         batch_tokens: int = DEFAULT_BATCH_TOKENS,
         kv_type: str = "f16",
         flash_attention: bool | None = None,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
         """
         Args:
@@ -119,7 +120,10 @@ class LlamaCppModel:
             max_rows: rows (llama.cpp sequences) held at a time.
             batch_tokens: most tokens per `llama_decode` (longer feeds are split).
             kv_type: "f16" (llama.cpp's default) or "f32" (tests against float32 references).
-            flash_attention: None lets llama.cpp choose; True / False force it.
+            flash_attention: None lets llama.cpp choose; True / False force it (llama.cpp's CPU
+                flash attention rounds through float16: 2e-3 on the tiny float32 models).
+            dtype: of the returned logits: float32 (what llama.cpp computes), or float64 (the same
+                float32 values widened, exactly: `exactspec verify` enumerates in float64).
         """
         lib = _llama_cpp()
         self._lib = lib
@@ -180,6 +184,9 @@ class LlamaCppModel:
         if any(not 0 <= t < vocab_size for t in eos):
             raise ValueError(f"EOS ids {sorted(eos)} must lie in 0..{vocab_size - 1}")
         self._eos_token_ids = eos
+        if dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+        self._dtype = dtype
         self._seq_of: dict[int, int] = {}  # row id -> llama.cpp sequence id
         self._tokens: dict[int, list[int]] = {}  # row id -> tokens its sequence holds, positions 0..n-1
 
@@ -239,7 +246,7 @@ class LlamaCppModel:
         num_positions: int = 1,
         rows: Sequence[int] | None = None,
     ) -> torch.Tensor:
-        """[B, k, V] float32 logits at the last k = `num_positions` positions (`LanguageModel.logits`).
+        """[B, k, V] logits (float32, or widened to `dtype`) at the last k = `num_positions` positions.
 
         Each named row is fed the part of its history its sequence lacks (at least its last k tokens,
         since logits of cached positions are not kept); rows the call does not name are untouched.
@@ -270,13 +277,13 @@ class LlamaCppModel:
                 raise RuntimeError(f"llama.cpp could not roll back sequence {seq} to {keep} tokens")
             self._tokens[row] = history  # what the sequence holds once this call's decodes ran
             feeds.append((seq, keep, history[keep:]))
-        out = torch.empty(len(feeds), k, self._vocab_size, dtype=torch.float32)  # [B, k, V]
+        out = torch.empty(len(feeds), k, self._vocab_size, dtype=self._dtype)  # [B, k, V]
         self._decode(feeds, k, out)
         return out
 
     def _decode(self, feeds: list[tuple[int, int, list[int]]], k: int, out: torch.Tensor) -> None:
         """Run every feed through `llama_decode` in batches of at most `batch_tokens` tokens; write the
-        logits of each feed's last k tokens into out[b] ([B, k, V] float32)."""
+        logits of each feed's last k tokens into out[b] ([B, k, V] float32 or float64)."""
         tokens = np.concatenate([np.asarray(f, dtype=np.int32) for _, _, f in feeds])  # [T]
         positions = np.concatenate([np.arange(p, p + len(f), dtype=np.int32) for _, p, f in feeds])  # [T]
         seqs = np.concatenate([np.full(len(f), s, dtype=np.int32) for s, _, f in feeds])  # [T]
