@@ -242,6 +242,7 @@ def _load_pair(args: argparse.Namespace, progress: bool) -> tuple[ModelPair, Any
         cache_dir=args.cache_dir,
         progress=progress,
         weights=args.weights,
+        backend=args.backend,
     )
     prompt = SpeculativeDecoder.from_pair(pair).encode([args.prompt], chat=args.chat)[0]
     tokenizer = pair.tokenizer

@@ -222,6 +222,7 @@ def run(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
         progress=progress,
         weights=args.weights,
+        backend=args.backend,
     )
     load_seconds = time.perf_counter() - started
     decoder = SpeculativeDecoder.from_pair(pair)  # tokenizes the prompts as `generate` does

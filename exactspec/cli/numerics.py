@@ -102,10 +102,18 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     say(f"loading {args.target} (dtype {args.dtype}, weights {args.weights})")
     pair = ModelPair.from_pretrained(
-        args.target, None, dtype=args.dtype, cache_dir=args.cache_dir, weights=args.weights
+        args.target,
+        None,
+        dtype=args.dtype,
+        cache_dir=args.cache_dir,
+        weights=args.weights,
+        backend=args.backend,
     )
     weights = pair.weights
-    dtype = str(next(pair.target_model.parameters()).dtype).removeprefix("torch.")
+    if pair.target_model is None:  # llama.cpp computes in float32 (from the GGUF's own weights)
+        dtype = "float32"
+    else:
+        dtype = str(next(pair.target_model.parameters()).dtype).removeprefix("torch.")
     decoder = SpeculativeDecoder.from_pair(pair)
     encoded = [decoder.encode([p.text], chat=p.chat)[0] for p in prompts]
     timings: dict[str, float] = {}
