@@ -12,5 +12,11 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$0" -nt "$stamp" ]
   .venv/bin/python -m pip install --quiet --upgrade pip
   .venv/bin/python -m pip install --quiet "torch==2.13.0"
   .venv/bin/python -m pip install --quiet -e ".[hf,dev,serve]"
+  # llama.cpp backend (exactspec.models.llamacpp), built from source once (12 to 40 minutes on 2 cores;
+  # pip caches the wheel). A native build (-march=native) segfaults on its first decode on some of our
+  # CPUs, and an AVX-512 build dies of SIGILL on a CPU without avx512f: the flags follow /proc/cpuinfo.
+  simd="-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+  if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then simd="-DGGML_AVX512=ON"; fi
+  CMAKE_ARGS="-DGGML_NATIVE=OFF $simd" .venv/bin/python -m pip install --quiet -e ".[llamacpp]"
   touch "$stamp"
 fi

@@ -138,11 +138,13 @@ class SpeculativeDecoder:
         progress: bool = True,
         device: Any = "cpu",
         weights: str = "auto",
+        backend: str = "hf",
     ) -> SpeculativeDecoder:
         """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair).
 
         `device`: "cpu", "cuda" or "auto" (CUDA when available). `weights`: "auto" (int4 on the CPU, bf16 on
         CUDA), "bf16" (dense), "int4" or "int8" (packed CPU kernels; see `ModelPair.from_pretrained`).
+        `backend`: "hf" (default) or "llamacpp" (GGUF files run by llama.cpp, `ModelPair.from_gguf`).
         """
         return cls.from_pair(
             ModelPair.from_pretrained(
@@ -153,6 +155,7 @@ class SpeculativeDecoder:
                 progress=progress,
                 device=device,
                 weights=weights,
+                backend=backend,
             )
         )
 

@@ -9,16 +9,21 @@ drafters (including rounds where the lookup finds no match) and adaptive
 gamma (`round_two_grid`). The adapter cases (`adapter_cases`) run the same
 enumeration through the real Hugging Face adapter (`HFLanguageModel` over tiny
 float64 Qwen2 and Llama models): KV cache rows, rollback, holes, compaction
-and position ids are inside the proof.
+and position ids are inside the proof. The llama.cpp cases (`llamacpp_cases`, when llama-cpp-python
+is installed) run it through `LlamaCppModel` over the same tiny Llama weights written as float32
+GGUF files (`tiny_gguf`), to the float32 tolerance `LLAMACPP_TOLERANCE`.
 """
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
 from tqdm import tqdm
 
 from exactspec.checking.exact import EngineFactory, check_speculative
@@ -41,11 +46,19 @@ from exactspec.models.base import LanguageModel
 if TYPE_CHECKING:  # transformers loads only when an adapter case runs (keeps `verify` start-up light)
     from exactspec.checking.tiny_hf import TinyHFSpec
     from exactspec.models.hf import HFLanguageModel
+    from exactspec.models.llamacpp import LlamaCppModel
 
 BLOCK = Strategy(verifier="block")
 
 EXACT_TOLERANCE = 1e-12
 """The exact check fails when a TV distance exceeds this (float64 rounding is ~1e-16)."""
+
+LLAMACPP_TOLERANCE = 1e-5
+"""The llama.cpp cases' bound on the TV distance. Their p is float32 (llama.cpp computes in float32 from
+float32 weights) while the reference is the float64 HF model the GGUF was written from: logits
+differ by about 1e-6 (float32 rounding of weights and sums; tests/models/test_llamacpp.py measures
+it), which moves a distribution over a handful of sequences by a TV of the same order. An adapter
+bug (a stale cell, a wrong position, a lost rollback) moves it by 1e-2 or more."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +83,9 @@ class ExactCase:
     # Adaptive cases only: plan each round for the whole batch from made-up pass costs
     # (`batch_costs`: what `exactspec serve` runs) instead of row by row.
     planned: bool = False
+    # The TV distance this case may reach and still pass: float64 rounding for every case whose
+    # probabilities are float64; float32 cases (llama.cpp) say theirs.
+    tolerance: float = EXACT_TOLERANCE
 
     def models(self) -> tuple[TabularModel, TabularModel]:
         """(target, draft) for this case."""
@@ -172,6 +188,91 @@ class AdapterCase(ExactCase):
         return FullForwardModel(target.module, target.eos_token_ids, target.vocab_size)
 
 
+@dataclass(frozen=True)
+class LlamaCppCase(AdapterCase):
+    """An exact-grid cell whose models are `LlamaCppModel`s over tiny float32 GGUF files.
+
+    The GGUF files hold the weights of the tiny HF Llama pair of the same spec (`tiny_gguf`); the
+    engine drives llama.cpp (one sequence per row, block passes, rollback by `llama_memory_seq_rm`,
+    rows leaving), and the target's distribution comes from no-cache full forwards of the float64
+    HF module, an independent implementation of the same function. p is float32 here, so the case
+    passes to `LLAMACPP_TOLERANCE`, not to float64 rounding.
+    """
+
+    family: str = "llama"
+    tolerance: float = LLAMACPP_TOLERANCE
+
+    def models(self) -> tuple[LlamaCppModel, LlamaCppModel]:  # type: ignore[override]
+        from exactspec.checking.tiny_gguf import tiny_gguf_pair
+        from exactspec.models.llamacpp import LlamaCppModel
+
+        target_path, draft_path, _, _ = tiny_gguf_pair(self.spec(), tiny_gguf_folder())
+        eos = {self.eos_token_id}
+        # float32 KV cells and no flash attention: llama.cpp's default float16 cache and its CPU flash
+        # attention (which rounds through float16) each put the logits about 2e-3 off.
+        # float64 logits: llama.cpp's float32 values widened exactly, for the float64 enumeration.
+        options = {"eos_token_ids": eos, "threads": 1, "context": 256, "max_rows": 4, "dtype": torch.float64}
+        return (
+            LlamaCppModel(target_path, kv_type="f32", flash_attention=False, **options),
+            LlamaCppModel(draft_path, kv_type="f32", flash_attention=False, **options),
+        )
+
+    def reference(self, target: LanguageModel) -> LanguageModel:
+        from exactspec.checking.tiny_hf import FullForwardModel, tiny_hf_pair
+
+        hf_target, _ = tiny_hf_pair(self.spec())
+        return FullForwardModel(hf_target, target.eos_token_ids, target.vocab_size)
+
+
+def tiny_gguf_folder() -> Path:
+    """Where the grid writes its tiny GGUF files (the same spec always gives the same file)."""
+    return Path(tempfile.gettempdir()) / "exactspec-tiny-gguf"
+
+
+def llamacpp_available() -> bool:
+    """Whether the llama.cpp cases can run (llama-cpp-python imports)."""
+    from exactspec.models.llamacpp import available
+
+    return available()
+
+
+LLAMACPP_SKIP_REASON = "llama.cpp cases skipped: llama-cpp-python is not installed (the `llamacpp` extra)"
+
+
+def llamacpp_cases() -> list[LlamaCppCase]:
+    """The grid cells that run through llama.cpp (`LlamaCppModel`), on tiny float32 GGUF Llama pairs.
+
+    Batches of 2 rows with prompts of different lengths: rejections roll a sequence back while the
+    other row keeps its cells, a finished row leaves; the same settings as the HF adapter cases.
+    """
+    all_transforms = SamplingSettings(
+        temperature=0.8, top_k=3, top_p=0.95, min_p=0.4, repetition_penalty=1.3, logit_bias={1: 0.5}
+    )
+    # (name, V, gamma, n, settings, prompts, draft_logit_scale, strategy)
+    cells = [
+        ("gamma=1", 3, 1, 2, SamplingSettings(), ((1,), (2, 1, 1)), 1.0, Strategy()),
+        ("gamma=3", 4, 3, 3, SamplingSettings(min_p=0.5), ((1,), (2, 1, 1)), 1.0, Strategy()),
+        ("gamma=2, all transforms", 4, 2, 3, all_transforms, ((2, 3), (1,)), 1.0, Strategy()),
+        ("T=0, gamma=5", 4, 5, 6, SamplingSettings(temperature=0.0), ((1,), (3, 2, 1)), 1.0, Strategy()),
+        ("gamma=2, n=4, rollbacks", 4, 2, 4, SamplingSettings(min_p=0.5), ((1,), (2, 1)), 2.0, Strategy()),
+        ("block, gamma=3", 4, 3, 3, SamplingSettings(min_p=0.5), ((1,), (2, 1)), 2.0, BLOCK),
+        ("ngram, gamma=3", 4, 3, 3, SamplingSettings(), ((1, 2, 1), (2,)), 1.0, Strategy(drafter="ngram")),
+    ]
+    return [
+        LlamaCppCase(
+            f"llama.cpp float32: batch of 2, {name}",
+            vocab,
+            gamma,
+            n,
+            settings,
+            prompts=prompts,
+            draft_logit_scale=draft_scale,
+            strategy=strategy,
+        )
+        for name, vocab, gamma, n, settings, prompts, draft_scale, strategy in cells
+    ]
+
+
 GRID_BATCH_COSTS = BatchCosts(
     rows=(1, 2, 3),
     widths=(1, 2, 3, 4),
@@ -201,7 +302,7 @@ class ExactResult:
 
     @property
     def passed(self) -> bool:
-        return self.total_variation <= EXACT_TOLERANCE
+        return self.total_variation <= self.case.tolerance
 
 
 def exact_grid() -> list[ExactCase]:
@@ -241,7 +342,8 @@ def exact_grid() -> list[ExactCase]:
             prompts=((2, 2), (1,)),
         )
     )
-    return cases + round_two_grid() + scheduler_cases() + adapter_cases()
+    llamacpp = llamacpp_cases() if llamacpp_available() else []  # `verify` prints LLAMACPP_SKIP_REASON
+    return cases + round_two_grid() + scheduler_cases() + adapter_cases() + llamacpp
 
 
 def round_two_grid() -> list[ExactCase]:

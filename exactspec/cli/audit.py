@@ -26,6 +26,7 @@ from exactspec.cli.common import (
     gamma_argument,
     output_folder,
     positive_int,
+    require_hf_backend,
     sampling_settings,
     utf8_text,
 )
@@ -127,6 +128,7 @@ def _kinds(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_hf_backend(args, "audit")
     from exactspec.audit import report
     from exactspec.audit.grid import (
         TINY_BATCH_SIZES,
@@ -242,6 +244,7 @@ def _load_pair(args: argparse.Namespace, progress: bool) -> tuple[ModelPair, Any
         cache_dir=args.cache_dir,
         progress=progress,
         weights=args.weights,
+        backend=args.backend,
     )
     prompt = SpeculativeDecoder.from_pair(pair).encode([args.prompt], chat=args.chat)[0]
     tokenizer = pair.tokenizer

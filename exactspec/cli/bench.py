@@ -28,6 +28,7 @@ from exactspec.cli.common import (
     command_provenance,
     output_folder,
     positive_int,
+    require_hf_backend,
     strategy,
 )
 from exactspec.decoding.engine import MAX_GAMMA
@@ -145,6 +146,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_hf_backend(args, "bench")
     import torch
 
     from exactspec.api.decoder import SpeculativeDecoder
@@ -222,6 +224,7 @@ def run(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
         progress=progress,
         weights=args.weights,
+        backend=args.backend,
     )
     load_seconds = time.perf_counter() - started
     decoder = SpeculativeDecoder.from_pair(pair)  # tokenizes the prompts as `generate` does

@@ -118,6 +118,16 @@ def output_folder(flag: str, folder: str) -> Path:
     return path
 
 
+def require_hf_backend(args: argparse.Namespace, command: str) -> None:
+    """Commands that measure through transformers' modules (peers, forward hooks) refuse another backend."""
+    if getattr(args, "backend", "hf") != "hf":
+        raise UsageError(
+            f"exactspec {command} does not run on --backend {args.backend} yet: it measures through the "
+            "Hugging Face modules (the transformers peer, forward-pass timing); drop --backend, or use "
+            "generate or serve with --backend llamacpp"
+        )
+
+
 def add_sampling_arguments(parser: argparse.ArgumentParser, temperature: float = 1.0) -> None:
     """The sampling flags shared by every command that samples; `temperature` is the command's default."""
     group = parser.add_argument_group("sampling (define p and q; Hugging Face semantics)")
@@ -231,7 +241,7 @@ def draft_to_load(args: argparse.Namespace, chosen: Strategy) -> str | None:
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """--target / --draft / --dtype / --weights / --cache-dir, shared by generate, bench and audit."""
+    """--target, --draft, --dtype, --weights, --backend, --cache-dir (generate, serve, bench, audit)."""
     group = parser.add_argument_group("models")
     group.add_argument(
         "--target",
@@ -256,6 +266,14 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "bf16 (dense, in --dtype: the dequantized GGUF), int4 (packed 4-bit, group 32, re-quantized), "
         "int4-gguf (the GGUF's own 4-bit codes; slower to load), int4-g128 etc. (other group sizes), "
         "int8; torch CPU kernels; the packed model is the target",
+    )
+    group.add_argument(
+        "--backend",
+        default="hf",
+        choices=("hf", "llamacpp"),
+        help="what runs the forward passes: hf (default: transformers with torch's kernels, --weights) "
+        "or llamacpp (the GGUF files run by llama.cpp on the CPU; needs the llamacpp extra; "
+        "--dtype and --weights do not apply)",
     )
     group.add_argument(
         "--cache-dir",

@@ -127,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
         progress=progress,
         device=args.device,
         weights=args.weights,
+        backend=args.backend,
     )
     load_seconds = time.perf_counter() - started
     gamma = 0 if plain else (default_gamma(decoder.pair.weights) if args.gamma is None else args.gamma)

@@ -23,6 +23,7 @@ from exactspec.cli.common import (
     gamma_argument,
     output_folder,
     positive_int,
+    require_hf_backend,
 )
 
 DEFAULT_OUT = "numerics-out"
@@ -82,6 +83,7 @@ def _temperatures(text: str) -> tuple[float, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_hf_backend(args, "numerics")
     import torch
 
     from exactspec.api.decoder import SpeculativeDecoder
@@ -102,10 +104,18 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     say(f"loading {args.target} (dtype {args.dtype}, weights {args.weights})")
     pair = ModelPair.from_pretrained(
-        args.target, None, dtype=args.dtype, cache_dir=args.cache_dir, weights=args.weights
+        args.target,
+        None,
+        dtype=args.dtype,
+        cache_dir=args.cache_dir,
+        weights=args.weights,
+        backend=args.backend,
     )
     weights = pair.weights
-    dtype = str(next(pair.target_model.parameters()).dtype).removeprefix("torch.")
+    if pair.target_model is None:  # llama.cpp computes in float32 (from the GGUF's own weights)
+        dtype = "float32"
+    else:
+        dtype = str(next(pair.target_model.parameters()).dtype).removeprefix("torch.")
     decoder = SpeculativeDecoder.from_pair(pair)
     encoded = [decoder.encode([p.text], chat=p.chat)[0] for p in prompts]
     timings: dict[str, float] = {}

@@ -105,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         device=args.device,
         weights=args.weights,
+        backend=args.backend,
     )
     if args.gamma is not None:
         gamma = args.gamma

@@ -108,11 +108,14 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK if result.passes(args.significance) else EXIT_FAILED
 
     cases = grid.exact_grid()
+    if not grid.llamacpp_available():
+        print(grid.LLAMACPP_SKIP_REASON)
     if args.quick:
         cases = [case for case in cases if case.vocab_size <= 4 and case.max_new_tokens <= 3]
     width = max(38, *(len(case.name) for case in cases))
     print(f"{'case':<{width}} {'gamma':>5} {'V':>3} {'n':>3} {'paths':>7} {'TV distance':>12}  result")
     worst = None
+    failures = 0
     for result in grid.run_exact_grid(cases, progress=progress):
         case = result.case
         verdict = "ok" if result.passed else "FAIL"
@@ -121,12 +124,15 @@ def run(args: argparse.Namespace) -> int:
             f"{result.paths:>7} {result.total_variation:>12.3e}  {verdict}",
             flush=True,
         )
+        failures += not result.passed
         if worst is None or result.total_variation > worst.total_variation:
             worst = result
     assert worst is not None
-    failed = worst.total_variation > grid.EXACT_TOLERANCE
+    failed = failures > 0
+    # Each case passes to its own tolerance: float64 rounding, or float32 for the llama.cpp cases.
     print(
         f"worst case: {worst.case.name}: TV = {worst.total_variation:.3e} "
-        f"({'FAIL' if failed else 'PASS'}, tolerance {grid.EXACT_TOLERANCE:g}, {len(cases)} cases)"
+        f"(tolerance {worst.case.tolerance:g}); "
+        f"{'FAIL' if failed else 'PASS'}: {failures} of {len(cases)} cases failed"
     )
     return EXIT_FAILED if failed else EXIT_OK

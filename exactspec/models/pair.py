@@ -23,6 +23,9 @@ from exactspec.models.base import LanguageModel
 from exactspec.models.costs import measure_batch_costs, measure_cost_model
 from exactspec.models.tokenizers import check_tokenizers_compatible, end_of_generation_ids
 
+BACKENDS = ("hf", "llamacpp")
+"""What computes the forward passes: transformers and torch ("hf"), or llama.cpp over GGUF files."""
+
 
 @dataclass
 class ModelPair:
@@ -106,8 +109,12 @@ class ModelPair:
         progress: bool = True,
         device: Any = "cpu",
         weights: str = "auto",
+        backend: str = "hf",
     ) -> ModelPair:
         """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair).
+
+        `backend`: "hf" (default: transformers and torch's kernels, as below) or "llamacpp" (the GGUF
+        files run by llama.cpp on the CPU, `from_gguf`; `dtype`, `device` and `weights` do not apply).
 
         `device`: "cpu", "cuda" or "auto" (CUDA when available); dtype "auto" then means the
         device's default (`exactspec.models.device.auto_dtype`). `weights`: "auto" (default) is
@@ -115,6 +122,10 @@ class ModelPair:
         the dense weights in `dtype`; "int4", "int4-g128", "int4-gguf", "int8" pack both models'
         linear layers for torch's CPU kernels (`exactspec.models.packed`).
         """
+        if backend not in BACKENDS:
+            raise InvalidArgument(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        if backend == "llamacpp":
+            return cls.from_gguf(target, draft, cache_dir=cache_dir, progress=progress)
         from exactspec.models.device import auto_dtype, auto_weights, resolve_device
         from exactspec.models.loading import load_hf_model
 
@@ -149,6 +160,66 @@ class ModelPair:
         }
         return pair
 
+    @classmethod
+    def from_gguf(
+        cls,
+        target: str | os.PathLike[str] = "default-target",
+        draft: str | os.PathLike[str] | None = "default-draft",
+        *,
+        cache_dir: str | os.PathLike[str] | None = None,
+        progress: bool = True,
+        **options: Any,
+    ) -> ModelPair:
+        """The llama.cpp backend: GGUF files (or the built-in pair's) run by `models.llamacpp.LlamaCppModel`.
+
+        The tokenizer (and its chat template) is the one exactspec loads for the spec on the HF backend
+        (`models.loading.load_tokenizer`), checked id by id against each GGUF's vocabulary. There is no
+        transformers module (`target_model` is None: the transformers peers do not run on this pair).
+        `options`: `LlamaCppModel` keyword arguments (threads, context, max_rows, ...).
+        """
+        from exactspec.models.llamacpp import LlamaCppModel, check_vocabulary
+        from exactspec.models.loading import gguf_path, load_tokenizer
+
+        def open_gguf(role: str, spec: str | os.PathLike[str]) -> tuple[Any, Any]:
+            path = gguf_path(spec, cache_dir, progress=progress)
+            if path is None:
+                raise InvalidArgument(f"the llama.cpp backend needs GGUF files; the {role} {spec} is not one")
+            return path, load_tokenizer(spec, cache_dir=cache_dir, progress=progress)
+
+        def adapter(role: str, path: Any, tokenizer: Any, eos: Collection[int]) -> Any:
+            model = LlamaCppModel(path, eos_token_ids=eos, **options)
+            try:
+                check_vocabulary(tokenizer, model)
+            except ValueError as error:
+                raise InvalidArgument(f"the {role} model does not fit: {error}") from error
+            return model
+
+        target_path, tokenizer = open_gguf("target", target)
+        # The same end-of-generation ids as the HF backend's: the tokenizer's EOS and chat end-of-turn
+        # tokens (not llama.cpp's own end-of-generation guess by token text, which adds plain tokens).
+        eos = end_of_generation_ids(tokenizer)
+        target_adapter = adapter("target", target_path, tokenizer, eos)
+        draft_adapter = None
+        if draft is not None:
+            draft_path, draft_tokenizer = open_gguf("draft", draft)
+            check_tokenizers_compatible(tokenizer, draft_tokenizer)
+            draft_adapter = adapter("draft", draft_path, draft_tokenizer, eos)
+            if draft_adapter.vocab_size > target_adapter.vocab_size:
+                raise InvalidArgument("the draft vocabulary must be a prefix of the target's")
+        pair = cls(None, target_adapter, None, draft_adapter, tokenizer, weights="llamacpp")
+        pair.source = {
+            "backend": "llamacpp",
+            "target": str(target),
+            "draft": str(draft),
+            **{key: str(value) for key, value in options.items()},
+        }
+        return pair
+
+    @property
+    def backend(self) -> str:
+        """ "llamacpp" for a pair `from_gguf` loaded, else "hf"."""
+        return "llamacpp" if self.weights == "llamacpp" else "hf"
+
     @property
     def eos_token_ids(self) -> frozenset[int]:
         return self.target.eos_token_ids
@@ -156,6 +227,8 @@ class ModelPair:
     @property
     def context_length(self) -> int:
         """The target's maximum number of positions (0 when its config does not say)."""
+        if self.target_model is None:  # llama.cpp: the context's cells
+            return int(getattr(self.target, "context_length", 0) or 0)
         return int(getattr(self.target_model.config, "max_position_embeddings", 0) or 0)
 
     @functools.cached_property
@@ -167,6 +240,10 @@ class ModelPair:
         """
         from exactspec.models.hf import HFLanguageModel
 
+        if self.backend == "llamacpp":
+            from exactspec.models.llamacpp import LlamaCppModel
+
+            return LlamaCppModel(self.target.path, eos_token_ids=self.eos_token_ids)  # type: ignore[attr-defined]
         assert isinstance(self.target, HFLanguageModel)
         return HFLanguageModel(self.target.module, eos_token_ids=self.eos_token_ids)
 

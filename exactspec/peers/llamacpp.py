@@ -17,13 +17,12 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from exactspec.foundations.settings import SamplingSettings
+from exactspec.models.llamacpp import INSTALL_HINT
+
+__all__ = ["DEFAULT_CONTEXT", "DEFAULT_THREADS", "INSTALL_HINT", "available", "generate", "load"]
 
 DEFAULT_THREADS = 2
 DEFAULT_CONTEXT = 4096
-INSTALL_HINT = (
-    'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON" pip install "exactspec[llamacpp]" '
-    "(llama-cpp-python==0.3.36, built from source)"
-)
 
 
 def available() -> bool:

@@ -142,7 +142,7 @@ NGRAM_CASES = [case for case in exact_grid() if case.strategy.drafter in ("ngram
 @pytest.mark.parametrize("case", NGRAM_CASES, ids=lambda case: case.name)
 def test_lookup_and_hybrid_are_exact(case: ExactCase) -> None:
     result = run_exact_case(case)
-    assert result.total_variation <= EXACT_TOLERANCE, result.total_variation
+    assert result.total_variation <= case.tolerance, result.total_variation  # float32 for llama.cpp cases
 
 
 def test_the_no_match_case_really_has_rounds_without_a_match() -> None:

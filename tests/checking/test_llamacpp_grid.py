@@ -1,0 +1,44 @@
+"""The llama.cpp cases of the exact grid: they pass to their float32 tolerance and catch an adapter bug."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from exactspec.checking import grid
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the `llamacpp` extra)")
+pytest.importorskip("transformers")
+
+from exactspec.checking.grid import LLAMACPP_TOLERANCE, llamacpp_cases, run_exact_case  # noqa: E402
+from exactspec.models.llamacpp import LlamaCppModel  # noqa: E402
+
+CASES = llamacpp_cases()
+
+
+def test_llamacpp_cases_are_in_the_grid_with_their_tolerance() -> None:
+    names = [case.name for case in grid.exact_grid()]
+    assert all(case.name in names for case in CASES)
+    assert all(case.tolerance == LLAMACPP_TOLERANCE for case in CASES)
+    target, draft = CASES[0].models()
+    assert isinstance(target, LlamaCppModel) and isinstance(draft, LlamaCppModel)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def test_llamacpp_case_passes(case: grid.LlamaCppCase) -> None:
+    result = run_exact_case(case)
+    print(f"{case.name}: TV {result.total_variation:.3g} over {result.paths} paths")
+    assert result.passed, result.total_variation
+
+
+def test_block_logits_in_the_wrong_order_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutant: a block's k logits come back in reverse order (a wrong flag-to-position mapping)."""
+    decode = LlamaCppModel._decode
+
+    def reversed_block(model: LlamaCppModel, feeds: list, k: int, out: torch.Tensor) -> None:
+        decode(model, feeds, k, out)
+        out.copy_(out.flip(1))
+
+    monkeypatch.setattr(LlamaCppModel, "_decode", reversed_block)
+    caught = max(run_exact_case(case).total_variation for case in CASES[:4])
+    assert caught > 1e-3
