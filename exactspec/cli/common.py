@@ -273,7 +273,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("hf", "llamacpp"),
         help="what runs the forward passes: hf (default: transformers with torch's kernels, --weights) "
         "or llamacpp (the GGUF files run by llama.cpp on the CPU; needs the llamacpp extra; "
-        "--dtype and --weights do not apply)",
+        "--dtype and --weights do not apply; generate and serve only so far)",
     )
     group.add_argument(
         "--cache-dir",
