@@ -174,7 +174,7 @@ BLOCK_CASES = [
 @pytest.mark.parametrize("case", BLOCK_CASES, ids=lambda case: case.name)
 def test_block_verification_is_exact(case: ExactCase) -> None:
     result = run_exact_case(case)
-    assert result.total_variation <= EXACT_TOLERANCE, result.total_variation
+    assert result.total_variation <= case.tolerance, result.total_variation  # float32 llama.cpp cases: 1e-5
 
 
 def test_grid_covers_gamma_one_to_five_transforms_batches_and_eos_in_the_block() -> None:
