@@ -127,3 +127,25 @@ class ModelWrapper:
 
     def clear_cache(self) -> None:
         self.model.clear_cache()
+
+
+def check_logits_inputs(histories: list[list[int]], k: int, row_ids: list[int], vocab_size: int) -> None:
+    """The `LanguageModel.logits` arguments every backend refuses alike (ValueError naming the problem)."""
+    if not histories:
+        raise ValueError("histories is empty: give at least one history")
+    if k < 1:
+        raise ValueError(f"num_positions must be >= 1, got {k}")
+    if len(row_ids) != len(histories):
+        raise ValueError(f"got {len(row_ids)} row ids for {len(histories)} histories")
+    if len(set(row_ids)) != len(row_ids):
+        raise ValueError(f"row ids must be distinct, got {row_ids}")
+    for b, history in enumerate(histories):
+        if not history:
+            raise ValueError(f"history {b} is empty")
+        if k > len(history):
+            raise ValueError(f"history {b} has {len(history)} tokens, cannot give {k} positions")
+        low, high = min(history), max(history)
+        if low < 0 or high >= vocab_size:
+            raise ValueError(
+                f"history {b} has token ids outside 0..{vocab_size - 1}: min {low}, max {high}"
+            )

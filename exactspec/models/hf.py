@@ -19,6 +19,7 @@ from transformers.cache_utils import DynamicLayer
 
 from exactspec.foundations.rows import RowStart
 from exactspec.models.attention import use_grouped_attention
+from exactspec.models.base import check_logits_inputs
 from exactspec.models.two_rows import use_two_row_linears
 
 # Token written into padding slots. Its value never matters: padding slots are
@@ -190,7 +191,7 @@ class HFLanguageModel:
         k = num_positions
         row_ids = list(range(len(histories))) if rows is None else [int(r) for r in rows]
         history_lists = [h.tolist() if isinstance(h, torch.Tensor) else list(h) for h in histories]
-        self._check_inputs(history_lists, k, row_ids)
+        check_logits_inputs(history_lists, k, row_ids, self._vocab_size)
         with torch.inference_mode():
             try:
                 return self._logits(history_lists, k, row_ids)
@@ -338,26 +339,6 @@ class HFLanguageModel:
         if index == list(range(len(self._row_ids))):
             return logits
         return logits[torch.tensor(index, device=logits.device)]  # [B_requested, k, V]
-
-    def _check_inputs(self, histories: list[list[int]], k: int, row_ids: list[int]) -> None:
-        if not histories:
-            raise ValueError("histories is empty: give at least one history")
-        if k < 1:
-            raise ValueError(f"num_positions must be >= 1, got {k}")
-        if len(row_ids) != len(histories):
-            raise ValueError(f"got {len(row_ids)} row ids for {len(histories)} histories")
-        if len(set(row_ids)) != len(row_ids):
-            raise ValueError(f"row ids must be distinct, got {row_ids}")
-        for b, history in enumerate(histories):
-            if not history:
-                raise ValueError(f"history {b} is empty")
-            if k > len(history):
-                raise ValueError(f"history {b} has {len(history)} tokens, cannot give {k} positions")
-            low, high = min(history), max(history)
-            if low < 0 or high >= self._vocab_size:
-                raise ValueError(
-                    f"history {b} has token ids outside 0..{self._vocab_size - 1}: min {low}, max {high}"
-                )
 
     def _add_rows(self, row_ids: list[int]) -> None:
         """Give every unknown row id a fresh, empty batch index of the cache; the other rows are untouched.

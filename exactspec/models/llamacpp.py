@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from exactspec.foundations.rows import RowStart
+from exactspec.models.base import check_logits_inputs
 
 INSTALL_HINT = (
     'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON" pip install "exactspec[llamacpp]" on a CPU with '
@@ -254,7 +255,7 @@ class LlamaCppModel:
         k = num_positions
         row_ids = list(range(len(histories))) if rows is None else [int(r) for r in rows]
         history_lists = [h.tolist() if isinstance(h, torch.Tensor) else list(h) for h in histories]
-        self._check_inputs(history_lists, k, row_ids)
+        check_logits_inputs(history_lists, k, row_ids, self._vocab_size)
         try:
             return self._logits(history_lists, k, row_ids)
         except BaseException:
@@ -335,26 +336,6 @@ class LlamaCppModel:
         self._tokens.pop(row, None)
         if seq is not None:
             self._lib.llama_memory_seq_rm(self._memory, seq, -1, -1)  # a whole sequence: never fails
-
-    def _check_inputs(self, histories: list[list[int]], k: int, row_ids: list[int]) -> None:
-        if not histories:
-            raise ValueError("histories is empty: give at least one history")
-        if k < 1:
-            raise ValueError(f"num_positions must be >= 1, got {k}")
-        if len(row_ids) != len(histories):
-            raise ValueError(f"got {len(row_ids)} row ids for {len(histories)} histories")
-        if len(set(row_ids)) != len(row_ids):
-            raise ValueError(f"row ids must be distinct, got {row_ids}")
-        for b, history in enumerate(histories):
-            if not history:
-                raise ValueError(f"history {b} is empty")
-            if k > len(history):
-                raise ValueError(f"history {b} has {len(history)} tokens, cannot give {k} positions")
-            low, high = min(history), max(history)
-            if low < 0 or high >= self._vocab_size:
-                raise ValueError(
-                    f"history {b} has token ids outside 0..{self._vocab_size - 1}: min {low}, max {high}"
-                )
 
     def _gguf_eos_ids(self) -> frozenset[int]:
         """The GGUF vocabulary's end-of-generation ids (EOS, end-of-turn, ...)."""
