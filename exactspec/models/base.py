@@ -129,6 +129,17 @@ class ModelWrapper:
         self.model.clear_cache()
 
 
+def logits_inputs(
+    histories: Sequence[Sequence[int] | torch.Tensor], k: int, rows: Sequence[int] | None, vocab_size: int
+) -> tuple[list[list[int]], list[int]]:
+    """`LanguageModel.logits`'s arguments as plain lists (histories, row ids; rows default to 0..B-1),
+    checked alike for every backend."""
+    row_ids = list(range(len(histories))) if rows is None else [int(r) for r in rows]
+    history_lists = [h.tolist() if isinstance(h, torch.Tensor) else list(h) for h in histories]
+    check_logits_inputs(history_lists, k, row_ids, vocab_size)
+    return history_lists, row_ids
+
+
 def check_logits_inputs(histories: list[list[int]], k: int, row_ids: list[int], vocab_size: int) -> None:
     """The `LanguageModel.logits` arguments every backend refuses alike (ValueError naming the problem)."""
     if not histories:

@@ -19,7 +19,7 @@ from transformers.cache_utils import DynamicLayer
 
 from exactspec.foundations.rows import RowStart
 from exactspec.models.attention import use_grouped_attention
-from exactspec.models.base import check_logits_inputs
+from exactspec.models.base import logits_inputs
 from exactspec.models.two_rows import use_two_row_linears
 
 # Token written into padding slots. Its value never matters: padding slots are
@@ -189,9 +189,7 @@ class HFLanguageModel:
         exactly), float32 otherwise (bfloat16 and float16 models too).
         """
         k = num_positions
-        row_ids = list(range(len(histories))) if rows is None else [int(r) for r in rows]
-        history_lists = [h.tolist() if isinstance(h, torch.Tensor) else list(h) for h in histories]
-        check_logits_inputs(history_lists, k, row_ids, self._vocab_size)
+        history_lists, row_ids = logits_inputs(histories, k, rows, self._vocab_size)
         with torch.inference_mode():
             try:
                 return self._logits(history_lists, k, row_ids)

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from exactspec.foundations.rows import RowStart
-from exactspec.models.base import check_logits_inputs
+from exactspec.models.base import logits_inputs
 
 INSTALL_HINT = (
     'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON" pip install "exactspec[llamacpp]" on a CPU with '
@@ -253,9 +253,7 @@ class LlamaCppModel:
         since logits of cached positions are not kept); rows the call does not name are untouched.
         """
         k = num_positions
-        row_ids = list(range(len(histories))) if rows is None else [int(r) for r in rows]
-        history_lists = [h.tolist() if isinstance(h, torch.Tensor) else list(h) for h in histories]
-        check_logits_inputs(history_lists, k, row_ids, self._vocab_size)
+        history_lists, row_ids = logits_inputs(histories, k, rows, self._vocab_size)
         try:
             return self._logits(history_lists, k, row_ids)
         except BaseException:
