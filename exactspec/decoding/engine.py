@@ -278,6 +278,8 @@ class SpeculativeEngine:
         if self.gamma_policy is not None:
             record_round(self.gamma_policy, active, proposed, accepted)
         output = self._append(states, active, result.tokens, result.num_emitted, result.hit_eos, config, stop)
+        if self.drafter is not None:
+            self.drafter.observe(output.new_tokens)  # every row of the round, in order (RowObserver)
         output.proposed.update(zip(active, proposed, strict=True))
         output.accepted.update(zip(active, accepted, strict=True))
         self.metrics.total_seconds += time.perf_counter() - started
@@ -336,19 +338,26 @@ class SpeculativeEngine:
         """
         clock = time.perf_counter()
         width = proposal.tokens.shape[1]
-        extended = [history + proposal.tokens[b].tolist() for b, history in enumerate(histories)]
-        with self.target_stopwatch.timing():
-            logits = self.target.logits(extended, width + 1, rows=rows)  # [A, gamma + 1, V]
-        self.metrics.target_forward_seconds += self.target_stopwatch.take()
-        # The repetition penalty needs each position's real history; build it only when it is on.
-        position_histories = None
-        if any(row_settings.repetition_penalty != 1.0 for row_settings in settings):
-            position_histories = [
-                sequence[: len(sequence) - width + i] for sequence in extended for i in range(width + 1)
-            ]
-        flat = logits.reshape(-1, logits.shape[-1])  # [A * (gamma + 1), V]
-        flat_settings = [row_settings for row_settings in settings for _ in range(width + 1)]
-        p = probabilities_per_row(flat, flat_settings, position_histories).reshape(logits.shape)
+        # Each row's history list is extended by its draft block in place for the pass and cut back after
+        # (no copy of a history per round: docs/architecture.md, row lifecycle).
+        for history, draft in zip(histories, proposal.tokens.tolist(), strict=True):
+            history.extend(draft)
+        try:
+            with self.target_stopwatch.timing():
+                logits = self.target.logits(histories, width + 1, rows=rows)  # [A, gamma + 1, V]
+            self.metrics.target_forward_seconds += self.target_stopwatch.take()
+            # The repetition penalty needs each position's real history; build it only when it is on.
+            position_histories = None
+            if any(row_settings.repetition_penalty != 1.0 for row_settings in settings):
+                position_histories = [
+                    sequence[: len(sequence) - width + i] for sequence in histories for i in range(width + 1)
+                ]
+            flat = logits.reshape(-1, logits.shape[-1])  # [A * (gamma + 1), V]
+            flat_settings = [row_settings for row_settings in settings for _ in range(width + 1)]
+            p = probabilities_per_row(flat, flat_settings, position_histories).reshape(logits.shape)
+        finally:
+            for history in histories:
+                del history[len(history) - width :]
         self.metrics.target_seconds += time.perf_counter() - clock
         self.metrics.target_calls += 1
         return p
@@ -383,7 +392,7 @@ class SpeculativeEngine:
         for b, row in enumerate(active):
             state = states[row]
             before = len(state.generated)
-            state.generated.extend(emitted_rows[b][: emitted_counts[b]])
+            state.extend(emitted_rows[b][: emitted_counts[b]])
             reason: FinishReason | None = "eos" if eos_flags[b] else None
             if stop is not None:
                 keep = stop(row, state.generated)
@@ -393,7 +402,7 @@ class SpeculativeEngine:
                         f"tokens ({before}..{len(state.generated)})"
                     )
                 if keep is not None:
-                    del state.generated[keep:]
+                    state.cut(keep)
                     reason = "stop"
             if reason is None and len(state.generated) >= _max_new_tokens(state, config):
                 reason = "length"

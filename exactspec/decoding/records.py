@@ -75,10 +75,26 @@ class RowState:
     gamma: int | None = None
     max_new_tokens: int | None = None
     fixed_gamma: bool = False  # its request fixed gamma: a gamma policy leaves its draft length alone
+    _history: list[int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._history = [*self.prompt, *self.generated]
 
     @property
     def history(self) -> list[int]:
-        return self.prompt + self.generated
+        """prompt + generated: one list kept up to date as the row grows (`extend`, `cut`), never rebuilt,
+        so a round costs nothing in the length of the history. Callers read it; only the round grows it."""
+        return self._history
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Append emitted tokens to the row."""
+        self.generated.extend(tokens)
+        self._history.extend(tokens)
+
+    def cut(self, keep: int) -> None:
+        """Keep only the first `keep` generated tokens (a stop string ended the row inside a round)."""
+        del self.generated[keep:]
+        del self._history[len(self.prompt) + keep :]
 
 
 RowStates = Sequence[RowState] | Mapping[int, RowState]

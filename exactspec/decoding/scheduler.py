@@ -348,7 +348,7 @@ class Scheduler:
         prefill chunk, their prompts are prefilled (`_prefill`) before their first round."""
         if not handles:
             return
-        starts = [RowStart(handle.row, handle.request.seed) for handle in handles]
+        starts = [RowStart(handle.row, handle.request.seed, tuple(handle.state.prompt)) for handle in handles]
         self.sampler.add_rows(starts)
         self.engine.add_rows(starts)
         for handle in handles:

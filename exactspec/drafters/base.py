@@ -8,7 +8,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from exactspec.foundations.rows import RowLifecycle
+from exactspec.foundations.rows import RowLifecycle, RowObserver
 from exactspec.foundations.sampler import Sampler
 from exactspec.foundations.settings import SamplingSettings
 
@@ -44,11 +44,13 @@ class Proposal:
 
 
 @runtime_checkable
-class Drafter(RowLifecycle, Protocol):
+class Drafter(RowLifecycle, RowObserver, Protocol):
     """Proposes up to `max_tokens[b]` tokens after each history.
 
     Row lifecycle (`RowLifecycle`): a drafter with a model passes rows joining and leaving on to
-    it; one without per-row state inherits `Stateless`.
+    it; one without per-row state inherits `Stateless`. After every round the engine tells it what
+    each row appended (`RowObserver.observe`): a drafter with an index over each row's tokens (a
+    suffix structure, an n-gram table) extends it from there instead of re-reading the histories.
     """
 
     def propose(

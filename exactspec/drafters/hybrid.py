@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -35,11 +35,17 @@ class HybridDrafter:
         self.vocab_size = vocab_size
 
     def add_rows(self, rows: Sequence[RowStart]) -> None:
-        """Rows joining: the model drafter's model sets up their state (lookup keeps none)."""
+        """Rows joining: both drafters set up their state."""
+        self.lookup.add_rows(rows)
         self.model_drafter.add_rows(rows)
 
     def release_rows(self, rows: Sequence[int]) -> None:
+        self.lookup.release_rows(rows)
         self.model_drafter.release_rows(rows)
+
+    def observe(self, appended: Mapping[int, Sequence[int]]) -> None:
+        self.lookup.observe(appended)
+        self.model_drafter.observe(appended)
 
     def propose(
         self,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -71,13 +71,15 @@ class ModelDrafter:
         tokens = torch.zeros(batch_size, gamma, dtype=torch.long, device=device)  # [B, gamma]
         q: torch.Tensor | None = None  # [B, gamma, V], allocated once the dtype is known
         lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
-        drafted: list[list[int]] = [[] for _ in range(batch_size)]
         eos = self.model.eos_token_ids
         live = [b for b in range(batch_size) if max_tokens[b] > 0]
+        # One copy of each drafting row's history per round, its draft tokens appended in place step
+        # by step (the histories handed in are the engine's and stay as they are).
+        extended = {b: list(histories[b]) for b in live}
         for step in range(gamma):
             if not live:
                 break
-            contexts = [[*histories[b], *drafted[b]] for b in live]
+            contexts = [extended[b] for b in live]
             logits = self.model.logits(contexts, 1, rows=[rows[b] for b in live])[:, 0]  # [A, V_draft]
             confidences = None
             if self.stop is not None:  # the draft's own top probability, exp(max - logsumexp): [A]
@@ -96,7 +98,7 @@ class ModelDrafter:
             lengths[index] += 1
             still_live = []
             for live_index, (b, token) in enumerate(zip(live, drawn.tolist(), strict=True)):
-                drafted[b].append(token)
+                extended[b].append(token)
                 more = token not in eos and step + 1 < max_tokens[b]
                 if confidences is not None:
                     assert self.stop is not None
@@ -115,6 +117,9 @@ class ModelDrafter:
     def release_rows(self, rows: Sequence[int]) -> None:
         """Free the draft model's cache of these rows (rows that left the batch)."""
         self.model.release_rows(rows)
+
+    def observe(self, appended: Mapping[int, Sequence[int]]) -> None:
+        """Nothing to update: the draft model's cache follows the histories it is handed (the class)."""
 
 
 def _pad_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -160,3 +160,24 @@ def check_logits_inputs(histories: list[list[int]], k: int, row_ids: list[int], 
             raise ValueError(
                 f"history {b} has token ids outside 0..{vocab_size - 1}: min {low}, max {high}"
             )
+
+
+def common_prefix_length(cached: list[int], history: list[int]) -> int:
+    """How many leading tokens two token lists share: what a backend's cache of a row keeps when the row
+    comes back with `history` (the rest of the cache is rolled back: docs/architecture.md, rollback).
+
+    >>> common_prefix_length([1, 2, 3, 4], [1, 2, 5])
+    2
+    """
+    n = min(len(cached), len(history))
+    if cached[:n] == history[:n]:  # the usual case: one extends the other
+        return n
+    # Binary search on prefix equality: list comparison runs in C, a token loop would not.
+    low, high = 0, n  # cached[:low] == history[:low] and cached[:high] != history[:high]
+    while high - low > 1:
+        mid = (low + high) // 2
+        if cached[:mid] == history[:mid]:
+            low = mid
+        else:
+            high = mid
+    return low

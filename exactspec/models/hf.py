@@ -19,7 +19,7 @@ from transformers.cache_utils import DynamicLayer
 
 from exactspec.foundations.rows import RowStart
 from exactspec.models.attention import use_grouped_attention
-from exactspec.models.base import logits_inputs
+from exactspec.models.base import common_prefix_length, logits_inputs
 from exactspec.models.two_rows import use_two_row_linears
 
 # Token written into padding slots. Its value never matters: padding slots are
@@ -325,7 +325,7 @@ class HFLanguageModel:
         # Keep the longest cached prefix, but always feed at least k tokens to a requested row: the
         # logits of cached positions were not stored, so they are recomputed.
         keeps = [
-            min(_common_prefix_length(cached, history), len(history) - k) if b in requested else len(cached)
+            min(common_prefix_length(cached, history), len(history) - k) if b in requested else len(cached)
             for b, (cached, history) in enumerate(zip(self._tokens, targets, strict=True))
         ]
         for b, keep in enumerate(keeps):
@@ -475,21 +475,6 @@ def module_copy(model: torch.nn.Module) -> torch.nn.Module:
     shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
     return copy.deepcopy(model, shared)
 
-
-def _common_prefix_length(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix of two token lists."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:  # the usual case: one extends the other
-        return n
-    # Binary search on prefix equality: list comparison runs in C, a token loop would not.
-    low, high = 0, n  # a[:low] == b[:low] and a[:high] != b[:high]
-    while high - low > 1:
-        mid = (low + high) // 2
-        if a[:mid] == b[:mid]:
-            low = mid
-        else:
-            high = mid
-    return low
 
 
 def output_rows(model: PreTrainedModel) -> int:

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from exactspec.foundations.rows import RowStart
-from exactspec.models.base import logits_inputs
+from exactspec.models.base import common_prefix_length, logits_inputs
 
 INSTALL_HINT = (
     'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON" pip install "exactspec[llamacpp]" on a CPU with '
@@ -270,7 +270,7 @@ class LlamaCppModel:
                 self._assign(row)
             seq = self._seq_of[row]
             cached = self._tokens[row]
-            keep = min(_common_prefix_length(cached, history), len(history) - k)
+            keep = min(common_prefix_length(cached, history), len(history) - k)
             # Roll back: free this sequence's cells from position `keep` on (p1 = -1: to the end).
             if keep < len(cached) and not self._lib.llama_memory_seq_rm(self._memory, seq, keep, -1):
                 raise RuntimeError(f"llama.cpp could not roll back sequence {seq} to {keep} tokens")
@@ -375,18 +375,3 @@ def check_vocabulary(tokenizer: Any, model: LlamaCppModel) -> None:
                 f"the tokenizer and the GGUF vocabulary of {model.path.name} disagree on id {index}: "
                 f"tokenizer {token!r}, GGUF {gguf_token!r}; load the tokenizer from the same model"
             )
-
-
-def _common_prefix_length(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix of two token lists."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:  # the usual case: one extends the other
-        return n
-    low, high = 0, n  # a[:low] == b[:low] and a[:high] != b[:high]; list comparison runs in C
-    while high - low > 1:
-        mid = (low + high) // 2
-        if a[:mid] == b[:mid]:
-            low = mid
-        else:
-            high = mid
-    return low

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pytest
 from conftest import tiny_causal_lm
@@ -49,6 +49,7 @@ class SpyDrafter:
     def __init__(self, inner: ModelDrafter) -> None:
         self.inner = inner
         self.calls: list[tuple[list[list[int]], list[int], list[int]]] = []
+        self.seen: dict[int, list[int]] = {}  # row -> its prompt (add_rows) and every token observed since
 
     def propose(
         self,
@@ -62,10 +63,16 @@ class SpyDrafter:
         return self.inner.propose(histories, max_tokens, settings, sampler, rows)
 
     def add_rows(self, rows: Sequence[RowStart]) -> None:
+        for start in rows:
+            self.seen[start.row] = list(start.prompt)
         self.inner.add_rows(rows)
 
     def release_rows(self, rows: Sequence[int]) -> None:
         self.inner.release_rows(rows)
+
+    def observe(self, appended: Mapping[int, Sequence[int]]) -> None:
+        for row, tokens in appended.items():
+            self.seen[row].extend(tokens)
 
 
 # ---------------------------------------------------------------- reproducibility and batching
@@ -130,6 +137,27 @@ def test_max_new_tokens_is_respected_and_no_round_drafts_past_it(max_new_tokens:
         assert drafter.calls == []  # a single token is one plain draw: nothing to draft
     else:
         assert max(max(max_tokens) for _, max_tokens, _ in drafter.calls) == min(gamma, max_new_tokens - 1)
+
+
+def test_the_drafter_hears_each_prompt_at_join_and_every_rounds_tokens_after_stop_cuts() -> None:
+    # RowStart.prompt followed by every observed token must be the row's history, round after round,
+    # also when a stop rule cuts a round's tokens (the drafter must never index tokens that were cut).
+    drafter = SpyDrafter(ModelDrafter(random_tabular_model(VOCAB, seed=4, eos_token_id=None), VOCAB))
+    engine = SpeculativeEngine(random_tabular_model(VOCAB, seed=3, eos_token_id=None), drafter)
+
+    def stop_at_second_3(row: int, generated: list[int]) -> int | None:
+        threes = [i for i, token in enumerate(generated) if token == 3]
+        return threes[1] + 1 if len(threes) >= 2 else None
+
+    config = DecodeConfig(gamma=4, max_new_tokens=30)
+    states = engine.generate(PROMPTS, config, SeededSampler(seed=2, num_rows=len(PROMPTS)), stop_at_second_3)
+    for history, _, rows in drafter.calls:  # what each round was asked to extend ...
+        for seen_then, row in zip(history, rows, strict=True):
+            generated_then = states[row].generated[: len(seen_then) - len(PROMPTS[row])]
+            assert seen_then == list(PROMPTS[row]) + generated_then
+    assert "stop" in {state.finish_reason for state in states}
+    for row, state in enumerate(states):  # ... and what the drafter was told, in the end
+        assert drafter.seen[row] == state.history == list(PROMPTS[row]) + state.generated
 
 
 def test_eos_stops_a_row() -> None:

@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 from conftest import tiny_causal_lm  # noqa: E402
 
 from exactspec.models.base import LanguageModel  # noqa: E402
-from exactspec.models.hf import HFLanguageModel, _common_prefix_length  # noqa: E402
+from exactspec.models.hf import HFLanguageModel  # noqa: E402
 
 VOCAB = 97
 EOS = 3
@@ -64,16 +64,6 @@ def fed_shapes(model: transformers.PreTrainedModel) -> Iterator[list[tuple[int, 
         yield shapes
     finally:
         handle.remove()
-
-
-def test_common_prefix_length():
-    assert _common_prefix_length([1, 2, 3], [1, 2, 3, 4]) == 3
-    assert _common_prefix_length([1, 2, 3, 4], [1, 2]) == 2
-    assert _common_prefix_length([1, 2, 3, 4, 5], [1, 2, 9, 4, 5]) == 2
-    assert _common_prefix_length([7], [8]) == 0
-    assert _common_prefix_length([], [1]) == 0
-    long = list(range(1000))
-    assert _common_prefix_length(long, long[:617] + [-1] + long[618:]) == 617
 
 
 def test_protocol_and_defaults():
