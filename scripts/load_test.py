@@ -37,8 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from exactspec.decoding.scheduler import DEFAULT_PREFILL_CHUNK
-from exactspec.decoding.strategy import ADAPTIVE_DEFAULT_GAMMA
+from exactspec.foundations.defaults import DEFAULTS
 
 SETTINGS_MIX: list[dict[str, Any]] = [
     {"temperature": 0.0},
@@ -302,10 +301,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--weights", default="auto")
     parser.add_argument(
-        "--gamma", type=int, default=ADAPTIVE_DEFAULT_GAMMA, help="the server's gamma (as exactspec serve's)"
+        "--gamma",
+        type=int,
+        default=DEFAULTS.adaptive_gamma_cap,
+        help="the server's gamma (as exactspec serve's)",
     )
     parser.add_argument("--fixed-gamma", action="store_true", help="as exactspec serve --fixed-gamma")
-    parser.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK)
+    parser.add_argument("--prefill-chunk", type=int, default=DEFAULTS.prefill_chunk)
     parser.add_argument("--max-batch", type=int, default=16, help="server batch rows (default 16)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--min-requests", type=int, default=4, help="requests per level at least (default 4)")

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import exactspec.api.arguments as arguments
-from exactspec.api.text import StopStrings, TextStream, encode_text
+from exactspec.api.session import Choice, RequestError, RequestRules, Session, SessionConfig, TextRequest
 from exactspec.decoding.builder import build_engine
-from exactspec.decoding.engine import DecodeConfig, FinishReason, SpeculativeEngine
-from exactspec.decoding.records import RowEvent
-from exactspec.decoding.strategy import DrafterName, Strategy, VerifierName, default_gamma
+from exactspec.decoding.engine import FinishReason, SpeculativeEngine
+from exactspec.decoding.strategy import DrafterName, Strategy, VerifierName
+from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.errors import InvalidArgument
 from exactspec.foundations.metrics import DecodeMetrics
 from exactspec.foundations.sampler import SeededSampler
@@ -64,23 +64,12 @@ _HELD = threading.local()
 
 
 @dataclass(frozen=True)
-class _Request:
-    """One call's arguments, checked: prompts as token ids, config, seed, stop strings."""
+class _Call:
+    """One call's arguments, checked: the session it runs in and its requests (one per prompt)."""
 
-    prompts: list[list[int]]
-    config: DecodeConfig
+    config: SessionConfig
+    requests: list[TextRequest]
     seed: int
-    stop: list[str]
-    strategy: Strategy = field(default_factory=Strategy)
-
-
-@dataclass
-class _Run:
-    """One call's engine, random streams and stop strings."""
-
-    engine: SpeculativeEngine
-    sampler: SeededSampler
-    stop: StopStrings | None
 
 
 class SpeculativeDecoder:
@@ -186,19 +175,11 @@ class SpeculativeDecoder:
         return self._encode(arguments.prompt_batch(prompts), arguments.flag("chat", chat))
 
     def _encode(self, prompts: list[str | list[int]], chat: bool) -> list[list[int]]:
-        encoded = []
-        for index, prompt in enumerate(prompts):
-            if isinstance(prompt, str):
-                if not prompt.strip():
-                    raise InvalidArgument(f"prompt {index} is empty; give some text")
-                ids = encode_text(self.tokenizer, prompt, chat)
-            else:
-                ids = list(prompt)
-            if not ids:
-                raise InvalidArgument(f"prompt {index} has no tokens")
-            encoded.append(ids)
-        arguments.check_token_range(encoded, self.target.vocab_size)
-        return encoded
+        rules = RequestRules(self.pair, 0, False, DEFAULTS.max_tokens)  # the tokenizer only
+        try:
+            return [rules.encode(TextRequest(prompt, chat=chat), i) for i, prompt in enumerate(prompts)]
+        except RequestError as error:
+            raise InvalidArgument(str(error)) from None
 
     def engine(self, gamma: int, strategy: Strategy | None = None) -> SpeculativeEngine:
         """An engine for one call (`exactspec.decoding.builder.build_engine`; costs cached on the pair)."""
@@ -218,14 +199,14 @@ class SpeculativeDecoder:
         prompts: Prompt | Sequence[Prompt],
         *,
         gamma: int | None = None,
-        max_new_tokens: int = 128,
+        max_new_tokens: int = DEFAULTS.max_tokens,
         settings: SamplingSettings | None = None,
-        seed: int = 0,
+        seed: int = DEFAULTS.seed,
         stop: str | Sequence[str] | None = (),
         chat: bool = False,
         drafter: DrafterName = "model",
         verifier: VerifierName = "token",
-        adaptive_gamma: bool = False,
+        adaptive_gamma: bool = DEFAULTS.adaptive_gamma,
     ) -> Iterator[StreamEvent]:
         """Yield text as the target accepts it (one event per row per round that emitted something).
 
@@ -233,55 +214,43 @@ class SpeculativeDecoder:
         arguments are checked now (`InvalidArgument`); the decoder's lock is held from the first
         event until the stream is exhausted or closed (see the class docstring).
         """
-        request = self._request(
+        call = self._call(
             prompts, gamma, max_new_tokens, settings, seed, stop, chat, drafter, verifier, adaptive_gamma
         )
-        return self._stream(request)
+        return self._stream(call)
 
-    def _stream(self, request: _Request) -> Iterator[StreamEvent]:
+    def _stream(self, call: _Call) -> Iterator[StreamEvent]:
         with self._locked():
-            run = self._start(request)
-            events = run.engine.stream(request.prompts, request.config, run.sampler, run.stop)
+            session = self._session(call)
             # Closed here, inside the lock: a stream closed early frees its rows' caches before the
             # next caller may use the models (a generator left to the garbage collector would do it
             # later, on whatever thread, while that caller runs).
-            with contextlib.closing(events):
-                yield from self._text_events(events, run)
-
-    def _text_events(self, events: Iterator[RowEvent], run: _Run) -> Iterator[StreamEvent]:
-        """Each row's RowEvents as text deltas (stop strings cut), the finishing one with the metrics."""
-        streams: dict[int, TextStream] = {}
-        generated: dict[int, list[int]] = {}
-        for event in events:
-            if event.row not in streams:
-                streams[event.row] = TextStream(self.tokenizer, run.stop)
-                generated[event.row] = []
-            generated[event.row].extend(event.tokens)
-            reason = event.finish_reason
-            delta = streams[event.row].update(generated[event.row], final=reason is not None)
-            if event.tokens or delta or reason:
-                metrics = run.engine.metrics if reason else None
-                yield StreamEvent(event.row, delta, event.tokens, reason, metrics)
+            with contextlib.closing(session.stream(call.requests)) as events:
+                for choice, delta, event in events:
+                    reason = event.finish_reason
+                    if event.tokens or delta or reason:
+                        metrics = session.metrics if reason else None
+                        yield StreamEvent(choice.index, delta, list(event.tokens), reason, metrics)
 
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],
         *,
         gamma: int | None = None,
-        max_new_tokens: int = 128,
+        max_new_tokens: int = DEFAULTS.max_tokens,
         settings: SamplingSettings | None = None,
-        seed: int = 0,
+        seed: int = DEFAULTS.seed,
         stop: str | Sequence[str] | None = (),
         chat: bool = False,
         drafter: DrafterName = "model",
         verifier: VerifierName = "token",
-        adaptive_gamma: bool = False,
+        adaptive_gamma: bool = DEFAULTS.adaptive_gamma,
     ) -> GenerationOutput:
         """Generate for one prompt or a batch; rows are independent (own seed seed + row, own stops).
 
         Args:
             prompts: a str, a sequence of int token ids, or a list of those (a batch).
-            gamma: draft tokens per round (0 = plain decoding); None = `default_gamma` of the pair's
+            gamma: draft tokens per round (0 = plain decoding); None = `DEFAULTS.gamma` of the pair's
                 weights (4 dense, 2 packed int4), or 0 when there is no drafter.
             stop: one stop string (a str, used whole) or a sequence of them.
             seed: any integer (int, numpy or torch integer).
@@ -295,27 +264,15 @@ class SpeculativeDecoder:
         Raises:
             InvalidArgument: an argument has the wrong type or value (the message names it).
         """
-        request = self._request(
+        call = self._call(
             prompts, gamma, max_new_tokens, settings, seed, stop, chat, drafter, verifier, adaptive_gamma
         )
         with self._locked():
-            return self._generate(request)
+            session = self._session(call)
+            submission = session.generate(call.requests)
+            return GenerationOutput([_completion(choice) for choice in submission.choices], session.metrics)
 
-    def _generate(self, request: _Request) -> GenerationOutput:
-        run = self._start(request)
-        states = run.engine.generate(request.prompts, request.config, run.sampler, run.stop)
-        completions = []
-        for state in states:
-            text = self.tokenizer.decode(state.generated, skip_special_tokens=True)
-            if run.stop is not None:
-                text = run.stop.cut_text(text)
-            assert state.finish_reason is not None  # generate() returns once every row has finished
-            completions.append(
-                Completion(text, list(state.generated), state.finish_reason, len(state.prompt))
-            )
-        return GenerationOutput(completions, run.engine.metrics)
-
-    def _request(
+    def _call(
         self,
         prompts: Any,
         gamma: Any,
@@ -327,7 +284,7 @@ class SpeculativeDecoder:
         drafter: Any = "model",
         verifier: Any = "token",
         adaptive_gamma: Any = False,
-    ) -> _Request:
+    ) -> _Call:
         """Every argument checked and normalised, before the lock is taken or a model runs."""
         try:
             strategy = Strategy(drafter, verifier, arguments.flag("adaptive_gamma", adaptive_gamma))
@@ -343,23 +300,37 @@ class SpeculativeDecoder:
         # Prompt lookup runs no draft model, so it may speculate without one.
         can_draft = self.draft is not None or not strategy.needs_draft_model
         if gamma is None:
-            gamma = default_gamma(self.pair.weights) if can_draft else 0
-        config = DecodeConfig(
-            gamma=arguments.gamma_value(gamma, can_draft),
-            max_new_tokens=arguments.max_new_tokens_value(max_new_tokens),
-            settings=settings,
-        )
+            gamma = DEFAULTS.gamma(self.pair.weights, strategy.adaptive_gamma) if can_draft else 0
+        gamma = arguments.gamma_value(gamma, can_draft)
+        max_tokens = arguments.max_new_tokens_value(max_new_tokens)
         seed, stop = arguments.seed_value(seed), arguments.stop_strings(stop)
-        ids = self._encode(arguments.prompt_batch(prompts), arguments.flag("chat", chat))
-        self._check_context(ids, config)
-        return _Request(ids, config, seed, stop, strategy)
+        chat = arguments.flag("chat", chat)
+        prompt_list = arguments.prompt_batch(prompts)
+        # Row i's stream is seeded with seed + i, whatever the batch around it.
+        requests = [
+            TextRequest(prompt, chat=chat, settings=settings, max_tokens=max_tokens, seed=seed + i, stop=stop)
+            for i, prompt in enumerate(prompt_list)
+        ]
+        # A call's rows all join at once and nothing is decoding yet: no prefill chunks, no waiting queue.
+        config = SessionConfig(
+            strategy=strategy, gamma=gamma, max_batch=len(requests), max_waiting=0, prefill_chunk=None
+        )
+        rules = RequestRules(self.pair, gamma, gamma > 0, max_tokens, length_name="max_new_tokens")
+        for index, request in enumerate(requests):
+            try:
+                rules.check(request, index)
+            except RequestError as error:
+                raise InvalidArgument(str(error)) from None
+        return _Call(config, requests, seed)
 
-    def _start(self, request: _Request) -> _Run:
-        engine = self.engine(request.config.gamma, request.strategy)
-        stop_strings = StopStrings(self.tokenizer, request.stop) if request.stop else None
-        # Row i's stream is seeded with seed + i (its default in SeededSampler).
-        sampler = SeededSampler(seed=request.seed, num_rows=len(request.prompts), device=engine.device)
-        return _Run(engine, sampler, stop_strings)
+    def _session(self, call: _Call) -> Session:
+        """The call's session over this decoder's pair (costs cached on the pair, measured once)."""
+        return Session(
+            self.pair,
+            call.config,
+            sampler=SeededSampler(call.seed, device=self.target.device),
+            raise_round_errors=True,  # a direct caller gets the exception, as from any function
+        )
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -378,15 +349,7 @@ class SpeculativeDecoder:
             finally:
                 held.discard(id(lock))
 
-    def _check_context(self, ids: list[list[int]], config: DecodeConfig) -> None:
-        if not self.context_length or not ids:  # no prompts: engine.start says so
-            return
-        longest = max(len(row) for row in ids)
-        # The target scores gamma + 1 positions past the history, so leave room for a full block.
-        needed = longest + config.max_new_tokens + config.gamma + 1
-        if needed > self.context_length:
-            raise InvalidArgument(
-                f"the prompt has {longest} tokens; with max_new_tokens={config.max_new_tokens} and "
-                f"gamma={config.gamma} it needs {needed} positions but the model's context is "
-                f"{self.context_length}; shorten the prompt or lower --max-new-tokens"
-            )
+
+def _completion(choice: Choice) -> Completion:
+    assert choice.finish_reason is not None  # generate() returns once every row has finished
+    return Completion(choice.text, list(choice.tokens), choice.finish_reason, choice.prompt_tokens)

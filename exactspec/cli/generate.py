@@ -22,6 +22,7 @@ from exactspec.cli.common import (
     strategy,
     utf8_text,
 )
+from exactspec.foundations.defaults import DEFAULTS
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -38,14 +39,22 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--gamma",
         type=gamma_argument,
         default=None,
-        help="draft tokens per round (default 4 with dense weights, 2 with int4 ones: the best measured "
-        "for each; the maximum with --adaptive-gamma)",
+        help=f"draft tokens per round (default {DEFAULTS.dense_gamma} with dense weights, "
+        f"{DEFAULTS.int4_gamma} with int4 ones: the best measured for each; with --adaptive-gamma the "
+        f"most, default {DEFAULTS.adaptive_gamma_cap})",
     )
     parser.add_argument(
         "--plain", action="store_true", help="plain decoding with the target alone (no draft)"
     )
-    parser.add_argument("--max-new-tokens", type=positive_int, default=256, help="length limit (default 256)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (integer, default 0)")
+    parser.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        default=DEFAULTS.max_tokens,
+        help=f"length limit (default {DEFAULTS.max_tokens})",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=DEFAULTS.seed, help=f"random seed (integer, default {DEFAULTS.seed})"
+    )
     parser.add_argument(
         "--stop", action="append", type=non_empty, default=[], help="stop string (repeatable); cut before it"
     )
@@ -54,7 +63,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     add_strategy_arguments(parser)
     add_model_arguments(parser)
     add_device_argument(parser)
-    add_sampling_arguments(parser, temperature=0.0)  # generate is greedy unless asked
+    add_sampling_arguments(parser, temperature=DEFAULTS.generate_temperature)  # greedy unless asked
     parser.set_defaults(run=run)
 
 
@@ -108,7 +117,6 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from exactspec.api.decoder import SpeculativeDecoder
-    from exactspec.decoding.strategy import default_gamma
 
     prompt = read_prompt(args)
     settings = sampling_settings(args)
@@ -130,7 +138,11 @@ def run(args: argparse.Namespace) -> int:
         backend=args.backend,
     )
     load_seconds = time.perf_counter() - started
-    gamma = 0 if plain else (default_gamma(decoder.pair.weights) if args.gamma is None else args.gamma)
+    gamma = args.gamma
+    if plain:
+        gamma = 0
+    elif gamma is None:
+        gamma = DEFAULTS.gamma(decoder.pair.weights, chosen.adaptive_gamma)
     try:
         settings.check_vocab(decoder.target.vocab_size)  # known only now that the target is loaded
     except ValueError as error:

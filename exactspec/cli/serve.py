@@ -15,8 +15,7 @@ from exactspec.cli.common import (
     positive_int,
     strategy,
 )
-from exactspec.decoding.scheduler import DEFAULT_PREFILL_CHUNK
-from exactspec.decoding.strategy import ADAPTIVE_DEFAULT_GAMMA
+from exactspec.foundations.defaults import DEFAULTS
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -35,8 +34,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         type=gamma_argument,
         default=None,
         help="draft tokens per round for a request that does not name its own: the most with adaptive "
-        f"gamma (default {ADAPTIVE_DEFAULT_GAMMA}), else every round's (default 4 with dense weights, 2 with "
-        "int4 ones)",
+        f"gamma (default {DEFAULTS.adaptive_gamma_cap}), else every round's (default {DEFAULTS.dense_gamma} "
+        f"with dense weights, {DEFAULTS.int4_gamma} with int4 ones)",
     )
     parser.add_argument(
         "--plain", action="store_true", help="plain decoding with the target alone (no draft)"
@@ -45,26 +44,29 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--served-model-name", default="exactspec", help='the model id clients send (default "exactspec")'
     )
     parser.add_argument(
-        "--max-batch", type=positive_int, default=8, help="most requests decoded together (default 8)"
+        "--max-batch",
+        type=positive_int,
+        default=DEFAULTS.max_batch,
+        help=f"most requests decoded together (default {DEFAULTS.max_batch})",
     )
     parser.add_argument(
         "--max-waiting",
         type=int,
-        default=64,
-        help="most requests waiting for a row; more get 429 (default 64)",
+        default=DEFAULTS.max_waiting,
+        help=f"most requests waiting for a row; more get 429 (default {DEFAULTS.max_waiting})",
     )
     parser.add_argument(
         "--max-tokens",
         type=positive_int,
-        default=256,
-        help="max_tokens when a request gives none (default 256)",
+        default=DEFAULTS.max_tokens,
+        help=f"max_tokens when a request gives none (default {DEFAULTS.max_tokens})",
     )
     parser.add_argument(
         "--prefill-chunk",
         type=positive_int,
-        default=DEFAULT_PREFILL_CHUNK,
+        default=DEFAULTS.prefill_chunk,
         help="prompt tokens prefilled per round for joining requests, so that running requests keep "
-        f"decoding while others join (default {DEFAULT_PREFILL_CHUNK})",
+        f"decoding while others join (default {DEFAULTS.prefill_chunk})",
     )
     parser.add_argument("--no-progress", action="store_true", help="no loading progress bars")
     add_model_arguments(parser)
@@ -85,13 +87,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         action="store_false",
         help="every round drafts --gamma tokens for every request that does not name its own",
     )
-    parser.set_defaults(run=run, adaptive_gamma=True)
+    parser.set_defaults(run=run, adaptive_gamma=DEFAULTS.serve_adaptive_gamma)
 
 
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from exactspec.decoding.strategy import default_gamma
     from exactspec.models.pair import ModelPair
     from exactspec.server.app import Service, create_app
 
@@ -107,14 +108,10 @@ def run(args: argparse.Namespace) -> int:
         weights=args.weights,
         backend=args.backend,
     )
-    if args.gamma is not None:
-        gamma = args.gamma
-    else:
-        gamma = ADAPTIVE_DEFAULT_GAMMA if chosen.adaptive_gamma else default_gamma(pair.weights)
     service = Service(
         pair,
         model_name=args.served_model_name,
-        gamma=0 if args.plain else gamma,
+        gamma=0 if args.plain else args.gamma,  # None: DEFAULTS.gamma for the pair's weights
         max_batch=args.max_batch,
         max_waiting=args.max_waiting,
         default_max_tokens=args.max_tokens,

@@ -20,13 +20,14 @@ from typing import NamedTuple
 from exactspec.decoding.engine import SpeculativeEngine
 from exactspec.decoding.gamma import ConfidenceGamma, GammaPolicy, LookupGamma
 from exactspec.decoding.planner import CostAwareGamma
-from exactspec.decoding.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_WAITING, Scheduler
+from exactspec.decoding.scheduler import Scheduler
 from exactspec.decoding.strategy import VERIFIERS, CostSource, Strategy
 from exactspec.drafters.base import Drafter
 from exactspec.drafters.hybrid import HybridDrafter
 from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.ngram import DEFAULT_MAX_NGRAM, NgramDrafter
 from exactspec.foundations.costs import BatchCosts, CostModel
+from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.metrics import Stopwatch
 from exactspec.foundations.sampler import Sampler
 from exactspec.models.base import LanguageModel
@@ -144,13 +145,14 @@ def build_scheduler(
     costs: CostSource | None = None,
     *,
     max_gamma: int | None = None,
-    max_batch: int = DEFAULT_MAX_BATCH,
-    max_waiting: int = DEFAULT_MAX_WAITING,
+    max_batch: int = DEFAULTS.max_batch,
+    max_waiting: int = DEFAULTS.max_waiting,
     sampler: Sampler | None = None,
     validate: bool = True,
     policy_options: PolicyOptions | None = None,
     batch_costs: BatchCosts | None = None,
     prefill_chunk: int | None = None,
+    raise_round_errors: bool = False,
 ) -> Scheduler:
     """A `Scheduler` over `build_engine`: rows draft `gamma` tokens unless their request asks otherwise.
 
@@ -158,7 +160,8 @@ def build_scheduler(
     are built for it (an adaptive policy's costs are measured up to it). `batch_costs`: adaptive
     rounds planned for the whole batch (`build_components`). `prefill_chunk`: joining rows'
     prompts are prefilled at most this many tokens per round (`Scheduler`). The other arguments are
-    the scheduler's and the engine's.
+    the scheduler's (`raise_round_errors`: a failed round raises out of `step`, for direct callers) and
+    the engine's.
     """
     cap = gamma if max_gamma is None else max_gamma
     if cap < gamma:
@@ -180,6 +183,7 @@ def build_scheduler(
         max_waiting=max_waiting,
         sampler=sampler,
         prefill_chunk=prefill_chunk,
+        raise_round_errors=raise_round_errors,
     )
 
 

@@ -33,6 +33,7 @@ from typing import Protocol
 from exactspec.decoding.records import DecodeConfig, FinishReason, Request, RoundOutput, RowEvent, RowState
 from exactspec.decoding.records import StopCondition as StopCondition
 from exactspec.drafters.base import Drafter
+from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.metrics import DecodeMetrics
 from exactspec.foundations.rows import RowStart
 from exactspec.foundations.sampler import Sampler, SeededSampler
@@ -42,15 +43,6 @@ from exactspec.models.base import LanguageModel
 EndReason = FinishReason
 """Kept for callers that named the scheduler's finish reasons; the one type is `FinishReason`."""
 
-DEFAULT_MAX_BATCH = 8
-"""Rows decoded together in one round by default (each row costs KV cache memory)."""
-
-DEFAULT_MAX_WAITING = 64
-"""Requests that may wait for a free row by default; beyond that `submit` raises `QueueFull`."""
-
-DEFAULT_PREFILL_CHUNK = 32
-"""Prompt tokens the server prefills per round for joining requests (`Scheduler(prefill_chunk=...)`):
-rows already decoding wait for at most one such chunk's forward per round."""
 
 
 class QueueFull(Exception):
@@ -161,8 +153,8 @@ class Scheduler:
         engine: RoundEngine,
         *,
         gamma: int | None = None,
-        max_batch: int = DEFAULT_MAX_BATCH,
-        max_waiting: int = DEFAULT_MAX_WAITING,
+        max_batch: int = DEFAULTS.max_batch,
+        max_waiting: int = DEFAULTS.max_waiting,
         sampler: Sampler | None = None,
         raise_round_errors: bool = False,
         prefill_chunk: int | None = None,
@@ -170,8 +162,8 @@ class Scheduler:
         """
         Args:
             engine: what runs the rounds (`exactspec.decoding.strategy.build_engine` builds one).
-            gamma: default draft length of a row (a request may ask for another); default 4 with a
-                drafter, 0 without.
+            gamma: default draft length of a row (a request may ask for another); default
+                `DEFAULTS.dense_gamma` with a drafter, 0 without.
             max_batch: most rows in one round; more requests wait.
             max_waiting: most waiting requests; more are refused with `QueueFull`.
             sampler: the random source, told of rows joining and leaving; default a `SeededSampler`
@@ -191,7 +183,7 @@ class Scheduler:
         if max_batch < 1 or max_waiting < 0:
             raise ValueError(f"max_batch must be >= 1 and max_waiting >= 0, got {max_batch}, {max_waiting}")
         if gamma is None:
-            gamma = 4 if engine.drafter is not None else 0
+            gamma = DEFAULTS.dense_gamma if engine.drafter is not None else 0
         self.engine = engine
         self.config = DecodeConfig(gamma=gamma if engine.drafter is not None else 0, max_new_tokens=1)
         self.max_batch = max_batch
@@ -388,6 +380,11 @@ class Scheduler:
                 del self._prefilled[row]
             else:
                 self._prefilled[row] = upto
+
+    def drop_cancelled(self) -> None:
+        """Let cancelled rows leave now (their caches freed) without running a round."""
+        with self._lock:
+            self._drop_cancelled()
 
     def _drop_cancelled(self) -> None:
         for handle in [h for h in self._waiting if h.cancelled.is_set()]:

@@ -40,18 +40,6 @@ DrafterName = Literal["model", "ngram", "hybrid"]
 VerifierName = Literal["token", "block"]
 DRAFTERS: tuple[DrafterName, ...] = ("model", "ngram", "hybrid")
 
-DENSE_DEFAULT_GAMMA = 4
-"""Draft length when none is given, dense weights: the best median of the default pair's quick bench
-(bfloat16, 2 cores, commit ea5796b). A later run with two-row linears (docs/bench/round4) had gamma 2
-ahead on the median (1.32x against 1.25x at T=0) and gamma 4 ahead on the best prompts."""
-INT4_DEFAULT_GAMMA = 2
-"""Draft length when none is given, packed int4 weights. torch's int4 CPU kernel scores rows in tiles
-of 4: a block of up to 4 tokens (gamma <= 3) costs v(4) = 1.6 one-token steps, 5 tokens 2.9
-(docs/bench/packed-costs); gamma 2 had the best worst case over the coding prompts
-(docs/bench/packed-int4)."""
-ADAPTIVE_DEFAULT_GAMMA = 4
-"""The most draft tokens a round may give a row under adaptive gamma when no gamma is given (`serve`):
-the policy chooses 0..this each round, so a cap above the best fixed gamma costs nothing."""
 VERIFIERS: dict[str, Verifier] = {"token": verify, "block": verify_block}
 
 _BASE_NAMES = {"model": "speculative", "ngram": "ngram", "hybrid": "hybrid"}
@@ -108,8 +96,3 @@ def all_strategies() -> list[Strategy]:
         Strategy(drafter, verifier, adaptive)
         for adaptive, verifier, drafter in itertools.product((False, True), VERIFIERS, DRAFTERS)
     ]
-
-
-def default_gamma(weights: str) -> int:
-    """The draft length used when none is given, for a target with these weights (`ModelPair.weights`)."""
-    return INT4_DEFAULT_GAMMA if str(weights).startswith("int4") else DENSE_DEFAULT_GAMMA

@@ -41,7 +41,7 @@ class ModelPair:
             (every `SpeculativeDecoder` over this pair holds it for each call).
         weights: the target's weight format ("bf16" = dense, "int4", ...: `models.packed`), read
             from the module `pack_model` marked; it picks the default draft length
-            (`exactspec.decoding.strategy.default_gamma`).
+            (`exactspec.foundations.defaults.DEFAULTS.gamma`).
     """
 
     target_model: Any

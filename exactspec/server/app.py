@@ -22,7 +22,6 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -39,26 +38,25 @@ from prometheus_client import (
 )
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from exactspec.api.text import StopStrings, TextStream
-from exactspec.decoding.builder import build_scheduler
-from exactspec.decoding.records import MAX_GAMMA, RowEvent
-from exactspec.decoding.records import Request as RowRequest
-from exactspec.decoding.scheduler import (
-    DEFAULT_MAX_BATCH,
-    DEFAULT_MAX_WAITING,
-    DEFAULT_PREFILL_CHUNK,
+from exactspec.api.session import (
+    Choice,
+    EventCallback,
     QueueFull,
-    RowHandle,
-    Scheduler,
+    RequestError,
+    Session,
+    SessionConfig,
+    Submission,
+    TextRequest,
 )
+from exactspec.decoding.records import MAX_GAMMA, RowEvent
+from exactspec.decoding.scheduler import Scheduler
 from exactspec.decoding.strategy import Strategy
 from exactspec.foundations.costs import BatchCosts
+from exactspec.foundations.defaults import DEFAULTS
 from exactspec.models.pair import ModelPair
 from exactspec.server.schemas import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, SamplingFields
 
 DEFAULT_MODEL_NAME = "exactspec"
-DEFAULT_MAX_TOKENS = 256
-"""max_tokens when a request gives none (cut to what the context leaves)."""
 
 DISCONNECT_POLL_SECONDS = 0.2
 """How often a non-streaming request checks that its client is still there."""
@@ -136,80 +134,61 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
 
-@dataclass
-class _Choice:
-    """One row of a request, as the route sees it."""
-
-    index: int
-    prompt_index: int
-    prompt_tokens: int
-    text: TextStream
-    stop: StopStrings | None
-    handle: RowHandle | None = None
-    tokens: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    last_event_at: float | None = None
-
-
 class Service:
-    """The model pair, the scheduler and the metrics behind the routes."""
+    """The transport around one `Session`: OpenAI request bodies in, rows out, metrics by the way."""
 
     def __init__(
         self,
         pair: ModelPair,
         *,
         model_name: str = DEFAULT_MODEL_NAME,
-        gamma: int = 4,
-        max_batch: int = DEFAULT_MAX_BATCH,
-        max_waiting: int = DEFAULT_MAX_WAITING,
-        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        gamma: int | None = None,
+        max_batch: int = DEFAULTS.max_batch,
+        max_waiting: int = DEFAULTS.max_waiting,
+        default_max_tokens: int = DEFAULTS.max_tokens,
         strategy: Strategy | None = None,
         batch_costs: BatchCosts | None = None,
-        prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
+        prefill_chunk: int | None = DEFAULTS.prefill_chunk,
         progress: Callable[[str], None] | None = None,
     ) -> None:
-        """`strategy`: the drafter, verifier and fixed or adaptive gamma (default: the draft model, token
-        verification, fixed gamma). Prompt lookup ("ngram") needs no draft model.
-
-        With adaptive gamma and a draft model, each round's draft lengths are planned for the whole
-        batch (`exactspec.decoding.planner.CostAwareGamma`, up to `gamma` for a request that leaves
-        gamma to the server) from `batch_costs`, the measured seconds of a pass by shape (default:
-        `ModelPair.batch_costs`, measured once per pair and machine, then read from the cache;
-        `progress` hears what it is doing). Adaptive prompt lookup keeps its per-row rule.
-        `prefill_chunk`: prompt tokens prefilled per round for joining rows (`Scheduler`).
-        """
-        strategy = strategy or Strategy()
-        if pair.tokenizer is None:
-            raise ValueError("the server needs the pair's tokenizer")
-        self.pair = pair
-        self.tokenizer = pair.tokenizer
-        self.model_name = model_name
-        can_draft = pair.draft is not None or not strategy.needs_draft_model
-        self.strategy = strategy
-        self.gamma = gamma if can_draft else 0
-        plans = strategy.adaptive_gamma and strategy.needs_draft_model and self.gamma > 0
-        if plans and batch_costs is None:
-            batch_costs = pair.batch_costs(self.gamma, max_batch, progress=progress)
-        self.batch_costs = batch_costs if plans else None
-        # Parts for the largest gamma a request may ask for: a request's own gamma caps each round.
-        # (Adaptive lookup measures its costs up to the server's gamma, its cap.)
-        lookup_costs = strategy.adaptive_gamma and not strategy.needs_draft_model
-        self.scheduler: Scheduler = build_scheduler(
-            pair.target,
-            pair.draft,
-            strategy,
-            self.gamma,
-            pair.cost_model,
-            max_gamma=self.gamma if lookup_costs else (MAX_GAMMA if can_draft else 0),
+        """The session's settings (`exactspec.api.session.SessionConfig`): `strategy` (default: the draft
+        model, token verification, fixed gamma; prompt lookup "ngram" needs no draft model), `gamma` (a
+        request's draft length when it names none, the cap with adaptive gamma; default
+        `DEFAULTS.gamma`), `max_batch`, `max_waiting`, `prefill_chunk`, `default_max_tokens`. With
+        adaptive gamma and a draft model every round's draft lengths are planned for the whole batch
+        from `batch_costs` (default `ModelPair.batch_costs`, measured once per pair and machine;
+        `progress` hears what it does)."""
+        config = SessionConfig(
+            strategy=strategy or Strategy(),
+            gamma=gamma,
             max_batch=max_batch,
             max_waiting=max_waiting,
-            validate=False,  # as `generate` runs: no per-round input checks in production rounds
-            batch_costs=self.batch_costs,
             prefill_chunk=prefill_chunk,
+            max_tokens=default_max_tokens,
+            plan_batch=True,
         )
-        self.metrics = ServerMetrics(self.scheduler)
-        self.default_max_tokens = default_max_tokens
+        self.session = Session(pair, config, batch_costs=batch_costs, progress=progress)
+        self.pair = pair
+        self.model_name = model_name
+        self.metrics = ServerMetrics(self.session.scheduler)
         self.created = int(time.time())
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.session.scheduler
+
+    @property
+    def strategy(self) -> Strategy:
+        return self.session.strategy
+
+    @property
+    def gamma(self) -> int:
+        """The draft length of a request that names none (the most the planner gives it, when adaptive)."""
+        return self.session.gamma
+
+    @property
+    def batch_costs(self) -> BatchCosts | None:
+        return self.session.batch_costs
 
     # -------------------------------------------------------------- request -> rows
 
@@ -224,99 +203,45 @@ class Service:
         unsupported = body.unsupported()
         if unsupported is not None:
             raise ApiError(400, unsupported[1], param=unsupported[0], code="unsupported_parameter")
-        if body.gamma is not None and body.gamma > 0 and self.scheduler.engine.drafter is None:
-            raise ApiError(400, "gamma > 0 needs a drafter; this server decodes plainly", param="gamma")
-        if body.gamma is not None and body.gamma > MAX_GAMMA:
-            raise ApiError(400, f"gamma must be in 0..{MAX_GAMMA}", param="gamma")
 
-    def encode_completion(self, body: CompletionRequest) -> list[list[int]]:
-        prompts = body.prompts()
-        if not prompts:
-            raise ApiError(400, "prompt is empty", param="prompt")
-        encoded = []
-        for prompt in prompts:
-            ids = self.tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else prompt
-            if not ids:
-                raise ApiError(400, "prompt has no tokens", param="prompt")
-            encoded.append(list(ids))
-        return encoded
-
-    def encode_chat(self, body: ChatCompletionRequest) -> list[list[int]]:
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise ApiError(
-                400, "this model's tokenizer has no chat template; use /v1/completions", param="messages"
-            )
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        try:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        except Exception as error:  # a template that rejects these messages (roles, order)
-            raise ApiError(
-                400, f"the chat template rejected the messages: {error}", param="messages"
-            ) from None
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return [list(ids)]
-
-    def max_tokens(self, body: SamplingFields, prompt_tokens: int, gamma: int) -> int:
-        """The row's length limit; raises 400 when prompt + limit + one draft block exceed the context."""
-        context = self.pair.context_length
-        asked = body.requested_max_tokens()
-        if not context:
-            return asked or self.default_max_tokens
-        room = context - prompt_tokens - gamma - 1  # the target scores a full block past the history
-        if room < 1 or (asked is not None and asked > room):
-            raise ApiError(
-                400,
-                f"This model's maximum context length is {context} tokens. However, you requested "
-                f"{prompt_tokens + (asked or 1) + gamma + 1} tokens ({prompt_tokens} in the prompt, "
-                f"{asked or 1} for the completion, {gamma + 1} for one draft block). Please reduce the "
-                "prompt or max_tokens.",
-                param="messages" if isinstance(body, ChatCompletionRequest) else "prompt",
-                code="context_length_exceeded",
-            )
-        return asked if asked is not None else min(self.default_max_tokens, room)
-
-    def submit(
-        self, body: SamplingFields, prompts: list[list[int]], on_event: Callable[[_Choice, RowEvent], None]
-    ) -> list[_Choice]:
-        """Submit n rows per prompt; all or nothing (a refused row cancels the ones already queued)."""
+    def requests(self, body: SamplingFields) -> list[TextRequest]:
+        """One `TextRequest` per prompt of the body (a chat body has one: its messages)."""
         try:
             settings = body.settings()
         except ValueError as error:
             raise ApiError(400, str(error), param=str(error).split(" ")[0].split("[")[0]) from None
-        gamma = self.gamma if body.gamma is None else body.gamma
-        stops = body.stop_strings()
-        choices: list[_Choice] = []
+        common = dict(
+            settings=settings,
+            max_tokens=body.requested_max_tokens(),
+            seed=body.seed,
+            stop=body.stop_strings(),
+            gamma=body.gamma,  # None: the session's planner decides (docs/serving.md)
+            n=body.n,
+        )
+        if isinstance(body, ChatCompletionRequest):
+            messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+            return [TextRequest(messages=messages, **common)]  # type: ignore[arg-type]
+        assert isinstance(body, CompletionRequest)
+        prompts = body.prompts()
+        if not prompts:
+            raise ApiError(400, "prompt is empty", param="prompt")
+        return [TextRequest(prompt, **common) for prompt in prompts]  # type: ignore[arg-type]
+
+    def submit(self, body: SamplingFields, on_event: EventCallback) -> Submission:
+        """Submit every row of the body; all or nothing, errors in OpenAI's shape."""
+        requests = self.requests(body)
         try:
-            for prompt_index, prompt in enumerate(prompts):
-                max_tokens = self.max_tokens(body, len(prompt), gamma)
-                for j in range(body.n):
-                    stop = StopStrings(self.tokenizer, stops) if stops else None
-                    stream = TextStream(self.tokenizer, stop)
-                    choice = _Choice(len(choices), prompt_index, len(prompt), stream, stop)
-                    seed = None if body.seed is None else body.seed + j
-                    request = RowRequest(prompt, settings, max_tokens, gamma=gamma, seed=seed, stop=stop)
-                    choice.handle = self.scheduler.submit(request, lambda event, c=choice: on_event(c, event))
-                    choices.append(choice)
+            return self.session.submit(requests, on_event)
         except QueueFull as error:
-            self.cancel(choices)
             raise ApiError(
                 429, f"the server is busy: {error}; retry later", type="rate_limit_error", code="queue_full"
             ) from None
+        except RequestError as error:
+            raise ApiError(400, str(error), param=error.param, code=error.code) from None
         except ValueError as error:
-            self.cancel(choices)
             raise ApiError(400, str(error), param=str(error).split(" ")[0]) from None
-        except ApiError:
-            self.cancel(choices)
-            raise
-        return choices
 
-    @staticmethod
-    def cancel(choices: list[_Choice]) -> None:
-        for choice in choices:
-            if choice.handle is not None:
-                choice.handle.cancel()
-
-    def observe(self, choice: _Choice, event: RowEvent) -> None:
+    def observe(self, choice: Choice, event: RowEvent) -> None:
         """Metrics of one row event (runs on the round thread)."""
         now = time.perf_counter()
         m = self.metrics
@@ -339,28 +264,6 @@ class Service:
             choice.last_event_at = now
         if event.finish_reason is not None:
             m.requests.labels(event.finish_reason).inc()
-
-    def statistics(self, choices: list[_Choice]) -> dict[str, Any]:
-        """The `exactspec` object of a response: the request's acceptance statistics."""
-        handles = [c.handle for c in choices if c.handle is not None]
-        proposed = sum(h.proposed for h in handles)
-        accepted = sum(h.accepted for h in handles)
-        rounds = sum(h.rounds for h in handles)
-        emitted = sum(len(h.generated) for h in handles)
-        return {
-            "gamma": handles[0].request.gamma if handles else self.gamma,
-            "rounds": rounds,
-            "proposed_tokens": proposed,
-            "accepted_tokens": accepted,
-            "acceptance_rate": accepted / proposed if proposed else None,
-            "tokens_per_round": emitted / rounds if rounds else None,
-        }
-
-    @staticmethod
-    def usage(choices: list[_Choice]) -> dict[str, int]:
-        prompt = sum({c.prompt_index: c.prompt_tokens for c in choices}.values())  # once per prompt
-        completion = sum(len(c.tokens) for c in choices)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def create_app(service: Service) -> FastAPI:
@@ -424,12 +327,12 @@ def create_app(service: Service) -> FastAPI:
     @app.post("/v1/completions", responses=ERROR_RESPONSES)
     async def completions(body: CompletionRequest, request: Request) -> Any:
         service.check(body)
-        return await _generate(service, body, service.encode_completion(body), request, chat=False)
+        return await _generate(service, body, request, chat=False)
 
     @app.post("/v1/chat/completions", responses=ERROR_RESPONSES)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         service.check(body)
-        return await _generate(service, body, service.encode_chat(body), request, chat=True)
+        return await _generate(service, body, request, chat=True)
 
     app.openapi = functools.partial(_openapi, app)  # type: ignore[method-assign]
     return app
@@ -450,29 +353,27 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     return app.openapi_schema
 
 
-async def _generate(
-    service: Service, body: SamplingFields, prompts: list[list[int]], request: Request, *, chat: bool
-) -> Any:
+async def _generate(service: Service, body: SamplingFields, request: Request, *, chat: bool) -> Any:
     loop = asyncio.get_running_loop()
-    events: asyncio.Queue[tuple[_Choice, RowEvent]] = asyncio.Queue()
+    events: asyncio.Queue[tuple[Choice, RowEvent]] = asyncio.Queue()
 
-    def on_event(choice: _Choice, event: RowEvent) -> None:  # on the round thread
+    def on_event(choice: Choice, event: RowEvent) -> None:  # on the round thread
         service.observe(choice, event)
         with contextlib.suppress(RuntimeError):  # the loop has closed (server shutting down)
             loop.call_soon_threadsafe(events.put_nowait, (choice, event))
 
-    choices = service.submit(body, prompts, on_event)
+    submission = service.submit(body, on_event)
     kind = "chatcmpl" if chat else "cmpl"
     ident = f"{kind}-{uuid.uuid4().hex}"
     created = int(time.time())
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        stream = _stream(service, choices, events, ident, created, chat, include_usage)
+        stream = _stream(service, submission, events, ident, created, chat, include_usage)
         return StreamingResponse(
             stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
         )
     try:
-        remaining = len(choices)
+        remaining = len(submission.choices)
         checked = time.monotonic()
         while remaining:
             # Look for a client that went away at least every DISCONNECT_POLL_SECONDS, also while
@@ -480,32 +381,31 @@ async def _generate(
             if time.monotonic() - checked >= DISCONNECT_POLL_SECONDS:
                 checked = time.monotonic()
                 if await request.is_disconnected():
-                    service.cancel(choices)
+                    submission.cancel()
                     return PlainTextResponse("", status_code=499)
             try:
                 choice, event = await asyncio.wait_for(events.get(), DISCONNECT_POLL_SECONDS)
             except TimeoutError:
                 continue
-            _apply(choice, event)
+            choice.apply(event)
             if event.finish_reason is not None:
                 remaining -= 1
                 if event.finish_reason == "error":
                     raise ApiError(500, f"generation failed: {event.error}", type="server_error")
     except BaseException:
-        service.cancel(choices)
+        submission.cancel()
         raise
     out_choices = []
-    for choice in choices:
-        full = choice.text.update(choice.tokens, final=True)  # nothing was shown yet: the whole text
+    for choice in submission.choices:
         entry: dict[str, Any] = {
             "index": choice.index,
-            "finish_reason": choice.finish_reason,
+            "finish_reason": _finish_reason(choice),
             "logprobs": None,
         }
         if chat:
-            entry["message"] = {"role": "assistant", "content": full}
+            entry["message"] = {"role": "assistant", "content": choice.text}
         else:
-            entry["text"] = full
+            entry["text"] = choice.text
         out_choices.append(entry)
     return {
         "id": ident,
@@ -513,21 +413,21 @@ async def _generate(
         "created": created,
         "model": service.model_name,
         "choices": out_choices,
-        "usage": service.usage(choices),
-        "exactspec": service.statistics(choices),
+        "usage": submission.usage(),
+        "exactspec": submission.statistics(),
     }
 
 
-def _apply(choice: _Choice, event: RowEvent) -> None:
-    choice.tokens.extend(event.tokens)
-    if event.finish_reason is not None:
-        choice.finish_reason = FINISH_REASONS.get(event.finish_reason, event.finish_reason)
+def _finish_reason(choice: Choice) -> str | None:
+    """OpenAI's finish reason: "stop" for EOS and stop strings, "length" at the length limit."""
+    reason = choice.finish_reason
+    return None if reason is None else FINISH_REASONS.get(reason, reason)
 
 
 async def _stream(
     service: Service,
-    choices: list[_Choice],
-    events: asyncio.Queue[tuple[_Choice, RowEvent]],
+    submission: Submission,
+    events: asyncio.Queue[tuple[Choice, RowEvent]],
     ident: str,
     created: int,
     chat: bool,
@@ -548,7 +448,7 @@ async def _stream(
         payload.update(extra)
         return f"data: {json.dumps(payload)}\n\n"
 
-    def entry(choice: _Choice, text: str, finish: str | None, first: bool = False) -> dict[str, Any]:
+    def entry(choice: Choice, text: str, finish: str | None, first: bool = False) -> dict[str, Any]:
         item: dict[str, Any] = {"index": choice.index, "finish_reason": finish, "logprobs": None}
         if chat:
             item["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
@@ -558,28 +458,26 @@ async def _stream(
 
     try:
         if chat:
-            yield chunk([entry(c, "", None, first=True) for c in choices])
-        remaining = len(choices)
+            yield chunk([entry(c, "", None, first=True) for c in submission.choices])
+        remaining = len(submission.choices)
         while remaining:
             choice, event = await events.get()
             if event.finish_reason == "error":
                 error = ApiError(500, f"generation failed: {event.error}", type="server_error")
                 yield f"data: {json.dumps(error.body())}\n\n"
-                service.cancel(choices)
+                submission.cancel()
                 break
-            _apply(choice, event)
-            final = event.finish_reason is not None
-            delta = choice.text.update(choice.tokens, final=final)
-            if final:
+            delta = choice.apply(event)
+            if event.finish_reason is not None:
                 remaining -= 1
-                extra = {} if remaining or include_usage else {"exactspec": service.statistics(choices)}
-                yield chunk([entry(choice, delta, choice.finish_reason)], **extra)
+                extra = {} if remaining or include_usage else {"exactspec": submission.statistics()}
+                yield chunk([entry(choice, delta, _finish_reason(choice))], **extra)
             elif delta:
                 yield chunk([entry(choice, delta, None)])
         else:
             if include_usage:  # OpenAI's last chunk: no choices, the usage (and our statistics)
-                yield chunk([], usage=service.usage(choices), exactspec=service.statistics(choices))
+                yield chunk([], usage=submission.usage(), exactspec=submission.statistics())
         yield "data: [DONE]\n\n"
     finally:
         # Normal end: nothing left to cancel. A client that went away: its rows leave the batch.
-        service.cancel([c for c in choices if c.handle is not None and not c.handle.done.is_set()])
+        submission.cancel()

@@ -79,7 +79,7 @@ BAD_CALLS = [
     ({"gamma": 65}, "gamma must be an integer in 0..64"),
     ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1"),
     ({"max_new_tokens": 4.5}, "max_new_tokens must be an integer >= 1"),
-    ({"max_new_tokens": 10_000}, "context is 256"),
+    ({"max_new_tokens": 10_000}, "maximum context length is 256 tokens"),
     ({"chat": "yes"}, "chat must be True or False"),
 ]
 

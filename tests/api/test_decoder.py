@@ -218,7 +218,7 @@ def test_stop_strings_apply_per_row(decoder: SpeculativeDecoder) -> None:
 
 def test_context_length_is_checked() -> None:
     short = SpeculativeDecoder(tiny_model(0, context=16), make_tokenizer(), tiny_model(1, context=16))
-    with pytest.raises(ValueError, match=r"needs 20 positions but the model's context is 16"):
+    with pytest.raises(ValueError, match=r"context length is 16 tokens. However, you requested 20 tokens"):
         short.generate(PROMPT, gamma=4, max_new_tokens=9)
     (completion,) = short.generate(PROMPT, gamma=0, max_new_tokens=4).completions
     assert len(completion.token_ids) <= 4

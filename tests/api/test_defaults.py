@@ -7,7 +7,7 @@ import torch
 from conftest import TOKENIZER_EOS_ID, TOKENIZER_VOCAB, tiny_causal_lm, tiny_tokenizer
 
 from exactspec.api.decoder import SpeculativeDecoder
-from exactspec.decoding.strategy import DENSE_DEFAULT_GAMMA, INT4_DEFAULT_GAMMA, default_gamma
+from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.device import auto_weights
 from exactspec.models.packed import WeightFormat, pack_model
@@ -24,11 +24,12 @@ def test_auto_weights_are_int4_on_the_cpu_and_dense_on_cuda() -> None:
 
 
 def test_default_gamma_stays_within_the_int4_kernel_tile_for_packed_int4() -> None:
-    assert INT4_DEFAULT_GAMMA + 1 <= 4  # the verification block fits one 4-row tile of the kernel
+    assert DEFAULTS.int4_gamma + 1 <= 4  # the verification block fits one 4-row tile of the kernel
     for weights in ("int4", "int4-gguf", "int4-g128"):
-        assert default_gamma(weights) == INT4_DEFAULT_GAMMA
+        assert DEFAULTS.fixed_gamma(weights) == DEFAULTS.gamma(weights, False) == DEFAULTS.int4_gamma
     for weights in ("bf16", "int8"):
-        assert default_gamma(weights) == DENSE_DEFAULT_GAMMA
+        assert DEFAULTS.fixed_gamma(weights) == DEFAULTS.gamma(weights, False) == DEFAULTS.dense_gamma
+        assert DEFAULTS.gamma(weights, adaptive=True) == DEFAULTS.adaptive_gamma_cap
 
 
 def _pair(weights: str) -> ModelPair:
@@ -41,7 +42,7 @@ def _pair(weights: str) -> ModelPair:
     return ModelPair.from_models(*models, tokenizer=tiny_tokenizer())
 
 
-@pytest.mark.parametrize("weights, gamma", [("bf16", DENSE_DEFAULT_GAMMA), ("int4", INT4_DEFAULT_GAMMA)])
+@pytest.mark.parametrize("weights, gamma", [("bf16", DEFAULTS.dense_gamma), ("int4", DEFAULTS.int4_gamma)])
 def test_the_decoder_drafts_the_default_gamma_of_its_pair_weights(weights: str, gamma: int) -> None:
     pair = _pair(weights)
     assert pair.weights == weights

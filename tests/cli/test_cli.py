@@ -264,7 +264,7 @@ def test_no_prompt(
 
 def test_prompt_too_long_for_the_context(models: tuple[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     assert run([*generate_args(models), "--max-new-tokens", "300", PROMPT]) == EXIT_USAGE
-    assert_one_line_error(capsys.readouterr().err, "context is 256")
+    assert_one_line_error(capsys.readouterr().err, "maximum context length is 256")
 
 
 # --- generate: drafter, verifier, adaptive gamma --------------------------------------------------

@@ -67,13 +67,14 @@ def test_serve_passes_weights_and_uses_the_chosen_drafter_and_verifier(
 
 def test_serve_plans_rounds_by_default_and_fixed_gamma_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
     from exactspec.decoding.planner import CostAwareGamma
-    from exactspec.decoding.strategy import ADAPTIVE_DEFAULT_GAMMA
+    from exactspec.foundations.defaults import DEFAULTS
 
     _, served = _capture_serve(monkeypatch, [])
     service = served["app"].state.service
-    assert service.strategy.adaptive_gamma and service.gamma == ADAPTIVE_DEFAULT_GAMMA
+    assert service.strategy.adaptive_gamma and service.gamma == DEFAULTS.adaptive_gamma_cap
     assert isinstance(service.scheduler.engine.gamma_policy, CostAwareGamma)
-    assert service.batch_costs is not None and service.batch_costs.widths[-1] == ADAPTIVE_DEFAULT_GAMMA + 1
+    assert service.batch_costs is not None
+    assert service.batch_costs.widths[-1] == DEFAULTS.adaptive_gamma_cap + 1
     _, served = _capture_serve(monkeypatch, ["--fixed-gamma", "--gamma", "3"])
     service = served["app"].state.service
     assert not service.strategy.adaptive_gamma and service.scheduler.engine.gamma_policy is None

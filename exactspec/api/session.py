@@ -1,0 +1,489 @@
+"""A session: a model pair, a strategy and the scheduler behind them, turning requests into rows and events.
+
+Every way in builds a `Session` and keeps only its own transport: the Python API
+(`SpeculativeDecoder`: arguments in, `Completion`s out), the server (`exactspec serve`: HTTP bodies in,
+JSON and server-sent events out) and batch jobs (`exactspec batch`: records in, records out). What a
+request means is decided here, once:
+
+- the prompt: text (with the chat template when `chat` is set or `messages` are given) or token ids;
+- the sampling settings (p and q), the seed of each row's random stream (choice j of a request with
+  seed s draws from seed s + j), the stop strings and the length limit (a request without one gets
+  `DEFAULTS.max_tokens`, cut to what the context leaves);
+- gamma: a request that names its gamma drafts exactly that (0 = plain decoding for that request); one
+  that does not is left to the session's gamma policy (the planner, when adaptive), up to the
+  session's gamma;
+- the context check: prompt + length limit + one draft block must fit, else a `RequestError` with
+  code "context_length_exceeded" (the server turns it into OpenAI's 400).
+
+A request becomes one row per choice (`n`), all admitted or none (`submit`). Events are the
+scheduler's `RowEvent`s; `Choice.apply` turns each into the text that is safe to show (stop strings
+cut, incomplete UTF-8 held back). Consumers call it on their own thread: the round thread only queues.
+
+>>> from exactspec.checking.toy import random_tabular_model   # doctest: +SKIP
+>>> session = Session(pair)                                     # doctest: +SKIP
+>>> [submission] = session.generate([TextRequest("def f():", max_tokens=16, seed=1)])  # doctest: +SKIP
+>>> submission.choices[0].text, submission.choices[0].finish_reason                   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from exactspec.api.text import StopStrings, TextStream, encode_text
+from exactspec.decoding.builder import build_scheduler
+from exactspec.decoding.records import MAX_GAMMA, FinishReason, RowEvent
+from exactspec.decoding.records import Request as RowRequest
+from exactspec.decoding.scheduler import QueueFull, RowHandle, Scheduler
+from exactspec.decoding.strategy import Strategy
+from exactspec.foundations.costs import BatchCosts
+from exactspec.foundations.defaults import DEFAULTS
+from exactspec.foundations.errors import InvalidArgument
+from exactspec.foundations.metrics import DecodeMetrics
+from exactspec.foundations.sampler import Sampler
+from exactspec.foundations.settings import SamplingSettings
+from exactspec.models.pair import ModelPair
+
+__all__ = [
+    "Choice",
+    "QueueFull",
+    "RequestError",
+    "RequestRules",
+    "Session",
+    "SessionConfig",
+    "Submission",
+    "TextRequest",
+]
+
+Message = Mapping[str, str]
+"""A chat message: {"role": ..., "content": ...}."""
+
+
+class RequestError(InvalidArgument):
+    """A request the session cannot run, naming the field (`param`) and, where one applies, OpenAI's
+    error `code` ("context_length_exceeded")."""
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """How a session decodes (every field has its default in `DEFAULTS`).
+
+    Attributes:
+        strategy: drafter, verifier, fixed or adaptive gamma (`decoding.strategy`).
+        gamma: the draft length of a request that names none (with adaptive gamma, the most the
+            policy gives it); None: `DEFAULTS.gamma(weights, adaptive)`; 0: plain decoding. A session
+            without a drafter decodes plainly whatever is asked.
+        max_batch, max_waiting, prefill_chunk: the scheduler's (`decoding.scheduler.Scheduler`);
+            prefill_chunk None prefills a joining row inside its first round (the offline default).
+        max_tokens: the length limit of a request that names none.
+        plan_batch: with adaptive gamma and a draft model, plan each round's draft lengths for the whole
+            batch from measured pass costs (`decoding.planner.CostAwareGamma`, the server's default)
+            instead of row by row. None: plan when the session serves a changing batch (a prefill chunk
+            is set).
+        validate: the verifier checks its inputs every round (tests); production rounds skip it.
+    """
+
+    strategy: Strategy = field(default_factory=Strategy)
+    gamma: int | None = None
+    max_batch: int = DEFAULTS.max_batch
+    max_waiting: int = DEFAULTS.max_waiting
+    prefill_chunk: int | None = DEFAULTS.prefill_chunk
+    max_tokens: int = DEFAULTS.max_tokens
+    plan_batch: bool | None = None
+    validate: bool = False
+
+
+@dataclass(frozen=True)
+class TextRequest:
+    """One request: a prompt (or chat messages) and how to continue it.
+
+    Attributes:
+        prompt: text, or token ids; with `chat`, text is the user turn of the chat template.
+        messages: chat messages instead of a prompt (the chat template applies).
+        settings: sampling settings (p and q).
+        max_tokens: the length limit; None: the session's, cut to what the context leaves.
+        seed: seed of the first choice's random stream (choice j: seed + j); None: a fresh stream.
+        stop: stop strings (the text is cut before the first).
+        gamma: draft tokens per round for this request (0 = plain); None: the session's policy.
+        n: choices (rows) for this prompt.
+    """
+
+    prompt: str | Sequence[int] | None = None
+    messages: Sequence[Message] | None = None
+    chat: bool = False
+    settings: SamplingSettings = field(default_factory=SamplingSettings)
+    max_tokens: int | None = None
+    seed: int | None = None
+    stop: Sequence[str] = ()
+    gamma: int | None = None
+    n: int = 1
+
+
+class Choice:
+    """One row of a submission: its handle in the scheduler, its tokens and its text so far."""
+
+    def __init__(
+        self, index: int, request_index: int, prompt_tokens: int, stop: StopStrings | None, tokenizer: Any
+    ) -> None:
+        self.index = index  # among the submission's choices, in request order, then choice order
+        self.request_index = request_index  # which of the submission's requests it belongs to
+        self.prompt_tokens = prompt_tokens
+        self.stop = stop
+        self.stream = TextStream(tokenizer, stop)
+        self.handle: RowHandle | None = None
+        self.tokens: list[int] = []
+        self.text = ""
+        self.finish_reason: FinishReason | None = None
+        self.error: str | None = None
+        self.last_event_at: float | None = None  # the consumer's bookkeeping (the server's latencies)
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def apply(self, event: RowEvent) -> str:
+        """Take in one of this row's events; returns the text that became safe to show (all that is left
+        once the row finished). Call it on the consumer's thread, in event order."""
+        self.tokens.extend(event.tokens)
+        if event.finish_reason is not None:
+            self.finish_reason = event.finish_reason
+            self.error = event.error
+        delta = self.stream.update(self.tokens, final=event.finish_reason is not None)
+        self.text += delta
+        return delta
+
+
+class Submission:
+    """The rows of one `Session.submit` call: one `Choice` per row, in order."""
+
+    def __init__(self, requests: list[TextRequest], choices: list[Choice], gamma: int) -> None:
+        self.requests = requests
+        self.choices = choices
+        self.gamma = gamma
+
+    def cancel(self) -> None:
+        """Cancel every row that is still running (they leave before the next round and free their caches)."""
+        for choice in self.choices:
+            if choice.handle is not None:
+                choice.handle.cancel()
+
+    @property
+    def done(self) -> bool:
+        return all(choice.handle is not None and choice.handle.done.is_set() for choice in self.choices)
+
+    def statistics(self) -> dict[str, Any]:
+        """Acceptance statistics over the submission's rows (the server's `exactspec` response object)."""
+        handles = [c.handle for c in self.choices if c.handle is not None]
+        proposed = sum(h.proposed for h in handles)
+        accepted = sum(h.accepted for h in handles)
+        rounds = sum(h.rounds for h in handles)
+        emitted = sum(len(h.generated) for h in handles)
+        asked = [r.gamma for r in self.requests if r.gamma is not None]
+        return {
+            "gamma": asked[0] if asked else self.gamma,
+            "gamma_planned": not asked,
+            "rounds": rounds,
+            "proposed_tokens": proposed,
+            "accepted_tokens": accepted,
+            "acceptance_rate": accepted / proposed if proposed else None,
+            "tokens_per_round": emitted / rounds if rounds else None,
+        }
+
+    def usage(self) -> dict[str, int]:
+        """Prompt tokens (once per request), completion tokens (every row's), and their sum."""
+        prompt = sum({c.request_index: c.prompt_tokens for c in self.choices}.values())
+        completion = sum(len(c.tokens) for c in self.choices)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+class RequestRules:
+    """What a request means for one pair and session: its prompt ids, its gamma, its length limit, checked.
+
+    No model runs here, so the Python API checks a call's arguments with it before taking the pair's lock.
+    """
+
+    def __init__(
+        self,
+        pair: ModelPair,
+        gamma: int,
+        has_drafter: bool,
+        default_max_tokens: int,
+        length_name: str = "max_tokens",
+    ) -> None:
+        """`gamma`: a request's draft length when it names none; `has_drafter`: requests may ask for
+        gamma > 0; `default_max_tokens`: the length limit of a request that names none; `length_name`:
+        what the caller calls the length limit (the Python API's `max_new_tokens`), for messages."""
+        if pair.tokenizer is None:
+            raise ValueError("a session needs the pair's tokenizer; load the pair with one")
+        self.tokenizer = pair.tokenizer
+        self.vocab_size = pair.target.vocab_size
+        self.context_length = pair.context_length
+        self.gamma = gamma
+        self.has_drafter = has_drafter
+        self.default_max_tokens = default_max_tokens
+        self.length_name = length_name
+
+    def check(self, request: TextRequest, index: int = 0) -> tuple[list[int], int, int]:
+        """(prompt ids, gamma, length limit) of a request; RequestError for one that cannot run."""
+        if not isinstance(request.n, int) or isinstance(request.n, bool) or request.n < 1:
+            raise RequestError(f"n must be an integer >= 1, got {request.n!r}", param="n")
+        try:
+            request.settings.check_vocab(self.vocab_size)
+        except ValueError as error:
+            raise RequestError(f"settings: {error}", param="logit_bias") from None
+        ids = self.encode(request, index)
+        gamma = self.request_gamma(request)
+        param = "messages" if request.messages is not None else "prompt"
+        return ids, gamma, self.max_tokens(request, len(ids), gamma, param)
+
+    def encode(self, request: TextRequest, index: int = 0) -> list[int]:
+        """The prompt's token ids (the chat template for messages or `chat`); RequestError if it has none
+        or names ids outside the vocabulary."""
+        if request.messages is not None:
+            if request.prompt is not None:
+                raise RequestError("give a prompt or messages, not both", param="messages")
+            ids = self._encode_messages(request.messages)
+        elif isinstance(request.prompt, str):
+            if not request.prompt.strip():
+                raise RequestError(f"prompt {index} is empty; give some text", param="prompt")
+            if request.chat:
+                self._need_chat_template()
+            ids = encode_text(self.tokenizer, request.prompt, request.chat)
+        elif request.prompt is None:
+            raise RequestError("give a prompt or messages", param="prompt")
+        else:
+            ids = [operator.index(token) for token in request.prompt]
+        if not ids:
+            raise RequestError(f"prompt {index} has no tokens", param="prompt")
+        vocab = self.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise RequestError(
+                f"prompt {index} has token id(s) {bad[:5]} outside the vocabulary; use ids in 0..{vocab - 1}",
+                param="prompt",
+            )
+        return ids
+
+    def _need_chat_template(self) -> None:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise RequestError(
+                "this model's tokenizer has no chat template; send a plain prompt", param="messages"
+            )
+
+    def _encode_messages(self, messages: Sequence[Message]) -> list[int]:
+        self._need_chat_template()
+        if not messages:
+            raise RequestError("messages is empty; give at least one message", param="messages")
+        try:
+            text = self.tokenizer.apply_chat_template(
+                [dict(m) for m in messages], add_generation_prompt=True, tokenize=False
+            )
+        except Exception as error:  # a template that rejects these messages (roles, order)
+            message = f"the chat template rejected the messages: {error}"
+            raise RequestError(message, param="messages") from None
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def request_gamma(self, request: TextRequest) -> int:
+        """The most draft tokens a row of `request` may propose per round (checked)."""
+        if request.gamma is None:
+            return self.gamma
+        gamma = request.gamma
+        if isinstance(gamma, bool) or not isinstance(gamma, int) or not 0 <= gamma <= MAX_GAMMA:
+            message = f"gamma must be an integer in 0..{MAX_GAMMA} (0 = plain decoding), got {gamma!r}"
+            raise RequestError(message, param="gamma")
+        if gamma > 0 and not self.has_drafter:
+            raise RequestError("gamma > 0 needs a drafter; this session decodes plainly", param="gamma")
+        return gamma
+
+    def max_tokens(self, request: TextRequest, prompt_tokens: int, gamma: int, param: str = "prompt") -> int:
+        """The row's length limit; RequestError when prompt + limit + one draft block exceed the context."""
+        asked = request.max_tokens
+        if asked is not None and (isinstance(asked, bool) or not isinstance(asked, int) or asked < 1):
+            message = f"{self.length_name} must be an integer >= 1, got {asked!r}"
+            raise RequestError(message, param=self.length_name)
+        context = self.context_length
+        if not context:
+            return asked or self.default_max_tokens
+        room = context - prompt_tokens - gamma - 1  # the target scores a full block past the history
+        if room < 1 or (asked is not None and asked > room):
+            raise RequestError(
+                f"This model's maximum context length is {context} tokens. However, you requested "
+                f"{prompt_tokens + (asked or 1) + gamma + 1} tokens ({prompt_tokens} in the prompt, "
+                f"{asked or 1} for the completion, {gamma + 1} for one draft block). Please reduce the "
+                f"prompt or {self.length_name}.",
+                param=param,
+                code="context_length_exceeded",
+            )
+        return asked if asked is not None else min(self.default_max_tokens, room)
+
+
+EventCallback = Callable[[Choice, RowEvent], None]
+"""Called on the round thread for every event of a row: the choice it belongs to and the event."""
+
+
+class Session:
+    """A model pair, a strategy and a scheduler: requests in, rows and events out (the module docstring).
+
+    Rounds run on the caller's thread (`run_until_idle`, `generate`, `stream`: the Python API, batch
+    jobs) or on a background thread (`start` / `stop`: the server). `submit` may be called from any
+    thread.
+    """
+
+    def __init__(
+        self,
+        pair: ModelPair,
+        config: SessionConfig | None = None,
+        *,
+        sampler: Sampler | None = None,
+        batch_costs: BatchCosts | None = None,
+        raise_round_errors: bool = False,
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
+        """`sampler`: the random source (default a fresh `SeededSampler`; every row with a seed gets its
+        own stream from it). `batch_costs`: the measured pass costs a planning session uses (default
+        `ModelPair.batch_costs`, measured once per pair and machine; `progress` hears what it does).
+        `raise_round_errors`: a failed round raises out of `run_until_idle` (a direct caller) instead
+        of ending its rows with an "error" event only (a server)."""
+        config = config or SessionConfig()
+        if pair.tokenizer is None:
+            raise ValueError("a session needs the pair's tokenizer; load the pair with one")
+        strategy = config.strategy
+        self.pair = pair
+        self.tokenizer = pair.tokenizer
+        self.config = config
+        self.strategy = strategy
+        self.can_draft = pair.draft is not None or not strategy.needs_draft_model
+        gamma = config.gamma
+        if gamma is None:
+            gamma = DEFAULTS.gamma(pair.weights, strategy.adaptive_gamma)
+        if not 0 <= gamma <= MAX_GAMMA:
+            raise InvalidArgument(f"gamma must be in 0..{MAX_GAMMA} (0 = plain decoding), got {gamma}")
+        self.gamma = gamma if self.can_draft else 0
+        plan = config.plan_batch if config.plan_batch is not None else config.prefill_chunk is not None
+        plans = plan and strategy.adaptive_gamma and strategy.needs_draft_model and self.gamma > 0
+        if plans and batch_costs is None:
+            batch_costs = pair.batch_costs(self.gamma, config.max_batch, progress=progress)
+        self.batch_costs = batch_costs if plans else None
+        # Parts for the largest gamma a request may ask for (its own gamma caps its rounds); adaptive
+        # prompt lookup measures its costs up to the session's gamma, its cap.
+        lookup_costs = strategy.adaptive_gamma and not strategy.needs_draft_model
+        self.max_gamma = self.gamma if lookup_costs else (MAX_GAMMA if self.can_draft else 0)
+        self.rules = RequestRules(pair, self.gamma, self.max_gamma > 0, config.max_tokens)
+        self.scheduler: Scheduler = build_scheduler(
+            pair.target,
+            pair.draft,
+            strategy,
+            self.gamma,
+            pair.cost_model,
+            max_gamma=self.max_gamma,
+            max_batch=config.max_batch,
+            max_waiting=config.max_waiting,
+            sampler=sampler,
+            validate=config.validate,
+            batch_costs=self.batch_costs,
+            prefill_chunk=config.prefill_chunk,
+            raise_round_errors=raise_round_errors,
+        )
+
+    @property
+    def metrics(self) -> DecodeMetrics:
+        """The engine's counts and times over every round so far."""
+        return self.scheduler.metrics
+
+    # ------------------------------------------------------------------ requests -> rows
+
+    def submit(
+        self, requests: TextRequest | Sequence[TextRequest], on_event: EventCallback | None = None
+    ) -> Submission:
+        """Queue every row of these requests (n per request), all or none: RequestError for a request
+        that cannot run, `QueueFull` when the waiting queue is full (rows already queued are cancelled)."""
+        batch = [requests] if isinstance(requests, TextRequest) else list(requests)
+        if not batch:
+            raise RequestError("no requests given", param="prompt")
+        checked = [self.rules.check(request, index) for index, request in enumerate(batch)]
+        choices: list[Choice] = []
+        try:
+            for index, (request, (ids, _, max_tokens)) in enumerate(zip(batch, checked, strict=True)):
+                for j in range(request.n):
+                    stop = StopStrings(self.tokenizer, list(request.stop)) if request.stop else None
+                    choice = Choice(len(choices), index, len(ids), stop, self.tokenizer)
+                    row = RowRequest(
+                        ids,
+                        request.settings,
+                        max_tokens,
+                        gamma=request.gamma,  # None: the session's policy plans it (up to self.gamma)
+                        seed=None if request.seed is None else request.seed + j,
+                        stop=stop,
+                    )
+                    callback = None if on_event is None else _bind(on_event, choice)
+                    choice.handle = self.scheduler.submit(row, callback)
+                    choices.append(choice)
+        except (QueueFull, ValueError):
+            Submission(batch, choices, self.gamma).cancel()
+            self.scheduler.drop_cancelled()  # the rows queued so far leave at once: all or none
+            raise
+        return Submission(batch, choices, self.gamma)
+
+    # ------------------------------------------------------------------ running rounds
+
+    def run_until_idle(self) -> None:
+        """Run rounds on this thread until no row is running or waiting."""
+        self.scheduler.run_until_idle()
+
+    def start(self) -> None:
+        """Run rounds on a background thread (the server) until `stop`."""
+        self.scheduler.start()
+
+    def stop(self) -> None:
+        """Stop the background thread; every unfinished row is cancelled."""
+        self.scheduler.stop()
+
+    def generate(self, requests: Sequence[TextRequest]) -> Submission:
+        """Submit the requests and run rounds on this thread until all of them finished; each choice then
+        holds its whole text, tokens and finish reason."""
+        events: list[tuple[Choice, RowEvent]] = []
+        submission = self.submit(requests, lambda choice, event: events.append((choice, event)))
+        try:
+            while self.scheduler.step():
+                for choice, event in events:
+                    choice.apply(event)
+                events.clear()
+        finally:
+            if not submission.done:  # a round raised: the rows left free their caches
+                submission.cancel()
+                self.scheduler.drop_cancelled()
+        return submission
+
+    def stream(self, requests: Sequence[TextRequest]) -> Iterator[tuple[Choice, str, RowEvent]]:
+        """Submit the requests and yield (choice, new text, event) for every row event as rounds run on the
+        consumer's thread; closing the iterator early cancels the rows left."""
+        events: list[tuple[Choice, RowEvent]] = []
+        submission = self.submit(requests, lambda choice, event: events.append((choice, event)))
+        return self._drain(submission, events)
+
+    def _drain(
+        self, submission: Submission, events: list[tuple[Choice, RowEvent]]
+    ) -> Iterator[tuple[Choice, str, RowEvent]]:
+        try:
+            while True:
+                more = self.scheduler.step()
+                for choice, event in events:
+                    yield choice, choice.apply(event), event
+                events.clear()
+                if not more:
+                    return
+        finally:
+            if not submission.done:  # closed early: the rows left free their caches now
+                submission.cancel()
+                self.scheduler.drop_cancelled()
+
+
+def _bind(on_event: EventCallback, choice: Choice) -> Callable[[RowEvent], None]:
+    return lambda event: on_event(choice, event)

@@ -1,0 +1,74 @@
+"""Every default a user meets, in one place: the Python API, `generate`, `serve` and `batch` read them here.
+
+A value a request or a flag does not give comes from `DEFAULTS`; `--help`, the README and
+docs/python-api.md print these values (tests/cli/test_help_defaults.py checks that what `--help`
+prints is what is parsed). Where two entry points differ on purpose, both values stand here beside
+the reason.
+
+>>> DEFAULTS.temperature, DEFAULTS.generate_temperature
+(1.0, 0.0)
+>>> DEFAULTS.fixed_gamma("int4"), DEFAULTS.fixed_gamma("bf16"), DEFAULTS.adaptive_gamma_cap
+(2, 4, 4)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """The defaults of every entry point (see the module docstring).
+
+    Sampling:
+        temperature: 1.0 for the Python API, the server and batch jobs: sampling from the model's
+            own law, as OpenAI's API, vLLM and transformers' sampling do when none is given.
+        generate_temperature: 0.0 (greedy) for `exactspec generate` only: a command line run to read
+            one answer, as transformers' `generate` and llama.cpp's examples default to greedy; pass
+            `--temperature` to sample.
+        max_tokens: the length limit of a request that names none (cut to what the context leaves).
+        seed: the seed of the Python API and `generate` (reproducible by default); a server request
+            without a seed gets a fresh random stream, as OpenAI's API does.
+    Speculation:
+        drafter, verifier: the draft model, token-by-token verification (`decoding.strategy`).
+        adaptive_gamma: each round's draft lengths planned from acceptance and measured costs; the
+            server plans by default (its batch changes every round), a single stream (API,
+            `generate`) drafts a fixed gamma unless asked.
+        adaptive_gamma_cap: the most draft tokens a planned row may get when no gamma is given.
+        int4_gamma, dense_gamma: the fixed draft length when none is given, by the target's weights
+            (`fixed_gamma`): torch's int4 CPU kernel scores a block of up to 4 tokens for
+            v(4) = 1.6 one-token steps and 5 for 2.9 (docs/bench/packed-costs), so gamma 2 had the best
+            worst case over the coding prompts (docs/bench/packed-int4); dense weights: gamma 4, the
+            best median of the default pair's quick bench (bfloat16, 2 cores, commit ea5796b).
+    Serving and batching:
+        max_batch: rows decoded together in one round (each row costs KV cache memory).
+        max_waiting: requests that may wait for a free row; beyond that the server answers 429.
+        prefill_chunk: prompt tokens prefilled per round for joining requests, so that the running
+            rows wait for at most one such chunk's forward per round.
+    """
+
+    temperature: float = 1.0
+    generate_temperature: float = 0.0
+    max_tokens: int = 256
+    seed: int = 0
+    drafter: str = "model"
+    verifier: str = "token"
+    adaptive_gamma: bool = False
+    serve_adaptive_gamma: bool = True
+    adaptive_gamma_cap: int = 4
+    int4_gamma: int = 2
+    dense_gamma: int = 4
+    max_batch: int = 8
+    max_waiting: int = 64
+    prefill_chunk: int = 32
+
+    def fixed_gamma(self, weights: str) -> int:
+        """The draft length when none is given and gamma is fixed, for a target with these weights."""
+        return self.int4_gamma if str(weights).startswith("int4") else self.dense_gamma
+
+    def gamma(self, weights: str, adaptive: bool) -> int:
+        """The draft length (the cap, when adaptive) when none is given."""
+        return self.adaptive_gamma_cap if adaptive else self.fixed_gamma(weights)
+
+
+DEFAULTS = Defaults()
