@@ -53,21 +53,11 @@ from exactspec.models.pair import ModelPair
 from exactspec.peers import hf as hf_peer
 
 PLAIN, SPECULATIVE, HF_ASSISTED, HF_PLAIN = "plain", "speculative", "hf-assisted", "hf-plain"
-SPECULATIVE_BLOCK, NGRAM, HYBRID, ADAPTIVE = "speculative-block", "ngram", "hybrid", "adaptive"
-NGRAM_ADAPTIVE = "ngram-adaptive"  # prompt lookup with its length chosen per match length
+SPECULATIVE_BLOCK, ADAPTIVE = "speculative-block", "adaptive"
 LLAMACPP_PLAIN = "llamacpp-plain"
-METHODS = (
-    PLAIN,
-    SPECULATIVE,
-    SPECULATIVE_BLOCK,
-    NGRAM,
-    HYBRID,
-    ADAPTIVE,
-    HF_ASSISTED,
-    HF_PLAIN,
-    LLAMACPP_PLAIN,
-)
 PEER_METHODS = (HF_ASSISTED, HF_PLAIN, LLAMACPP_PLAIN)
+"""Methods that run another system; every other method is plain decoding or one of our strategies, named
+as `Strategy.name` names them (`decoding.strategy.all_strategies`, from the drafter registry)."""
 
 NAMED_SETTINGS: dict[str, SamplingSettings] = {"realistic": REALISTIC_CHAT_SETTINGS}
 """Sampling rows that are more than a temperature, by the name `--settings` and the report use."""

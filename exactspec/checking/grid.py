@@ -116,7 +116,7 @@ class ExactCase:
         every match length 2 tokens; one rejection at the first token sends that match length (and
         only that one) to 0, and the next match of that length probes with 1 token.
         """
-        if self.strategy.drafter == "ngram":
+        if self.strategy.kind.free:
             return CostModel(0.0, (1.0, *(1.1 + 0.1 * k for k in range(1, self.gamma + 1))))
         return CostModel.linear(0.3, 0.1, self.gamma)
 

@@ -15,7 +15,9 @@ from pathlib import Path
 from exactspec.api.arguments import FLOAT32_MAX
 from exactspec.cli import EXIT_BROKEN_PIPE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from exactspec.decoding.engine import MAX_GAMMA
-from exactspec.decoding.strategy import Strategy
+from exactspec.decoding.strategy import VERIFIERS, Strategy
+from exactspec.drafters.registry import drafter_kinds
+from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.errors import InvalidArgument
 from exactspec.foundations.provenance import Provenance
 from exactspec.foundations.settings import SamplingSettings
@@ -195,25 +197,35 @@ def _flag_message(message: str) -> str:
     return message
 
 
-DRAFTER_CHOICES = ("model", "ngram", "hybrid")
-VERIFIER_CHOICES = ("token", "block")
-
-
 def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
-    """--drafter / --verifier / --adaptive-gamma, shared by generate and bench (decoding.strategy)."""
+    """--drafter (the registry's names), --drafter-option, --verifier, --adaptive-gamma (`Strategy`)."""
+    kinds = drafter_kinds()
     group = parser.add_argument_group("speculation (every choice is exact; they differ in speed)")
     group.add_argument(
         "--drafter",
-        choices=DRAFTER_CHOICES,
-        default="model",
-        help="model: the draft model (default); ngram: prompt lookup, copies spans of the prompt and "
-        "output so far at no model cost (no draft model loaded); hybrid: lookup where it matches, "
-        "the draft model elsewhere",
+        choices=list(kinds),
+        default=DEFAULTS.drafter,
+        help="; ".join(
+            f"{kind.name}: {kind.summary}" + (" (default)" if kind.name == DEFAULTS.drafter else "")
+            for kind in kinds.values()
+        ),
+    )
+    options = [
+        f"{kind.name}: {', '.join(option.name for option in kind.options)}"
+        for kind in kinds.values()
+        if kind.options
+    ]
+    group.add_argument(
+        "--drafter-option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an option of the chosen drafter (repeatable; " + "; ".join(options) + ")",
     )
     group.add_argument(
         "--verifier",
-        choices=VERIFIER_CHOICES,
-        default="token",
+        choices=list(VERIFIERS),
+        default=DEFAULTS.verifier,
         help="token: token-by-token verification (default); block: block verification (Sun et al. 2025), "
         "never fewer tokens per round",
     )
@@ -227,16 +239,34 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def strategy(args: argparse.Namespace) -> Strategy:
-    """The `Strategy` the speculation flags describe."""
-    return Strategy(drafter=args.drafter, verifier=args.verifier, adaptive_gamma=args.adaptive_gamma)
+    """The `Strategy` the speculation flags describe (UsageError for an unknown or bad drafter option)."""
+    given: dict[str, str] = {}
+    for item in getattr(args, "drafter_option", []):
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--drafter-option takes NAME=VALUE, e.g. max_ngram=3; got {item!r}")
+        given[name.strip()] = value.strip()
+    try:
+        return Strategy(
+            drafter=args.drafter,
+            verifier=args.verifier,
+            adaptive_gamma=args.adaptive_gamma,
+            drafter_options=tuple(sorted(given.items())),
+        )
+    except ValueError as error:
+        raise UsageError(f"--drafter-option: {error}") from None
 
 
 def draft_to_load(args: argparse.Namespace, chosen: Strategy) -> str | None:
-    """The --draft to load for `chosen` (generate, serve), or None: --plain, --draft none, or prompt
-    lookup, which runs no draft model. Raises UsageError for the hybrid drafter without a draft."""
+    """The --draft to load for `chosen` (generate, serve), or None: --plain, --draft none (with the default
+    drafter: plain decoding), or a drafter that runs no model (prompt lookup). Raises UsageError for
+    another drafter that needs the draft model without one."""
     no_draft = args.draft.lower() == "none"
-    if no_draft and chosen.drafter == "hybrid" and not args.plain:
-        raise UsageError("--drafter hybrid needs a draft model; drop --draft none or use --drafter ngram")
+    if no_draft and chosen.needs_draft_model and chosen.drafter != DEFAULTS.drafter and not args.plain:
+        raise UsageError(
+            f"--drafter {chosen.drafter} needs a draft model; drop --draft none or use a drafter that needs "
+            "none (--drafter ngram)"
+        )
     return None if args.plain or no_draft or not chosen.needs_draft_model else args.draft
 
 

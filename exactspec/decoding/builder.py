@@ -23,9 +23,7 @@ from exactspec.decoding.planner import CostAwareGamma
 from exactspec.decoding.scheduler import Scheduler
 from exactspec.decoding.strategy import VERIFIERS, CostSource, Strategy
 from exactspec.drafters.base import Drafter
-from exactspec.drafters.hybrid import HybridDrafter
-from exactspec.drafters.model import ModelDrafter
-from exactspec.drafters.ngram import DEFAULT_MAX_NGRAM, NgramDrafter
+from exactspec.drafters.registry import DrafterParts
 from exactspec.foundations.costs import BatchCosts, CostModel
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.metrics import Stopwatch
@@ -76,34 +74,26 @@ def build_components(
     verifier = VERIFIERS[strategy.verifier]
     if gamma == 0:
         return Components(None, verifier, None)
-    if strategy.needs_draft_model and draft is None:
+    kind = strategy.kind
+    if kind.needs_draft_model and draft is None:
         raise ValueError(
-            f"drafter {strategy.drafter!r} needs a draft model; load one, use drafter 'ngram' "
-            "(prompt lookup) or gamma 0"
+            f"drafter {strategy.drafter!r} needs a draft model; load one, use a drafter that needs none "
+            "(e.g. 'ngram', prompt lookup) or gamma 0"
         )
     options = dict(policy_options or {})
-    if strategy.drafter == "ngram":
-        if not strategy.adaptive_gamma:
-            return Components(NgramDrafter(target.eos_token_ids), verifier, None)
-        # The lookup's length is chosen per match length, once the round's match is found.
-        costs_used = _cost_model(target, draft, strategy, gamma, costs)
-        lengths = LookupGamma(costs_used, DEFAULT_MAX_NGRAM, **options)
-        return Components(NgramDrafter(target.eos_token_ids, lengths=lengths), verifier, lengths)
-    assert draft is not None
     policy: GammaPolicy | None = None
-    stop = None
-    if strategy.adaptive_gamma and batch_costs is not None:
+    lengths = stop = None
+    if strategy.adaptive_gamma and kind.free:
+        # A free draft's length is chosen per match length, once the round's match is found.
+        lookup_costs = _cost_model(target, draft, strategy, gamma, costs)
+        policy = lengths = LookupGamma(lookup_costs, kind.max_match_order, **options)
+    elif strategy.adaptive_gamma and batch_costs is not None:
         policy = CostAwareGamma(batch_costs, **options)
     elif strategy.adaptive_gamma:
         # The cap per row from AdaptiveGamma, and within it the draft stops where it grows unsure.
         policy = stop = ConfidenceGamma(_cost_model(target, draft, strategy, gamma, costs), **options)
-    model_drafter = ModelDrafter(draft, target.vocab_size, stop=stop)
-    drafter: Drafter = (
-        model_drafter
-        if strategy.drafter == "model"
-        else HybridDrafter(NgramDrafter(target.eos_token_ids), model_drafter, target.vocab_size)
-    )
-    return Components(drafter, verifier, policy)
+    parts = DrafterParts(target, draft, strategy.options, lengths=lengths, stop=stop)
+    return Components(kind.build(parts), verifier, policy)
 
 
 def build_engine(
@@ -187,7 +177,8 @@ def build_scheduler(
     )
 
 
-def _cost_model(    target: LanguageModel,
+def _cost_model(
+    target: LanguageModel,
     draft: LanguageModel | None,
     strategy: Strategy,
     gamma: int,
@@ -201,4 +192,4 @@ def _cost_model(    target: LanguageModel,
         model = costs(gamma)
     # Hybrid rows that find a lookup draft pay no model step; c of the draft model is the
     # conservative choice for the rows that do not.
-    return model.without_draft_model() if strategy.drafter == "ngram" else model
+    return model.without_draft_model() if strategy.kind.free else model

@@ -1,12 +1,13 @@
 """Which drafter, verifier and gamma policy a generation runs with: the `Strategy` record and its names.
 
 Every entry point (the Python API, `generate`, `serve`, `bench`, `audit`, `batch`) and the `verify`
-grid turn the same three choices into an engine in one place, `exactspec.decoding.builder`, so
-they all mean the same thing by `--drafter ngram`:
+grid turn the same choices into an engine in one place, `exactspec.decoding.builder`, so they all
+mean the same thing by `--drafter ngram`:
 
-- drafter: "model" (the draft model, `ModelDrafter`), "ngram" (prompt lookup over the row's own
-  prompt and output, `NgramDrafter`: free drafts, no draft model needed) or "hybrid" (lookup where
-  the history has a match, the draft model elsewhere, `HybridDrafter`).
+- drafter: a name of the drafter registry (`exactspec.drafters.registry`: "model", the draft
+  model; "ngram", prompt lookup over the row's own prompt and output, free drafts, no draft model
+  needed; "hybrid", lookup where the history has a match, the draft model elsewhere; and whatever
+  else registers itself), with its options (`drafter_options`).
 - verifier: "token" (`verifiers.token.verify`, docs/algorithm.md 2) or "block"
   (`verifiers.block.verify_block`, docs/algorithm.md 5); both exact.
 - adaptive gamma: each row drafts argmax_g S(g) tokens per round, g in 0..gamma, S from its
@@ -14,35 +15,36 @@ they all mean the same thing by `--drafter ngram`:
   the backend in use
   (`models.costs.measure_cost_model`, cached on the `ModelPair`); gamma is then the maximum. With the
   draft model, a row also stops drafting as soon as the draft's own confidence says the next token
-  does not pay for itself (`decoding.gamma.ConfidenceGamma`). For prompt
-  lookup the statistics and the choice are kept per row and per match length n (`decoding.gamma.LookupGamma`,
+  does not pay for itself (`decoding.gamma.ConfidenceGamma`). For a free drafter (prompt lookup)
+  the statistics and the choice are kept per row and per match length n (`decoding.gamma.LookupGamma`,
   with c = 0): a unigram match and a 4-gram match are not equally likely to be copied on.
 
 >>> Strategy(drafter="hybrid", adaptive_gamma=True).name
 'hybrid-adaptive'
 >>> Strategy.from_name("speculative-block")
-Strategy(drafter='model', verifier='block', adaptive_gamma=False)
+Strategy(drafter='model', verifier='block', adaptive_gamma=False, drafter_options=())
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any
 
+from exactspec.drafters.registry import DrafterKind, drafter_kind, drafter_kinds
 from exactspec.foundations.costs import CostModel
+from exactspec.foundations.defaults import DEFAULTS
 from exactspec.verifiers.base import Verifier
 from exactspec.verifiers.block import verify_block
 from exactspec.verifiers.token import verify
 
-DrafterName = Literal["model", "ngram", "hybrid"]
-VerifierName = Literal["token", "block"]
-DRAFTERS: tuple[DrafterName, ...] = ("model", "ngram", "hybrid")
+DrafterName = str
+"""A name in the drafter registry (`exactspec.drafters.registry.drafter_kinds`)."""
+VerifierName = str
+"""A key of `VERIFIERS`."""
 
 VERIFIERS: dict[str, Verifier] = {"token": verify, "block": verify_block}
-
-_BASE_NAMES = {"model": "speculative", "ngram": "ngram", "hybrid": "hybrid"}
 
 CostSource = CostModel | Callable[[int], CostModel]
 """Measured costs for adaptive gamma: a `CostModel` reaching at least gamma, or max_gamma -> CostModel
@@ -51,31 +53,44 @@ CostSource = CostModel | Callable[[int], CostModel]
 
 @dataclass(frozen=True)
 class Strategy:
-    """The three choices: which drafter, which verifier, fixed or adaptive gamma."""
+    """The choices: which drafter (and its options), which verifier, fixed or adaptive gamma."""
 
-    drafter: DrafterName = "model"
-    verifier: VerifierName = "token"
+    drafter: DrafterName = DEFAULTS.drafter
+    verifier: VerifierName = DEFAULTS.verifier
     adaptive_gamma: bool = False
+    drafter_options: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
-        if self.drafter not in DRAFTERS:
-            raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}; got {self.drafter!r}")
+        kind = drafter_kind(self.drafter)  # ValueError naming the registered drafters
         if self.verifier not in VERIFIERS:
             raise ValueError(f"verifier must be one of {', '.join(VERIFIERS)}; got {self.verifier!r}")
+        if isinstance(self.drafter_options, Mapping):
+            object.__setattr__(self, "drafter_options", tuple(sorted(self.drafter_options.items())))
+        kind.resolve_options(self.drafter_options)  # unknown names and bad values fail here
+
+    @property
+    def kind(self) -> DrafterKind:
+        """The registered drafter this strategy drafts with."""
+        return drafter_kind(self.drafter)
 
     @property
     def needs_draft_model(self) -> bool:
-        """Prompt lookup runs no model; the other drafters need the draft model."""
-        return self.drafter != "ngram"
+        """Whether the drafter runs the draft model (prompt lookup does not)."""
+        return self.kind.needs_draft_model
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """Every option of the drafter, defaults filled in."""
+        return self.kind.resolve_options(self.drafter_options)
 
     @property
     def name(self) -> str:
         """The benchmark's method name: speculative, speculative-block, ngram, hybrid, adaptive, ...
 
-        The drafter's base name ("speculative" for the draft model), then "-adaptive" ("adaptive"
+        The drafter's method name ("speculative" for the draft model), then "-adaptive" ("adaptive"
         alone for the draft model), then "-block" for block verification.
         """
-        base = _BASE_NAMES[self.drafter]
+        base = self.kind.method
         if self.adaptive_gamma:
             base = "adaptive" if self.drafter == "model" else f"{base}-adaptive"
         return f"{base}-block" if self.verifier == "block" else base
@@ -91,8 +106,8 @@ class Strategy:
 
 
 def all_strategies() -> list[Strategy]:
-    """Every combination of drafter, verifier and adaptive gamma, the plain draft model first."""
+    """Every combination of registered drafter, verifier and adaptive gamma, the plain draft model first."""
     return [
         Strategy(drafter, verifier, adaptive)
-        for adaptive, verifier, drafter in itertools.product((False, True), VERIFIERS, DRAFTERS)
+        for adaptive, verifier, drafter in itertools.product((False, True), VERIFIERS, drafter_kinds())
     ]

@@ -7,7 +7,9 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from exactspec.drafters.base import Drafter, Proposal
+from exactspec.drafters.model import ModelDrafter
 from exactspec.drafters.ngram import NgramDrafter
+from exactspec.drafters.registry import DrafterKind, DrafterParts, register
 from exactspec.foundations.rows import RowStart
 from exactspec.foundations.sampler import Sampler
 from exactspec.foundations.settings import SamplingSettings
@@ -92,3 +94,24 @@ class HybridDrafter:
             q[index] = torch.nn.functional.one_hot(tokens[index], self.vocab_size).to(dtype)
         lengths[index] = drafted.lengths
         return Proposal(tokens=tokens, q=q, lengths=lengths)
+
+
+def _build(parts: DrafterParts) -> HybridDrafter:
+    if parts.draft is None:
+        raise ValueError("the hybrid drafter needs a draft model")
+    target = parts.target
+    model_drafter = ModelDrafter(parts.draft, target.vocab_size, stop=parts.stop)
+    return HybridDrafter(NgramDrafter(target.eos_token_ids), model_drafter, target.vocab_size)
+
+
+KIND = register(
+    DrafterKind(
+        name="hybrid",
+        method="hybrid",
+        summary="prompt lookup where the history has a match, the draft model elsewhere",
+        needs_draft_model=True,
+        free=False,
+        build=_build,
+        rank=2,
+    )
+)

@@ -8,6 +8,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from exactspec.drafters.base import Proposal
+from exactspec.drafters.registry import DrafterKind, DrafterParts, register
 from exactspec.foundations.rows import RowStart
 from exactspec.foundations.sampler import Sampler
 from exactspec.foundations.settings import SamplingSettings
@@ -128,3 +129,22 @@ def _pad_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
     if missing == 0:
         return logits
     return torch.nn.functional.pad(logits, (0, missing), value=float("-inf"))
+
+
+def _build(parts: DrafterParts) -> ModelDrafter:
+    if parts.draft is None:
+        raise ValueError("the model drafter needs a draft model")
+    return ModelDrafter(parts.draft, parts.target.vocab_size, stop=parts.stop)
+
+
+KIND = register(
+    DrafterKind(
+        name="model",
+        method="speculative",
+        summary="the draft model (default): free text, code written from scratch",
+        needs_draft_model=True,
+        free=False,
+        build=_build,
+        rank=0,
+    )
+)

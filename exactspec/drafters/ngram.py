@@ -16,6 +16,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 import torch
 
 from exactspec.drafters.base import Proposal
+from exactspec.drafters.registry import DrafterKind, DrafterOption, DrafterParts, register
 from exactspec.foundations.rows import Stateless
 from exactspec.foundations.sampler import Sampler
 from exactspec.foundations.settings import SamplingSettings
@@ -165,3 +166,29 @@ class NgramDrafter(Stateless):
             tokens[b, : len(draft)] = torch.tensor(draft, dtype=torch.long)
         lengths = torch.tensor([len(draft) for draft in drafts], dtype=torch.long)  # [B]
         return Proposal(tokens=tokens, q=None, lengths=lengths, deterministic=True)
+
+
+def _build(parts: DrafterParts) -> NgramDrafter:
+    options = parts.options
+    return NgramDrafter(
+        parts.target.eos_token_ids, options["min_ngram"], options["max_ngram"], lengths=parts.lengths
+    )
+
+
+KIND = register(
+    DrafterKind(
+        name="ngram",
+        method="ngram",
+        summary="prompt lookup: copies spans of the prompt and output so far at no model cost (no draft "
+        "model loaded); for answers that copy their input (edit, fix, annotate, summarise a pasted text)",
+        needs_draft_model=False,
+        free=True,
+        build=_build,
+        max_match_order=DEFAULT_MAX_NGRAM,
+        options=(
+            DrafterOption("min_ngram", int, DEFAULT_MIN_NGRAM, "shortest suffix tried"),
+            DrafterOption("max_ngram", int, DEFAULT_MAX_NGRAM, "longest suffix tried first"),
+        ),
+        rank=1,
+    )
+)

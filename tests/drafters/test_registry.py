@@ -1,0 +1,66 @@
+"""The drafter registry: a drafter registered once is known to the strategy, builder, CLI and grid."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from exactspec.checking.toy import random_tabular_model
+from exactspec.cli.main import build_parser
+from exactspec.decoding.builder import build_components
+from exactspec.decoding.strategy import Strategy, all_strategies
+from exactspec.drafters import registry
+from exactspec.drafters.ngram import NgramDrafter
+from exactspec.drafters.registry import DrafterKind, DrafterOption, DrafterParts, drafter_kind, drafter_kinds
+
+
+def _echo(parts: DrafterParts) -> NgramDrafter:
+    return NgramDrafter(parts.target.eos_token_ids, max_ngram=parts.options["order"])
+
+
+ECHO = DrafterKind(
+    name="echo-test",
+    method="echo",
+    summary="a drafter registered by a test",
+    needs_draft_model=False,
+    free=True,
+    build=_echo,
+    max_match_order=3,
+    options=(DrafterOption("order", int, 2, "longest suffix"),),
+)
+
+
+@pytest.fixture
+def echo() -> Iterator[DrafterKind]:
+    registry.register(ECHO)
+    yield ECHO
+    registry._KINDS.pop(ECHO.name)
+
+
+def test_the_shipped_drafters_are_registered_by_their_own_modules() -> None:
+    assert list(drafter_kinds())[:3] == ["model", "ngram", "hybrid"]
+    assert drafter_kind("ngram").free and not drafter_kind("ngram").needs_draft_model
+    with pytest.raises(ValueError, match="drafter must be one of model, ngram, hybrid"):
+        drafter_kind("nope")
+
+
+def test_a_registered_drafter_reaches_strategy_builder_cli_and_strategies(echo: DrafterKind) -> None:
+    strategy = Strategy(drafter=echo.name, drafter_options={"order": "3"})
+    assert strategy.options == {"order": 3} and not strategy.needs_draft_model
+    assert strategy.name == "echo" and Strategy.from_name("echo-adaptive").adaptive_gamma
+    assert any(s.drafter == echo.name for s in all_strategies())
+    target = random_tabular_model(5, seed=1)
+    drafter = build_components(target, None, strategy, gamma=3).drafter
+    assert isinstance(drafter, NgramDrafter) and drafter.max_ngram == 3
+    args = build_parser().parse_args(["generate", "x", "--drafter", echo.name, "--drafter-option", "order=1"])
+    assert args.drafter == echo.name and args.drafter_option == ["order=1"]
+
+
+def test_options_are_checked_by_name_and_type(echo: DrafterKind) -> None:
+    with pytest.raises(ValueError, match="has no option 'size'"):
+        Strategy(drafter=echo.name, drafter_options={"size": 1})
+    with pytest.raises(ValueError, match="takes a int"):
+        Strategy(drafter=echo.name, drafter_options={"order": "two"})
+    with pytest.raises(ValueError, match="registered already"):
+        registry.register(DrafterKind("ngram", "x", "x", False, True, _echo))
