@@ -12,6 +12,7 @@ from exactspec.checking.exact import check_speculative
 from exactspec.checking.grid import EXACT_TOLERANCE
 from exactspec.checking.toy import TabularModel
 from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine
+from exactspec.drafters.base import Drafter
 from exactspec.drafters.suffix import SuffixDrafter
 from exactspec.drafters.suffix_tree import SuffixTree
 from exactspec.foundations.rows import RowStart
@@ -251,21 +252,33 @@ def test_greedy_speculative_output_equals_plain_greedy_and_drafts_are_kept() -> 
     assert drafter.memory().global_tree.sequences == 6 and drafter.memory().rows.tokens == 0
 
 
-@pytest.mark.parametrize("earlier", [(), (2, 3, 1, 2, 3, 1)], ids=["row tree", "row and global tree"])
-def test_suffix_drafts_are_exact(earlier: tuple[int, ...]) -> None:
-    # The whole output law, enumerated, equals the target's; `earlier` is a finished request the
-    # drafter learned before (each enumerated path gets a fresh drafter that learned the same).
+@pytest.mark.parametrize(
+    ("earlier", "prompt"),
+    [((), (1, 2, 3, 1, 2)), ((2, 3, 1, 2, 3, 1), (3, 1, 2))],
+    ids=["row tree", "global tree"],
+)
+def test_suffix_drafts_are_exact(earlier: tuple[int, ...], prompt: tuple[int, ...]) -> None:
+    # The whole output law, enumerated, equals the target's. `earlier` is a finished request the drafter
+    # learned before; each enumerated path gets a fresh drafter that learned the same.
     target = markov_model(4, seed=5, sharpness=1.0)
     config = DecodeConfig(gamma=3, max_new_tokens=3)
-    proposed = []
+    metrics = []
 
-    def engine() -> SpeculativeEngine:
-        drafter = SuffixDrafter(target.eos_token_ids, min_token_probability=0.0)
-        drafter.learn(earlier)
-        built = SpeculativeEngine(target, drafter)
-        proposed.append(built.metrics)
+    def drafter() -> SuffixDrafter:
+        built = SuffixDrafter(target.eos_token_ids, min_token_probability=0.0)
+        built.learn(earlier)
         return built
 
-    result = check_speculative(engine, [(1, 2, 3, 1, 2)], config)
+    def engine() -> SpeculativeEngine:
+        built = SpeculativeEngine(target, drafter())
+        metrics.append(built.metrics)
+        return built
+
+    assert drafter().draft(0, list(prompt), 2).source == ("global" if earlier else "row")
+    result = check_speculative(engine, [prompt], config)
     assert result.total_variation <= EXACT_TOLERANCE
-    assert sum(metrics.proposed_tokens for metrics in proposed) > 0  # the drafter did draft
+    assert sum(m.proposed_tokens for m in metrics) > 0
+
+
+def test_the_drafter_is_a_drafter() -> None:
+    assert isinstance(SuffixDrafter(EOS), Drafter)
