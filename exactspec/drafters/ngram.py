@@ -184,7 +184,7 @@ class NgramDrafter:
     instead of `lookup_match`'s pass over the whole history; the proposals are the same. On Python
     source (`scripts/measure_suffix.py --tokens 100000`, loaded 2-core machine): 2 to 3 us per
     indexed token and 3 to 6 us a match at 100,000 tokens, where `lookup_match` took 0.13 ms at
-    1,000 tokens of history and 13 to 28 ms at 10,000.
+    1,000 tokens of history and 4 to 28 ms at 10,000 (a torch pass, so the load moves it a lot).
 
     A row without a match proposes 0 tokens; the engine's round then emits one
     token from the target for that row, exactly as plain decoding would. The

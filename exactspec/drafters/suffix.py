@@ -28,19 +28,19 @@ this drafter saw before. A seeded request can therefore produce a different (equ
 output after other requests than on a fresh drafter; greedy output (T = 0) is the same either way.
 Seeded reproducibility needs a fresh drafter, or `global_budget_tokens = 0`.
 
-Measured on this machine (2-core EPYC shared with other jobs, load 2.5 to 3: ranges over three
-runs, each figure the best of 3 repeats) on the first 100,000 tokens of the venv's Python
+Measured on this machine (2-core EPYC shared with other jobs, load 2.5 to 3.8: ranges over four
+runs, each figure the best of 2 or 3 repeats) on the first 100,000 tokens of the venv's Python
 sources, split by `scripts/measure_suffix.py`'s regex (identifiers, numbers, single punctuation,
 whitespace runs; 4,180 distinct ids), tree depth 32 (the defaults' max_depth + max_spec_tokens):
 
     python scripts/measure_suffix.py --tokens 100000
 
-- a row's tree (one growing sequence): 10 to 19 us per appended token, 1.35 nodes and about
-  218 bytes per token;
+- a row's tree (one growing sequence): 10 to 19 us per appended token, 1.35 nodes and about 218
+  bytes per token;
 - the global tree (requests of 500 tokens): 8 to 23 us per token added, 2.3 to 2.9 us per token
   evicted, 1.33 nodes and about 217 bytes per token (so the default budget is about 43 MB);
 - a proposal (a row of 1,000 to 50,000 tokens, a global tree of 50,000): median 86 to 142 us, 90th
-  percentile about 250 us (the largest single times, 4 to 8 ms, did not repeat: the machine's load).
+  percentile 220 to 263 us (the largest single times, 4 to 8 ms, did not repeat: the machine's load).
 
 Each node is a Python object the garbage collector tracks: a full collection with 50,000 tokens in
 the global tree took 0.5 s here. Python runs one when the objects created since the last one reach
