@@ -37,7 +37,8 @@ from exactspec.checking.statistical import (
 from exactspec.checking.toy import TabularModel, random_tabular_model
 from exactspec.decoding.builder import build_engine
 from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine
-from exactspec.decoding.strategy import Strategy
+from exactspec.decoding.strategy import VERIFIERS, Strategy
+from exactspec.drafters.registry import drafter_kinds
 from exactspec.foundations.costs import BatchCosts, CostModel
 from exactspec.foundations.sampler import SeededSampler
 from exactspec.foundations.settings import SamplingSettings
@@ -86,6 +87,9 @@ class ExactCase:
     # The TV distance this case may reach and still pass: float64 rounding for every case whose
     # probabilities are float64; float32 cases (llama.cpp) say theirs.
     tolerance: float = EXACT_TOLERANCE
+    # Requests the engine decodes (greedily, before the enumerated run) so that a drafter that learns
+    # across requests (the suffix drafter's shared tree) drafts from what it learned.
+    previous: tuple[tuple[int, ...], ...] = ()
 
     def models(self) -> tuple[TabularModel, TabularModel]:
         """(target, draft) for this case."""
@@ -124,7 +128,7 @@ class ExactCase:
         """Builds the case's engine through the builder every entry point uses (a fresh one per path)."""
 
         def build() -> SpeculativeEngine:
-            return build_engine(
+            engine = build_engine(
                 target,
                 draft,
                 self.strategy,
@@ -134,6 +138,10 @@ class ExactCase:
                 policy_options=GRID_POLICY_OPTIONS,
                 batch_costs=GRID_BATCH_COSTS if self.planned else None,
             )
+            if self.previous:  # the same greedy requests before every path: the drafter's state is fixed
+                earlier = DecodeConfig(self.gamma, 2 * self.max_new_tokens, SamplingSettings(temperature=0.0))
+                engine.generate(self.previous, earlier, SeededSampler(0, num_rows=len(self.previous)))
+            return engine
 
         return build
 
@@ -343,7 +351,55 @@ def exact_grid() -> list[ExactCase]:
         )
     )
     llamacpp = llamacpp_cases() if llamacpp_available() else []  # `verify` prints LLAMACPP_SKIP_REASON
-    return cases + round_two_grid() + scheduler_cases() + adapter_cases() + llamacpp
+    extra = registered_drafter_cases()
+    return cases + round_two_grid() + extra + scheduler_cases() + adapter_cases() + llamacpp
+
+
+DRAFTERS_WITH_OWN_CASES = frozenset({"model", "ngram", "hybrid"})
+"""Drafters whose cases `round_two_grid` writes out; every other registered drafter gets
+`registered_drafter_cases`."""
+
+
+def registered_drafter_cases() -> list[ExactCase]:
+    """The same cases for every drafter of the registry that `round_two_grid` does not spell out, so a
+    new drafter is enumerated by `exactspec verify` without an edit here: each verifier, fixed and
+    adaptive gamma, a prompt that repeats (drafts from the row's own text), a batch of two rows
+    with every transform, and a row after earlier requests (drafts from what they left)."""
+    all_transforms = SamplingSettings(
+        temperature=0.8, top_k=3, top_p=0.9, min_p=0.05, repetition_penalty=1.3, logit_bias={1: 0.5}
+    )
+    cases: list[ExactCase] = []
+    for name in drafter_kinds():
+        if name in DRAFTERS_WITH_OWN_CASES:
+            continue
+        for adaptive in (False, True):
+            for verifier in VERIFIERS:
+                strategy = Strategy(name, verifier, adaptive)
+                label = f"{strategy.name} ({name} drafter)"
+                cases.append(ExactCase(f"{label}, repeats", 4, 3, 3, prompts=((1, 2, 1),), strategy=strategy))
+                cases.append(
+                    ExactCase(
+                        f"{label}, batch of 2, all transforms",
+                        4,
+                        3,
+                        3,
+                        all_transforms,
+                        prompts=((1, 2, 1), (2,)),
+                        strategy=strategy,
+                    )
+                )
+                cases.append(
+                    ExactCase(
+                        f"{label}, after earlier requests",
+                        4,
+                        3,
+                        3,
+                        prompts=((3, 1),),
+                        strategy=strategy,
+                        previous=((2, 3, 1), (3, 1, 2)),
+                    )
+                )
+    return cases
 
 
 def round_two_grid() -> list[ExactCase]:

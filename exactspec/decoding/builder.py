@@ -86,7 +86,7 @@ def build_components(
     if strategy.adaptive_gamma and kind.free:
         # A free draft's length is chosen per match length, once the round's match is found.
         lookup_costs = _cost_model(target, draft, strategy, gamma, costs)
-        policy = lengths = LookupGamma(lookup_costs, kind.max_match_order, **options)
+        policy = lengths = LookupGamma(lookup_costs, kind.max_match_order(strategy.options), **options)
     elif strategy.adaptive_gamma and batch_costs is not None:
         policy = CostAwareGamma(batch_costs, **options)
     elif strategy.adaptive_gamma:

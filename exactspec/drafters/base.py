@@ -28,16 +28,25 @@ class Proposal:
         deterministic: q is one-hot on `tokens` (prompt lookup, n-gram drafts;
             docs/algorithm.md 5). Such a proposal may carry q = None: the verifiers then
             use q_i(X_i) = 1 without a dense [B, gamma, V] tensor.
+        parents: [B, N] long, or None for a chain. Given, row b's proposal is a tree of several
+            candidates: tokens[b, n] is node n's token, parents[b, n] its parent node (-1: a child
+            of the history's last token), nodes in topological order, siblings distinct and in the
+            order they are to be tried, lengths[b] the number of nodes, every root-to-node path at
+            most the row's max_tokens long. Trees are deterministic (q None). Verified by tree
+            verification (`verifiers/tree.py`, landing separately; interface the lead reconciles).
     """
 
     tokens: torch.Tensor
     q: torch.Tensor | None
     lengths: torch.Tensor
     deterministic: bool = False
+    parents: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.q is None and not self.deterministic:
             raise ValueError("a Proposal without q must be deterministic (q one-hot on its tokens)")
+        if self.parents is not None and (self.q is not None or not self.deterministic):
+            raise ValueError("a tree Proposal (parents given) must be deterministic with q None")
 
     def row_tokens(self, row: int) -> list[int]:
         return self.tokens[row, : int(self.lengths[row])].tolist()

@@ -84,7 +84,7 @@ class DrafterKind:
         free: its drafts cost no model step (c = 0) and come from matches in text seen before; under
             adaptive gamma its length is learned per match length (`LookupGamma`, up to
             `max_match_order`).
-        max_match_order: the longest match length its proposals report (free drafters only).
+        max_match_order: options -> the longest match length its proposals report (free drafters only).
         build: DrafterParts -> the drafter.
         options: what it can be told (`--drafter-option`), with defaults.
         rank: where it is listed (choices, strategies); lower first.
@@ -96,7 +96,7 @@ class DrafterKind:
     needs_draft_model: bool
     free: bool
     build: Callable[[DrafterParts], Drafter]
-    max_match_order: int = 0
+    max_match_order: Callable[[Mapping[str, Any]], int] = lambda options: 0
     options: tuple[DrafterOption, ...] = ()
     rank: int = 100
 

@@ -379,3 +379,18 @@ def test_the_verify_grid_runs_every_shipped_strategy_sampled() -> None:
 
     sampled = {case.strategy for case in exact_grid() if not case.settings.greedy and not case.schedule}
     assert sampled >= set(all_strategies())
+
+
+def test_every_registered_drafter_gets_grid_cases_and_the_earlier_requests_reach_a_shared_tree() -> None:
+    """A drafter that registers itself is enumerated by `exactspec verify` with no edit of the grid; the
+    "after earlier requests" case really drafts from what the earlier requests left (suffix: the
+    shared tree)."""
+    from exactspec.checking.grid import DRAFTERS_WITH_OWN_CASES, registered_drafter_cases
+    from exactspec.drafters.registry import drafter_kinds
+
+    cases = registered_drafter_cases()
+    assert {c.strategy.drafter for c in cases} == set(drafter_kinds()) - DRAFTERS_WITH_OWN_CASES
+    after = next(c for c in cases if c.strategy.drafter == "suffix" and c.previous)
+    target, draft = after.models()
+    engine = after.engine_factory(target, draft)()
+    assert engine.drafter.draft(0, list(after.prompts[0]), after.gamma).source == "global"

@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 
 from exactspec.decoding.strategy import Strategy, all_strategies
+from exactspec.drafters.registry import drafter_kinds
 
 
 def test_method_names_round_trip_and_are_unique() -> None:
     names = [s.name for s in all_strategies()]
-    assert len(set(names)) == len(names) == 12
+    # Every registered drafter, with each verifier, fixed and adaptive.
+    assert len(set(names)) == len(names) == 2 * 2 * len(drafter_kinds())
     assert names[:3] == ["speculative", "ngram", "hybrid"]
     assert {"speculative-block", "adaptive", "adaptive-block", "ngram-adaptive-block"} <= set(names)
     for strategy in all_strategies():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
 import pytest
@@ -14,7 +15,7 @@ from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine
 from exactspec.drafters import ModelDrafter, Proposal
 from exactspec.drafters.hybrid import HybridDrafter
 from exactspec.drafters.ngram import LookupMatch, NgramDrafter, lookup_continuation, lookup_match
-from exactspec.foundations.rows import Stateless
+from exactspec.foundations.rows import RowStart, Stateless
 from exactspec.foundations.sampler import Sampler, SeededSampler
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.verifiers.block import verify_block
@@ -58,6 +59,42 @@ def test_lookup_match_says_which_suffix_length_matched() -> None:
     assert lookup_match([4, 6, 9, 6], 2, EOS) == LookupMatch(1, [9, 6])
     assert lookup_match([1, 2, 3], 2, EOS) == LookupMatch(0, [])
     assert lookup_match([5, 6, 5], 0, EOS) == LookupMatch(0, [])
+
+
+@pytest.mark.parametrize(("min_ngram", "max_ngram", "vocab"), [(1, 4, 3), (2, 3, 2), (1, 1, 5), (1, 6, 4)])
+def test_the_incremental_index_proposes_what_lookup_match_does(min_ngram, max_ngram, vocab) -> None:
+    # Rows join with a prompt and grow by observed chunks, as the engine drives them; every proposal
+    # must be lookup_match's on the whole history (the reference), EOS cut and lengths included.
+    rng = random.Random(vocab * 10 + max_ngram)
+    drafter = NgramDrafter(EOS, min_ngram=min_ngram, max_ngram=max_ngram)
+    histories = {row: [rng.randrange(vocab) for _ in range(rng.randint(1, 6))] for row in range(3)}
+    drafter.add_rows([RowStart(row, prompt=tuple(history)) for row, history in histories.items()])
+    for _ in range(40):
+        rows = sorted(histories)
+        limits = [rng.randint(0, 5) for _ in rows]
+        proposal = drafter.propose([histories[r] for r in rows], limits, SETTINGS, SeededSampler(0), rows)
+        for b, row in enumerate(rows):
+            expected = lookup_match(histories[row], limits[b], EOS, min_ngram, max_ngram).tokens
+            assert proposal.row_tokens(b) == expected, (histories[row], limits[b])
+        appended = {row: [rng.randrange(vocab) for _ in range(rng.randint(0, 4))] for row in rows}
+        for row, tokens in appended.items():
+            histories[row].extend(tokens)
+        drafter.observe(appended)
+
+
+def test_the_index_follows_histories_it_was_not_told_about() -> None:
+    # No add_rows, no observe, a row id reused for another text: each proposal is still lookup_match's.
+    drafter = NgramDrafter(EOS)
+    for history in ([5, 6, 7, 5, 6], [5, 6, 7, 5, 6, 8, 5, 6], [1, 5, 6, 2, 5, 6], [1, 5, 6, 2, 5, 6, 9, 9]):
+        proposal = drafter.propose([history], [4], SETTINGS, SeededSampler(0), [0])
+        assert proposal.row_tokens(0) == lookup_match(history, 4, EOS).tokens
+
+
+def test_a_released_row_is_forgotten() -> None:
+    drafter = NgramDrafter(EOS)
+    drafter.add_rows([RowStart(3, prompt=(4, 5, 4))])
+    drafter.release_rows([3])
+    assert list(drafter._rows) == []
 
 
 class FixedLengths:
@@ -105,12 +142,22 @@ def test_a_proposal_without_q_must_say_deterministic() -> None:
         Proposal(tokens=torch.zeros(1, 1, dtype=torch.long), q=None, lengths=torch.ones(1, dtype=torch.long))
 
 
-class CountingDrafter(Stateless):
-    """Wraps a drafter and keeps each round's proposed lengths."""
+class CountingDrafter:
+    """Wraps a drafter (passing the row lifecycle and each round's tokens on) and keeps each round's
+    proposed lengths."""
 
     def __init__(self, inner) -> None:
         self.inner = inner
         self.lengths: list[list[int]] = []
+
+    def add_rows(self, rows) -> None:
+        self.inner.add_rows(rows)
+
+    def release_rows(self, rows) -> None:
+        self.inner.release_rows(rows)
+
+    def observe(self, appended) -> None:
+        self.inner.observe(appended)
 
     def propose(self, histories, max_tokens, settings, sampler, rows) -> Proposal:
         proposal = self.inner.propose(histories, max_tokens, settings, sampler, rows)

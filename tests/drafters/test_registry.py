@@ -26,7 +26,7 @@ ECHO = DrafterKind(
     needs_draft_model=False,
     free=True,
     build=_echo,
-    max_match_order=3,
+    max_match_order=lambda options: options["order"],
     options=(DrafterOption("order", int, 2, "longest suffix"),),
 )
 
