@@ -41,7 +41,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     args = parser.parse_args()
     provenance = Provenance.collect()
-    pair = ModelPair.from_gguf(progress=False)
+    pair = ModelPair.from_pretrained(backend="llamacpp", progress=False)
     costs = measure_cost_model(pair.target, pair.draft, 8, repeats=5, context_tokens=300)
     # One-token step in ms, timed alone (measure_cost_model gives ratios only).
     history = list(range(1000, 1300))

@@ -51,18 +51,20 @@ def layout_table() -> dict[str, set[str]]:
     rows = {}
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 2 and (folder := re.fullmatch(r"`(\w+)/`", cells[0])):
+        if len(cells) == 2 and (folder := re.fullmatch(r"`(\w+(?:/\w+)*)/`", cells[0])):
             rows[folder.group(1)] = set(re.findall(r"`(\w+)`", cells[1]))
     return rows
 
 
 def test_readme_layout_table_names_every_module() -> None:
     table = layout_table()
-    for folder in sorted(p for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()):
+    packages = [p.parent for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE]
+    for folder in sorted(packages):
+        name = folder.relative_to(PACKAGE).as_posix()
         modules = {p.stem for p in folder.glob("*.py")} - {"__init__"}
-        assert folder.name in table, f"README layout table has no row for {folder.name}/"
-        listed = table[folder.name]
-        assert modules == listed, f"{folder.name}/: missing {modules - listed}, gone {listed - modules}"
+        assert name in table, f"README layout table has no row for {name}/"
+        listed = table[name]
+        assert modules == listed, f"{name}/: missing {modules - listed}, gone {listed - modules}"
 
 
 def test_cli_reference_is_current() -> None:

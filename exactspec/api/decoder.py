@@ -133,7 +133,8 @@ class SpeculativeDecoder:
 
         `device`: "cpu", "cuda" or "auto" (CUDA when available). `weights`: "auto" (int4 on the CPU, bf16 on
         CUDA), "bf16" (dense), "int4" or "int8" (packed CPU kernels; see `ModelPair.from_pretrained`).
-        `backend`: "hf" (default) or "llamacpp" (GGUF files run by llama.cpp, `ModelPair.from_gguf`).
+        `backend`: a registered backend (`exactspec.models.backends.registry`): "hf" (default) or
+        "llamacpp" (GGUF files run by llama.cpp).
         """
         return cls.from_pair(
             ModelPair.from_pretrained(

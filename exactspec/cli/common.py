@@ -21,6 +21,7 @@ from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.errors import InvalidArgument
 from exactspec.foundations.provenance import Provenance
 from exactspec.foundations.settings import SamplingSettings
+from exactspec.models.backends.registry import backends
 from exactspec.models.packed import WEIGHT_CHOICES
 
 __all__ = [
@@ -297,13 +298,16 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "int4-gguf (the GGUF's own 4-bit codes; slower to load), int4-g128 etc. (other group sizes), "
         "int8; torch CPU kernels; the packed model is the target",
     )
+    registered = backends()
     group.add_argument(
         "--backend",
         default="hf",
-        choices=("hf", "llamacpp"),
-        help="what runs the forward passes: hf (default: transformers with torch's kernels, --weights) "
-        "or llamacpp (the GGUF files run by llama.cpp on the CPU; needs the llamacpp extra; "
-        "--dtype and --weights do not apply; generate and serve only so far)",
+        choices=list(registered),
+        help="what runs the forward passes: "
+        + "; ".join(
+            f"{b.name}: {b.summary}" + (" (default)" if b.name == "hf" else "") for b in registered.values()
+        )
+        + " (bench, audit and numerics: hf only so far)",
     )
     group.add_argument(
         "--cache-dir",

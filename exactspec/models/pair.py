@@ -23,9 +23,6 @@ from exactspec.models.base import LanguageModel
 from exactspec.models.costs import measure_batch_costs, measure_cost_model
 from exactspec.models.tokenizers import check_tokenizers_compatible, end_of_generation_ids
 
-BACKENDS = ("hf", "llamacpp")
-"""What computes the forward passes: transformers and torch ("hf"), or llama.cpp over GGUF files."""
-
 
 @dataclass
 class ModelPair:
@@ -39,9 +36,11 @@ class ModelPair:
         tokenizer: the shared tokenizer, or None (token ids only).
         lock: held by whoever runs the adapters, whose KV caches one call at a time may use
             (every `SpeculativeDecoder` over this pair holds it for each call).
-        weights: the target's weight format ("bf16" = dense, "int4", ...: `models.packed`), read
-            from the module `pack_model` marked; it picks the default draft length
+        weights: the target's weight format ("bf16" = dense, "int4", ...: `models.packed`; "gguf" for
+            llama.cpp), read from the module `pack_model` marked; it picks the default draft length
             (`exactspec.foundations.defaults.DEFAULTS.gamma`).
+        backend: the registered backend that loaded the pair (`models.backends.registry`).
+        source: what was loaded (specs, options): the key of measurements cached for the pair.
     """
 
     target_model: Any
@@ -51,6 +50,7 @@ class ModelPair:
     tokenizer: Any | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     weights: str = "bf16"
+    backend: str = "hf"
     source: dict[str, str] | None = None  # what was loaded (specs, dtype, weights, device): keys cached costs
     _costs: CostModel | None = field(default=None, init=False, repr=False, compare=False)
     _batch_costs: BatchCosts | None = field(default=None, init=False, repr=False, compare=False)
@@ -110,115 +110,33 @@ class ModelPair:
         device: Any = "cpu",
         weights: str = "auto",
         backend: str = "hf",
+        threads: int | None = None,
     ) -> ModelPair:
         """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair).
 
-        `backend`: "hf" (default: transformers and torch's kernels, as below) or "llamacpp" (the GGUF
-        files run by llama.cpp on the CPU, `from_gguf`; `dtype`, `device` and `weights` do not apply).
+        `backend`: a name of the backend registry (`exactspec.models.backends.registry`): "hf" (default:
+        transformers and torch's kernels) or "llamacpp" (the GGUF files run by llama.cpp on the CPU;
+        `dtype`, `device` and `weights` do not apply), or any backend that registered itself.
 
-        `device`: "cpu", "cuda" or "auto" (CUDA when available); dtype "auto" then means the
-        device's default (`exactspec.models.device.auto_dtype`). `weights`: "auto" (default) is
+        With "hf": `device` is "cpu", "cuda" or "auto" (CUDA when available); dtype "auto" then means
+        the device's default (`exactspec.models.device.auto_dtype`). `weights`: "auto" (default) is
         "int4" on the CPU and "bf16" on CUDA (`exactspec.models.device.auto_weights`); "bf16" keeps
         the dense weights in `dtype`; "int4", "int4-g128", "int4-gguf", "int8" pack both models'
-        linear layers for torch's CPU kernels (`exactspec.models.packed`).
+        linear layers for torch's CPU kernels (`exactspec.models.packed`). `threads`: CPU threads of a
+        backend that takes them (llama.cpp).
         """
-        if backend not in BACKENDS:
-            raise InvalidArgument(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-        if backend == "llamacpp":
-            return cls.from_gguf(target, draft, cache_dir=cache_dir, progress=progress)
-        from exactspec.models.device import auto_dtype, auto_weights, resolve_device
-        from exactspec.models.loading import load_hf_model
+        from exactspec.models.backends.registry import LoadSpec
+        from exactspec.models.backends.registry import backend as backend_named
 
-        where = resolve_device(device)
-        if dtype == "auto":
-            dtype = auto_dtype(where)
-        if str(weights).lower() == "auto":
-            weights = auto_weights(where)
-        target_model, tokenizer = load_hf_model(target, dtype=dtype, cache_dir=cache_dir, progress=progress)
-        target_model = target_model.to(where)
-        engine_target = _packed_copy(target_model, target, weights, cache_dir)
-        draft_model = draft_tokenizer = engine_draft = None
-        if draft is not None:
-            draft_model, draft_tokenizer = load_hf_model(
-                draft, dtype=dtype, cache_dir=cache_dir, progress=progress
-            )
-            draft_model = draft_model.to(where)
-            engine_draft = _packed_copy(draft_model, draft, weights, cache_dir)
-        pair = cls.from_models(
-            target_model,
-            draft_model,
-            tokenizer=tokenizer,
-            draft_tokenizer=draft_tokenizer,
-            engine_modules=(engine_target, engine_draft),
-        )
-        pair.source = {
-            "target": str(target),
-            "draft": str(draft),
-            "dtype": str(dtype),
-            "weights": str(weights),
-            "device": str(where),
-        }
-        return pair
-
-    @classmethod
-    def from_gguf(
-        cls,
-        target: str | os.PathLike[str] = "default-target",
-        draft: str | os.PathLike[str] | None = "default-draft",
-        *,
-        cache_dir: str | os.PathLike[str] | None = None,
-        progress: bool = True,
-        **options: Any,
-    ) -> ModelPair:
-        """The llama.cpp backend: GGUF files (or the built-in pair's) run by `models.llamacpp.LlamaCppModel`.
-
-        The tokenizer (and its chat template) is the one exactspec loads for the spec on the HF backend
-        (`models.loading.load_tokenizer`), checked id by id against each GGUF's vocabulary. There is no
-        transformers module (`target_model` is None: the transformers peers do not run on this pair).
-        `options`: `LlamaCppModel` keyword arguments (threads, context, max_rows, ...).
-        """
-        from exactspec.models.llamacpp import LlamaCppModel, check_vocabulary
-        from exactspec.models.loading import gguf_path, load_tokenizer
-
-        def open_gguf(role: str, spec: str | os.PathLike[str]) -> tuple[Any, Any]:
-            path = gguf_path(spec, cache_dir, progress=progress)
-            if path is None:
-                raise InvalidArgument(f"the llama.cpp backend needs GGUF files; the {role} {spec} is not one")
-            return path, load_tokenizer(spec, cache_dir=cache_dir, progress=progress)
-
-        def adapter(role: str, path: Any, tokenizer: Any, eos: Collection[int]) -> Any:
-            model = LlamaCppModel(path, eos_token_ids=eos, **options)
-            try:
-                check_vocabulary(tokenizer, model)
-            except ValueError as error:
-                raise InvalidArgument(f"the {role} model does not fit: {error}") from error
-            return model
-
-        target_path, tokenizer = open_gguf("target", target)
-        # The same end-of-generation ids as the HF backend's: the tokenizer's EOS and chat end-of-turn
-        # tokens (not llama.cpp's own end-of-generation guess by token text, which adds plain tokens).
-        eos = end_of_generation_ids(tokenizer)
-        target_adapter = adapter("target", target_path, tokenizer, eos)
-        draft_adapter = None
-        if draft is not None:
-            draft_path, draft_tokenizer = open_gguf("draft", draft)
-            check_tokenizers_compatible(tokenizer, draft_tokenizer)
-            draft_adapter = adapter("draft", draft_path, draft_tokenizer, eos)
-            if draft_adapter.vocab_size > target_adapter.vocab_size:
-                raise InvalidArgument("the draft vocabulary must be a prefix of the target's")
-        pair = cls(None, target_adapter, None, draft_adapter, tokenizer, weights="llamacpp")
-        pair.source = {
-            "backend": "llamacpp",
-            "target": str(target),
-            "draft": str(draft),
-            **{key: str(value) for key, value in options.items()},
-        }
-        return pair
-
-    @property
-    def backend(self) -> str:
-        """ "llamacpp" for a pair `from_gguf` loaded, else "hf"."""
-        return "llamacpp" if self.weights == "llamacpp" else "hf"
+        try:
+            chosen = backend_named(backend)
+        except ValueError as error:
+            raise InvalidArgument(str(error)) from None
+        why_not = chosen.unavailable()
+        if why_not is not None:
+            raise InvalidArgument(f"--backend {backend} cannot run here: {why_not}")
+        spec = LoadSpec(target, draft, dtype, weights, device, threads, cache_dir, progress)
+        return chosen.load(spec)
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -233,19 +151,14 @@ class ModelPair:
 
     @functools.cached_property
     def reference(self) -> LanguageModel:
-        """A second adapter over the engine's target module (packed as the engine's is), for exact
+        """A second model over the engine's target weights (packed as the engine's are), for exact
         probabilities beside a running engine.
 
         It has its own KV cache, so the reference's rows and the engine's never evict each other.
         """
-        from exactspec.models.hf import HFLanguageModel
+        from exactspec.models.backends.registry import backend
 
-        if self.backend == "llamacpp":
-            from exactspec.models.llamacpp import LlamaCppModel
-
-            return LlamaCppModel(self.target.path, eos_token_ids=self.eos_token_ids)  # type: ignore[attr-defined]
-        assert isinstance(self.target, HFLanguageModel)
-        return HFLanguageModel(self.target.module, eos_token_ids=self.eos_token_ids)
+        return backend(self.backend).reference(self)
 
     def cost_model(self, max_gamma: int) -> CostModel:
         """c and v(1..max_gamma + 1) of this pair's backend, measured on first use and cached on the pair.
@@ -321,27 +234,3 @@ def _adapter(role: str, adapter: Any, model: Any, eos_token_ids: Collection[int]
             else ""
         )
         raise InvalidArgument(f"the {role} model does not fit: {error}{hint}") from error
-
-
-def _packed_copy(model: Any, spec: str | os.PathLike[str], weights: str, cache_dir: Any) -> Any:
-    """The module the engine's adapter runs: `model` itself for dense weights, else a copy whose linear
-    layers are packed as `weights` says (models.packed; "int4-gguf": models.gguf_int4). The stock
-    module keeps its dense layers for the transformers peers."""
-    from exactspec.models.hf import module_copy
-    from exactspec.models.packed import WeightFormat, pack_model
-
-    fmt = WeightFormat.parse(weights)
-    if fmt.bits is None:
-        return model
-    model = module_copy(model)
-    if not fmt.from_gguf:
-        pack_model(model, weights)
-        return model
-    from exactspec.models.gguf_int4 import pack_model_from_gguf
-    from exactspec.models.loading import gguf_path
-
-    path = gguf_path(spec, cache_dir, progress=False)
-    if path is None:
-        raise ValueError(f"--weights {weights} needs a GGUF model; {spec} is not one")
-    pack_model_from_gguf(model, path)
-    return model
