@@ -135,6 +135,7 @@ def _run_dataset(
     context.enable_progress_bars = False  # the job has its own bar
     context.print_on_execution_start = False
     logging.getLogger("ray.data").setLevel(logging.WARNING)
+    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)  # "progress bars disabled"
     size = block_size or 4 * job.max_batch
     dataset = ray.data.from_items(items, override_num_blocks=max(1, math.ceil(len(items) / size)))
     results = dataset.map_batches(
