@@ -90,7 +90,12 @@ def replica_application(
 
 def serve_replicas(application: Any, *, host: str, port: int, blocking: bool = True) -> None:
     """Start Ray Serve's HTTP proxy on host:port and deploy `application` at "/" (this process must be
-    connected to Ray); with `blocking`, wait until interrupted."""
+    connected to Ray); with `blocking`, wait until interrupted, then remove the application (Serve
+    applications outlive their driver on a running cluster)."""
     serve = import_serve()
     serve.start(http_options={"host": host, "port": port})
-    serve.run(application, name=APPLICATION_NAME, route_prefix="/", blocking=blocking)
+    try:
+        serve.run(application, name=APPLICATION_NAME, route_prefix="/", blocking=blocking)
+    except KeyboardInterrupt:
+        serve.delete(APPLICATION_NAME)
+        raise
