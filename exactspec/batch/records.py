@@ -46,7 +46,7 @@ KNOWN_FIELDS = frozenset(
 )
 
 SEED_BITS = 63
-"""Derived seeds are in 0..2**63 - 1 (an int64 column in Parquet)."""
+"""Seeds are in 0..2**63 - 1, given or derived (an int64 column in Parquet)."""
 
 
 def record_seed(job_seed: int, record_id: RecordId) -> int:
@@ -242,8 +242,8 @@ def _request(fields: dict[str, Any], defaults: JobDefaults) -> TextRequest:
         messages = _messages(messages)
     chat = _optional(fields, "chat", bool, defaults.chat)
     seed = fields.get("seed")
-    if seed is not None and not _is_int(seed, 0):
-        raise _FieldError("seed", f"seed must be an integer >= 0, got {seed!r}")
+    if seed is not None and not (_is_int(seed, 0) and seed < 2**SEED_BITS):
+        raise _FieldError("seed", f"seed must be an integer in 0..2**{SEED_BITS} - 1, got {seed!r}")
     max_tokens = fields.get("max_tokens", defaults.max_tokens)
     if max_tokens is not None and not _is_int(max_tokens, 1):
         raise _FieldError("max_tokens", f"max_tokens must be an integer >= 1, got {max_tokens!r}")

@@ -46,3 +46,23 @@ def test_a_ray_run_killed_midway_resumes_to_the_same_file(
     assert main(batch_args(tiny_model_folders, source, out)) == EXIT_OK  # resumed here, locally
     assert "cut a partial last line" in capsys.readouterr().err
     assert out.read_bytes() == reference
+
+
+class FakeRay:
+    def __init__(self, cpus: list[int]) -> None:
+        self.cpus = cpus
+
+    def nodes(self) -> list[dict]:
+        return [{"Alive": True, "Resources": {"CPU": float(c)}} for c in self.cpus] + [{"Alive": False}]
+
+
+@pytest.mark.parametrize(
+    ("cpus", "workers", "each"),
+    [([2], 1, 2), ([2], 2, 1), ([2], 3, 1), ([16, 16, 16, 16], 4, 16), ([16, 8], 4, 4), ([16], 32, 1)],
+)
+def test_default_cpus_per_worker_is_an_even_share_of_the_smallest_node(
+    cpus: list[int], workers: int, each: int
+) -> None:
+    from exactspec.batch.on_ray import default_cpus_per_worker
+
+    assert default_cpus_per_worker(FakeRay(cpus), workers) == each
