@@ -22,6 +22,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from exactspec.artefacts.default_pair import PartedModel
@@ -190,3 +191,41 @@ def dead_pid() -> int:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     return child.pid
+
+
+# --- tiny models in folders, and one local Ray instance (batch jobs and Ray Serve replicas) ----------
+
+
+def save_tiny_model(folder: Path, seed: int) -> Path:
+    """A tiny float32 model and the tiny tokenizer saved as a model folder (what --target/--draft load)."""
+    model = tiny_causal_lm(
+        vocab_size=len(TOKENIZER_VOCAB),
+        seed=seed,
+        initializer_range=0.2,
+        eos_token_id=TOKENIZER_EOS_ID,
+        tie_word_embeddings=False,
+    )
+    model.save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_model_folders(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """(target folder, draft folder): tiny float32 models another process can load by path."""
+    root = tmp_path_factory.mktemp("tiny-folders")
+    return str(save_tiny_model(root / "target", 0)), str(save_tiny_model(root / "draft", 1))
+
+
+@pytest.fixture(scope="session")
+def ray_address() -> Any:
+    """One local Ray instance for the test session (2 CPUs, no dashboard): its address, for drivers in
+    other processes; this process stays connected. Skipped without Ray (the ray extra)."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]')")
+    import logging
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()

@@ -1,4 +1,5 @@
-"""The `exactspec` entry point: one subcommand per module (verify, generate, bench, audit, numerics, serve).
+"""The `exactspec` entry point: one subcommand per module (verify, generate, batch, bench, audit, numerics,
+serve).
 
 Exit codes are a contract (README "Exit codes"):
 
@@ -125,7 +126,7 @@ def _quiet_stdout() -> None:
 def build_parser() -> Any:
     import argparse
 
-    from exactspec.cli import audit, bench, generate, numerics, serve, verify
+    from exactspec.cli import audit, batch, bench, generate, numerics, serve, verify
 
     parser = argparse.ArgumentParser(
         prog="exactspec",
@@ -134,7 +135,7 @@ def build_parser() -> Any:
     )
     parser.add_argument("--debug", action="store_true", help="show full tracebacks (also $EXACTSPEC_DEBUG=1)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for command in (verify, generate, bench, audit, numerics, serve):
+    for command in (verify, generate, batch, bench, audit, numerics, serve):
         command.add_parser(commands)
     for subparser in commands.choices.values():
         subparser.add_argument(

@@ -7,14 +7,17 @@ import sys
 
 from exactspec.cli.common import (
     EXIT_OK,
+    UsageError,
     add_device_argument,
     add_model_arguments,
     add_strategy_arguments,
     draft_to_load,
+    finite_float,
     gamma_argument,
     positive_int,
     strategy,
 )
+from exactspec.decoding.strategy import Strategy
 from exactspec.foundations.defaults import DEFAULTS
 
 
@@ -87,6 +90,31 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         action="store_false",
         help="every round drafts --gamma tokens for every request that does not name its own",
     )
+    replicas = parser.add_argument_group("Ray Serve (docs/serving.md)")
+    replicas.add_argument(
+        "--ray-serve",
+        action="store_true",
+        help="serve the same app as Ray Serve replicas, each one model pair with its own continuous "
+        "batching; Ray Serve's proxy listens on --host/--port and routes requests",
+    )
+    replicas.add_argument(
+        "--replicas", type=positive_int, default=None, help="Ray Serve replicas (default 1)"
+    )
+    replicas.add_argument(
+        "--ray-address",
+        default=None,
+        help="the Ray cluster (e.g. auto, 10.0.0.1:6379); default what ray.init() finds ($RAY_ADDRESS, "
+        "the latest local cluster, else a new local instance)",
+    )
+    replicas.add_argument(
+        "--cpus-per-replica",
+        type=positive_int,
+        default=None,
+        help="CPUs each replica reserves and its torch threads (default 1)",
+    )
+    replicas.add_argument(
+        "--gpus-per-replica", type=finite_float, default=None, help="GPUs each replica reserves (default 0)"
+    )
     parser.set_defaults(run=run, adaptive_gamma=DEFAULTS.serve_adaptive_gamma)
 
 
@@ -98,6 +126,9 @@ def run(args: argparse.Namespace) -> int:
 
     chosen = strategy(args)
     draft = draft_to_load(args, chosen)
+    if args.ray_serve:
+        return run_replicas(args, chosen, draft)
+    check_replica_arguments(args)
     pair = ModelPair.from_pretrained(
         args.target,
         draft,
@@ -128,4 +159,62 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     uvicorn.run(create_app(service), host=args.host, port=args.port, log_level="warning")
+    return EXIT_OK
+
+
+def check_replica_arguments(args: argparse.Namespace) -> None:
+    """The Ray Serve flags apply with --ray-serve only."""
+    names = ("replicas", "ray_address", "cpus_per_replica", "gpus_per_replica")
+    given = [f"--{name.replace('_', '-')}" for name in names if getattr(args, name) is not None]
+    if given and not args.ray_serve:
+        raise UsageError(f"{', '.join(given)} only apply with --ray-serve; add it or drop them")
+    if args.gpus_per_replica is not None and args.gpus_per_replica < 0:
+        raise UsageError(f"--gpus-per-replica must be >= 0, got {args.gpus_per_replica:g}")
+
+
+def run_replicas(args: argparse.Namespace, chosen: Strategy, draft: str | None) -> int:
+    """`serve --ray-serve`: the app as Ray Serve replicas (`exactspec.server.replicas`)."""
+    import logging
+
+    from exactspec.server.replicas import import_serve, replica_application, serve_replicas
+
+    check_replica_arguments(args)
+    import_serve()
+    import ray
+
+    pair_options = dict(
+        target=args.target,
+        draft=draft,
+        dtype=args.dtype,
+        cache_dir=args.cache_dir,
+        progress=False,
+        device=args.device,
+        weights=args.weights,
+        backend=args.backend,
+    )
+    service_options = dict(
+        model_name=args.served_model_name,
+        gamma=0 if args.plain else args.gamma,
+        max_batch=args.max_batch,
+        max_waiting=args.max_waiting,
+        default_max_tokens=args.max_tokens,
+        strategy=chosen,
+        prefill_chunk=args.prefill_chunk,
+    )
+    replicas = args.replicas or 1
+    application = replica_application(
+        pair_options,
+        service_options,
+        replicas=replicas,
+        cpus_per_replica=args.cpus_per_replica or 1,
+        gpus_per_replica=args.gpus_per_replica or 0.0,
+    )
+    if not ray.is_initialized():
+        ray.init(address=args.ray_address, include_dashboard=False, logging_level=logging.WARNING)
+    print(
+        f"[exactspec] serving {args.served_model_name!r} ({args.target} / {draft or 'no draft'}) as "
+        f"{replicas} Ray Serve replica(s) on http://{args.host}:{args.port}",
+        file=sys.stderr,
+    )
+    serve_replicas(application, host=args.host, port=args.port)
     return EXIT_OK

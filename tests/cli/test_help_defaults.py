@@ -47,7 +47,9 @@ def test_the_pattern_finds_a_planted_default() -> None:
 def test_printed_defaults_are_the_parsed_ones(name: str) -> None:
     parser = subcommands()[name]
     positionals = ["x" for a in parser._actions if not a.option_strings and a.nargs not in ("?", "*")]
-    args = parser.parse_args(positionals)
+    required = [a.option_strings[0] for a in parser._actions if a.required and a.option_strings]
+    required = [part for flag in required for part in (flag, "x")]  # e.g. batch's --out
+    args = parser.parse_args(positionals + required)
     for action, stated in stated_defaults(parser):
         value = getattr(args, action.dest)
         if value is None:

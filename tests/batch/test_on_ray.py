@@ -1,0 +1,68 @@
+"""`exactspec batch --ray` on a local Ray instance (2 CPUs, started once per test session): the same
+bytes as a local run for 1 and 2 workers, and for a Ray run whose driver is killed (kill -9) midway
+and then resumed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from jobs import batch_args, job_records, local_reference, run_killed, write_jsonl
+
+from exactspec.cli import EXIT_OK
+from exactspec.cli.main import main
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_folders: tuple[str, str], tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    return local_reference(tiny_model_folders, tmp_path_factory.mktemp("reference"))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_ray_workers_write_the_bytes_of_a_local_run(
+    ray_address: str, tiny_model_folders: tuple[str, str], reference: bytes, tmp_path: Path, workers: int
+) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", job_records())
+    out = tmp_path / "out.jsonl"
+    ray = ["--ray", "--workers", str(workers), "--cpus-per-worker", "1", "--block-size", "4"]
+    assert main(batch_args(tiny_model_folders, source, out, *ray)) == EXIT_OK
+    assert out.read_bytes() == reference
+
+
+def test_a_ray_run_killed_midway_resumes_to_the_same_file(
+    ray_address: str,
+    tiny_model_folders: tuple[str, str],
+    reference: bytes,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", job_records())
+    out = tmp_path / "out.jsonl"
+    ray = [f"--ray={ray_address}", "--workers", "2", "--cpus-per-worker", "1", "--block-size", "4"]
+    run_killed(batch_args(tiny_model_folders, source, out, *ray))  # the driver, in its own process
+    left = out.read_bytes()
+    whole = left[: left.rfind(b"\n") + 1]
+    assert left != whole and reference.startswith(whole) and 0 < whole.count(b"\n") < len(job_records())
+    assert main(batch_args(tiny_model_folders, source, out)) == EXIT_OK  # resumed here, locally
+    assert "cut a partial last line" in capsys.readouterr().err
+    assert out.read_bytes() == reference
+
+
+class FakeRay:
+    def __init__(self, cpus: list[int]) -> None:
+        self.cpus = cpus
+
+    def nodes(self) -> list[dict]:
+        return [{"Alive": True, "Resources": {"CPU": float(c)}} for c in self.cpus] + [{"Alive": False}]
+
+
+@pytest.mark.parametrize(
+    ("cpus", "workers", "each"),
+    [([2], 1, 2), ([2], 2, 1), ([2], 3, 1), ([16, 16, 16, 16], 4, 16), ([16, 8], 4, 4), ([16], 32, 1)],
+)
+def test_default_cpus_per_worker_is_an_even_share_of_the_smallest_node(
+    cpus: list[int], workers: int, each: int
+) -> None:
+    from exactspec.batch.on_ray import default_cpus_per_worker
+
+    assert default_cpus_per_worker(FakeRay(cpus), workers) == each
