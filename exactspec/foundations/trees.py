@@ -186,3 +186,21 @@ def leaf_paths(parents: Sequence[int], length: int) -> list[list[int]]:
     has_child = {int(parents[n]) for n in range(length)}
     paths = node_paths(parents, length)
     return [paths[n] for n in range(length) if n not in has_child]
+
+
+def place_histories(
+    history: Sequence[int], tokens: Sequence[int], parents: Sequence[int], length: int, num_nodes: int
+) -> list[list[int]]:
+    """One row: the history each of the N + 1 places is scored after: the root's is `history`, node n's
+    is `history` plus its root-to-node path's tokens (a padding node's, n >= length, is `history`).
+
+    What the sampling transforms need where they look at the history (the repetition penalty).
+
+    >>> place_histories([4, 5], [6, 7, 8], [-1, 0, -1], 3, 3)
+    [[4, 5], [4, 5, 6], [4, 5, 6, 7], [4, 5, 8]]
+    """
+    base = list(history)
+    paths = node_paths(parents, length)
+    return [base] + [
+        base + [int(tokens[n]) for n in paths[n]] if n < length else base for n in range(num_nodes)
+    ]

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from exactspec.foundations.sampler import Sampler
-from exactspec.foundations.trees import check_tree, child_links, depths, node_mask
+from exactspec.foundations.trees import check_tree, child_links, depths, heights, node_mask
 from exactspec.verifiers.base import NO_TOKEN, VerifyResult, check_distributions
 
 
@@ -43,9 +43,14 @@ class TreeVerifyResult(VerifyResult):
     Attributes:
         accepted_nodes: [B, depth] long; row b's first num_accepted[b] entries are the node indices
             of its accepted path, root side first, then NO_TOKEN.
+        path_lengths: [B] long, how many candidates the round could have kept on the path it took:
+            the depth of the deepest node at or below the place where the walk ended (num_accepted
+            after an accepted EOS). For a tree of width 1 this is the chain's draft length, which is
+            what acceptance statistics per draft position count (`DecodeMetrics.record_positions`).
     """
 
     accepted_nodes: torch.Tensor
+    path_lengths: torch.Tensor
 
 
 def verify_tree(
@@ -149,12 +154,15 @@ def verify_tree(
             candidate[refused] = next_sibling[refused, refused_node]
 
     num_emitted = (out != NO_TOKEN).sum(dim=-1)  # [B]
+    below = heights(parents, lengths).gather(1, place[:, None]).squeeze(1)  # [B]
+    ended_on_eos = hit_eos & (num_emitted == num_accepted)  # [B] the last emitted token is an accepted EOS
     return TreeVerifyResult(
         tokens=out,
         num_emitted=num_emitted,
         num_accepted=num_accepted,
         hit_eos=hit_eos,
         accepted_nodes=accepted_nodes,
+        path_lengths=torch.where(ended_on_eos, num_accepted, below),
     )
 
 

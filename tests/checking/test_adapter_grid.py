@@ -17,7 +17,13 @@ import torch
 pytest.importorskip("transformers")
 
 from exactspec.checking import grid  # noqa: E402
-from exactspec.checking.grid import EXACT_TOLERANCE, AdapterCase, adapter_cases, run_exact_case  # noqa: E402
+from exactspec.checking.grid import (  # noqa: E402
+    EXACT_TOLERANCE,
+    AdapterCase,
+    AdapterTreeCase,
+    adapter_cases,
+    run_exact_case,
+)
 from exactspec.decoding.engine import SpeculativeEngine  # noqa: E402
 from exactspec.models.hf import HFLanguageModel  # noqa: E402
 
@@ -72,11 +78,11 @@ class Events:
             return forward(model, feeds, k)
 
         def counting_record(
-            engine: SpeculativeEngine, proposal: Any, accepted: torch.Tensor, *rest: Any
+            engine: SpeculativeEngine, drafted: torch.Tensor, accepted: torch.Tensor, *rest: Any
         ) -> Any:
             # A rejection: a row kept fewer draft tokens than it proposed.
-            self.rejections += int((accepted < proposal.lengths).sum())
-            return record(engine, proposal, accepted, *rest)
+            self.rejections += int((accepted < drafted).sum())
+            return record(engine, drafted, accepted, *rest)
 
         monkeypatch.setattr(HFLanguageModel, "_roll_back", counting_roll_back)
         monkeypatch.setattr(HFLanguageModel, "_maybe_compact", counting_compact)
@@ -96,6 +102,23 @@ def test_adapter_case_is_exact_and_reaches_rollback(
         assert case.max_hole_fraction == 0.0 and events.compactions > 0
     if "holes" in case.name:
         assert events.holes > 0
+
+
+TREE_CASES = [case for case in grid.tree_cases() if isinstance(case, AdapterTreeCase)]
+
+
+@pytest.mark.parametrize("case", TREE_CASES, ids=lambda case: case.name)
+def test_adapter_tree_case_is_exact_and_rolls_branches_back(
+    case: AdapterTreeCase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trees on the adapter: each row's branches are scored in its cache, the next round keeps the
+    accepted path and rolls the rest back."""
+    events = Events(monkeypatch)
+    result = run_exact_case(case)
+    assert result.total_variation <= EXACT_TOLERANCE, result.total_variation
+    assert events.rejections > 0 and events.rollbacks > 0
+    if "compaction" in case.name:
+        assert case.max_hole_fraction == 0.0 and events.compactions > 0
 
 
 # ---------------------------------------------------------------- mutants

@@ -14,8 +14,11 @@ import itertools
 import pytest
 import torch
 
+import exactspec.decoding.engine as engine_module
 import exactspec.verifiers.tree as tree_module
-from exactspec.checking.exact import EnumeratingSampler, enumerate_outputs, total_variation
+from exactspec.checking.exact import EnumeratingSampler, check_speculative, enumerate_outputs, total_variation
+from exactspec.checking.grid import EXACT_TOLERANCE, AdapterCase, TreeCase, exact_grid, run_exact_case
+from exactspec.decoding.engine import DecodeConfig
 from exactspec.foundations.sampler import SeededSampler
 from exactspec.verifiers.base import NO_TOKEN
 from exactspec.verifiers.token import verify
@@ -277,6 +280,9 @@ def test_a_width_one_tree_is_the_one_hot_chain_rule(seed: int) -> None:
         tree = verify_tree(draft, _chain_tree(draft[0].tolist()), p, lengths, (EOS,), SeededSampler(stream))
         plain = verify(draft, None, p, lengths, (EOS,), SeededSampler(stream))
         assert torch.equal(tree.tokens, plain.tokens) and torch.equal(tree.num_accepted, plain.num_accepted)
+        # The positions a chain proposes: its length, or up to an accepted EOS.
+        eos_kept = bool(plain.hit_eos[0]) and int(plain.num_emitted[0]) == int(plain.num_accepted[0])
+        assert tree.path_lengths.tolist() == (plain.num_accepted if eos_kept else lengths).tolist()
 
 
 def _with_nodes(chain):
@@ -286,7 +292,12 @@ def _with_nodes(chain):
         result = chain(tokens, parents, p, lengths, eos, sampler)
         nodes = torch.arange(tokens.shape[1]).expand(tokens.shape[0], -1)
         return TreeVerifyResult(
-            result.tokens, result.num_emitted, result.num_accepted, result.hit_eos, accepted_nodes=nodes
+            result.tokens,
+            result.num_emitted,
+            result.num_accepted,
+            result.hit_eos,
+            accepted_nodes=nodes,
+            path_lengths=lengths,
         )
 
     return run
@@ -344,3 +355,110 @@ def test_no_token_pads_after_the_emitted_tokens() -> None:
     result = verify_tree(tokens, parents, p, lengths, (EOS,), SeededSampler(0))
     assert result.tokens.tolist() == [[2, NO_TOKEN, NO_TOKEN]]
     assert result.accepted_nodes.tolist() == [[NO_TOKEN, NO_TOKEN]]
+
+
+def test_path_lengths_count_the_candidates_the_path_could_have_kept() -> None:
+    # root -> 1 (0) -> 2 (1) -> 3 (2); root -> 2 (3). Ending at the root: 3; after token 2 at the root: 1.
+    tokens, parents, p, lengths = _tree(
+        [1, 2, 3, 2],
+        [-1, 0, 1, -1],
+        [[0.1, 0.4, 0.4, 0.1], [0.5, 0, 0, 0.5], [0.25] * 4, [0.25] * 4, [1, 0, 0, 0]],
+    )
+    seen = {}
+
+    def run(sampler: EnumeratingSampler) -> tuple:
+        result = verify_tree(tokens, parents, p, lengths, (EOS,), sampler)
+        seen[tuple(result.emitted(0))] = int(result.path_lengths[0])
+        return tuple(result.emitted(0))
+
+    enumerate_outputs(run)
+    assert seen[(0,)] == 3 and seen[(3,)] == 3  # every root child rejected
+    assert seen[(1, 0)] == 3 and seen[(1, 3)] == 3  # token 1 kept, its child 2 rejected: the path is 3 deep
+    assert seen[(2, EOS)] == 1  # node 3 kept (a leaf), then the bonus: EOS
+
+
+# ---------------------------------------------------------------- the exact grid's tree cases
+
+# The toy-table tree cases; those on the HF adapter are tests/checking/test_adapter_grid.py's.
+TREE_CASES = [
+    case for case in exact_grid() if isinstance(case, TreeCase) and not isinstance(case, AdapterCase)
+]
+
+
+@pytest.mark.parametrize("case", TREE_CASES, ids=lambda case: case.name)
+def test_tree_verification_is_exact(case: TreeCase) -> None:
+    result = run_exact_case(case)
+    assert result.total_variation <= EXACT_TOLERANCE, result.total_variation
+
+
+EVENTS_BY_CASE = {
+    "tree 2-1-1, three levels": {
+        "every child rejected",
+        "an accepted EOS child",
+        "a bonus after a leaf",
+        "3 levels",
+    },
+    "tree target misses an id": {"a zero-probability child", "every child rejected", "a bonus after a leaf"},
+    "tree T=0, batch of 2": {"a zero-probability child", "every child rejected", "a bonus after a leaf"},
+    "tree T=0.7 top_k=3 top_p=0.95": {
+        "a zero-probability child",
+        "every child rejected",
+        "a bonus after a leaf",
+    },
+    # Every id is a child of the root: a rejection of all of them is impossible (the last holds all of r).
+    "tree every id a child of the root": {"an accepted EOS child", "a bonus after a leaf"},
+}
+
+
+@pytest.mark.parametrize(("name", "expected"), EVENTS_BY_CASE.items(), ids=list(EVENTS_BY_CASE))
+def test_the_tree_cases_meet_their_events(
+    monkeypatch: pytest.MonkeyPatch, name: str, expected: set[str]
+) -> None:
+    """What `tree_cases` promises happens on some enumerated path of the case (and the impossible never)."""
+    events: set[str] = set()
+
+    def spy(tokens, parents, p, lengths, eos, sampler, rows=None, *, validate=True):
+        result = verify_tree(tokens, parents, p, lengths, eos, sampler, rows, validate=validate)
+        for b in range(tokens.shape[0]):
+            accepted, emitted = int(result.num_accepted[b]), int(result.num_emitted[b])
+            path = result.accepted_nodes[b, :accepted].tolist()
+            reached = [-1, *path]
+            for n in range(int(lengths[b])):
+                if int(parents[b, n]) in reached and p[b, int(parents[b, n]) + 1, tokens[b, n]] == 0:
+                    events.add("a zero-probability child")
+            if any(int(tokens[b, n]) in eos for n in path):
+                events.add("an accepted EOS child")
+            if emitted == accepted + 1 and int(result.path_lengths[b]) > accepted:
+                events.add("every child rejected")
+            if emitted == accepted + 1 and 0 < accepted == int(result.path_lengths[b]):
+                events.add("a bonus after a leaf")
+            if accepted >= 3:
+                events.add("3 levels")
+        return result
+
+    monkeypatch.setattr(engine_module, "verify_tree", spy)
+    case = next(c for c in TREE_CASES if c.name == name)
+    assert run_exact_case(case).total_variation <= EXACT_TOLERANCE
+    assert events >= expected
+    if name == "tree every id a child of the root":
+        assert "every child rejected" not in events
+
+
+def test_the_width_one_cases_have_the_chain_law() -> None:
+    tree, chain = (
+        next(c for c in TREE_CASES if c.name == f"tree width 1{s}")
+        for s in ("", " as chains (token verifier)")
+    )
+    laws = []
+    for case in (tree, chain):
+        target, draft = case.models()
+        config = DecodeConfig(gamma=case.gamma, max_new_tokens=case.max_new_tokens, settings=case.settings)
+        laws.append(check_speculative(case.engine_factory(target, draft), case.prompts, config).speculative)
+    assert total_variation(*laws) <= 1e-15
+
+
+def test_teeth_the_broken_coin_fails_the_exact_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    case = next(c for c in TREE_CASES if c.name == "tree 3 candidates")
+    assert run_exact_case(case).total_variation <= EXACT_TOLERANCE
+    monkeypatch.setattr(tree_module, "child_acceptance", _broken_acceptance)
+    assert run_exact_case(case).total_variation > 1e-3
