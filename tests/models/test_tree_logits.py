@@ -157,20 +157,128 @@ EAGER_TOLERANCE = 1e-6
 """transformers' eager attention takes its softmax in float32 even for a float64 model: a pass over a
 cache with holes and a pass without round differently there (about 1e-8 on these models)."""
 
-ADAPTER_SETUPS = [
+ADAPTER_SETUPS = [  # (family, attention, max_hole_fraction, tolerance); "sdpa" runs as the grouped attention
     ("qwen2", "sdpa", 0.5, FLOAT64_TOLERANCE),
     ("llama", "sdpa", 0.0, FLOAT64_TOLERANCE),
     ("qwen2", "eager", 1.0, EAGER_TOLERANCE),
+    ("llama", "torch sdpa", 0.5, FLOAT64_TOLERANCE),  # transformers' sdpa kept (grouped_attention=False)
 ]
 
 
-@pytest.mark.parametrize(("family", "attn", "max_hole_fraction", "atol"), ADAPTER_SETUPS)
-def test_the_hf_adapter_scored_path_by_path_matches_full_forwards(
-    family, attn, max_hole_fraction, atol
-) -> None:
-    module = tiny_causal_lm(family, vocab_size=VOCAB, eos_token_id=EOS, attn_implementation=attn).to(
+def float64_module(family: str, attn: str):
+    return tiny_causal_lm(family, vocab_size=VOCAB, eos_token_id=EOS, attn_implementation=attn).to(
         torch.float64
     )
-    model = HFLanguageModel(module, max_hole_fraction=max_hole_fraction)
+
+
+@pytest.mark.parametrize(("family", "attn", "max_hole_fraction", "atol"), ADAPTER_SETUPS)
+@pytest.mark.parametrize("scorer", [path_tree_logits, tree_logits], ids=["path by path", "native"])
+def test_the_hf_adapter_matches_full_forwards(scorer, family, attn, max_hole_fraction, atol) -> None:
+    """Rounds of random trees, rows joining and leaving, paths kept, branches rolled back, holes and
+    (max_hole_fraction 0) compaction: every place as a full forward of its own history gives it."""
+    module = float64_module(family, attn.removeprefix("torch "))
+    model = HFLanguageModel(
+        module, max_hole_fraction=max_hole_fraction, grouped_attention=attn != "torch sdpa"
+    )
     reference = FullForwardModel(module, model.eos_token_ids, VOCAB)
-    tree_rounds(model, reference, path_tree_logits, rounds=6, seed=1, atol=atol)
+    tree_rounds(model, reference, scorer, rounds=8, seed=1, atol=atol)
+
+
+def test_the_native_pass_agrees_with_path_by_path_scoring() -> None:
+    module = float64_module("llama", "sdpa")
+    native, paths = HFLanguageModel(module), HFLanguageModel(module)
+    rng = random.Random(4)
+    histories = [[rng.randrange(VOCAB) for _ in range(rng.randint(1, 5))] for _ in range(3)]
+    for _ in range(4):
+        trees = [random_tree(rng, VOCAB, 7) for _ in histories]
+        tokens, parents, lengths = batch(trees)
+        one_pass = native.tree_logits(histories, tokens, parents, lengths)
+        by_path = path_tree_logits(paths, histories, tokens, parents, lengths, [0, 1, 2])
+        for b, size in enumerate(lengths.tolist()):
+            torch.testing.assert_close(one_pass[b, : size + 1], by_path[b, : size + 1], atol=1e-12, rtol=0)
+        for b, (row_tokens, row_parents) in enumerate(trees):
+            kept = rng.choice([[], *node_paths(row_parents, len(row_tokens))])
+            histories[b] = histories[b] + [row_tokens[n] for n in kept] + [rng.randrange(VOCAB)]
+
+
+def forward_feeds(module) -> list[tuple[int, ...]]:
+    """Records the [B, W] input shape of every forward of `module` (what each call fed)."""
+    shapes: list[tuple[int, ...]] = []
+    module.register_forward_pre_hook(
+        lambda _module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    return shapes
+
+
+@pytest.mark.parametrize(
+    ("kept", "valid"),
+    [
+        ([4, 5], [True] * 6),  # the other nodes were the last slots: cropped
+        ([6], [True, True, True, False, False, True, True]),  # 4 and 5 stay as holes inside the cache
+    ],
+)
+def test_one_forward_per_tree_and_the_kept_path_is_not_recomputed(kept: list[int], valid: list[bool]) -> None:
+    model = HFLanguageModel(float64_module("qwen2", "sdpa"))
+    shapes = forward_feeds(model.module)
+    history = [1, 2, 3]
+    model.logits([history], 1)  # prefill
+    tokens, parents, lengths = batch([([4, 5, 6, 2], [-1, 0, -1, 1])])  # 4 -> 5 -> 2, and 6
+    model.tree_logits([history], tokens, parents, lengths)
+    assert shapes[-1] == (1, 1 + 4)  # the last history token again (its logits), then the 4 nodes
+    # The walk kept `kept` and emitted 3: only 3 is new.
+    got = model.logits([history + kept + [3]], 1)
+    assert shapes[-1] == (1, 1)
+    reference = FullForwardModel(model.module, model.eos_token_ids, VOCAB)
+    torch.testing.assert_close(got, reference.logits([history + kept + [3]], 1), atol=1e-12, rtol=0)
+    assert model._tokens[0] == history + kept + [3]
+    assert model._valid[0].tolist() == valid
+
+
+def test_a_history_that_leaves_the_tree_keeps_nothing_of_it() -> None:
+    model = HFLanguageModel(float64_module("qwen2", "sdpa"))
+    tokens, parents, lengths = batch([([4, 5], [-1, 0])])
+    model.tree_logits([[1, 2]], tokens, parents, lengths)
+    got = model.logits([[1, 6, 4, 5]], 2)  # the row went back into its history: recomputed from there
+    reference = FullForwardModel(model.module, model.eos_token_ids, VOCAB)
+    torch.testing.assert_close(got, reference.logits([[1, 6, 4, 5]], 2), atol=1e-12, rtol=0)
+
+
+def test_a_row_released_while_another_has_a_pending_tree() -> None:
+    module = float64_module("llama", "sdpa")
+    model = HFLanguageModel(module, max_hole_fraction=0.0)
+    reference = FullForwardModel(module, model.eos_token_ids, VOCAB)
+    tokens, parents, lengths = batch([([4, 5, 6], [-1, 0, 1]), ([2], [-1])])
+    model.tree_logits([[1, 2, 3, 4, 5, 6], [3]], tokens, parents, lengths, rows=[0, 1])
+    model.release_rows([0])  # row 1's tree slot is a trailing hole: it must survive the crop
+    shapes = forward_feeds(model.module)
+    got = model.logits([[3, 2, 1]], 1, rows=[1])
+    assert shapes == [(1, 1)]  # 2 kept from the tree, 1 fed
+    torch.testing.assert_close(got, reference.logits([[3, 2, 1]], 1), atol=1e-12, rtol=0)
+
+
+def test_a_row_joining_in_a_tree_call_and_a_row_left_aside() -> None:
+    module = float64_module("qwen2", "sdpa")
+    model = HFLanguageModel(module)
+    reference = FullForwardModel(module, model.eos_token_ids, VOCAB)
+    model.logits([[1, 2], [3, 4, 5, 6]], 1, rows=[0, 1])
+    trees = [([4, 5], [-1, -1]), ([6, 1, 2], [-1, 0, 0])]
+    tokens, parents, lengths = batch(trees)
+    histories = [[1, 2, 3], [2, 2, 2, 2, 2]]
+    got = model.tree_logits(histories, tokens, parents, lengths, rows=[0, 7])  # row 7 joins, row 1 aside
+    assert_scores(got, expected_logits(reference, histories, trees), FLOAT64_TOLERANCE)
+    # Row 1 (set aside, merged back behind holes) and both tree rows go on: 5 kept for row 0, 6 2 for row 7.
+    nexts = [[1, 2, 3, 5, 1], [3, 4, 5, 6, 1], [2, 2, 2, 2, 2, 6, 2, 3]]
+    got = model.logits(nexts, 2, rows=[0, 1, 7])
+    for b, history in enumerate(nexts):
+        torch.testing.assert_close(got[b], reference.logits([history], 2)[0], atol=1e-12, rtol=0)
+
+
+def test_flash_attention_models_are_scored_path_by_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = HFLanguageModel(float64_module("qwen2", "sdpa"))
+    calls = []
+    monkeypatch.setattr(model.module.config, "_attn_implementation", "flash_attention_2")
+    monkeypatch.setattr(
+        "exactspec.models.hf.path_tree_logits", lambda *args: calls.append(args) or torch.zeros(1, 2, VOCAB)
+    )
+    model.tree_logits([[1]], torch.tensor([[2]]), torch.tensor([[-1]]), torch.tensor([1]))
+    assert len(calls) == 1
