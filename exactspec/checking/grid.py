@@ -6,8 +6,10 @@ vocabularies with EOS, length limits below gamma, a draft equal to the target
 draft, every sampling transform, and a batch whose rows have different
 histories; then the same for block verification, the prompt-lookup and hybrid
 drafters (including rounds where the lookup finds no match) and adaptive
-gamma (`round_two_grid`). The adapter cases (`adapter_cases`) run the same
-enumeration through the real Hugging Face adapter (`HFLanguageModel` over tiny
+gamma (`round_two_grid`), and trees of deterministic candidates verified by tree
+verification (`tree_cases`, on toy tables and on the HF adapter; llama.cpp's are in
+`llamacpp_cases`). The adapter cases (`adapter_cases`) run the same enumeration through the
+real Hugging Face adapter (`HFLanguageModel` over tiny
 float64 Qwen2 and Llama models): KV cache rows, rollback, holes, compaction
 and position ids are inside the proof. The llama.cpp cases (`llamacpp_cases`, when llama-cpp-python
 is installed) run it through `LlamaCppModel` over the same tiny Llama weights written as float32
@@ -218,7 +220,7 @@ class AdapterCase(ExactCase):
 
 
 @dataclass(frozen=True)
-class AdapterTreeCase(TreeCase, AdapterCase):
+class AdapterTreeCase(AdapterCase, TreeCase):
     """A tree case (`TreeCase`'s drafter and engine) whose target is the HF adapter (`AdapterCase`'s
     models and reference): a tree round scores every node of each row in the adapter, then the next
     round keeps the accepted path and rolls the other branches back."""
@@ -260,6 +262,15 @@ class LlamaCppCase(AdapterCase):
         return FullForwardModel(hf_target, target.eos_token_ids, target.vocab_size)
 
 
+@dataclass(frozen=True)
+class LlamaCppTreeCase(LlamaCppCase, TreeCase):
+    """A tree case whose target is `LlamaCppModel` (`LlamaCppCase`'s models, reference and float32
+    tolerance): each tree is one decode with a branch sequence per leaf, the next call keeps the path.
+
+    `LlamaCppCase` comes first so that its field defaults (the tolerance) win; `engine_factory` is
+    `TreeCase`'s (neither adapter case defines one)."""
+
+
 def tiny_gguf_folder() -> Path:
     """Where the grid writes its tiny GGUF files (the same spec always gives the same file)."""
     return Path(tempfile.gettempdir()) / "exactspec-tiny-gguf"
@@ -294,7 +305,7 @@ def llamacpp_cases() -> list[LlamaCppCase]:
         ("block, gamma=3", 4, 3, 3, SamplingSettings(min_p=0.5), ((1,), (2, 1)), 2.0, BLOCK),
         ("ngram, gamma=3", 4, 3, 3, SamplingSettings(), ((1, 2, 1), (2,)), 1.0, Strategy(drafter="ngram")),
     ]
-    return [
+    cases = [
         LlamaCppCase(
             f"llama.cpp float32: batch of 2, {name}",
             vocab,
@@ -307,6 +318,24 @@ def llamacpp_cases() -> list[LlamaCppCase]:
         )
         for name, vocab, gamma, n, settings, prompts, draft_scale, strategy in cells
     ]
+    # Trees of candidates (`tree_cases`): branch sequences in one decode, the kept path copied back.
+    for name, widths, tree_settings in (
+        ("tree 2 x 2", (2, 2), SamplingSettings(min_p=0.5)),
+        ("tree 3-1, all transforms", (3, 1), all_transforms),
+    ):
+        cases.append(
+            LlamaCppTreeCase(
+                f"llama.cpp float32: batch of 2, {name}",
+                4,
+                2,
+                4 if widths == (2, 2) else 3,
+                tree_settings,
+                prompts=((1,), (2, 3)),
+                widths=widths,
+                seed=3,
+            )
+        )
+    return cases
 
 
 GRID_BATCH_COSTS = BatchCosts(

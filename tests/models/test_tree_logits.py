@@ -12,11 +12,11 @@ import random
 
 import pytest
 import torch
-from conftest import tiny_causal_lm
+from conftest import assert_place_logits, place_logits, random_tree, tiny_causal_lm, tree_batch, tree_rounds
 
 from exactspec.checking.tiny_hf import FullForwardModel
 from exactspec.checking.toy import random_tabular_model
-from exactspec.foundations.trees import node_paths, place_histories
+from exactspec.foundations.trees import node_paths
 from exactspec.models.base import ModelWrapper
 from exactspec.models.hf import HFLanguageModel
 from exactspec.models.tree import TreeScoringModel, path_tree_logits, tree_logits
@@ -26,45 +26,6 @@ EOS = 0
 FLOAT64_TOLERANCE = 1e-12
 
 
-def random_tree(rng: random.Random, vocab: int, max_nodes: int) -> tuple[list[int], list[int]]:
-    """Random (tokens, parents) in topological order, no two siblings with the same token."""
-    tokens: list[int] = []
-    parents: list[int] = []
-    for n in range(rng.randint(0, max_nodes)):
-        parent = rng.randint(-1, n - 1)
-        free = [t for t in range(vocab) if (t, parent) not in set(zip(tokens, parents, strict=True))]
-        if free:
-            tokens.append(rng.choice(free))
-            parents.append(parent)
-    return tokens, parents
-
-
-def batch(trees: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """tokens [B, N], parents [B, N] (padding: token 1, parent -1), lengths [B]."""
-    width = max(len(tokens) for tokens, _ in trees)
-    tokens = torch.tensor([t + [1] * (width - len(t)) for t, _ in trees], dtype=torch.long).reshape(
-        len(trees), width
-    )
-    parents = torch.tensor([q + [-1] * (width - len(q)) for _, q in trees], dtype=torch.long).reshape(
-        len(trees), width
-    )
-    return tokens, parents, torch.tensor([len(t) for t, _ in trees])
-
-
-def expected_logits(reference, histories, trees) -> list[torch.Tensor]:
-    """Per row, [lengths[b] + 1, V]: each place's history scored alone (root first)."""
-    out = []
-    for history, (tokens, parents) in zip(histories, trees, strict=True):
-        places = place_histories(history, tokens, parents, len(tokens), len(tokens))
-        out.append(torch.cat([reference.logits([place], 1)[:, 0] for place in places]))
-    return out
-
-
-def assert_scores(got: torch.Tensor, expected: list[torch.Tensor], atol: float) -> None:
-    for b, row in enumerate(expected):
-        torch.testing.assert_close(got[b, : row.shape[0]], row.to(got.dtype), atol=atol, rtol=0)
-
-
 def test_a_table_scores_every_place_of_every_tree() -> None:
     model = random_tabular_model(VOCAB, seed=3)
     rng = random.Random(0)
@@ -72,10 +33,10 @@ def test_a_table_scores_every_place_of_every_tree() -> None:
     trees = [random_tree(rng, VOCAB, 6) for _ in histories]
     trees[1] = ([2, 3, 4], [-1, 0, 1])  # a history of one token under a path of 3
     trees[2] = ([], [])  # an empty tree: the root only
-    tokens, parents, lengths = batch(trees)
+    tokens, parents, lengths = tree_batch(trees)
     got = tree_logits(model, histories, tokens, parents, lengths)
     assert got.shape == (3, tokens.shape[1] + 1, VOCAB)
-    assert_scores(got, expected_logits(model, histories, trees), atol=0.0)
+    assert_place_logits(got, place_logits(model, histories, trees), atol=0.0)
     assert (got[2, 1:] == 0).all()  # padding places of the empty tree
 
 
@@ -113,10 +74,10 @@ def test_a_wrapper_is_scored_through_its_own_logits() -> None:
 
     model = Counting(random_tabular_model(VOCAB, seed=3))
     trees = [([1, 2, 3], [-1, 0, -1]), ([4], [-1])]  # 2 leaf paths, then 1: two waves
-    tokens, parents, lengths = batch(trees)
+    tokens, parents, lengths = tree_batch(trees)
     got = tree_logits(model, [[1], [2, 3]], tokens, parents, lengths)
     assert Counting.calls == 2
-    assert_scores(got, expected_logits(model.model, [[1], [2, 3]], trees), atol=0.0)
+    assert_place_logits(got, place_logits(model.model, [[1], [2, 3]], trees), atol=0.0)
 
 
 def test_bad_trees_are_refused_before_the_model_sees_them() -> None:
@@ -127,30 +88,6 @@ def test_bad_trees_are_refused_before_the_model_sees_them() -> None:
         tree_logits(model, [[1]], torch.tensor([[9]]), torch.tensor([[-1]]), torch.tensor([1]))
     with pytest.raises(ValueError, match="2 histories for 1 trees"):
         tree_logits(model, [[1], [2]], torch.tensor([[2]]), torch.tensor([[-1]]), torch.tensor([1]))
-
-
-def tree_rounds(model, reference, scorer, rounds: int, seed: int, atol: float) -> None:
-    """Rounds of random trees on 3 rows: score, compare, keep a random path plus one token; rows leave
-    and join (a new row id with a fresh prompt) now and then."""
-    rng = random.Random(seed)
-    histories = {row: [rng.randrange(VOCAB) for _ in range(rng.randint(1, 6))] for row in range(3)}
-    next_row = 3
-    for _ in range(rounds):
-        rows = sorted(histories)
-        trees = [random_tree(rng, VOCAB, 6) for _ in rows]
-        tokens, parents, lengths = batch(trees)
-        got = scorer(model, [histories[r] for r in rows], tokens, parents, lengths, rows)
-        assert_scores(got, expected_logits(reference, [histories[r] for r in rows], trees), atol)
-        for row, (row_tokens, row_parents) in zip(rows, trees, strict=True):
-            paths = node_paths(row_parents, len(row_tokens))
-            kept = rng.choice([[], *paths])  # the accepted path: any node's, or none
-            histories[row] += [row_tokens[n] for n in kept] + [rng.randrange(VOCAB)]
-        if rng.random() < 0.3:  # a row leaves, another joins
-            gone = rng.choice(rows)
-            model.release_rows([gone])
-            del histories[gone]
-            histories[next_row] = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 6))]
-            next_row += 1
 
 
 EAGER_TOLERANCE = 1e-6
@@ -181,7 +118,7 @@ def test_the_hf_adapter_matches_full_forwards(scorer, family, attn, max_hole_fra
         module, max_hole_fraction=max_hole_fraction, grouped_attention=attn != "torch sdpa"
     )
     reference = FullForwardModel(module, model.eos_token_ids, VOCAB)
-    tree_rounds(model, reference, scorer, rounds=8, seed=1, atol=atol)
+    tree_rounds(model, reference, scorer, VOCAB, rounds=8, seed=1, atol=atol)
 
 
 def test_the_native_pass_agrees_with_path_by_path_scoring() -> None:
@@ -191,7 +128,7 @@ def test_the_native_pass_agrees_with_path_by_path_scoring() -> None:
     histories = [[rng.randrange(VOCAB) for _ in range(rng.randint(1, 5))] for _ in range(3)]
     for _ in range(4):
         trees = [random_tree(rng, VOCAB, 7) for _ in histories]
-        tokens, parents, lengths = batch(trees)
+        tokens, parents, lengths = tree_batch(trees)
         one_pass = native.tree_logits(histories, tokens, parents, lengths)
         by_path = path_tree_logits(paths, histories, tokens, parents, lengths, [0, 1, 2])
         for b, size in enumerate(lengths.tolist()):
@@ -222,7 +159,7 @@ def test_one_forward_per_tree_and_the_kept_path_is_not_recomputed(kept: list[int
     shapes = forward_feeds(model.module)
     history = [1, 2, 3]
     model.logits([history], 1)  # prefill
-    tokens, parents, lengths = batch([([4, 5, 6, 2], [-1, 0, -1, 1])])  # 4 -> 5 -> 2, and 6
+    tokens, parents, lengths = tree_batch([([4, 5, 6, 2], [-1, 0, -1, 1])])  # 4 -> 5 -> 2, and 6
     model.tree_logits([history], tokens, parents, lengths)
     assert shapes[-1] == (1, 1 + 4)  # the last history token again (its logits), then the 4 nodes
     # The walk kept `kept` and emitted 3: only 3 is new.
@@ -236,7 +173,7 @@ def test_one_forward_per_tree_and_the_kept_path_is_not_recomputed(kept: list[int
 
 def test_a_history_that_leaves_the_tree_keeps_nothing_of_it() -> None:
     model = HFLanguageModel(float64_module("qwen2", "sdpa"))
-    tokens, parents, lengths = batch([([4, 5], [-1, 0])])
+    tokens, parents, lengths = tree_batch([([4, 5], [-1, 0])])
     model.tree_logits([[1, 2]], tokens, parents, lengths)
     got = model.logits([[1, 6, 4, 5]], 2)  # the row went back into its history: recomputed from there
     reference = FullForwardModel(model.module, model.eos_token_ids, VOCAB)
@@ -247,7 +184,7 @@ def test_a_row_released_while_another_has_a_pending_tree() -> None:
     module = float64_module("llama", "sdpa")
     model = HFLanguageModel(module, max_hole_fraction=0.0)
     reference = FullForwardModel(module, model.eos_token_ids, VOCAB)
-    tokens, parents, lengths = batch([([4, 5, 6], [-1, 0, 1]), ([2], [-1])])
+    tokens, parents, lengths = tree_batch([([4, 5, 6], [-1, 0, 1]), ([2], [-1])])
     model.tree_logits([[1, 2, 3, 4, 5, 6], [3]], tokens, parents, lengths, rows=[0, 1])
     model.release_rows([0])  # row 1's tree slot is a trailing hole: it must survive the crop
     shapes = forward_feeds(model.module)
@@ -262,10 +199,10 @@ def test_a_row_joining_in_a_tree_call_and_a_row_left_aside() -> None:
     reference = FullForwardModel(module, model.eos_token_ids, VOCAB)
     model.logits([[1, 2], [3, 4, 5, 6]], 1, rows=[0, 1])
     trees = [([4, 5], [-1, -1]), ([6, 1, 2], [-1, 0, 0])]
-    tokens, parents, lengths = batch(trees)
+    tokens, parents, lengths = tree_batch(trees)
     histories = [[1, 2, 3], [2, 2, 2, 2, 2]]
     got = model.tree_logits(histories, tokens, parents, lengths, rows=[0, 7])  # row 7 joins, row 1 aside
-    assert_scores(got, expected_logits(reference, histories, trees), FLOAT64_TOLERANCE)
+    assert_place_logits(got, place_logits(reference, histories, trees), FLOAT64_TOLERANCE)
     # Row 1 (set aside, merged back behind holes) and both tree rows go on: 5 kept for row 0, 6 2 for row 7.
     nexts = [[1, 2, 3, 5, 1], [3, 4, 5, 6, 1], [2, 2, 2, 2, 2, 6, 2, 3]]
     got = model.logits(nexts, 2, rows=[0, 1, 7])
