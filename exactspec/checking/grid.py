@@ -409,7 +409,8 @@ def exact_grid() -> list[ExactCase]:
     )
     llamacpp = llamacpp_cases() if llamacpp_available() else []  # `verify` prints LLAMACPP_SKIP_REASON
     extra = registered_drafter_cases()
-    return cases + round_two_grid() + extra + tree_cases() + scheduler_cases() + adapter_cases() + llamacpp
+    trees = tree_cases() + suffix_tree_cases()
+    return cases + round_two_grid() + extra + trees + scheduler_cases() + adapter_cases() + llamacpp
 
 
 DRAFTERS_WITH_OWN_CASES = frozenset({"model", "ngram", "hybrid"})
@@ -515,6 +516,47 @@ def tree_cases() -> list[TreeCase]:
                 max_hole_fraction=hole_fraction,
             )
         )
+    return cases
+
+
+SUFFIX_TREE_OPTIONS = {"max_branches": 3, "max_nodes": 6, "min_token_probability": 0.0, "alpha": 3.0}
+"""Suffix drafting with tree drafts (up to 3 continuations per node, 6 nodes) that branch on these tiny
+texts: every continuation seen is drafted, however rare."""
+
+
+def suffix_tree_cases() -> list[ExactCase]:
+    """The suffix drafter's tree drafts (`Proposal.parents`) through the shipped builder: a prompt that
+    repeats, a batch of two rows with every transform, and a row after earlier requests (drafts from the
+    shared tree), with fixed and adaptive gamma. A tree is verified by tree verification whatever the
+    strategy's verifier (docs/algorithm.md 5, "Several candidates")."""
+    all_transforms = SamplingSettings(
+        temperature=0.8, top_k=3, top_p=0.9, min_p=0.05, repetition_penalty=1.3, logit_bias={1: 0.5}
+    )
+    cases: list[ExactCase] = []
+    for adaptive in (False, True):
+        strategy = Strategy("suffix", "token", adaptive, drafter_options=SUFFIX_TREE_OPTIONS)
+        label = f"suffix trees{', adaptive gamma' if adaptive else ''}"
+        cases += [
+            ExactCase(f"{label}, repeats", 4, 3, 3, prompts=((1, 2, 1, 2, 3, 1, 2),), strategy=strategy),
+            ExactCase(
+                f"{label}, batch of 2, all transforms",
+                4,
+                3,
+                3,
+                all_transforms,
+                prompts=((1, 2, 1, 3, 1), (2,)),
+                strategy=strategy,
+            ),
+            ExactCase(
+                f"{label}, after earlier requests",
+                4,
+                3,
+                3,
+                prompts=((3, 1),),
+                strategy=strategy,
+                previous=((2, 3, 1), (3, 1, 2), (3, 1, 3)),
+            ),
+        ]
     return cases
 
 

@@ -462,3 +462,23 @@ def test_teeth_the_broken_coin_fails_the_exact_check(monkeypatch: pytest.MonkeyP
     assert run_exact_case(case).total_variation <= EXACT_TOLERANCE
     monkeypatch.setattr(tree_module, "child_acceptance", _broken_acceptance)
     assert run_exact_case(case).total_variation > 1e-3
+
+
+SUFFIX_TREE_CASES = [case for case in exact_grid() if case.name.startswith("suffix trees")]
+
+
+@pytest.mark.parametrize("case", SUFFIX_TREE_CASES, ids=lambda case: case.name)
+def test_suffix_tree_drafts_are_exact_and_branch(case, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The suffix drafter's tree drafts, built by the shipped builder, through tree verification."""
+    branching = []
+
+    def spy(tokens, parents, p, lengths, *args, **kwargs):
+        for b in range(tokens.shape[0]):
+            row_parents = parents[b, : int(lengths[b])].tolist()
+            branching.append(len(set(row_parents)) < len(row_parents))  # some node has two children
+        return verify_tree(tokens, parents, p, lengths, *args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "verify_tree", spy)
+    assert run_exact_case(case).total_variation <= EXACT_TOLERANCE
+    # Adaptive gamma after earlier requests keeps only depth-limited drafts here: chains as trees.
+    assert any(branching) or case.name == "suffix trees, adaptive gamma, after earlier requests"
