@@ -320,7 +320,7 @@ def llamacpp_cases() -> list[LlamaCppCase]:
     ]
     # Trees of candidates (`tree_cases`): branch sequences in one decode, the kept path copied back.
     for name, widths, tree_settings in (
-        ("tree 2 x 2", (2, 2), SamplingSettings(min_p=0.5)),
+        ("tree 2 x 2", (2, 2), SamplingSettings(min_p=0.6)),
         ("tree 3-1, all transforms", (3, 1), all_transforms),
     ):
         cases.append(
@@ -498,7 +498,7 @@ def tree_cases() -> list[TreeCase]:
     narrow = SamplingSettings(min_p=0.5)
     adapter = [
         ("qwen2", "2 x 2", 4, 2, 4, (2, 2), narrow, 0.5),
-        ("llama", "3-1, compaction", 4, 2, 4, (3, 1), narrow, 0.0),
+        ("llama", "3-1, compaction", 4, 2, 4, (3, 1), SamplingSettings(min_p=0.6), 0.0),
         ("llama", "2-1, all transforms", 4, 2, 3, (2, 1), all_transforms, 0.5),
     ]
     for family, name, vocab, gamma, n, widths, settings, hole_fraction in adapter:
