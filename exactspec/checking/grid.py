@@ -158,10 +158,12 @@ class TreeCase(ExactCase):
     `rotating_tree(V, widths)`), verified by tree verification (docs/algorithm.md 5, "Several
     candidates"); the draft model of `models()` is not used.
 
-    The builder has no way to take a drafter it does not name (its strategies are model, ngram and
-    hybrid), so these cases build `SpeculativeEngine(target, drafter)` directly: the engine's round,
-    its tree path (`tree_logits`, the transforms, `verify_tree`) and the scheduler are the shipped
-    ones, only the wiring of the drafter is the case's own.
+    The builder builds registered drafters only (`drafters.registry`), and registering this test
+    drafter would make it a `--drafter` choice and a strategy the bench and the grid enumerate, so
+    these cases build `SpeculativeEngine(target, drafter)` directly: the engine's round, its tree path
+    (`tree_logits`, the transforms, `verify_tree`) and the scheduler are the shipped ones, only the
+    wiring of the drafter is the case's own. The suffix drafter's trees go through the builder
+    (`suffix_tree_cases`).
     """
 
     widths: tuple[int, ...] = (2, 2)
