@@ -16,6 +16,7 @@ tests of the artefacts and of model loading both fetch through them.
 from __future__ import annotations
 
 import hashlib
+import random
 import subprocess
 import sys
 import zipfile
@@ -229,3 +230,75 @@ def ray_address() -> Any:
         yield ray.get_runtime_context().gcs_address
     finally:
         ray.shutdown()
+
+
+# --- trees of candidates (tests/models/test_tree_logits.py, test_llamacpp_tree.py) -------------------
+
+
+def random_tree(rng: random.Random, vocab: int, max_nodes: int) -> tuple[list[int], list[int]]:
+    """Random (tokens, parents) in topological order, no two siblings with the same token."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    for n in range(rng.randint(0, max_nodes)):
+        parent = rng.randint(-1, n - 1)
+        free = [t for t in range(vocab) if (t, parent) not in set(zip(tokens, parents, strict=True))]
+        if free:
+            tokens.append(rng.choice(free))
+            parents.append(parent)
+    return tokens, parents
+
+
+def tree_batch(trees: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """tokens [B, N], parents [B, N] (padding: token 1, parent -1), lengths [B] of per-row trees."""
+    width = max(len(tokens) for tokens, _ in trees)
+    tokens = torch.tensor([t + [1] * (width - len(t)) for t, _ in trees], dtype=torch.long)
+    parents = torch.tensor([q + [-1] * (width - len(q)) for _, q in trees], dtype=torch.long)
+    shape = (len(trees), width)
+    return tokens.reshape(shape), parents.reshape(shape), torch.tensor([len(t) for t, _ in trees])
+
+
+def place_logits(
+    reference: Any, histories: list[list[int]], trees: list[tuple[list[int], list[int]]]
+) -> list:
+    """Per row, [lengths[b] + 1, V]: each place's history (root first) scored alone by `reference`."""
+    from exactspec.foundations.trees import place_histories
+
+    out = []
+    for history, (tokens, parents) in zip(histories, trees, strict=True):
+        places = place_histories(history, tokens, parents, len(tokens), len(tokens))
+        out.append(torch.cat([reference.logits([place], 1)[:, 0] for place in places]))
+    return out
+
+
+def assert_place_logits(got: torch.Tensor, expected: list[torch.Tensor], atol: float) -> None:
+    """got [B, N + 1, V] equals each row's expected places (padding places not compared)."""
+    for b, row in enumerate(expected):
+        torch.testing.assert_close(got[b, : row.shape[0]], row.to(got.dtype), atol=atol, rtol=0)
+
+
+def tree_rounds(
+    model: Any, reference: Any, scorer: Any, vocab: int, rounds: int, seed: int, atol: float
+) -> None:
+    """Rounds of random trees on 3 rows: score with `scorer` (tree_logits' signature), compare with
+    `reference` place by place, keep a random root-to-node path plus one token; now and then a row
+    leaves and a new row id joins with a fresh prompt."""
+    from exactspec.foundations.trees import node_paths
+
+    rng = random.Random(seed)
+    histories = {row: [rng.randrange(vocab) for _ in range(rng.randint(1, 6))] for row in range(3)}
+    next_row = 3
+    for _ in range(rounds):
+        rows = sorted(histories)
+        trees = [random_tree(rng, vocab, 6) for _ in rows]
+        tokens, parents, lengths = tree_batch(trees)
+        got = scorer(model, [histories[r] for r in rows], tokens, parents, lengths, rows)
+        assert_place_logits(got, place_logits(reference, [histories[r] for r in rows], trees), atol)
+        for row, (row_tokens, row_parents) in zip(rows, trees, strict=True):
+            kept = rng.choice([[], *node_paths(row_parents, len(row_tokens))])  # the accepted path, or none
+            histories[row] += [row_tokens[n] for n in kept] + [rng.randrange(vocab)]
+        if rng.random() < 0.3:  # a row leaves, another joins
+            gone = rng.choice(rows)
+            model.release_rows([gone])
+            del histories[gone]
+            histories[next_row] = [rng.randrange(vocab) for _ in range(rng.randint(1, 6))]
+            next_row += 1

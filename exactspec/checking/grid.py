@@ -6,8 +6,10 @@ vocabularies with EOS, length limits below gamma, a draft equal to the target
 draft, every sampling transform, and a batch whose rows have different
 histories; then the same for block verification, the prompt-lookup and hybrid
 drafters (including rounds where the lookup finds no match) and adaptive
-gamma (`round_two_grid`). The adapter cases (`adapter_cases`) run the same
-enumeration through the real Hugging Face adapter (`HFLanguageModel` over tiny
+gamma (`round_two_grid`), and trees of deterministic candidates verified by tree
+verification (`tree_cases`, on toy tables and on the HF adapter; llama.cpp's are in
+`llamacpp_cases`). The adapter cases (`adapter_cases`) run the same enumeration through the
+real Hugging Face adapter (`HFLanguageModel` over tiny
 float64 Qwen2 and Llama models): KV cache rows, rollback, holes, compaction
 and position ids are inside the proof. The llama.cpp cases (`llamacpp_cases`, when llama-cpp-python
 is installed) run it through `LlamaCppModel` over the same tiny Llama weights written as float32
@@ -34,7 +36,7 @@ from exactspec.checking.statistical import (
     likely_sequences,
     sequence_probability,
 )
-from exactspec.checking.toy import TabularModel, random_tabular_model
+from exactspec.checking.toy import FixedTreeDrafter, TabularModel, random_tabular_model, rotating_tree
 from exactspec.decoding.builder import build_engine
 from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine
 from exactspec.decoding.strategy import VERIFIERS, Strategy
@@ -151,6 +153,29 @@ class ExactCase:
 
 
 @dataclass(frozen=True)
+class TreeCase(ExactCase):
+    """An exact-grid cell whose drafter proposes trees of candidates (`FixedTreeDrafter` over
+    `rotating_tree(V, widths)`), verified by tree verification (docs/algorithm.md 5, "Several
+    candidates"); the draft model of `models()` is not used.
+
+    The builder builds registered drafters only (`drafters.registry`), and registering this test
+    drafter would make it a `--drafter` choice and a strategy the bench and the grid enumerate, so
+    these cases build `SpeculativeEngine(target, drafter)` directly: the engine's round, its tree path
+    (`tree_logits`, the transforms, `verify_tree`) and the scheduler are the shipped ones, only the
+    wiring of the drafter is the case's own. The suffix drafter's trees go through the builder
+    (`suffix_tree_cases`).
+    """
+
+    widths: tuple[int, ...] = (2, 2)
+    as_chain: bool = False  # propose the (width-1) trees as chains: the chain verifier on the same drafts
+
+    def engine_factory(self, target: LanguageModel, draft: LanguageModel) -> EngineFactory:
+        trees = rotating_tree(self.vocab_size, self.widths, self.seed)
+        drafter = FixedTreeDrafter(trees, target.eos_token_ids, as_chain=self.as_chain)
+        return lambda: SpeculativeEngine(target, drafter, validate=True)
+
+
+@dataclass(frozen=True)
 class AdapterCase(ExactCase):
     """An exact-grid cell whose models are `HFLanguageModel`s over a tiny float64 HF pair.
 
@@ -197,6 +222,13 @@ class AdapterCase(ExactCase):
 
 
 @dataclass(frozen=True)
+class AdapterTreeCase(AdapterCase, TreeCase):
+    """A tree case (`TreeCase`'s drafter and engine) whose target is the HF adapter (`AdapterCase`'s
+    models and reference): a tree round scores every node of each row in the adapter, then the next
+    round keeps the accepted path and rolls the other branches back."""
+
+
+@dataclass(frozen=True)
 class LlamaCppCase(AdapterCase):
     """An exact-grid cell whose models are `LlamaCppModel`s over tiny float32 GGUF files.
 
@@ -230,6 +262,15 @@ class LlamaCppCase(AdapterCase):
 
         hf_target, _ = tiny_hf_pair(self.spec())
         return FullForwardModel(hf_target, target.eos_token_ids, target.vocab_size)
+
+
+@dataclass(frozen=True)
+class LlamaCppTreeCase(LlamaCppCase, TreeCase):
+    """A tree case whose target is `LlamaCppModel` (`LlamaCppCase`'s models, reference and float32
+    tolerance): each tree is one decode with a branch sequence per leaf, the next call keeps the path.
+
+    `LlamaCppCase` comes first so that its field defaults (the tolerance) win; `engine_factory` is
+    `TreeCase`'s (neither adapter case defines one)."""
 
 
 def tiny_gguf_folder() -> Path:
@@ -266,7 +307,7 @@ def llamacpp_cases() -> list[LlamaCppCase]:
         ("block, gamma=3", 4, 3, 3, SamplingSettings(min_p=0.5), ((1,), (2, 1)), 2.0, BLOCK),
         ("ngram, gamma=3", 4, 3, 3, SamplingSettings(), ((1, 2, 1), (2,)), 1.0, Strategy(drafter="ngram")),
     ]
-    return [
+    cases = [
         LlamaCppCase(
             f"llama.cpp float32: batch of 2, {name}",
             vocab,
@@ -279,6 +320,24 @@ def llamacpp_cases() -> list[LlamaCppCase]:
         )
         for name, vocab, gamma, n, settings, prompts, draft_scale, strategy in cells
     ]
+    # Trees of candidates (`tree_cases`): branch sequences in one decode, the kept path copied back.
+    for name, widths, tree_settings in (
+        ("tree 2 x 2", (2, 2), SamplingSettings(min_p=0.6)),
+        ("tree 3-1, all transforms", (3, 1), all_transforms),
+    ):
+        cases.append(
+            LlamaCppTreeCase(
+                f"llama.cpp float32: batch of 2, {name}",
+                4,
+                2,
+                4 if widths == (2, 2) else 3,
+                tree_settings,
+                prompts=((1,), (2, 3)),
+                widths=widths,
+                seed=3,
+            )
+        )
+    return cases
 
 
 GRID_BATCH_COSTS = BatchCosts(
@@ -352,7 +411,8 @@ def exact_grid() -> list[ExactCase]:
     )
     llamacpp = llamacpp_cases() if llamacpp_available() else []  # `verify` prints LLAMACPP_SKIP_REASON
     extra = registered_drafter_cases()
-    return cases + round_two_grid() + extra + scheduler_cases() + adapter_cases() + llamacpp
+    trees = tree_cases() + suffix_tree_cases()
+    return cases + round_two_grid() + extra + trees + scheduler_cases() + adapter_cases() + llamacpp
 
 
 DRAFTERS_WITH_OWN_CASES = frozenset({"model", "ngram", "hybrid"})
@@ -399,6 +459,106 @@ def registered_drafter_cases() -> list[ExactCase]:
                         previous=((2, 3, 1), (3, 1, 2)),
                     )
                 )
+    return cases
+
+
+def tree_cases() -> list[TreeCase]:
+    """Trees of deterministic candidates (docs/algorithm.md 5, "Several candidates").
+
+    The trees come from `rotating_tree` (widths[d] children under each node at depth d, ids that
+    change with the history): a child equal to EOS, children the target gives p = 0 (a target that
+    misses an id, top-k / top-p), every child rejected, whole paths accepted (a bonus after a leaf),
+    several levels, every id a child of the root (the last child then holds all of r), width 1 (and
+    the same chains through the chain verifier), T = 0 and T = 0.7 with top-k / top-p, the
+    repetition penalty (each node's own history), rows of a batch with different trees, and trees cut
+    by the length limit. `tests/verifiers/test_tree.py` checks that these events all happen.
+    """
+    hot_top = SamplingSettings(temperature=0.7, top_k=3, top_p=0.95)
+    greedy = SamplingSettings(temperature=0.0)
+    # (name, V, gamma, n, widths, other TreeCase fields)
+    cells: list[tuple[str, int, int, int, tuple[int, ...], dict]] = [
+        ("3 candidates", 4, 1, 3, (3,), {}),
+        ("2 x 2", 4, 2, 3, (2, 2), {}),
+        ("2-1-1, three levels", 3, 3, 4, (2, 1, 1), {}),
+        ("3 x 2, gamma=2 n=2: cut to depth 1", 4, 2, 2, (3, 2), {}),
+        ("every id a child of the root", 3, 1, 3, (3,), {}),
+        ("target misses an id", 4, 2, 3, (2, 2), {"draft": "target-misses"}),
+        ("width 1", 4, 3, 3, (1, 1, 1), {}),
+        ("width 1 as chains (token verifier)", 4, 3, 3, (1, 1, 1), {"as_chain": True}),
+        ("T=0, batch of 2", 4, 2, 4, (3, 3), {"settings": greedy, "prompts": ((2,), (3, 1))}),
+        ("T=0.7 top_k=3 top_p=0.95", 4, 2, 4, (2, 2), {"settings": hot_top}),
+        ("repetition_penalty=1.5", 4, 2, 3, (2, 1), {"settings": SamplingSettings(repetition_penalty=1.5)}),
+        ("batch of 2, different prompts", 3, 2, 2, (2, 1), {"prompts": ((1,), (2, 1))}),
+    ]
+    cases = [
+        TreeCase(f"tree {name}", vocab, gamma, n, widths=widths, seed=3, **fields)
+        for name, vocab, gamma, n, widths, fields in cells
+    ]
+    # The HF adapter as the target: several branches per row in the cache, the accepted one kept.
+    # Kept to tens of paths by min-p: each path replays the whole decode through the adapter.
+    all_transforms = SamplingSettings(temperature=0.8, top_k=3, min_p=0.4, repetition_penalty=1.3)
+    narrow = SamplingSettings(min_p=0.5)
+    adapter = [
+        ("qwen2", "2 x 2", 4, 2, 4, (2, 2), narrow, 0.5),
+        ("llama", "3-1, compaction", 4, 2, 4, (3, 1), SamplingSettings(min_p=0.6), 0.0),
+        ("llama", "2-1, all transforms", 4, 2, 3, (2, 1), all_transforms, 0.5),
+    ]
+    for family, name, vocab, gamma, n, widths, settings, hole_fraction in adapter:
+        cases.append(
+            AdapterTreeCase(
+                f"tree adapter {family} float64: batch of 2, {name}",
+                vocab,
+                gamma,
+                n,
+                settings,
+                prompts=((1,), (2, 3)),
+                widths=widths,
+                seed=3,
+                family=family,
+                max_hole_fraction=hole_fraction,
+            )
+        )
+    return cases
+
+
+SUFFIX_TREE_OPTIONS = {"max_branches": 3, "max_nodes": 6, "min_token_probability": 0.0, "alpha": 3.0}
+"""Suffix drafting with tree drafts (up to 3 continuations per node, 6 nodes) that branch on these tiny
+texts: every continuation seen is drafted, however rare."""
+
+
+def suffix_tree_cases() -> list[ExactCase]:
+    """The suffix drafter's tree drafts (`Proposal.parents`) through the shipped builder: a prompt that
+    repeats, a batch of two rows with every transform, and a row after earlier requests (drafts from the
+    shared tree), with fixed and adaptive gamma. A tree is verified by tree verification whatever the
+    strategy's verifier (docs/algorithm.md 5, "Several candidates")."""
+    all_transforms = SamplingSettings(
+        temperature=0.8, top_k=3, top_p=0.9, min_p=0.05, repetition_penalty=1.3, logit_bias={1: 0.5}
+    )
+    cases: list[ExactCase] = []
+    for adaptive in (False, True):
+        strategy = Strategy("suffix", "token", adaptive, drafter_options=SUFFIX_TREE_OPTIONS)
+        label = f"suffix trees{', adaptive gamma' if adaptive else ''}"
+        cases += [
+            ExactCase(f"{label}, repeats", 4, 3, 3, prompts=((1, 2, 1, 2, 3, 1, 2),), strategy=strategy),
+            ExactCase(
+                f"{label}, batch of 2, all transforms",
+                4,
+                3,
+                3,
+                all_transforms,
+                prompts=((1, 2, 1, 3, 1), (2,)),
+                strategy=strategy,
+            ),
+            ExactCase(
+                f"{label}, after earlier requests",
+                4,
+                3,
+                3,
+                prompts=((3, 1),),
+                strategy=strategy,
+                previous=((2, 3, 1), (3, 1, 2), (3, 1, 3)),
+            ),
+        ]
     return cases
 
 

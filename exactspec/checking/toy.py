@@ -1,6 +1,6 @@
-"""Toy language models: any Python function of the history, exactly enumerable.
+"""Toy language models and a toy tree drafter: any Python function of the history, exactly enumerable.
 
-They implement the same `LanguageModel` protocol as real models, so the exact
+They implement the same `LanguageModel` and `Drafter` protocols as the real ones, so the exact
 check (`exactspec.checking.exact`) drives the production decoding engine with them.
 """
 
@@ -11,6 +11,10 @@ from collections.abc import Callable, Collection, Sequence
 
 import torch
 
+from exactspec.drafters.base import Proposal
+from exactspec.foundations.rows import Stateless
+from exactspec.foundations.sampler import Sampler
+from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.base import StatelessModel
 
 Distribution = Callable[[tuple[int, ...]], Sequence[float] | torch.Tensor]
@@ -126,3 +130,104 @@ def _stable_hash(seed: int, history: tuple[int, ...]) -> int:
     """A seed for torch.Generator from (seed, history) that is the same in every process (unlike hash())."""
     # crc32 is 32 bits, which is all torch keeps of a seed anyway (its mt19937 takes the low 32 bits).
     return zlib.crc32(repr((seed, history)).encode())
+
+
+TreeFunction = Callable[[tuple[int, ...]], Sequence[tuple[int, int]]]
+"""history -> a tree of candidates as (token, parent) pairs in topological order (parent -1: the root)."""
+
+
+class FixedTreeDrafter(Stateless):
+    """A `Drafter` that proposes the tree `trees(history)` for each row: deterministic, q None.
+
+    Nodes deeper than the row's max_tokens are cut (their descendants with them), so a round never
+    proposes past the length limit, and so are the nodes below a candidate in `eos_token_ids`
+    (nothing after an EOS can be emitted; every drafter stops there, docs/algorithm.md 2.1).
+    `as_chain`: propose each tree, which must then have width 1 (node i's parent is i - 1), as a
+    chain (parents None): the same candidates through the engine's chain verifier, to compare the
+    two rules on one drafter.
+
+    >>> drafter = FixedTreeDrafter(lambda history: [(5, -1), (6, 0), (7, -1)])
+    >>> proposal = drafter.propose([[1, 2]], [1], SamplingSettings(), None, [0])
+    >>> proposal.tokens.tolist(), proposal.parents.tolist(), proposal.lengths.tolist()
+    ([[5, 7]], [[-1, -1]], [2])
+    """
+
+    def __init__(
+        self, trees: TreeFunction, eos_token_ids: Collection[int] = (), *, as_chain: bool = False
+    ) -> None:
+        self.trees = trees
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.as_chain = as_chain
+
+    def propose(
+        self,
+        histories: Sequence[Sequence[int]],
+        max_tokens: Sequence[int],
+        settings: SamplingSettings | Sequence[SamplingSettings],
+        sampler: Sampler,
+        rows: Sequence[int],
+    ) -> Proposal:
+        del settings, sampler, rows  # no randomness, no model, no per-row state
+        cut = [
+            _cut_tree(list(self.trees(tuple(history))), limit, self.eos_token_ids)
+            for history, limit in zip(histories, max_tokens, strict=True)
+        ]
+        width = max((len(nodes) for nodes in cut), default=0)
+        tokens = torch.zeros(len(cut), width, dtype=torch.long)  # [B, N]; padding is id 0
+        parents = torch.full((len(cut), width), -1, dtype=torch.long)  # [B, N]
+        for b, nodes in enumerate(cut):
+            for n, (token, parent) in enumerate(nodes):
+                tokens[b, n], parents[b, n] = token, parent
+        lengths = torch.tensor([len(nodes) for nodes in cut], dtype=torch.long)  # [B]
+        if not self.as_chain:
+            return Proposal(tokens=tokens, q=None, lengths=lengths, deterministic=True, parents=parents)
+        if any(parent != n - 1 for nodes in cut for n, (_, parent) in enumerate(nodes)):
+            raise ValueError("as_chain needs trees of width 1 (node i's parent is i - 1)")
+        return Proposal(tokens=tokens, q=None, lengths=lengths, deterministic=True)
+
+
+def _cut_tree(nodes: list[tuple[int, int]], max_depth: int, eos: frozenset[int]) -> list[tuple[int, int]]:
+    """The nodes at depth <= max_depth and not below an EOS node, parents renumbered.
+
+    [(5, -1), (6, 0), (7, -1)] cut at depth 1 -> [(5, -1), (7, -1)].
+    """
+    kept: dict[int, int] = {}  # old index -> new index
+    depth: dict[int, int] = {-1: 0}
+    out: list[tuple[int, int]] = []
+    for n, (token, parent) in enumerate(nodes):
+        if parent != -1 and (parent not in kept or nodes[parent][0] in eos):
+            continue  # below a cut node or an EOS
+        depth[n] = depth[parent] + 1
+        if depth[n] > max_depth:
+            continue
+        kept[n] = len(out)
+        out.append((token, -1 if parent == -1 else kept[parent]))
+    return out
+
+
+def rotating_tree(vocab_size: int, widths: Sequence[int], seed: int = 0) -> TreeFunction:
+    """A tree function for the exact grid: widths[d] children under every node at depth d.
+
+    The children of a place are `widths[d]` consecutive ids (mod V) starting at an offset drawn from
+    (seed, history, path) by a stable hash, so trees change with the history and EOS is a child
+    somewhere. widths (3,) proposes three candidate next tokens; (1, 1, 1) is a chain of three.
+
+    >>> rotating_tree(4, (2, 1))((1,))
+    [(3, -1), (0, -1), (0, 0), (1, 1)]
+    """
+
+    def trees(history: tuple[int, ...]) -> list[tuple[int, int]]:
+        nodes: list[tuple[int, int]] = []
+        frontier: list[tuple[int, tuple[int, ...]]] = [(-1, ())]  # (place, path tokens)
+        for width in widths:
+            next_frontier = []
+            for place, path in frontier:
+                start = _stable_hash(seed, (*history, -1, *path)) % vocab_size
+                for j in range(width):
+                    token = (start + j) % vocab_size
+                    nodes.append((token, place))
+                    next_frontier.append((len(nodes) - 1, (*path, token)))
+            frontier = next_frontier
+        return nodes  # built level by level: every parent is listed before its children
+
+    return trees

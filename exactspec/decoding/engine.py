@@ -40,9 +40,13 @@ from exactspec.foundations.rows import RowLifecycle, RowStart
 from exactspec.foundations.sampler import Sampler
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.foundations.transforms import probabilities_per_row
+from exactspec.foundations.trees import heights as tree_heights
+from exactspec.foundations.trees import place_histories
 from exactspec.models.base import LanguageModel
-from exactspec.verifiers.base import Verifier
+from exactspec.models.tree import tree_logits
+from exactspec.verifiers.base import Verifier, VerifyResult
 from exactspec.verifiers.token import verify
+from exactspec.verifiers.tree import TreeVerifyResult, verify_tree
 
 __all__ = [
     "MAX_GAMMA",
@@ -261,20 +265,13 @@ class SpeculativeEngine:
         proposal = self._draft(
             histories, max_draft, settings[0] if shared else settings, sampler, active
         )  # 2.1
-        p = self._target_probabilities(histories, proposal, settings, active)  # 2.2
-        clock = time.perf_counter()
-        result = self.verifier(
-            proposal.tokens,
-            proposal.q,
-            p,
-            proposal.lengths,  # 2.3 - 2.5
-            self.target.eos_token_ids,
-            sampler,
-            active,
-            validate=self.validate,
-        )
-        self.metrics.verify_seconds += time.perf_counter() - clock
-        proposed, accepted = self._record(proposal, result.num_accepted, result.num_emitted)
+        if proposal.parents is None:
+            result = self._verify_chain(histories, proposal, settings, sampler, active)  # 2.2 - 2.5
+            drafted = proposal.lengths
+        else:  # several candidates (docs/algorithm.md 5): one target pass over the tree, an exact walk
+            result = self._verify_tree(histories, proposal, max_draft, settings, sampler, active)
+            drafted = result.path_lengths
+        proposed, accepted = self._record(drafted, result.num_accepted, result.num_emitted)
         if self.gamma_policy is not None:
             record_round(self.gamma_policy, active, proposed, accepted)
         output = self._append(states, active, result.tokens, result.num_emitted, result.hit_eos, config, stop)
@@ -289,6 +286,90 @@ class SpeculativeEngine:
     def device(self) -> torch.device:
         """Where the target's tensors (and so p and the verifier's work) live."""
         return self.target.device
+
+    def _verify_chain(
+        self,
+        histories: list[list[int]],
+        proposal: Proposal,
+        settings: list[SamplingSettings],
+        sampler: Sampler,
+        rows: list[int],
+    ) -> VerifyResult:
+        """2.2 - 2.5 for a draft block: one target pass over each history plus its block, the verifier."""
+        p = self._target_probabilities(histories, proposal, settings, rows)  # 2.2
+        clock = time.perf_counter()
+        result = self.verifier(
+            proposal.tokens,
+            proposal.q,
+            p,
+            proposal.lengths,  # 2.3 - 2.5
+            self.target.eos_token_ids,
+            sampler,
+            rows,
+            validate=self.validate,
+        )
+        self.metrics.verify_seconds += time.perf_counter() - clock
+        return result
+
+    def _verify_tree(
+        self,
+        histories: list[list[int]],
+        proposal: Proposal,
+        max_draft: list[int],
+        settings: list[SamplingSettings],
+        sampler: Sampler,
+        rows: list[int],
+    ) -> TreeVerifyResult:
+        """A tree of deterministic candidates (docs/algorithm.md 5, "Several candidates"): p at the root and
+        after every node from one target pass (`models.tree.tree_logits`), then `verify_tree`'s walk.
+
+        The engine's verifier (token or block) is for chains; a tree is always walked by `verify_tree`.
+        """
+        assert proposal.parents is not None
+        deepest = tree_heights(proposal.parents, proposal.lengths)[
+            :, 0
+        ]  # [A] the root's height: the deepest node
+        if (deepest > torch.tensor(max_draft, device=deepest.device)).any():
+            raise ValueError(
+                f"the drafter proposed trees {deepest.tolist()} deep for rows allowed {max_draft} tokens: "
+                "every root-to-node path must fit the row's max_tokens"
+            )
+        clock = time.perf_counter()
+        with self.target_stopwatch.timing():
+            logits = tree_logits(
+                self.target, histories, proposal.tokens, proposal.parents, proposal.lengths, rows
+            )  # [A, N + 1, V]
+        self.metrics.target_forward_seconds += self.target_stopwatch.take()
+        places = logits.shape[1]
+        # Each place's true history, for the repetition penalty (built only when it is on).
+        place_history = None
+        if any(row_settings.repetition_penalty != 1.0 for row_settings in settings):
+            tokens, parents, lengths = (
+                t.tolist() for t in (proposal.tokens, proposal.parents, proposal.lengths)
+            )
+            place_history = [
+                history
+                for b, row_history in enumerate(histories)
+                for history in place_histories(row_history, tokens[b], parents[b], lengths[b], places - 1)
+            ]
+        flat = logits.reshape(-1, logits.shape[-1])  # [A * (N + 1), V]
+        flat_settings = [row_settings for row_settings in settings for _ in range(places)]
+        p = probabilities_per_row(flat, flat_settings, place_history).reshape(logits.shape)  # [A, N + 1, V]
+        self.metrics.target_seconds += time.perf_counter() - clock
+        self.metrics.target_calls += 1
+        clock = time.perf_counter()
+        result = verify_tree(
+            proposal.tokens,
+            proposal.parents,
+            p,
+            proposal.lengths,
+            self.target.eos_token_ids,
+            sampler,
+            rows,
+            validate=self.validate,
+        )
+        self.metrics.verify_seconds += time.perf_counter() - clock
+        return result
 
     def _draft(
         self,
@@ -317,6 +398,7 @@ class SpeculativeEngine:
                 q=None if proposal.q is None else proposal.q.to(self.device),
                 lengths=proposal.lengths.to(self.device),
                 deterministic=proposal.deterministic,
+                parents=None if proposal.parents is None else proposal.parents.to(self.device),
             )
         # A deterministic proposal (prompt lookup) ran no draft model.
         self.metrics.draft_calls += 0 if proposal.deterministic else int(proposal.lengths.max())
@@ -363,9 +445,10 @@ class SpeculativeEngine:
         return p
 
     def _record(
-        self, proposal: Proposal, num_accepted: torch.Tensor, num_emitted: torch.Tensor
+        self, drafted: torch.Tensor, num_accepted: torch.Tensor, num_emitted: torch.Tensor
     ) -> tuple[list[int], list[int]]:
-        proposed = proposal.lengths.tolist()
+        """drafted [A]: the draft length of each row (a tree's: the candidates its path could have kept)."""
+        proposed = drafted.tolist()
         accepted = num_accepted.tolist()
         self.metrics.rounds += 1
         self.metrics.row_rounds += len(proposed)

@@ -11,6 +11,7 @@ import torch
 from exactspec.foundations.rows import RowLifecycle, RowObserver
 from exactspec.foundations.sampler import Sampler
 from exactspec.foundations.settings import SamplingSettings
+from exactspec.foundations.trees import check_tree
 
 
 @dataclass(frozen=True)
@@ -28,12 +29,16 @@ class Proposal:
         deterministic: q is one-hot on `tokens` (prompt lookup, n-gram drafts;
             docs/algorithm.md 5). Such a proposal may carry q = None: the verifiers then
             use q_i(X_i) = 1 without a dense [B, gamma, V] tensor.
-        parents: [B, N] long, or None for a chain. Given, row b's proposal is a tree of several
-            candidates: tokens[b, n] is node n's token, parents[b, n] its parent node (-1: a child
-            of the history's last token), nodes in topological order, siblings distinct and in the
-            order they are to be tried, lengths[b] the number of nodes, every root-to-node path at
-            most the row's max_tokens long. Trees are deterministic (q None). Verified by tree
-            verification (`verifiers/tree.py`, landing separately; interface the lead reconciles).
+        parents: [B, N] long, or None for a chain (node i's parent is i - 1). Given, the proposal is
+            a tree of several candidates (`exactspec.foundations.trees`): tokens[b, n] is node n's
+            token, parents[b, n] its parent (-1: a child of the history's last token), nodes in
+            topological order, siblings distinct and tried in index order, lengths[b] the nodes of
+            row b's tree, every root-to-node path at most the row's max_tokens long. Verified by
+            `exactspec.verifiers.tree.verify_tree` after one target pass over every node. Trees are
+            for drafts without probabilities: q must be None and deterministic True.
+
+    Example: the candidates "7 8" and "9" after a row's history are the tree tokens [[7, 8, 9]],
+    parents [[-1, 0, -1]], lengths [3].
     """
 
     tokens: torch.Tensor
@@ -45,8 +50,13 @@ class Proposal:
     def __post_init__(self) -> None:
         if self.q is None and not self.deterministic:
             raise ValueError("a Proposal without q must be deterministic (q one-hot on its tokens)")
-        if self.parents is not None and (self.q is not None or not self.deterministic):
-            raise ValueError("a tree Proposal (parents given) must be deterministic with q None")
+        if self.parents is not None:
+            if self.q is not None or not self.deterministic:
+                raise ValueError(
+                    "a tree Proposal (parents given) must be deterministic with q None: tree verification "
+                    "(docs/algorithm.md 5) is defined for candidates without probabilities"
+                )
+            check_tree(self.tokens, self.parents, self.lengths)
 
     def row_tokens(self, row: int) -> list[int]:
         return self.tokens[row, : int(self.lengths[row])].tolist()

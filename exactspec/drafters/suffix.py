@@ -174,7 +174,8 @@ class SuffixDrafter:
       prompts (agents re-sending a conversation).
     - max_branches (1): continuations tried at each node. 1 drafts a chain (any verifier); more drafts a
       tree (`Proposal.parents`) whose siblings are the next most frequent continuations, nodes taken
-      best first by estimated probability; only an engine with tree verification can take it.
+      best first by estimated probability, verified by tree verification (`verifiers.tree`: the engine
+      walks every proposal with parents that way, whatever the strategy's verifier).
     - max_nodes (16): nodes in a tree draft (unused for chains).
 
     A row keeps its tree while it lives; `memory()` reports both kinds of tree.

@@ -12,19 +12,48 @@ import copy
 import inspect
 import itertools
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 from exactspec.foundations.rows import RowStart
+from exactspec.foundations.trees import check_tree
+from exactspec.models.attention import NAME as GROUPED_ATTENTION
 from exactspec.models.attention import use_grouped_attention
 from exactspec.models.base import common_prefix_length, logits_inputs
+from exactspec.models.tree import path_tree_logits
 from exactspec.models.two_rows import use_two_row_linears
 
 # Token written into padding slots. Its value never matters: padding slots are
 # masked out of every attention, so any valid id will do.
 _PAD_TOKEN_ID = 0
+
+TREE_MASK_ATTENTION = ("sdpa", "eager", GROUPED_ATTENTION)
+"""Attention implementations a tree pass can hand an explicit [B, 1, W, S + W] mask to (transformers returns
+a 4D mask as it is; sdpa and the grouped attention take it boolean, eager additive). Models with another
+implementation (flash attention) score trees path by path."""
+
+
+class _Trees(NamedTuple):
+    """The trees of one tree call, per requested row: node tokens and parents, in `width` node slots."""
+
+    tokens: list[list[int]]
+    parents: list[list[int]]
+    width: int  # N, the node slots every row's feed ends with
+
+    def select(self, index: list[int]) -> _Trees:
+        return _Trees([self.tokens[j] for j in index], [self.parents[j] for j in index], self.width)
+
+
+class _PendingTree(NamedTuple):
+    """A row's tree from its last (tree) call: the nodes' K/V sit in `slots`, which are holes until the row's
+    next call says which path its history took (`HFLanguageModel._resolve_tree`)."""
+
+    tokens: list[int]
+    parents: list[int]
+    slots: torch.Tensor  # [n] int64, the cache slot of each node
 
 
 class HFLanguageModel:
@@ -63,6 +92,10 @@ class HFLanguageModel:
     right-aligned in a cache as long as the longest row. The default 0.5 keeps
     attention over holes within 2x of the hole-free cost and copies the whole
     cache only after the holes have grown as long as the longest row.
+
+    Trees of candidates (`tree_logits`) are scored in one forward: each node takes a slot after the
+    row's new tokens, sees the row's valid slots and its own ancestors only (an explicit 4D mask), and
+    stays a hole until the row's next call, which keeps the slots of the path its history follows.
 
     Only plain full-attention `DynamicLayer` caches are supported: sliding
     window and linear-attention layers index by slot, and holes would break them.
@@ -166,6 +199,8 @@ class HFLanguageModel:
         self._tokens: list[list[int]] = []  # per batch index, the real tokens held (in order)
         self._slots: list[torch.Tensor] = []  # per batch index, [n_b] int64 slot of each real token
         self._valid = torch.zeros(0, 0, dtype=torch.bool)  # [B, S] True where a slot holds a real token
+        # Per batch index, the tree of its last call if that was a tree call (its nodes still holes).
+        self._trees: list[_PendingTree | None] = []
 
     def cached_kv(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer, (keys, values) of the real tokens of `row`, each [H_kv, n, D] (tests, debugging)."""
@@ -199,18 +234,66 @@ class HFLanguageModel:
                 self.clear_cache()
                 raise
 
+    def tree_logits(
+        self,
+        histories: Sequence[Sequence[int]],
+        tokens: torch.Tensor,
+        parents: torch.Tensor,
+        lengths: torch.Tensor,
+        rows: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        """[B, N + 1, V] logits after each history (entry 0) and after each tree node (entry n + 1), in one
+        forward (see `exactspec.models.tree.tree_logits` for the arguments; padding nodes' entries are
+        meaningless).
+
+        Row b is fed the part of its history its cache lacks (at least the last token: the root's
+        logits), then N node slots: node n at position len(history) + depth(n) - 1, attending to the
+        row's valid slots, its new history tokens, its ancestors and itself, nothing else. The nodes'
+        slots stay holes; the row's next call keeps those of the path its new history follows down the
+        tree, so accepted candidates are not recomputed and the other branches are rolled back by the
+        usual bookkeeping. Example: history [a b c] ([a b] cached), tree x (0) -> y (1), z (2) under the root:
+
+            slot     0  1  2  3  4  5       query  sees slots       position
+            row      a  b  c  x  y  z       c      0 1 2            2
+                                            x      0 1 2 3          3
+                                            y      0 1 2 3 4        4
+                                            z      0 1 2 5          3
+
+        A next history [a b c x q] keeps x's slot (y and z become holes) and feeds q.
+        """
+        history_lists, row_ids = logits_inputs(histories, 1, rows, self._vocab_size)
+        check_tree(tokens, parents, lengths, self._vocab_size)
+        if tokens.shape[0] != len(history_lists):
+            raise ValueError(f"got {len(history_lists)} histories for {tokens.shape[0]} trees")
+        if self._model.config._attn_implementation not in TREE_MASK_ATTENTION:
+            return path_tree_logits(self, history_lists, tokens, parents, lengths, row_ids)
+        sizes = lengths.tolist()
+        trees = _Trees(
+            [row[:n] for row, n in zip(tokens.tolist(), sizes, strict=True)],
+            [row[:n] for row, n in zip(parents.tolist(), sizes, strict=True)],
+            tokens.shape[1],
+        )
+        with torch.inference_mode():
+            try:
+                return self._logits(history_lists, 1, row_ids, trees)
+            except BaseException:
+                self.clear_cache()  # as in `logits`: bookkeeping out of step with the cache
+                raise
+
     # ---------------------------------------------------------------- internals
 
-    def _logits(self, history_lists: list[list[int]], k: int, row_ids: list[int]) -> torch.Tensor:
+    def _logits(
+        self, history_lists: list[list[int]], k: int, row_ids: list[int], trees: _Trees | None = None
+    ) -> torch.Tensor:
         requested = set(row_ids)
         others = [r for r in self._row_ids if r not in requested]
         if not others or self._cache is None:
-            return self._logits_of(history_lists, k, row_ids)
+            return self._logits_of(history_lists, k, row_ids, trees)
         # Cached rows this call does not name are set aside and merged back after: riding along, each
         # would be fed padding as wide as the widest requested feed (a prefill chunk, a draft's
         # catch-up), and every layer would compute it. Their cache is moved, never recomputed.
         aside = self._split_off(others)
-        logits = self._logits_of(history_lists, k, row_ids)
+        logits = self._logits_of(history_lists, k, row_ids, trees)
         self._merge_state(aside)
         return logits
 
@@ -229,6 +312,7 @@ class HFLanguageModel:
             [self._tokens[b] for b in move],
             [self._slots[b] for b in move],
             self._valid[move],
+            [self._trees[b] for b in move],
         )
         if not keep:
             self.clear_cache()
@@ -238,24 +322,33 @@ class HFLanguageModel:
         self._tokens = [self._tokens[b] for b in keep]
         self._slots = [self._slots[b] for b in keep]
         self._valid = self._valid[keep]
+        self._trees = [self._trees[b] for b in keep]
         return state
 
-    def _logits_of(self, history_lists: list[list[int]], k: int, row_ids: list[int]) -> torch.Tensor:
+    def _logits_of(
+        self, history_lists: list[list[int]], k: int, row_ids: list[int], trees: _Trees | None = None
+    ) -> torch.Tensor:
         """`_logits` for a call that names every cached row (and maybe new ones)."""
         joining = [j for j, r in enumerate(row_ids) if r not in self._row_ids]
         staying = [j for j, r in enumerate(row_ids) if r in self._row_ids]
         if not joining or not staying or self._cache is None:
-            return self._logits_together(history_lists, k, row_ids)
+            return self._logits_together(history_lists, k, row_ids, trees)
         # Rows that join are prefilled on their own: in one batch with the running rows, every
         # running row would be padded to the new prompts' length (their MLPs run on padding).
         running = self._take_state()
         new_logits = self._logits_together(
-            [history_lists[j] for j in joining], k, [row_ids[j] for j in joining]
+            [history_lists[j] for j in joining],
+            k,
+            [row_ids[j] for j in joining],
+            None if trees is None else trees.select(joining),
         )
         joined = self._take_state()
         self._put_state(running)
         old_logits = self._logits_together(
-            [history_lists[j] for j in staying], k, [row_ids[j] for j in staying]
+            [history_lists[j] for j in staying],
+            k,
+            [row_ids[j] for j in staying],
+            None if trees is None else trees.select(staying),
         )
         self._merge_state(joined)
         logits = old_logits.new_empty(len(row_ids), *old_logits.shape[1:])  # [B, k, V]
@@ -265,12 +358,12 @@ class HFLanguageModel:
 
     def _take_state(self) -> tuple:
         """This adapter's cache and bookkeeping, leaving it empty."""
-        state = (self._cache, self._row_ids, self._tokens, self._slots, self._valid)
+        state = (self._cache, self._row_ids, self._tokens, self._slots, self._valid, self._trees)
         self.clear_cache()
         return state
 
     def _put_state(self, state: tuple) -> None:
-        self._cache, self._row_ids, self._tokens, self._slots, self._valid = state
+        self._cache, self._row_ids, self._tokens, self._slots, self._valid, self._trees = state
 
     def _merge_state(self, other: tuple) -> None:
         """Append another state's rows (disjoint row ids) as new batch indices; no row is recomputed.
@@ -278,12 +371,16 @@ class HFLanguageModel:
         The one with fewer slots gets holes in front, so both have the same number of slots:
         holes are masked and positions count real tokens only, so a row's results do not move.
         """
-        cache, row_ids, tokens, slots, valid = other
+        cache, row_ids, tokens, slots, valid, trees = other
         if self._cache is None:  # nothing here (every row of this adapter was the other's)
             self._put_state(other)
             self._crop_trailing_holes()
             return
         width = max(self._valid.shape[1], valid.shape[1])
+        # Pending trees move with their rows' slots (holes in front shift every slot alike).
+        self._trees = _shifted(self._trees, width - self._valid.shape[1]) + _shifted(
+            trees, width - valid.shape[1]
+        )
         mine = self._front_padded(self._cache, self._slots, self._valid, width)
         theirs = self._front_padded(cache, slots, valid, width)
         merged = []
@@ -312,8 +409,11 @@ class HFLanguageModel:
         holes = torch.zeros(valid.shape[0], extra, dtype=torch.bool)
         return layers, [s + extra for s in slots], torch.cat([holes, valid], dim=1)
 
-    def _logits_together(self, history_lists: list[list[int]], k: int, row_ids: list[int]) -> torch.Tensor:
-        """One forward over the cache's batch: requested rows fed their new tokens, the others nothing."""
+    def _logits_together(
+        self, history_lists: list[list[int]], k: int, row_ids: list[int], trees: _Trees | None = None
+    ) -> torch.Tensor:
+        """One forward over the cache's batch: requested rows fed their new tokens (then their trees' nodes,
+        for a tree call: [B, N + 1, V] out), the others nothing."""
         self._add_rows(row_ids)
         # index[j]: the cache batch index of requested row j. Cached rows that are not requested
         # ride along with an empty feed (padding only): their cache is neither recomputed nor lost.
@@ -321,6 +421,8 @@ class HFLanguageModel:
         targets: list[list[int]] = list(self._tokens)  # per batch index, the history after this call
         for j, b in enumerate(index):
             targets[b] = history_lists[j]
+        for b, history in enumerate(targets):
+            self._resolve_tree(b, history)  # the last tree's kept path becomes real tokens first
         requested = set(index)
         # Keep the longest cached prefix, but always feed at least k tokens to a requested row: the
         # logits of cached positions were not stored, so they are recomputed.
@@ -332,7 +434,14 @@ class HFLanguageModel:
             self._roll_back(b, keep)
         self._crop_trailing_holes()
         self._maybe_compact()
-        logits = self._forward([h[keep:] for h, keep in zip(targets, keeps, strict=True)], k)
+        feeds = [h[keep:] for h, keep in zip(targets, keeps, strict=True)]
+        if trees is None:
+            logits = self._forward(feeds, k)
+        else:
+            batch_trees = [([], [])] * len(feeds)  # rows riding along have no tree
+            for j, b in enumerate(index):
+                batch_trees[b] = (trees.tokens[j], trees.parents[j])
+            logits = self._tree_forward(feeds, batch_trees, trees.width)
         self._tokens = targets
         if index == list(range(len(self._row_ids))):
             return logits
@@ -349,6 +458,7 @@ class HFLanguageModel:
             return
         self._row_ids.extend(new)
         self._tokens.extend([] for _ in new)
+        self._trees.extend(None for _ in new)
         self._slots.extend(torch.zeros(0, dtype=torch.long) for _ in new)
         self._valid = torch.cat([self._valid, torch.zeros(len(new), self._valid.shape[1], dtype=torch.bool)])
         if self._cache is None:
@@ -382,6 +492,7 @@ class HFLanguageModel:
         self._tokens = [self._tokens[b] for b in keep]
         self._slots = [self._slots[b] for b in keep]
         self._valid = self._valid[keep]
+        self._trees = [self._trees[b] for b in keep]
         self._crop_trailing_holes()
 
     @property
@@ -399,9 +510,44 @@ class HFLanguageModel:
         self._slots[b] = self._slots[b][:keep]
         self._tokens[b] = self._tokens[b][:keep]
 
+    def _resolve_tree(self, b: int, history: list[int]) -> None:
+        """Batch index b's pending tree meets the row's new history: the nodes of the path the history
+        follows down the tree become the row's next real tokens (their slots valid, their K/V computed at
+        the positions those tokens have now); every other node stays a hole. A history that does not
+        extend the tree's base keeps nothing of the tree (the prefix bookkeeping rolls back from there)."""
+        pending = self._trees[b]
+        if pending is None:
+            return
+        self._trees[b] = None
+        base = self._tokens[b]
+        if history[: len(base)] != base:
+            return
+        pairs = zip(pending.tokens, pending.parents, strict=True)
+        child = {(parent, token): n for n, (token, parent) in enumerate(pairs)}
+        path: list[int] = []
+        for token in history[len(base) :]:
+            node = child.get((path[-1] if path else -1, token))
+            if node is None:
+                break
+            path.append(node)
+        if not path:
+            return
+        slots = pending.slots[path]  # [P], increasing: a parent is listed (and slotted) before its children
+        self._valid[b, slots] = True
+        self._slots[b] = torch.cat([self._slots[b], slots])
+        self._tokens[b] = base + [pending.tokens[n] for n in path]
+
     def _crop_trailing_holes(self) -> None:
         num_slots = self._valid.shape[1]
-        needed = max((int(s[-1]) + 1 for s in self._slots if len(s)), default=0)
+        # A pending tree's nodes are holes that its row's next call may keep: never cropped.
+        needed = max(
+            (
+                int(s[-1]) + 1
+                for s in [*self._slots, *(t.slots for t in self._trees if t is not None)]
+                if len(s)
+            ),
+            default=0,
+        )
         if needed == 0:
             self._cache = None
         elif needed < num_slots:
@@ -414,6 +560,8 @@ class HFLanguageModel:
         longest = max(len(s) for s in self._slots)
         if self._cache is None or num_slots - longest <= self._max_hole_fraction * num_slots:
             return
+        # Only `_logits_together` compacts, after every row's pending tree was resolved.
+        assert all(tree is None for tree in self._trees)
         batch = len(self._slots)
         # index[b, j]: old slot moved to new slot j; left padding copies slot 0 (masked anyway).
         index = torch.zeros(batch, longest, dtype=torch.long)  # [B, L]
@@ -466,6 +614,116 @@ class HFLanguageModel:
         logits = out.logits[:, -k:, : self._vocab_size]  # [B, k, V]
         # float64 stays float64 (the exact grid runs the adapter in float64); anything else is float32.
         return logits if logits.dtype == torch.float64 else logits.float()
+
+    def _tree_forward(
+        self, feeds: list[list[int]], trees: list[tuple[list[int], list[int]]], num_nodes: int
+    ) -> torch.Tensor:
+        """One forward over each row's new tokens and then its tree (`tree_logits`); [B, N + 1, V] logits.
+
+        Layout of a row's W = H + N new slots: its feed left-padded to H, then its nodes in order, then
+        padding nodes up to N. The mask is explicit ([B, 1, W, S + W]): a feed token sees the row's
+        valid slots and the feed up to itself, a node the valid slots, the whole feed, its ancestors and
+        itself; a padding query sees only its own slot (finite, never read). Positions count real
+        tokens: a node at depth d (1 for a child of the root) sits at len(history) + d - 1.
+        """
+        batch = len(feeds)
+        history_width = max(len(f) for f in feeds)
+        width = history_width + num_nodes
+        num_slots = self._valid.shape[1]
+        fed = torch.tensor([len(f) for f in feeds], dtype=torch.long)  # [B]
+        offset = (
+            torch.arange(history_width)[None, :] - (history_width - fed)[:, None]
+        )  # [B, H], < 0 on padding
+        fed_real = offset >= 0  # [B, H]
+        before = self._lengths()  # [B] real tokens already cached
+        depth = torch.zeros(batch, num_nodes, dtype=torch.long)  # [B, N]
+        node_real = torch.zeros(batch, num_nodes, dtype=torch.bool)  # [B, N]
+        ancestors = torch.zeros(
+            batch, num_nodes, num_nodes, dtype=torch.bool
+        )  # [B, N, N]: [b, n, m] m on n's path
+        for b, (_, parents) in enumerate(trees):
+            for n, parent in enumerate(parents):
+                if parent >= 0:
+                    depth[b, n] = depth[b, parent] + 1
+                    ancestors[b, n] = ancestors[b, parent]
+                else:
+                    depth[b, n] = 1
+                ancestors[b, n, n] = True
+                node_real[b, n] = True
+        position_ids = torch.cat(
+            [
+                before[:, None] + offset.clamp(min=0),
+                torch.where(node_real, (before + fed)[:, None] + depth - 1, 0),
+            ],
+            dim=1,
+        )  # [B, W]
+        input_ids = torch.tensor(
+            [
+                [_PAD_TOKEN_ID] * (history_width - len(f))
+                + f
+                + tokens
+                + [_PAD_TOKEN_ID] * (num_nodes - len(tokens))
+                for f, (tokens, _) in zip(feeds, trees, strict=True)
+            ]
+        )  # [B, W]
+        query_real = torch.cat([fed_real, node_real], dim=1)  # [B, W]
+        sees_feed = torch.cat(
+            [
+                fed_real[:, None, :]
+                & torch.ones(history_width, history_width, dtype=torch.bool).tril(),  # [B, H, H]
+                fed_real[:, None, :].expand(batch, num_nodes, history_width),  # [B, N, H]
+            ],
+            dim=1,
+        )  # [B, W, H]
+        sees_nodes = torch.cat(
+            [torch.zeros(batch, history_width, num_nodes, dtype=torch.bool), ancestors], dim=1
+        )  # [B, W, N]
+        sees = torch.cat(
+            [self._valid[:, None, :].expand(batch, width, num_slots), sees_feed, sees_nodes], dim=2
+        )
+        sees &= query_real[:, :, None]  # [B, W, S + W]
+        sees[:, :, num_slots:] |= torch.eye(width, dtype=torch.bool) & ~query_real[:, :, None]
+        if self._cache is None:
+            self._cache = DynamicCache(config=self._model.config)
+        extra = {"logits_to_keep": num_nodes + 1} if self._has_logits_to_keep else {}
+        out = self._model(
+            input_ids=input_ids.to(self._device),
+            attention_mask=self._mask_for_attention(sees[:, None].to(self._device)),
+            position_ids=position_ids.to(self._device),
+            use_cache=True,
+            **{self._cache_kwarg: self._cache},
+            **extra,
+        )
+        tree_start = num_slots + history_width
+        for b, f in enumerate(fed.tolist()):
+            self._slots[b] = torch.cat([self._slots[b], torch.arange(tree_start - f, tree_start)])
+            tokens = trees[b][0]
+            if tokens:
+                self._trees[b] = _PendingTree(
+                    tokens, trees[b][1], torch.arange(tree_start, tree_start + len(tokens))
+                )
+        self._valid = torch.cat(
+            [self._valid, fed_real, torch.zeros(batch, num_nodes, dtype=torch.bool)], dim=1
+        )
+        logits = out.logits[
+            :, -(num_nodes + 1) :, : self._vocab_size
+        ]  # [B, N + 1, V]: the last feed token, nodes
+        return logits if logits.dtype == torch.float64 else logits.float()
+
+    def _mask_for_attention(self, sees: torch.Tensor) -> torch.Tensor:
+        """sees [B, 1, W, S + W] bool (True = may attend) in the form the model's attention takes: boolean
+        for sdpa and the grouped attention, additive (0 or the dtype's minimum) for eager."""
+        if self._model.config._attn_implementation != "eager":
+            return sees
+        dtype = next(self._model.parameters()).dtype
+        return torch.zeros(sees.shape, dtype=dtype, device=sees.device).masked_fill(
+            ~sees, torch.finfo(dtype).min
+        )
+
+
+def _shifted(trees: list[_PendingTree | None], extra: int) -> list[_PendingTree | None]:
+    """Pending trees after `extra` holes were put in front of their rows' slots."""
+    return [None if tree is None else tree._replace(slots=tree.slots + extra) for tree in trees]
 
 
 def module_copy(model: torch.nn.Module) -> torch.nn.Module:

@@ -12,6 +12,18 @@ positions; a freed cell is simply reused by the next token that needs one).
         seq_rm(seq 0, from position 4)  -> holds [a b c x]
         batch: token z at position 4 of seq 0, logits on   -> [1, 1, V]
 
+Trees of candidates (`tree_logits`) take one sequence per leaf for the length of one call: each
+branch sequence gets the row's cells (`llama_memory_seq_cp`, no data copied in the unified cache),
+the row's new tokens belong to the row's sequence and every branch, and each node to the branches
+of the leaves below it, at position len(history) + depth - 1, so llama.cpp's masks let a node see
+the history and its own ancestors only. The next call on the row copies the kept path's cells from
+one branch into the row's sequence and frees every branch:
+
+    row 7 (seq 0) holds [a b], history [a b c], tree x -> y, z (leaves y and z: branches 20, 21)
+        seq_cp(0 -> 20), seq_cp(0 -> 21)
+        batch: c (seqs 0 20 21, pos 2), x (20 21, pos 3), y (20, pos 4), z (21, pos 3); logits on all
+    next history [a b c x q]: seq_cp(20 -> 0, positions 3..3), seq_rm(20), seq_rm(21), feed q
+
 Exactness (docs/algorithm.md 2.6) asks that a token's p not depend on how it was computed beyond
 float32 rounding: llama.cpp's CPU kernels sum in an order that can depend on how many tokens a
 pass has and how many KV cells it spans, so a block's logits match a no-cache pass over the whole
@@ -30,13 +42,15 @@ import os
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from exactspec.foundations.rows import RowStart
+from exactspec.foundations.trees import check_tree, leaf_paths
 from exactspec.models.base import common_prefix_length, logits_inputs
+from exactspec.models.tree import path_tree_logits
 
 INSTALL_HINT = (
     'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON" pip install "exactspec[llamacpp]" on a CPU with '
@@ -53,6 +67,19 @@ DEFAULT_MAX_ROWS = 16
 """Sequences one context can hold at a time (llama.cpp's n_seq_max)."""
 DEFAULT_BATCH_TOKENS = 512
 """Most tokens one `llama_decode` takes (n_batch = n_ubatch); longer feeds go in several decodes."""
+DEFAULT_TREE_SEQUENCES = 16
+"""Sequence ids kept for tree branches beyond the rows' own (one per leaf of every tree of one call); a
+call whose trees need more is scored path by path."""
+
+
+class _PendingTree(NamedTuple):
+    """A row's tree from its last call: the branch sequences that hold its nodes until the row's next call."""
+
+    tokens: list[int]
+    parents: list[int]
+    leaves: list[list[int]]  # root-to-leaf paths (node indices), one per branch
+    branches: list[int]  # the sequence id of each leaf's branch
+
 
 KV_TYPES = {"f16": 1, "f32": 0}
 """KV cache element types (ggml type ids): f16 is llama.cpp's default; f32 for float32 references."""
@@ -106,6 +133,7 @@ class LlamaCppModel:
         context: int = DEFAULT_CONTEXT,
         max_rows: int = DEFAULT_MAX_ROWS,
         batch_tokens: int = DEFAULT_BATCH_TOKENS,
+        tree_sequences: int = DEFAULT_TREE_SEQUENCES,
         kv_type: str = "f16",
         flash_attention: bool | None = None,
         dtype: torch.dtype = torch.float32,
@@ -120,6 +148,7 @@ class LlamaCppModel:
             context: KV cells of the context, shared by all rows.
             max_rows: rows (llama.cpp sequences) held at a time.
             batch_tokens: most tokens per `llama_decode` (longer feeds are split).
+            tree_sequences: sequence ids for tree branches (`tree_logits`), on top of max_rows.
             kv_type: "f16" (llama.cpp's default) or "f32" (tests against float32 references).
             flash_attention: None lets llama.cpp choose; True / False force it (llama.cpp's CPU
                 flash attention rounds through float16: 2e-3 on the tiny float32 models).
@@ -135,6 +164,14 @@ class LlamaCppModel:
             raise ValueError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
         if max_rows < 1 or context < 1 or batch_tokens < 1 or threads < 1:
             raise ValueError("threads, context, max_rows and batch_tokens must be >= 1")
+        if tree_sequences < 0:
+            raise ValueError(f"tree_sequences must be >= 0, got {tree_sequences}")
+        if batch_tokens < max_rows + tree_sequences:
+            # llama.cpp reserves an output row per sequence in a batch of n_batch (it aborts otherwise).
+            raise ValueError(
+                f"batch_tokens ({batch_tokens}) must be at least max_rows + tree_sequences "
+                f"({max_rows} + {tree_sequences}): llama.cpp keeps an output per sequence in every batch"
+            )
         model_params = lib.llama_model_default_params()
         model_params.n_gpu_layers = 0  # the CPU backend; the logits are returned on the CPU
         self._model = lib.llama_model_load_from_file(os.fsencode(self.path), model_params)
@@ -146,7 +183,7 @@ class LlamaCppModel:
         params.n_ctx = context
         params.n_batch = batch_tokens
         params.n_ubatch = batch_tokens
-        params.n_seq_max = max_rows
+        params.n_seq_max = max_rows + tree_sequences
         params.n_threads = threads
         params.n_threads_batch = threads
         params.type_k = params.type_v = KV_TYPES[kv_type]
@@ -164,6 +201,10 @@ class LlamaCppModel:
         self._context = int(lib.llama_n_ctx(self._ctx))
         self._batch_tokens = batch_tokens
         self._max_rows = max_rows
+        self._sequences = max_rows + tree_sequences
+        self._tree_batch: Any = (
+            None  # a llama_batch whose tokens may belong to several sequences, made on first use
+        )
         self._batch = lib.llama_batch_init(batch_tokens, 0, 1)
         # numpy views of the batch's arrays: filling a block is then a few vector writes.
         self._batch_token = np.ctypeslib.as_array(self._batch.token, shape=(batch_tokens,))
@@ -190,6 +231,7 @@ class LlamaCppModel:
         self._dtype = dtype
         self._seq_of: dict[int, int] = {}  # row id -> llama.cpp sequence id
         self._tokens: dict[int, list[int]] = {}  # row id -> tokens its sequence holds, positions 0..n-1
+        self._pending: dict[int, _PendingTree] = {}  # row id -> its last call's tree, if that was a tree call
 
     # ------------------------------------------------------------------ protocol
 
@@ -240,6 +282,7 @@ class LlamaCppModel:
         self._lib.llama_memory_clear(self._memory, True)
         self._seq_of.clear()
         self._tokens.clear()
+        self._pending.clear()
 
     def logits(
         self,
@@ -261,28 +304,179 @@ class LlamaCppModel:
             self.clear_cache()
             raise
 
+    def tree_logits(
+        self,
+        histories: Sequence[Sequence[int]],
+        tokens: torch.Tensor,
+        parents: torch.Tensor,
+        lengths: torch.Tensor,
+        rows: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        """[B, N + 1, V] logits after each history and after each tree node (`models.tree.tree_logits`), in
+        one `llama_decode` with one branch sequence per leaf (the module docstring's example).
+
+        Scored path by path instead when the trees need more branch sequences than are free
+        (`tree_sequences`), or more tokens than one decode takes (`batch_tokens`) once the histories
+        are in the cache. Padding nodes' entries are 0.
+        """
+        history_lists, row_ids = logits_inputs(histories, 1, rows, self._vocab_size)
+        check_tree(tokens, parents, lengths, self._vocab_size)
+        if tokens.shape[0] != len(history_lists):
+            raise ValueError(f"got {len(history_lists)} histories for {tokens.shape[0]} trees")
+        sizes = lengths.tolist()
+        trees = [
+            (row_tokens[:n], row_parents[:n])
+            for row_tokens, row_parents, n in zip(tokens.tolist(), parents.tolist(), sizes, strict=True)
+        ]
+        leaves = [
+            leaf_paths(row_parents, len(row_parents)) if row_parents else [] for _, row_parents in trees
+        ]
+        # Branches of pending trees of the rows named here are freed first; the others' stay taken.
+        kept_branches = sum(len(t.branches) for r, t in self._pending.items() if r not in set(row_ids))
+        free = self._sequences - len(set(self._seq_of) | set(row_ids)) - kept_branches
+        if sum(len(row_leaves) for row_leaves in leaves) > free:
+            return path_tree_logits(self, history_lists, tokens, parents, lengths, row_ids)
+        try:
+            return self._tree_logits(history_lists, row_ids, trees, leaves, tokens.shape[1])
+        except BaseException:
+            self.clear_cache()  # as in `logits`: a decode that failed half-way leaves cells behind
+            raise
+
     # ------------------------------------------------------------------ internals
 
-    def _logits(self, history_lists: list[list[int]], k: int, row_ids: list[int]) -> torch.Tensor:
-        feeds: list[tuple[int, int, list[int]]] = []  # (sequence id, first position, tokens)
+    def _tree_logits(
+        self,
+        history_lists: list[list[int]],
+        row_ids: list[int],
+        trees: list[tuple[list[int], list[int]]],
+        leaves: list[list[list[int]]],
+        num_nodes: int,
+    ) -> torch.Tensor:
+        """`tree_logits` once the branch sequences are known to fit: [B, N + 1, V]."""
+        feeds: list[tuple[int, int, list[int]]] = []  # (row's sequence id, first position, history tokens)
         for row, history in zip(row_ids, history_lists, strict=True):
-            if row not in self._seq_of:
-                self._assign(row)
-            seq = self._seq_of[row]
-            cached = self._tokens[row]
-            keep = min(common_prefix_length(cached, history), len(history) - k)
-            # Roll back: free this sequence's cells from position `keep` on (p1 = -1: to the end).
-            if keep < len(cached) and not self._lib.llama_memory_seq_rm(self._memory, seq, keep, -1):
-                raise RuntimeError(f"llama.cpp could not roll back sequence {seq} to {keep} tokens")
-            self._tokens[row] = history  # what the sequence holds once this call's decodes ran
-            feeds.append((seq, keep, history[keep:]))
+            feeds.append(self._catch_up(row, history, 1))
+        if sum(len(f) for _, _, f in feeds) + sum(len(t) for t, _ in trees) > self._batch_tokens:
+            # Long feeds (a prompt) go in first through the plain path; one decode then takes the trees.
+            self._decode([(seq, start, f[:-1]) for seq, start, f in feeds if len(f) > 1], 0, None)
+            feeds = [(seq, start + len(f) - 1, f[-1:]) for seq, start, f in feeds]
+            if len(feeds) + sum(len(t) for t, _ in trees) > self._batch_tokens:
+                return path_tree_logits(
+                    self, history_lists, *_padded(trees, num_nodes), row_ids
+                )  # one decode cannot take these trees
+        used = set(self._seq_of.values()) | {s for t in self._pending.values() for s in t.branches}
+        spare = iter(sorted(set(range(self._sequences)) - used))
+        # (token, position, sequence ids, (b, j) of the output or None) for each token of the one decode
+        entries: list[tuple[int, int, list[int], tuple[int, int] | None]] = []
+        for b, ((seq, start, feed), (node_tokens, node_parents), row_leaves) in enumerate(
+            zip(feeds, trees, leaves, strict=True)
+        ):
+            row = row_ids[b]
+            branches = [next(spare) for _ in row_leaves]
+            for branch in branches:
+                self._lib.llama_memory_seq_cp(self._memory, seq, branch, -1, -1)  # the row's cells, shared
+            for i, token in enumerate(feed):
+                last = i == len(feed) - 1
+                entries.append((token, start + i, [seq, *branches], (b, 0) if last else None))
+            on_branches: list[list[int]] = [[] for _ in node_tokens]  # node -> branches through it
+            for leaf, branch in zip(row_leaves, branches, strict=True):
+                for n in leaf:
+                    on_branches[n].append(branch)
+            depth: list[int] = []
+            for n, parent in enumerate(node_parents):
+                depth.append(1 if parent < 0 else depth[parent] + 1)
+                entries.append((node_tokens[n], start + len(feed) - 1 + depth[n], on_branches[n], (b, n + 1)))
+            if node_tokens:
+                self._pending[row] = _PendingTree(node_tokens, node_parents, row_leaves, branches)
+        out = torch.zeros(len(feeds), num_nodes + 1, self._vocab_size, dtype=self._dtype)  # [B, N + 1, V]
+        self._decode_tree(entries, out)
+        return out
+
+    def _catch_up(self, row: int, history: list[int], k: int) -> tuple[int, int, list[int]]:
+        """Make row's sequence hold the longest usable prefix of `history` (its pending tree's kept path
+        included) and return (sequence id, first position, tokens to feed): at least the last k."""
+        if row not in self._seq_of:
+            self._assign(row)
+        seq = self._seq_of[row]
+        self._resolve_tree(row, history)
+        cached = self._tokens[row]
+        keep = min(common_prefix_length(cached, history), len(history) - k)
+        # Roll back: free this sequence's cells from position `keep` on (p1 = -1: to the end).
+        if keep < len(cached) and not self._lib.llama_memory_seq_rm(self._memory, seq, keep, -1):
+            raise RuntimeError(f"llama.cpp could not roll back sequence {seq} to {keep} tokens")
+        self._tokens[row] = history  # what the sequence holds once this call's decodes ran
+        return seq, keep, history[keep:]
+
+    def _resolve_tree(self, row: int, history: list[int]) -> None:
+        """The row's pending tree meets its new history: the cells of the path the history follows down the
+        tree join the row's sequence (copied from a branch through that path); every branch is freed."""
+        pending = self._pending.pop(row, None)
+        if pending is None:
+            return
+        base = self._tokens[row]
+        path: list[int] = []
+        if history[: len(base)] == base:
+            child = {
+                (parent, token): n
+                for n, (token, parent) in enumerate(zip(pending.tokens, pending.parents, strict=True))
+            }
+            for token in history[len(base) :]:
+                node = child.get((path[-1] if path else -1, token))
+                if node is None:
+                    break
+                path.append(node)
+        if path:
+            branch = next(
+                s
+                for leaf, s in zip(pending.leaves, pending.branches, strict=True)
+                if leaf[: len(path)] == path
+            )
+            self._lib.llama_memory_seq_cp(
+                self._memory, branch, self._seq_of[row], len(base), len(base) + len(path)
+            )
+            self._tokens[row] = base + [pending.tokens[n] for n in path]
+        for branch in pending.branches:
+            self._lib.llama_memory_seq_rm(self._memory, branch, -1, -1)  # a whole sequence: never fails
+
+    def _decode_tree(
+        self, entries: list[tuple[int, int, list[int], tuple[int, int] | None]], out: torch.Tensor
+    ) -> None:
+        """One `llama_decode` of `entries` (token, position, sequence ids, (b, j) of out or None); the logits
+        of each entry that has a place go to out[b, j]."""
+        lib = self._lib
+        if self._tree_batch is None:
+            self._tree_batch = lib.llama_batch_init(self._batch_tokens, 0, self._sequences)
+        batch = self._tree_batch
+        for i, (token, position, seqs, place) in enumerate(entries):
+            batch.token[i] = token
+            batch.pos[i] = position
+            batch.n_seq_id[i] = len(seqs)
+            for j, seq in enumerate(seqs):
+                batch.seq_id[i][j] = seq
+            batch.logits[i] = int(place is not None)
+        batch.n_tokens = len(entries)
+        status = lib.llama_decode(self._ctx, batch)
+        if status != 0:
+            raise RuntimeError(f"llama_decode of a tree failed with status {status}")
+        out_np = out.numpy()
+        for i, (_, _, _, place) in enumerate(entries):
+            if place is not None:
+                logits = np.ctypeslib.as_array(lib.llama_get_logits_ith(self._ctx, i), shape=(self._n_vocab,))
+                out_np[place] = logits[: self._vocab_size]
+
+    def _logits(self, history_lists: list[list[int]], k: int, row_ids: list[int]) -> torch.Tensor:
+        # (sequence id, first position, tokens) per row
+        feeds = [self._catch_up(row, history, k) for row, history in zip(row_ids, history_lists, strict=True)]
         out = torch.empty(len(feeds), k, self._vocab_size, dtype=self._dtype)  # [B, k, V]
         self._decode(feeds, k, out)
         return out
 
-    def _decode(self, feeds: list[tuple[int, int, list[int]]], k: int, out: torch.Tensor) -> None:
+    def _decode(self, feeds: list[tuple[int, int, list[int]]], k: int, out: torch.Tensor | None) -> None:
         """Run every feed through `llama_decode` in batches of at most `batch_tokens` tokens; write the
-        logits of each feed's last k tokens into out[b] ([B, k, V] float32 or float64)."""
+        logits of each feed's last k tokens into out[b] ([B, k, V] float32 or float64; k = 0 and out None:
+        fill the cache only)."""
+        if not feeds:
+            return
         tokens = np.concatenate([np.asarray(f, dtype=np.int32) for _, _, f in feeds])  # [T]
         positions = np.concatenate([np.arange(p, p + len(f), dtype=np.int32) for _, p, f in feeds])  # [T]
         seqs = np.concatenate([np.full(len(f), s, dtype=np.int32) for s, _, f in feeds])  # [T]
@@ -294,7 +488,7 @@ class LlamaCppModel:
             for j in range(k):
                 wanted[end - k + j] = 1
                 owner[end - k + j] = (b, j)
-        out_np = out.numpy()  # shares out's memory: the one copy of the logits goes straight into it
+        out_np = None if out is None else out.numpy()  # shares out's memory: the one copy of the logits
         step = self._batch_tokens
         for start in range(0, len(tokens), step):
             stop = min(start + step, len(tokens))
@@ -318,20 +512,24 @@ class LlamaCppModel:
             for i in np.flatnonzero(wanted[start:stop]).tolist():
                 b, j = owner[start + i]
                 row = self._lib.llama_get_logits_ith(self._ctx, i)  # float* to this token's n_vocab logits
+                assert out_np is not None  # logits are only asked for when there is somewhere to put them
                 out_np[b, j] = np.ctypeslib.as_array(row, shape=(self._n_vocab,))[: self._vocab_size]
 
     def _assign(self, row: int) -> None:
-        free = sorted(set(range(self._max_rows)) - set(self._seq_of.values()))
-        if not free:
+        if len(self._seq_of) >= self._max_rows:
             raise RuntimeError(
                 f"llama.cpp context holds at most {self._max_rows} rows (max_rows); release a row first"
             )
-        self._seq_of[row] = free[0]
+        taken = set(self._seq_of.values()) | {s for t in self._pending.values() for s in t.branches}
+        self._seq_of[row] = min(set(range(self._sequences)) - taken)  # rows + branches never exceed it
         self._tokens[row] = []
 
     def _forget(self, row: int) -> None:
         seq = self._seq_of.pop(row, None)
         self._tokens.pop(row, None)
+        pending = self._pending.pop(row, None)
+        for branch in [] if pending is None else pending.branches:
+            self._lib.llama_memory_seq_rm(self._memory, branch, -1, -1)
         if seq is not None:
             self._lib.llama_memory_seq_rm(self._memory, seq, -1, -1)  # a whole sequence: never fails
 
@@ -344,6 +542,8 @@ class LlamaCppModel:
         """Free the context, the batch and the model (the object is unusable after)."""
         if getattr(self, "_ctx", None):
             self._lib.llama_batch_free(self._batch)
+            if self._tree_batch is not None:
+                self._lib.llama_batch_free(self._tree_batch)
             self._lib.llama_free(self._ctx)
             self._lib.llama_model_free(self._model)
             self._ctx = None
@@ -351,6 +551,18 @@ class LlamaCppModel:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown: the library may be gone already
             self.close()
+
+
+def _padded(
+    trees: list[tuple[list[int], list[int]]], width: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(tokens [B, N], parents [B, N], lengths [B]) of per-row (tokens, parents), padded to N = width."""
+    tokens = torch.zeros(len(trees), width, dtype=torch.long)  # [B, N]
+    parents = torch.full((len(trees), width), -1, dtype=torch.long)  # [B, N]
+    for b, (row_tokens, row_parents) in enumerate(trees):
+        tokens[b, : len(row_tokens)] = torch.tensor(row_tokens, dtype=torch.long)
+        parents[b, : len(row_parents)] = torch.tensor(row_parents, dtype=torch.long)
+    return tokens, parents, torch.tensor([len(t) for t, _ in trees], dtype=torch.long)
 
 
 def check_vocabulary(tokenizer: Any, model: LlamaCppModel) -> None:

@@ -124,12 +124,12 @@ def check_inputs(
         torch.arange(gamma + 1, device=draft_lengths.device)[None, :] <= draft_lengths[:, None]
     )  # [B, gamma + 1]
     if q is not None:
-        _check_distributions("q", q[used_draft])
-    _check_distributions("p", p[used_target])
+        check_distributions("q", q[used_draft])
+    check_distributions("p", p[used_target])
 
 
-def _check_distributions(name: str, rows: torch.Tensor) -> None:
-    """rows: [N, V] probability vectors that the verifier will use."""
+def check_distributions(name: str, rows: torch.Tensor) -> None:
+    """rows: [N, V] probability vectors a verifier will use; ValueError unless finite, >= 0, summing to 1."""
     if rows.dtype not in _SUM_TOLERANCE:
         raise ValueError(f"{name} must be float32 or float64 probabilities, got {rows.dtype}")
     if rows.numel() == 0:

@@ -17,7 +17,13 @@ import torch
 pytest.importorskip("transformers")
 
 from exactspec.checking import grid  # noqa: E402
-from exactspec.checking.grid import EXACT_TOLERANCE, AdapterCase, adapter_cases, run_exact_case  # noqa: E402
+from exactspec.checking.grid import (  # noqa: E402
+    EXACT_TOLERANCE,
+    AdapterCase,
+    AdapterTreeCase,
+    adapter_cases,
+    run_exact_case,
+)
 from exactspec.decoding.engine import SpeculativeEngine  # noqa: E402
 from exactspec.models.hf import HFLanguageModel  # noqa: E402
 
@@ -48,11 +54,22 @@ class Events:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.rejections = self.rollbacks = self.holes = self.compactions = 0
-        roll_back, compact, forward = (
+        self.tree_nodes_kept = self.tree_nodes_dropped = 0
+        roll_back, compact, forward, resolve = (
             HFLanguageModel._roll_back,
             HFLanguageModel._maybe_compact,
             HFLanguageModel._forward,
+            HFLanguageModel._resolve_tree,
         )
+
+        def counting_resolve(model: HFLanguageModel, b: int, history: list[int]) -> None:
+            pending, before = model._trees[b], len(model._tokens[b])
+            resolve(model, b, history)
+            if pending is not None:
+                kept = len(model._tokens[b]) - before
+                self.tree_nodes_kept += kept
+                self.tree_nodes_dropped += len(pending.tokens) - kept
+
         record = SpeculativeEngine._record
 
         def counting_roll_back(model: HFLanguageModel, b: int, keep: int) -> None:
@@ -72,13 +89,14 @@ class Events:
             return forward(model, feeds, k)
 
         def counting_record(
-            engine: SpeculativeEngine, proposal: Any, accepted: torch.Tensor, *rest: Any
+            engine: SpeculativeEngine, drafted: torch.Tensor, accepted: torch.Tensor, *rest: Any
         ) -> Any:
             # A rejection: a row kept fewer draft tokens than it proposed.
-            self.rejections += int((accepted < proposal.lengths).sum())
-            return record(engine, proposal, accepted, *rest)
+            self.rejections += int((accepted < drafted).sum())
+            return record(engine, drafted, accepted, *rest)
 
         monkeypatch.setattr(HFLanguageModel, "_roll_back", counting_roll_back)
+        monkeypatch.setattr(HFLanguageModel, "_resolve_tree", counting_resolve)
         monkeypatch.setattr(HFLanguageModel, "_maybe_compact", counting_compact)
         monkeypatch.setattr(HFLanguageModel, "_forward", counting_forward)
         monkeypatch.setattr(SpeculativeEngine, "_record", counting_record)
@@ -96,6 +114,23 @@ def test_adapter_case_is_exact_and_reaches_rollback(
         assert case.max_hole_fraction == 0.0 and events.compactions > 0
     if "holes" in case.name:
         assert events.holes > 0
+
+
+TREE_CASES = [case for case in grid.tree_cases() if isinstance(case, AdapterTreeCase)]
+
+
+@pytest.mark.parametrize("case", TREE_CASES, ids=lambda case: case.name)
+def test_adapter_tree_case_is_exact_and_keeps_the_accepted_path(
+    case: AdapterTreeCase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trees on the adapter: each row's tree is scored in one pass into its cache, the next round keeps
+    the accepted path's slots and leaves the other nodes as holes."""
+    events = Events(monkeypatch)
+    result = run_exact_case(case)
+    assert result.total_variation <= EXACT_TOLERANCE, result.total_variation
+    assert events.rejections > 0 and events.tree_nodes_kept > 0 and events.tree_nodes_dropped > 0
+    if "compaction" in case.name:
+        assert case.max_hole_fraction == 0.0 and events.compactions > 0
 
 
 # ---------------------------------------------------------------- mutants
@@ -156,4 +191,81 @@ def test_adapter_mutant_is_caught_by_the_grid(mutant: str, monkeypatch: pytest.M
     case = next(case for case in CASES if case.name == CATCHING_CASE[mutant])
     assert run_exact_case(case).total_variation <= EXACT_TOLERANCE  # the case passes unmutated
     MUTANTS[mutant](monkeypatch)
+    assert run_exact_case(case).total_variation > CAUGHT
+
+
+# ---------------------------------------------------------------- tree mutants
+
+
+def rewrite_tree_forward(monkeypatch: pytest.MonkeyPatch, rewrite: Callable[[dict, int], None]) -> None:
+    """Patch the tree pass so that `rewrite(kwargs, num_nodes)` changes the model call's arguments."""
+    tree_forward = HFLanguageModel._tree_forward
+
+    def patched(self: HFLanguageModel, feeds, trees, num_nodes):
+        def hook(_module, args, kwargs):
+            rewrite(kwargs, num_nodes)
+            return args, kwargs
+
+        handle = self.module.register_forward_pre_hook(hook, with_kwargs=True)
+        try:
+            return tree_forward(self, feeds, trees, num_nodes)
+        finally:
+            handle.remove()
+
+    monkeypatch.setattr(HFLanguageModel, "_tree_forward", patched)
+
+
+def nodes_see_earlier_siblings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A causal mask among the nodes: each sees every real node listed before it, not only its ancestors."""
+
+    def rewrite(kwargs: dict, num_nodes: int) -> None:
+        sees = kwargs["attention_mask"].clone()  # [B, 1, W, S + W] bool (sdpa / grouped attention)
+        nodes = sees[:, 0, -num_nodes:, -num_nodes:]  # [B, N, N]
+        real = sees[:, 0, -num_nodes:].sum(dim=-1) > 1  # [B, N]: a padding node sees only itself
+        earlier = torch.ones(num_nodes, num_nodes, dtype=torch.bool).tril()
+        sees[:, 0, -num_nodes:, -num_nodes:] = nodes | (earlier & real[:, :, None] & real[:, None, :])
+        kwargs["attention_mask"] = sees
+
+    rewrite_tree_forward(monkeypatch, rewrite)
+
+
+def node_positions_by_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tree nodes get consecutive positions (a chain's) instead of history length + depth - 1."""
+
+    def rewrite(kwargs: dict, num_nodes: int) -> None:
+        positions = kwargs["position_ids"]  # [B, W]
+        start = positions[:, -num_nodes - 1 : -num_nodes]  # the last feed token's position
+        steps = torch.arange(1, num_nodes + 1, device=positions.device)
+        kwargs["position_ids"] = torch.cat([positions[:, :-num_nodes], start + steps], dim=1)
+
+    rewrite_tree_forward(monkeypatch, rewrite)
+
+
+def first_nodes_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kept path's tokens are right but the slots kept are those of the first nodes by index."""
+    resolve = HFLanguageModel._resolve_tree
+
+    def by_index(self: HFLanguageModel, b: int, history: list[int]) -> None:
+        pending, before = self._trees[b], len(self._slots[b])
+        resolve(self, b, history)
+        kept = len(self._slots[b]) - before
+        if pending is not None and kept:
+            self._valid[b, self._slots[b][before:]] = False
+            self._slots[b] = torch.cat([self._slots[b][:before], pending.slots[:kept]])
+            self._valid[b, self._slots[b]] = True
+
+    monkeypatch.setattr(HFLanguageModel, "_resolve_tree", by_index)
+
+
+TREE_MUTANTS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
+    "nodes see earlier siblings": nodes_see_earlier_siblings,
+    "node positions by index": node_positions_by_index,
+    "the first nodes' slots kept": first_nodes_kept,
+}
+
+
+@pytest.mark.parametrize("mutant", TREE_MUTANTS)
+def test_adapter_tree_mutant_is_caught_by_the_grid(mutant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    case = next(case for case in TREE_CASES if case.name.endswith("2-1, all transforms"))
+    TREE_MUTANTS[mutant](monkeypatch)
     assert run_exact_case(case).total_variation > CAUGHT

@@ -42,3 +42,36 @@ def test_block_logits_in_the_wrong_order_are_caught(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(LlamaCppModel, "_decode", reversed_block)
     caught = max(run_exact_case(case).total_variation for case in CASES[:4])
     assert caught > 1e-3
+
+
+def test_tree_cases_run_the_native_tree_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    decodes = []
+    decode_tree = LlamaCppModel._decode_tree
+
+    def counting(model: LlamaCppModel, entries: list, out: torch.Tensor) -> None:
+        decodes.append(len(entries))
+        decode_tree(model, entries, out)
+
+    monkeypatch.setattr(LlamaCppModel, "_decode_tree", counting)
+    case = next(case for case in CASES if isinstance(case, grid.LlamaCppTreeCase))
+    assert run_exact_case(case).passed and decodes
+
+
+def test_tree_nodes_seeing_their_siblings_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutant: every node belongs to all its row's branch sequences, so it attends to its siblings (and
+    their subtrees) at positions up to its own, as a causal mask over the tree would let it."""
+    decode_tree = LlamaCppModel._decode_tree
+
+    def shared(model: LlamaCppModel, entries: list, out: torch.Tensor) -> None:
+        branches = {
+            place[0]: seqs[1:] for _, _, seqs, place in entries if place is not None and place[1] == 0
+        }
+        moved = [
+            (token, position, branches[place[0]] if place is not None and place[1] > 0 else seqs, place)
+            for token, position, seqs, place in entries
+        ]
+        decode_tree(model, moved, out)
+
+    monkeypatch.setattr(LlamaCppModel, "_decode_tree", shared)
+    trees = [case for case in CASES if isinstance(case, grid.LlamaCppTreeCase)]
+    assert max(run_exact_case(case).total_variation for case in trees) > 1e-3
