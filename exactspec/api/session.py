@@ -83,10 +83,11 @@ class SessionConfig:
         max_batch, max_waiting, prefill_chunk: the scheduler's (`decoding.scheduler.Scheduler`);
             prefill_chunk None prefills a joining row inside its first round (the offline default).
         max_tokens: the length limit of a request that names none.
-        plan_batch: with adaptive gamma and a draft model, plan each round's draft lengths for the whole
-            batch from measured pass costs (`decoding.planner.CostAwareGamma`, the server's default)
-            instead of row by row. None: plan when the session serves a changing batch (a prefill chunk
-            is set).
+        plan_batch: with adaptive gamma, plan from measured pass costs and the measured times of whole
+            rounds (`decoding.round_times`): a draft model's lengths for the whole batch
+            (`decoding.planner.CostAwareGamma`), a free drafter's per row and match length. False: each
+            row on its own from c and v(k) measured once (what batch jobs use, so that a record's draft
+            lengths do not depend on the records beside it or on the machine's timing).
         validate: the verifier checks its inputs every round (tests); production rounds skip it.
     """
 
@@ -96,7 +97,7 @@ class SessionConfig:
     max_waiting: int = DEFAULTS.max_waiting
     prefill_chunk: int | None = DEFAULTS.prefill_chunk
     max_tokens: int = DEFAULTS.max_tokens
-    plan_batch: bool | None = None
+    plan_batch: bool = True
     validate: bool = False
 
 
@@ -366,8 +367,7 @@ class Session:
         if not 0 <= gamma <= MAX_GAMMA:
             raise InvalidArgument(f"gamma must be in 0..{MAX_GAMMA} (0 = plain decoding), got {gamma}")
         self.gamma = gamma if self.can_draft else 0
-        plan = config.plan_batch if config.plan_batch is not None else config.prefill_chunk is not None
-        plans = plan and strategy.adaptive_gamma and strategy.needs_draft_model and self.gamma > 0
+        plans = config.plan_batch and strategy.adaptive_gamma and self.gamma > 0 and self.can_draft
         if plans and batch_costs is None:
             batch_costs = pair.batch_costs(self.gamma, config.max_batch, progress=progress)
         self.batch_costs = batch_costs if plans else None

@@ -39,6 +39,7 @@ from exactspec.checking.statistical import (
 from exactspec.checking.toy import FixedTreeDrafter, TabularModel, random_tabular_model, rotating_tree
 from exactspec.decoding.builder import build_engine
 from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine
+from exactspec.decoding.round_times import RoundShape
 from exactspec.decoding.strategy import VERIFIERS, Strategy
 from exactspec.drafters.registry import drafter_kinds
 from exactspec.foundations.costs import BatchCosts, CostModel
@@ -139,6 +140,7 @@ class ExactCase:
                 validate=True,
                 policy_options=GRID_POLICY_OPTIONS,
                 batch_costs=GRID_BATCH_COSTS if self.planned else None,
+                round_timer=grid_round_time,
             )
             if self.previous:  # the same greedy requests before every path: the drafter's state is fixed
                 earlier = DecodeConfig(self.gamma, 2 * self.max_new_tokens, SamplingSettings(temperature=0.0))
@@ -354,6 +356,15 @@ and 1.75 / 1.4 expected tokens per second against plain's 1.0) and rows together
 rows at 1 token each: 3.0 / 2.0, against plain's 2.0 / 1.0): the gamma a row gets changes with
 who shares its round."""
 
+def grid_round_time(shape: RoundShape, wall_seconds: float) -> float:
+    """The seconds a round takes in the grid: a deterministic function of its shape (time, like chance, is
+    an input of the decode; the enumeration replays every path, so it must not read a clock), off from
+    the pass costs the planner is seeded with (`GRID_BATCH_COSTS`) by a factor and a per-step overhead,
+    so the planner's round times really move while the enumerated rounds run."""
+    del wall_seconds
+    return 1.4 * GRID_BATCH_COSTS.target_seconds(shape.rows, shape.width) + 0.15 * shape.draft_steps
+
+
 GRID_POLICY_OPTIONS = {"prior_accepted": 0.5, "prior_rejected": 0.5, "probe_after": 1}
 """The adaptive cases' policy settings: a prior of one pseudo-round and a probe after one round at 0, so
 that a few enumerated rounds already move gamma between 0, 1 and 2 (`ExactCase.costs`)."""
@@ -437,6 +448,18 @@ def registered_drafter_cases() -> list[ExactCase]:
                 strategy = Strategy(name, verifier, adaptive)
                 label = f"{strategy.name} ({name} drafter)"
                 cases.append(ExactCase(f"{label}, repeats", 4, 3, 3, prompts=((1, 2, 1),), strategy=strategy))
+                if adaptive:  # lengths from the round times, corrected as the enumerated rounds run
+                    cases.append(
+                        ExactCase(
+                            f"{label}, planned from round times",
+                            4,
+                            3,
+                            4,
+                            prompts=((1, 2, 1),),
+                            strategy=strategy,
+                            planned=True,
+                        )
+                    )
                 cases.append(
                     ExactCase(
                         f"{label}, batch of 2, all transforms",
@@ -614,6 +637,16 @@ def round_two_grid() -> list[ExactCase]:
             4,
             5,
             {"prompts": ((1, 2, 1),), "drafter": "ngram", "adaptive": True},
+        ),
+        # The planner (decoding.planner, decoding.round_times): draft lengths from round times that the
+        # grid's deterministic clock (`grid_round_time`) corrects as the enumerated rounds run.
+        ("planned gamma {}, one row, round times", 3, 3, 4, {"adaptive": True, "planned": True}),
+        (
+            "planned gamma {}, ngram, round times",
+            4,
+            4,
+            4,
+            {"prompts": ((1, 2, 1),), "drafter": "ngram", "adaptive": True, "planned": True},
         ),
         (
             "adaptive gamma {}, hybrid, rep=1.4",

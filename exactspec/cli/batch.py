@@ -132,7 +132,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         default=None,
         help="records per block handed to an actor (default 4 x --max-batch)",
     )
-    add_strategy_arguments(parser)
+    add_strategy_arguments(parser, adaptive=False)  # a record's draft lengths must not depend on timing
     add_model_arguments(parser)
     add_device_argument(parser)
     add_sampling_arguments(parser, temperature=DEFAULTS.temperature)

@@ -198,8 +198,9 @@ def _flag_message(message: str) -> str:
     return message
 
 
-def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
-    """--drafter (the registry's names), --drafter-option, --verifier, --adaptive-gamma (`Strategy`)."""
+def add_strategy_arguments(parser: argparse.ArgumentParser, adaptive: bool = DEFAULTS.adaptive_gamma) -> None:
+    """--drafter (the registry's names), --drafter-option, --verifier, --adaptive-gamma / --fixed-gamma
+    (`Strategy`); `adaptive`: the command's default (batch jobs draft a fixed gamma)."""
     kinds = drafter_kinds()
     group = parser.add_argument_group("speculation (every choice is exact; they differ in speed)")
     group.add_argument(
@@ -233,9 +234,18 @@ def add_strategy_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--adaptive-gamma",
         action="store_true",
-        help="choose each row's draft length every round in 0..gamma from its acceptance and the "
-        "measured c and v(k) (gamma is then the maximum); a draft-model draft also stops where the "
-        "draft grows unsure, a lookup draft's length is learned per match length",
+        default=adaptive,
+        help="plan each round's draft lengths (0..gamma each, gamma the most) from each row's acceptance "
+        "and the measured times of whole rounds, corrected as rounds run: a round no draft is predicted "
+        "to speed up is plain; the more rows a round holds, the less they draft"
+        + (" (default)" if adaptive else ""),
+    )
+    group.add_argument(
+        "--fixed-gamma",
+        dest="adaptive_gamma",
+        action="store_false",
+        help="every round drafts gamma tokens (fewer only near the length limit)"
+        + ("" if adaptive else " (default)"),
     )
 
 

@@ -75,21 +75,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     add_model_arguments(parser)
     add_device_argument(parser)
     add_strategy_arguments(parser)
-    speculation = next(g for g in parser._action_groups if g.title and g.title.startswith("speculation"))
-    for action in speculation._group_actions:
-        if action.dest == "adaptive_gamma":  # serve plans the batch, unlike generate's single stream
-            action.help = (
-                "the default in serve: before each round, the draft lengths of every request that "
-                "does not name its own gamma are planned together (0..--gamma each) from the measured "
-                "seconds of a pass by shape, once per pair and machine, and each request's acceptance: "
-                "the more rows a round holds, the less they draft"
-            )
-    speculation.add_argument(
-        "--fixed-gamma",
-        dest="adaptive_gamma",
-        action="store_false",
-        help="every round drafts --gamma tokens for every request that does not name its own",
-    )
     replicas = parser.add_argument_group("Ray Serve (docs/serving.md)")
     replicas.add_argument(
         "--ray-serve",
@@ -115,7 +100,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     replicas.add_argument(
         "--gpus-per-replica", type=finite_float, default=None, help="GPUs each replica reserves (default 0)"
     )
-    parser.set_defaults(run=run, adaptive_gamma=DEFAULTS.serve_adaptive_gamma)
+    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ from typing import NamedTuple
 from exactspec.decoding.engine import SpeculativeEngine
 from exactspec.decoding.gamma import ConfidenceGamma, GammaPolicy, LookupGamma
 from exactspec.decoding.planner import CostAwareGamma
+from exactspec.decoding.round_times import RoundTimer, RoundTimes
 from exactspec.decoding.scheduler import Scheduler
 from exactspec.decoding.strategy import VERIFIERS, CostSource, Strategy
 from exactspec.drafters.base import Drafter
@@ -64,10 +65,10 @@ def build_components(
     such as `ModelPair.cost_model`), else measured here with `measure_cost_model` (a few seconds
     on a real pair; not cached). Prompt lookup's c is 0 whatever was measured for the draft model.
     `policy_options`: the adaptive policy's keyword arguments (default: what ships).
-    `batch_costs`: with adaptive gamma and a draft model, plan each round's draft lengths for the
-    whole batch from these measured pass costs (`exactspec.decoding.planner.CostAwareGamma`, what the
-    server runs) instead of row by row with the draft's confidence stop (`ConfidenceGamma`, a single
-    stream's best).
+    `batch_costs`: with adaptive gamma, the measured pass costs that seed the round times
+    (`exactspec.decoding.round_times`): a model drafter's rounds are then planned for the whole batch
+    (`exactspec.decoding.planner.CostAwareGamma`) instead of row by row with the draft's confidence stop
+    (`ConfidenceGamma`), and a free drafter's lengths (`LookupGamma`) weigh whole rounds' measured times.
 
     Raises ValueError when the strategy needs a draft model and `draft` is None.
     """
@@ -85,8 +86,14 @@ def build_components(
     lengths = stop = None
     if strategy.adaptive_gamma and kind.free:
         # A free draft's length is chosen per match length, once the round's match is found.
-        lookup_costs = _cost_model(target, draft, strategy, gamma, costs)
-        policy = lengths = LookupGamma(lookup_costs, kind.max_match_order(strategy.options), **options)
+        # With pass costs measured by shape, v(k) comes from whole rounds as they run (decoding.round_times).
+        round_times = RoundTimes(batch_costs) if batch_costs is not None else None
+        if batch_costs is not None:
+            lookup_costs = batch_costs.single_row().without_draft_model()
+        else:
+            lookup_costs = _cost_model(target, draft, strategy, gamma, costs)
+        max_order = kind.max_match_order(strategy.options)
+        policy = lengths = LookupGamma(lookup_costs, max_order, round_times=round_times, **options)
     elif strategy.adaptive_gamma and batch_costs is not None:
         policy = CostAwareGamma(batch_costs, **options)
     elif strategy.adaptive_gamma:
@@ -106,12 +113,14 @@ def build_engine(
     validate: bool = True,
     policy_options: PolicyOptions | None = None,
     batch_costs: BatchCosts | None = None,
+    round_timer: RoundTimer | None = None,
 ) -> SpeculativeEngine:
     """A `SpeculativeEngine` over `build_components` (same arguments).
 
     The draft model's forwards are timed (`exactspec.models.timed.TimedModel`) into the engine's
     metrics. `validate`: the verifier checks its inputs every round (tests and `verify`); the
-    production entry points pass False (the checks change no token).
+    production entry points pass False (the checks change no token). `round_timer`: the engine's
+    (a deterministic clock for `exactspec verify`).
     """
     stopwatch = None
     if draft is not None and gamma > 0 and strategy.needs_draft_model:
@@ -123,7 +132,13 @@ def build_engine(
     if stopwatch is not None:
         stopwatch.take()  # a cost measurement above ran the draft; that is not decoding time
     return SpeculativeEngine(
-        target, drafter, verifier, policy, validate=validate, draft_stopwatch=stopwatch
+        target,
+        drafter,
+        verifier,
+        policy,
+        validate=validate,
+        draft_stopwatch=stopwatch,
+        round_timer=round_timer,
     )
 
 

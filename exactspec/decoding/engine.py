@@ -33,6 +33,7 @@ from exactspec.decoding.records import (
     RowStates,
     StopCondition,
 )
+from exactspec.decoding.round_times import RoundShape, RoundTimer
 from exactspec.decoding.scheduler import Scheduler
 from exactspec.drafters.base import Drafter, Proposal
 from exactspec.foundations.metrics import DecodeMetrics, Stopwatch
@@ -81,6 +82,7 @@ class SpeculativeEngine:
         *,
         validate: bool = True,
         draft_stopwatch: Stopwatch | None = None,
+        round_timer: RoundTimer | None = None,
     ) -> None:
         """Args:
         verifier: token verification (`exactspec.verifiers.token.verify`, the default) or block
@@ -95,6 +97,10 @@ class SpeculativeEngine:
         draft_stopwatch: adds up the draft model's forward time (`exactspec.models.timed.TimedModel`
             around the drafter's model shares it); the engine reads it after each draft step into
             `metrics.draft_forward_seconds`. None: that time is not split out.
+        round_timer: the seconds a round of a shape is taken to have lasted, given its measured wall time
+            (what a planning gamma policy learns from, `decoding.round_times`); default the wall time.
+            `exactspec verify` passes a deterministic function of the shape: time, like chance, is an
+            input, and the enumeration needs a decode that depends on the random choices alone.
         """
         self.target = target
         self.drafter = drafter
@@ -102,6 +108,7 @@ class SpeculativeEngine:
         self.gamma_policy = gamma_policy
         self.validate = validate
         self.draft_stopwatch = draft_stopwatch
+        self.round_timer = round_timer
         self.target_stopwatch = Stopwatch(target.device)
         self.metrics = DecodeMetrics()
 
@@ -279,7 +286,18 @@ class SpeculativeEngine:
             self.drafter.observe(output.new_tokens)  # every row of the round, in order (RowObserver)
         output.proposed.update(zip(active, proposed, strict=True))
         output.accepted.update(zip(active, accepted, strict=True))
-        self.metrics.total_seconds += time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        self.metrics.total_seconds += elapsed
+        if self.gamma_policy is not None:
+            # What the round cost, by its shape, teaches a policy that plans from round times.
+            width = proposal.tokens.shape[1] + 1
+            steps = 0 if proposal.deterministic else int(proposal.lengths.max())
+            shape = RoundShape(len(active), width, steps)
+            if self.round_timer is not None:
+                elapsed = self.round_timer(shape, elapsed)
+            predicted = self.gamma_policy.timed(shape, elapsed)
+            if predicted is not None:
+                self.metrics.record_round_time(predicted, elapsed)
         return output
 
     @property

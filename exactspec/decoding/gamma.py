@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from exactspec.decoding.round_times import RoundShape, RoundTimes
 from exactspec.foundations.costs import CostModel
 from exactspec.foundations.rows import RowLifecycle, RowStart
 
@@ -67,6 +68,11 @@ class GammaPolicy(RowLifecycle, Protocol):
         """Row `row` proposed `proposed` draft tokens this round and `accepted` of them were accepted."""
         ...
 
+    def timed(self, shape: RoundShape, seconds: float) -> float | None:
+        """The round just run had this shape and took `seconds`: a policy that plans from round times
+        learns from it (`decoding.round_times`) and returns what it had predicted; None otherwise."""
+        ...
+
 
 class PerRowGamma:
     """`plan` for a policy that chooses each row on its own: min(limit, draft_length(row)) per free row."""
@@ -77,6 +83,10 @@ class PerRowGamma:
 
     def plan(self, rows: Sequence[RoundRow]) -> list[int]:
         return [r.limit if r.fixed else min(r.limit, self.draft_length(r.row)) for r in rows]
+
+    def timed(self, shape: RoundShape, seconds: float) -> float | None:
+        """Chosen from measured c and v(k) alone: round times teach nothing."""
+        return None
 
 
 class AdaptiveGamma(PerRowGamma):
@@ -264,13 +274,25 @@ class LookupGamma(PerRowGamma):
     (0, 2)
     """
 
-    def __init__(self, costs: CostModel, max_ngram: int, **adaptive: float) -> None:
+    def __init__(
+        self,
+        costs: CostModel,
+        max_ngram: int,
+        round_times: RoundTimes | None = None,
+        **adaptive: float,
+    ) -> None:
         """costs: c and v(k) of the target (c is taken as 0: lookup runs no model); max_ngram: the
-        drafter's longest suffix; `adaptive`: `AdaptiveGamma`'s keyword arguments (prior, memory...)."""
+        drafter's longest suffix; round_times: if given, v(k) is taken from the measured times of whole
+        one-row rounds (`decoding.round_times`), corrected after every round, so that the work of a
+        round beyond the target pass is counted too; `adaptive`: `AdaptiveGamma`'s keyword arguments
+        (prior, memory...)."""
         if max_ngram < 1:
             raise ValueError(f"max_ngram must be >= 1, got {max_ngram}")
         self.costs = costs.without_draft_model()
         self.max_ngram = max_ngram
+        self.round_times = round_times
+        if round_times is not None:
+            self.costs = round_times.single_row_costs(self.costs.max_gamma, draft=False)
         self.by_order = AdaptiveGamma(self.costs, **adaptive)  # type: ignore[arg-type]
         self._last_order: dict[int, int] = {}  # row -> n of the match it proposed from this round
 
@@ -297,6 +319,16 @@ class LookupGamma(PerRowGamma):
             raise ValueError(f"match order must lie in 1..{self.max_ngram}, got {order}")
         self._last_order[row] = order
         return self.by_order.draft_length(self._key(row, order))
+
+    def timed(self, shape: RoundShape, seconds: float) -> float | None:
+        """Learn the round's time; the per-order choices then use the corrected v(k)."""
+        if self.round_times is None:
+            return None
+        predicted = self.round_times.predict(shape)
+        self.round_times.observe(shape, seconds)
+        self.costs = self.round_times.single_row_costs(self.costs.max_gamma, draft=False)
+        self.by_order.costs = self.costs
+        return predicted
 
     def record(self, row: int, proposed: int, accepted: int) -> None:
         order = self._last_order.pop(row, None)

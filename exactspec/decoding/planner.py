@@ -43,6 +43,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from exactspec.decoding.gamma import AdaptiveGamma, RoundRow
+from exactspec.decoding.round_times import RoundShape, RoundTimes
 from exactspec.foundations.costs import BatchCosts
 from exactspec.foundations.rows import RowStart
 
@@ -67,9 +68,11 @@ class CostAwareGamma:
     """
 
     def __init__(self, costs: BatchCosts, **adaptive: float) -> None:
-        """costs: seconds of the target and draft passes by shape; `adaptive`: `AdaptiveGamma`'s keyword
-        arguments for the per-row acceptance estimates (prior, memory)."""
+        """costs: seconds of the target and draft passes by shape, which seed the round times
+        (`decoding.round_times.RoundTimes`, corrected by every round that runs); `adaptive`:
+        `AdaptiveGamma`'s keyword arguments for the per-row acceptance estimates (prior, memory)."""
         self.costs = costs
+        self.round_times = RoundTimes(costs)
         self.rates = AdaptiveGamma(costs.single_row(), **adaptive)  # type: ignore[arg-type]
         self._seen: dict[int, int] = {}  # row -> tokens of its history the draft model has seen
         self._planned: dict[int, tuple[int, int]] = {}  # row -> (length, draft) of this round's plan
@@ -128,6 +131,13 @@ class CostAwareGamma:
             self._planned[r.row] = (r.length, best[b])
         return best
 
+    def timed(self, shape: RoundShape, seconds: float) -> float | None:
+        """Learn the round's wall time (what the next plans' costs are corrected by); returns the
+        prediction that was made for it."""
+        predicted = self.round_times.predict(shape)
+        self.round_times.observe(shape, seconds)
+        return predicted
+
     def record(self, row: int, proposed: int, accepted: int) -> None:
         self.rates.record(row, proposed, accepted)
         length, planned = self._planned.pop(row, (None, 0))
@@ -155,10 +165,17 @@ class CostAwareGamma:
         to this round (charged in full, a row the draft has not seen would never start drafting).
         """
         longest = max(drafts, default=0)
-        seconds = self.costs.target_seconds(len(drafts), longest + 1)
+        # The whole round, as the round times have measured rounds of this shape: its target pass and
+        # draft steps seeded by the pass costs and corrected for everything else a round does.
+        shape = RoundShape(len(drafts), longest + 1, longest)
+        seconds = self.round_times.predict(shape)
+        ratio = self.round_times.ratio(shape)
         for j in range(1, longest + 1):
             drafting = [b for b, g in enumerate(drafts) if g >= j]
-            seconds += self.costs.draft_seconds(len(drafting), 1)
+            # Draft steps over fewer rows than the round's (rows that stopped drafting) cost less than
+            # the shape's seeded steps assumed.
+            narrower = self.costs.draft_seconds(len(drafts), 1) - self.costs.draft_seconds(len(drafting), 1)
+            seconds -= ratio * narrower
             if j > 1:
                 continue
             seen = [b for b in drafting if not fresh[b]]
@@ -167,5 +184,5 @@ class CostAwareGamma:
                 catch_up += self.costs.draft_seconds(len(seen), max(lags[b] for b in seen))
                 catch_up -= self.costs.draft_seconds(len(seen), 1)
             catch_up += sum(self.costs.draft_seconds(1, lags[b]) for b in drafting if fresh[b])
-            seconds += catch_up / CATCH_UP_ROUNDS
+            seconds += ratio * catch_up / CATCH_UP_ROUNDS
         return seconds

@@ -31,9 +31,10 @@ class Defaults:
             without a seed gets a fresh random stream, as OpenAI's API does.
     Speculation:
         drafter, verifier: the draft model, token-by-token verification (`decoding.strategy`).
-        adaptive_gamma: each round's draft lengths planned from acceptance and measured costs; the
-            server plans by default (its batch changes every round), a single stream (API,
-            `generate`) drafts a fixed gamma unless asked.
+        adaptive_gamma: each round's draft lengths planned from each row's acceptance and the measured
+            times of whole rounds (`decoding.round_times`), for the API, `generate` and the server alike;
+            a round that no draft is predicted to speed up is plain. Batch jobs draft a fixed gamma
+            (`exactspec.batch`: a record's tokens must not depend on timing or on its neighbours).
         adaptive_gamma_cap: the most draft tokens a planned row may get when no gamma is given.
         int4_gamma, dense_gamma: the fixed draft length when none is given, by the target's weights
             (`fixed_gamma`): torch's int4 CPU kernel scores a block of up to 4 tokens for
@@ -53,8 +54,7 @@ class Defaults:
     seed: int = 0
     drafter: str = "model"
     verifier: str = "token"
-    adaptive_gamma: bool = False
-    serve_adaptive_gamma: bool = True
+    adaptive_gamma: bool = True
     adaptive_gamma_cap: int = 4
     int4_gamma: int = 2
     dense_gamma: int = 4

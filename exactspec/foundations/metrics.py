@@ -51,6 +51,10 @@ class Stopwatch:
         return seconds
 
 
+ROUND_TIMES_KEPT = 4096
+"""Predicted rounds whose times `DecodeMetrics` keeps (the last ones)."""
+
+
 @dataclass
 class DecodeMetrics:
     """What a generation did and where its time went.
@@ -80,6 +84,9 @@ class DecodeMetrics:
     verify_seconds: float = 0.0
     prefill_seconds: float = 0.0  # prompts fed to the target ahead of their first round (the server's)
     total_seconds: float = 0.0
+    # (predicted, measured) seconds of the last ROUND_TIMES_KEPT rounds a planner predicted
+    # (`decoding.round_times`): how well the cost model knows this machine.
+    round_times: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def other_seconds(self) -> float:
@@ -115,6 +122,21 @@ class DecodeMetrics:
             for a, n in zip(self.accepted_by_position, self.proposed_by_position, strict=True)
         ]
 
+    def record_round_time(self, predicted: float, measured: float) -> None:
+        """A planned round was predicted to take `predicted` seconds and took `measured`."""
+        self.round_times.append((predicted, measured))
+        if len(self.round_times) > 2 * ROUND_TIMES_KEPT:
+            del self.round_times[:-ROUND_TIMES_KEPT]
+
+    @property
+    def round_time_error(self) -> float:
+        """Median over the predicted rounds of |predicted / measured - 1| (nan when none was predicted)."""
+        errors = sorted(abs(p / m - 1.0) for p, m in self.round_times[-ROUND_TIMES_KEPT:] if m > 0)
+        if not errors:
+            return float("nan")
+        middle = len(errors) // 2
+        return errors[middle] if len(errors) % 2 else (errors[middle - 1] + errors[middle]) / 2
+
     def record_positions(self, proposed: list[int], accepted: list[int]) -> None:
         """Add one row-round: it proposed `proposed` tokens and accepted `accepted` of them.
 
@@ -143,6 +165,7 @@ class DecodeMetrics:
                 self.accepted_by_position.append(0)
             self.proposed_by_position[i] += n
             self.accepted_by_position[i] += a
+        self.round_times.extend(other.round_times)
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -166,4 +189,6 @@ class DecodeMetrics:
             "other_seconds": self.other_seconds,
             "total_seconds": self.total_seconds,
             "tokens_per_second": self.tokens_per_second,
+            "predicted_rounds": len(self.round_times),
+            "round_time_error": self.round_time_error,
         }

@@ -47,7 +47,8 @@ def test_the_decoder_drafts_the_default_gamma_of_its_pair_weights(weights: str, 
     pair = _pair(weights)
     assert pair.weights == weights
     settings = SamplingSettings(temperature=0.0, logit_bias={TOKENIZER_EOS_ID: -100.0})
-    output = SpeculativeDecoder.from_pair(pair).generate("def f(x):", max_new_tokens=21, settings=settings)
+    decoder = SpeculativeDecoder.from_pair(pair)
+    output = decoder.generate("def f(x):", max_new_tokens=21, settings=settings, adaptive_gamma=False)
     metrics = output.metrics
     # proposed_by_position[i] counts draft tokens proposed at draft position i: its length is the
     # longest draft of the run; every draft is accepted (draft = target, greedy).
@@ -60,3 +61,14 @@ def test_without_a_draft_the_default_is_plain_decoding() -> None:
     decoder = SpeculativeDecoder.from_pair(ModelPair.from_models(target, tokenizer=tiny_tokenizer()))
     output = decoder.generate("def f(x):", max_new_tokens=5)
     assert output.metrics.proposed_tokens == 0 and output.metrics.emitted_tokens == 5
+
+
+def test_the_default_is_adaptive_up_to_the_cap_and_learns_the_round_times() -> None:
+    pair = _pair("bf16")
+    settings = SamplingSettings(temperature=0.0, logit_bias={TOKENIZER_EOS_ID: -100.0})
+    output = SpeculativeDecoder.from_pair(pair).generate("def f(x):", max_new_tokens=21, settings=settings)
+    metrics = output.metrics
+    assert DEFAULTS.adaptive_gamma
+    assert len(metrics.proposed_by_position) <= DEFAULTS.adaptive_gamma_cap
+    # Every round of the default (planned) generation was predicted, then timed.
+    assert len(metrics.round_times) == metrics.rounds > 0

@@ -118,7 +118,7 @@ def json_output(capsys: pytest.CaptureFixture[str]) -> dict:
 
 
 def test_generate_json(models: tuple[str, str], capsys: pytest.CaptureFixture[str]) -> None:
-    assert run([*generate_args(models, "--json", "--gamma", "3"), PROMPT]) == EXIT_OK
+    assert run([*generate_args(models, "--json", "--gamma", "3", "--fixed-gamma"), PROMPT]) == EXIT_OK
     result = json_output(capsys)
     assert {"text", "token_ids", "finish_reason", "statistics"} <= set(result)
     assert isinstance(result["text"], str)
@@ -273,10 +273,11 @@ def test_prompt_too_long_for_the_context(models: tuple[str, str], capsys: pytest
 @pytest.mark.parametrize(
     ("flags", "drafter", "verifier"),
     [
-        (["--drafter", "ngram"], "ngram", "token"),
+        (["--drafter", "ngram", "--fixed-gamma"], "ngram", "token"),
         (["--drafter", "ngram", "--draft", "none"], "ngram", "token"),
-        (["--drafter", "hybrid", "--verifier", "block"], "hybrid", "block"),
+        (["--drafter", "hybrid", "--verifier", "block", "--fixed-gamma"], "hybrid", "block"),
         (["--adaptive-gamma", "--gamma", "3"], "model", "token"),
+        (["--gamma", "3"], "model", "token"),
     ],
     ids=lambda value: " ".join(value) if isinstance(value, list) else value,
 )
@@ -290,7 +291,7 @@ def test_generate_strategies_equal_plain_greedy(
     assert result["token_ids"] == plain["token_ids"]
     assert result["gamma"] > 0
     assert (result["drafter"], result["verifier"]) == (drafter, verifier)
-    assert result["adaptive_gamma"] == ("--adaptive-gamma" in flags)
+    assert result["adaptive_gamma"] == ("--fixed-gamma" not in flags)  # adaptive unless asked
 
 
 def test_generate_summary_names_the_strategy(

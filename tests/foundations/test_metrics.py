@@ -118,9 +118,11 @@ def test_merge_into_empty_equals_the_other() -> None:
         row_rounds=4,
     )
     other.record_positions([2, 1], [1, 0])
+    other.record_round_time(1.1, 1.0)
     merged = DecodeMetrics()
     merged.merge(other)
     assert merged.as_dict() == other.as_dict()
+    assert merged.round_times == [(1.1, 1.0)] and abs(merged.round_time_error - 0.1) < 1e-12
     assert merged.proposed_by_position == other.proposed_by_position == [2, 1]
     assert merged.accepted_by_position == other.accepted_by_position == [1, 0]
     assert merged.row_rounds == 4

@@ -1,0 +1,126 @@
+"""What a whole round costs, by its shape: seeded by measured pass costs, corrected by every round that runs.
+
+The planner (`decoding.planner.CostAwareGamma`) and adaptive prompt lookup (`decoding.gamma.LookupGamma`)
+choose draft lengths for the tokens per second they predict. The measured pass costs
+(`foundations.costs.BatchCosts`: a target pass of B rows x w tokens, a draft step of B rows) are only
+part of a round: the sampling transforms over the whole vocabulary at every scored position, the
+verifier, the draft's catch-up, the bookkeeping and Python run too, and on a 2-core CPU they are not
+small (issue 21's serving run: rounds ran 0.79-0.89x of what the pass costs predicted). So the
+prediction for a round of shape s = (rows, width, draft steps) is
+
+    predicted(s) = seeded(s) x ratio(s),   seeded(s) = T(rows, width) + draft_steps x D(rows, 1)
+
+where ratio(s) is the running mean of measured / seeded over the rounds of that shape (each round's
+weight 1/n until n reaches `1 / (1 - memory)`, then `1 - memory`: the last ten or so rounds), and for a
+shape not seen yet the same mean over every round. A cost model that is wrong by a factor converges to
+the measured times within a few dozen rounds; one that is wrong by a fixed overhead converges shape by
+shape for the shapes that run, and the shapes that have not run inherit the average ratio.
+
+Exactness is untouched: what is learned is timing, known before the next round's draws, so every
+draft length chosen from it is a rule of docs/algorithm.md 5.
+
+>>> costs = BatchCosts(rows=(1,), widths=(1, 2, 3), target=((0.10, 0.12, 0.20),))
+>>> times = RoundTimes(costs)
+>>> round(times.predict(RoundShape(1, 1, 0)), 3)          # before any round: the pass cost itself
+0.1
+>>> for _ in range(20):
+...     times.observe(RoundShape(1, 1, 0), 0.12)             # every plain round takes 20 % longer
+>>> round(times.predict(RoundShape(1, 1, 0)), 3), round(times.predict(RoundShape(1, 3, 0)), 3)
+(0.12, 0.24)
+"""
+
+from __future__ import annotations
+
+import collections
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from exactspec.foundations.costs import BatchCosts, CostModel
+
+PREDICTIONS_KEPT = 4096
+"""(predicted, measured) pairs of the last rounds kept for the report (`relative_errors`)."""
+
+
+@dataclass(frozen=True)
+class RoundShape:
+    """The shape of one round.
+
+    Attributes:
+        rows: B, rows in the round.
+        width: tokens per row the target scores (the longest draft + 1; shorter drafts are padded).
+        draft_steps: draft-model steps the round ran (its longest model draft; 0 for drafts that run
+            no model, such as prompt lookup).
+    """
+
+    rows: int
+    width: int
+    draft_steps: int = 0
+
+
+RoundTimer = Callable[[RoundShape, float], float]
+"""(a round's shape, its measured wall time) -> the seconds it is taken to have lasted (the engine's
+`round_timer`; the identity unless a deterministic clock is wanted, as in `exactspec verify`)."""
+
+
+class RoundTimes:
+    """Predicted wall time of a round by shape, corrected online (the module docstring)."""
+
+    def __init__(self, costs: BatchCosts, *, memory: float = 0.9) -> None:
+        if not 0.0 < memory < 1.0:
+            raise ValueError(f"memory must lie in (0, 1), got {memory}")
+        self.costs = costs
+        self.memory = memory
+        self._ratios: dict[RoundShape, tuple[float, int]] = {}  # shape -> (mean measured / seeded, rounds)
+        self._overall = (1.0, 0)
+        self._predictions: collections.deque[tuple[float, float]] = collections.deque(maxlen=PREDICTIONS_KEPT)
+
+    def seeded(self, shape: RoundShape) -> float:
+        """Seconds the measured pass costs alone give the round: its target pass and its draft steps."""
+        seconds = self.costs.target_seconds(shape.rows, shape.width)
+        return seconds + shape.draft_steps * self.costs.draft_seconds(shape.rows, 1)
+
+    def ratio(self, shape: RoundShape) -> float:
+        """measured / seeded for rounds of this shape (of every shape, if none of it ran yet)."""
+        mean, rounds = self._ratios.get(shape, (0.0, 0))
+        return mean if rounds else self._overall[0]
+
+    def predict(self, shape: RoundShape) -> float:
+        """Predicted seconds of a round of this shape."""
+        return self.seeded(shape) * self.ratio(shape)
+
+    def observe(self, shape: RoundShape, seconds: float) -> None:
+        """A round of this shape took `seconds` (wall time, start of drafting to the emitted tokens)."""
+        if not seconds > 0.0:
+            return
+        self._predictions.append((self.predict(shape), seconds))
+        ratio = seconds / self.seeded(shape)
+        self._ratios[shape] = self._updated(self._ratios.get(shape, (0.0, 0)), ratio)
+        self._overall = self._updated(self._overall if self._overall[1] else (0.0, 0), ratio)
+
+    def _updated(self, mean_rounds: tuple[float, int], ratio: float) -> tuple[float, int]:
+        mean, rounds = mean_rounds
+        rounds += 1
+        weight = max(1.0 / rounds, 1.0 - self.memory)
+        return mean + weight * (ratio - mean), rounds
+
+    def relative_errors(self) -> list[float]:
+        """|predicted / measured - 1| of each round observed (the last `PREDICTIONS_KEPT`), the prediction
+        made before the round's own time was learned."""
+        return [abs(predicted / measured - 1.0) for predicted, measured in self._predictions]
+
+    def median_relative_error(self) -> float:
+        """The median of `relative_errors` (nan before any round)."""
+        errors = self.relative_errors()
+        return statistics.median(errors) if errors else float("nan")
+
+    def single_row_costs(self, max_gamma: int, draft: bool) -> CostModel:
+        """c and v(1..max_gamma + 1) of one row as the rounds have shown them: v(k) = predicted time of a
+        one-row round of width k over a plain one's; c the same for one draft step (0 when `draft` is
+        False: a drafter that runs no model)."""
+        plain = self.predict(RoundShape(1, 1, 0))
+        verify = tuple(self.predict(RoundShape(1, k, 0)) / plain for k in range(1, max_gamma + 2))
+        draft_cost = 0.0
+        if draft and self.costs.draft is not None:
+            draft_cost = max(0.0, self.predict(RoundShape(1, 1, 1)) / plain - 1.0)
+        return CostModel(draft_cost, verify)
