@@ -127,14 +127,14 @@ class SpeculativeDecoder:
         progress: bool = True,
         device: Any = "cpu",
         weights: str = "auto",
-        backend: str = "hf",
+        backend: str = DEFAULTS.backend,
     ) -> SpeculativeDecoder:
         """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair).
 
         `device`: "cpu", "cuda" or "auto" (CUDA when available). `weights`: "auto" (int4 on the CPU, bf16 on
         CUDA), "bf16" (dense), "int4" or "int8" (packed CPU kernels; see `ModelPair.from_pretrained`).
-        `backend`: a registered backend (`exactspec.models.backends.registry`): "hf" (default) or
-        "llamacpp" (GGUF files run by llama.cpp).
+        `backend`: a registered backend (`exactspec.models.backends.registry`): "auto" (default: the
+        fastest measured on this machine, `pair.backend_choice` says why), "hf" or "llamacpp".
         """
         return cls.from_pair(
             ModelPair.from_pretrained(

@@ -123,6 +123,8 @@ def output_folder(flag: str, folder: str) -> Path:
 
 def require_hf_backend(args: argparse.Namespace, command: str) -> None:
     """Commands that measure through transformers' modules (peers, forward hooks) refuse another backend."""
+    if getattr(args, "backend", "hf") == "auto":
+        args.backend = "hf"  # these commands time the Hugging Face modules: auto means hf here
     if getattr(args, "backend", "hf") != "hf":
         raise UsageError(
             f"exactspec {command} does not run on --backend {args.backend} yet: it measures through the "
@@ -311,13 +313,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     registered = backends()
     group.add_argument(
         "--backend",
-        default="hf",
+        default=DEFAULTS.backend,
         choices=list(registered),
         help="what runs the forward passes: "
         + "; ".join(
-            f"{b.name}: {b.summary}" + (" (default)" if b.name == "hf" else "") for b in registered.values()
-        )
-        + " (bench, audit and numerics: hf only so far)",
+            f"{b.name}: {b.summary}" + (" (default)" if b.name == DEFAULTS.backend else "")
+            for b in registered.values()
+        ),
     )
     group.add_argument(
         "--cache-dir",

@@ -168,6 +168,8 @@ def run(args: argparse.Namespace) -> int:
             "prompt_tokens": completion.prompt_tokens,
             "gamma": gamma,
             "weights": decoder.pair.weights,
+            "backend": decoder.pair.backend,
+            "backend_reason": decoder.pair.backend_reason,
             "drafter": chosen.drafter if gamma else None,
             "verifier": chosen.verifier,
             "adaptive_gamma": chosen.adaptive_gamma if gamma else False,
@@ -195,8 +197,8 @@ def run(args: argparse.Namespace) -> int:
         gamma_text = f"adaptive gamma <= {gamma}" if chosen.adaptive_gamma else f"gamma {gamma}"
         summary += (
             f", {chosen.drafter} drafter, {chosen.verifier} verification, {gamma_text}, "
-            f"{decoder.pair.weights} weights, "
             f"acceptance {metrics.acceptance_rate:.2f}, {metrics.tokens_per_round:.2f} tokens/round"
         )
+    summary += f", {decoder.pair.describe_backend()}"
     print(summary + f" (models loaded in {load_seconds:.1f} s)", file=sys.stderr)
     return EXIT_OK

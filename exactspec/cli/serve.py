@@ -135,12 +135,11 @@ def run(args: argparse.Namespace) -> int:
         prefill_chunk=args.prefill_chunk,
         progress=None if args.no_progress else lambda line: print(f"[exactspec] {line}", file=sys.stderr),
     )
-    device = next(pair.target_model.parameters()).device
     print(
         f"[exactspec] serving {args.served_model_name!r} ({args.target} / {draft or 'no draft'}, "
         f"{chosen.drafter} drafter, {chosen.verifier} verification, "
         f"{'adaptive gamma up to' if chosen.adaptive_gamma and service.gamma else 'gamma'} {service.gamma}, "
-        f"{pair.weights} weights, {device}) on http://{args.host}:{args.port}",
+        f"{pair.describe_backend()}, {pair.target.device}) on http://{args.host}:{args.port}",
         file=sys.stderr,
     )
     uvicorn.run(create_app(service), host=args.host, port=args.port, log_level="warning")

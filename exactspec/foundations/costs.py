@@ -33,10 +33,13 @@ class CostModel:
             prompt lookup, 0.4 for the default model pair).
         verify_costs: v(1), v(2), ..., v(K): target k-token forward / one-token
             forward, so v(1) = 1. K bounds the draft length: gamma + 1 <= K.
+        step_seconds: the target's one-token forward in seconds, where it was measured (the unit
+            of the others; nan when the costs were made up or derived).
     """
 
     draft_cost: float
     verify_costs: tuple[float, ...]
+    step_seconds: float = float("nan")
 
     def __post_init__(self) -> None:
         if not self.draft_cost >= 0.0:

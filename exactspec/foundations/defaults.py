@@ -41,6 +41,9 @@ class Defaults:
             v(4) = 1.6 one-token steps and 5 for 2.9 (docs/bench/packed-costs), so gamma 2 had the best
             worst case over the coding prompts (docs/bench/packed-int4); dense weights: gamma 4, the
             best median of the default pair's quick bench (bfloat16, 2 cores, commit ea5796b).
+    Models:
+        backend: "auto": the installed backend whose plain one-token step is fastest for the pair on
+            this machine, measured on first use and cached (`exactspec.models.backends.auto`).
     Serving and batching:
         max_batch: rows decoded together in one round (each row costs KV cache memory).
         max_waiting: requests that may wait for a free row; beyond that the server answers 429.
@@ -58,6 +61,7 @@ class Defaults:
     adaptive_gamma_cap: int = 4
     int4_gamma: int = 2
     dense_gamma: int = 4
+    backend: str = "auto"
     max_batch: int = 8
     max_waiting: int = 64
     prefill_chunk: int = 32

@@ -44,14 +44,16 @@ class Machine(JsonRecord):
     torch: str
     torch_threads: int
     gpus: tuple[str, ...] = ()  # CUDA devices visible to torch, by name
+    cpu_features: str = ""  # family/model and the SIMD flags that pick kernels (`cpu_features`)
 
     def describe(self) -> str:
         """`Xeon ..., 2 cores, 7.8 GiB, Linux-6.1-x86_64, Python 3.11.7, torch 2.5.1 (2 threads), no GPU`."""
         memory = f"{self.memory_bytes / 2**30:.1f} GiB" if self.memory_bytes else "memory unknown"
         gpus = ", ".join(self.gpus) if self.gpus else "no GPU"
         threads = f"{self.torch_threads} thread{'' if self.torch_threads == 1 else 's'}"
+        features = f" ({self.cpu_features})" if self.cpu_features else ""
         return (
-            f"{self.cpu}, {self.cores or '?'} cores, {memory}, {self.os}, Python {self.python}, "
+            f"{self.cpu}{features}, {self.cores or '?'} cores, {memory}, {self.os}, Python {self.python}, "
             f"torch {self.torch} ({threads}), {gpus}"
         )
 
@@ -128,7 +130,34 @@ def machine() -> Machine:
         torch=torch.__version__,
         torch_threads=torch.get_num_threads(),
         gpus=gpus,
+        cpu_features=cpu_features(),
     )
+
+
+KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "neon", "sve")
+"""CPU flags that decide which kernels torch and llama.cpp run (and so their speed)."""
+
+
+def cpu_features() -> str:
+    """"family 25 model 17: avx2 fma avx512f avx512_vnni avx512_bf16": the CPU's family and model numbers
+    and which of `KERNEL_FLAGS` it has (Linux /proc/cpuinfo; "" where it cannot be read). Two CPUs
+    with one model name ("AMD EPYC") can differ here, and their speeds with them."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
+    except OSError:
+        return ""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if not key and fields:
+            break  # the first processor's block is enough
+        fields.setdefault(key, value.strip())
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    present = " ".join(flag for flag in KERNEL_FLAGS if flag in flags)
+    numbers = f"family {fields['cpu family']} model {fields['model']}" if "cpu family" in fields else ""
+    return f"{numbers}: {present}" if numbers else present
 
 
 def _git(folder: Path, *args: str) -> str | None:

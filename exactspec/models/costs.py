@@ -77,7 +77,7 @@ def measure_cost_model(
     one = min(target_times[1])
     verify_costs = tuple(min(target_times[k]) / one for k in range(1, max_k + 1))
     draft_cost = min(draft_times) / one if draft_times else 0.0
-    return CostModel(draft_cost=draft_cost, verify_costs=verify_costs)
+    return CostModel(draft_cost=draft_cost, verify_costs=verify_costs, step_seconds=one)
 
 
 def _clear(models: Sequence[LanguageModel]) -> None:

@@ -185,6 +185,17 @@ def gguf_path(
     return target if kind == "gguf" else None
 
 
+def names_gguf(spec: str | os.PathLike[str]) -> bool:
+    """Whether `spec` names a GGUF model (the built-in pair, or a GGUF file), without fetching anything."""
+    text = _spec_text(spec)
+    if text in DEFAULT_SPECS:
+        return True
+    try:
+        return _classify(text)[0] == "gguf"
+    except ModelSpecError:
+        return False
+
+
 def _resolve(
     spec: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None, progress: bool
 ) -> tuple[str, Any]:

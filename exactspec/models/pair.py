@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exactspec.foundations.costs import BatchCosts, CostModel
+from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.errors import InvalidArgument
 from exactspec.models.base import LanguageModel
 from exactspec.models.costs import measure_batch_costs, measure_cost_model
@@ -51,6 +52,7 @@ class ModelPair:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     weights: str = "bf16"
     backend: str = "hf"
+    backend_choice: Any = None  # for a pair "auto" loaded: its `BackendChoice` (which backend, and why)
     source: dict[str, str] | None = None  # what was loaded (specs, dtype, weights, device): keys cached costs
     _costs: CostModel | None = field(default=None, init=False, repr=False, compare=False)
     _batch_costs: BatchCosts | None = field(default=None, init=False, repr=False, compare=False)
@@ -109,14 +111,16 @@ class ModelPair:
         progress: bool = True,
         device: Any = "cpu",
         weights: str = "auto",
-        backend: str = "hf",
+        backend: str = DEFAULTS.backend,
         threads: int | None = None,
     ) -> ModelPair:
         """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair).
 
-        `backend`: a name of the backend registry (`exactspec.models.backends.registry`): "hf" (default:
-        transformers and torch's kernels) or "llamacpp" (the GGUF files run by llama.cpp on the CPU;
-        `dtype`, `device` and `weights` do not apply), or any backend that registered itself.
+        `backend`: a name of the backend registry (`exactspec.models.backends.registry`): "auto" (the
+        default: the installed backend whose plain step is fastest for the pair on this machine,
+        measured on first use and cached; `backend_choice` says which and why), "hf" (transformers and
+        torch's kernels) or "llamacpp" (the GGUF files run by llama.cpp on the CPU; `dtype`, `device`
+        and `weights` do not apply), or any backend that registered itself.
 
         With "hf": `device` is "cpu", "cuda" or "auto" (CUDA when available); dtype "auto" then means
         the device's default (`exactspec.models.device.auto_dtype`). `weights`: "auto" (default) is
@@ -137,6 +141,17 @@ class ModelPair:
             raise InvalidArgument(f"--backend {backend} cannot run here: {why_not}")
         spec = LoadSpec(target, draft, dtype, weights, device, threads, cache_dir, progress)
         return chosen.load(spec)
+
+    @property
+    def backend_reason(self) -> str | None:
+        """Why this backend runs, when "auto" chose it (which candidates were measured, how fast)."""
+        choice = self.backend_choice
+        return None if choice is None else f"auto: {choice.reason}"
+
+    def describe_backend(self) -> str:
+        """'backend llamacpp (auto: fastest plain step ...)', 'backend hf, int4 weights': what runs."""
+        text = f"backend {self.backend}" + (f", {self.weights} weights" if self.backend == "hf" else "")
+        return text + (f" ({self.backend_reason})" if self.backend_reason else "")
 
     @property
     def eos_token_ids(self) -> frozenset[int]:

@@ -75,6 +75,14 @@ def unavailable() -> str | None:
     return None if available() else f"llama-cpp-python is not installed: {INSTALL_HINT}"
 
 
+def accepts(spec: LoadSpec) -> str | None:
+    from exactspec.models.loading import names_gguf
+
+    named = [spec.target] + ([spec.draft] if spec.draft is not None else [])
+    others = [str(name) for name in named if not names_gguf(name)]
+    return f"it runs GGUF files, and {', '.join(others)} is not one" if others else None
+
+
 BACKEND = register(
     Backend(
         name="llamacpp",
@@ -83,6 +91,7 @@ BACKEND = register(
         load=load,
         reference=reference,
         unavailable=unavailable,
+        accepts=accepts,
         options=frozenset({"threads"}),
         rank=1,
     )

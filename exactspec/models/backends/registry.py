@@ -62,6 +62,8 @@ class Backend:
         summary: one line for `--help`.
         load: LoadSpec -> ModelPair (the pair's `backend` is this name).
         unavailable: None when the backend can run on this machine, else why not and how to fix it.
+        accepts: LoadSpec -> None when it can load those models, else why not (checked without
+            fetching anything; `--backend auto` leaves out a backend that cannot).
         reference: pair -> a second model over the pair's target weights with a cache of its own (exact
             probabilities beside a running engine: the audit).
         options: the shared model options it reads ("dtype", "weights", "device", "threads").
@@ -73,6 +75,7 @@ class Backend:
     load: Callable[[LoadSpec], Pair]
     reference: Callable[[Pair], LanguageModel]
     unavailable: Callable[[], str | None] = _runs_here
+    accepts: Callable[[LoadSpec], str | None] = lambda spec: None
     options: frozenset[str] = field(default_factory=frozenset)
     rank: int = 100
 
