@@ -22,40 +22,26 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from exactspec.foundations.costs import expected_tokens, speedup_from_tokens
 from exactspec.foundations.records import JsonRecord, json_key
 
 NAN = float("nan")
 
 
 def tokens_per_round(alpha: float, gamma: int) -> float:
-    """E = (1 - alpha^(gamma+1)) / (1 - alpha): expected tokens a round emits (1 + accepted drafts).
-
-    alpha = 1 gives gamma + 1 (every draft accepted plus the bonus); gamma = 0 gives 1.
-    """
+    """E(alpha, gamma): expected tokens a round emits (`foundations.costs.expected_tokens`)."""
     _check_alpha(alpha)
-    if gamma < 0:
-        raise ValueError(f"gamma must be >= 0, got {gamma}")
-    if math.isnan(alpha):
-        return NAN if gamma else 1.0
-    if alpha == 1.0:
-        return float(gamma + 1)
-    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
-
-
-def round_cost(gamma: int, c: float, v: float = 1.0) -> float:
-    """Cost of one round in target one-token steps: gamma draft steps plus one (gamma+1)-token forward."""
-    return gamma * c + v
+    return expected_tokens(alpha, gamma)
 
 
 def predicted_speedup(alpha: float, gamma: int, c: float, v: float = 1.0) -> float:
     """S = E(alpha, gamma) / (gamma * c + v), with v = v(gamma + 1); v = 1 is the textbook formula."""
-    return speedup_from_tokens_per_round(tokens_per_round(alpha, gamma), gamma, c, v)
+    return speedup_from_tokens(tokens_per_round(alpha, gamma), gamma, c, v)
 
 
 def speedup_from_tokens_per_round(tokens: float, gamma: int, c: float, v: float = 1.0) -> float:
     """S with a measured mean tokens per round in place of E (no i.i.d. assumption on acceptance)."""
-    cost = round_cost(gamma, c, v)
-    return tokens / cost if cost > 0 else NAN
+    return speedup_from_tokens(tokens, gamma, c, v)
 
 
 def acceptance_rate(accepted: int, proposed: int) -> float:

@@ -8,6 +8,7 @@ shape (rows x tokens), which the server's cost-aware rounds plan with.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from exactspec.foundations.records import JsonRecord
@@ -16,12 +17,35 @@ from exactspec.foundations.records import JsonRecord
 def expected_tokens(alpha: float, gamma: int) -> float:
     """E(alpha, gamma) = (1 - alpha^(gamma+1)) / (1 - alpha): tokens per round for i.i.d. acceptance.
 
+    alpha = 1 gives gamma + 1 (every draft kept, and the bonus); gamma = 0 gives 1; an unknown alpha
+    (nan) gives nan unless gamma = 0.
+
     >>> expected_tokens(0.5, 2)
     1.75
     """
+    if gamma < 0:
+        raise ValueError(f"gamma must be >= 0, got {gamma}")
+    if math.isnan(alpha):
+        return float("nan") if gamma else 1.0
     if alpha >= 1.0:
         return float(gamma + 1)  # the limit of the formula as alpha -> 1
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def round_cost(gamma: int, c: float, v: float = 1.0) -> float:
+    """One round in target one-token steps: gamma draft steps and one pass of gamma + 1 tokens (v)."""
+    return gamma * c + v
+
+
+def speedup_from_tokens(tokens: float, gamma: int, c: float, v: float = 1.0) -> float:
+    """S = tokens per round / (gamma c + v(gamma + 1)), in units of plain decoding (one token per v(1) = 1):
+    the one speedup model of docs/algorithm.md "Measured quantities" (nan for a round that costs nothing).
+
+    >>> speedup_from_tokens(2.0, 2, c=0.25, v=1.5)
+    1.0
+    """
+    cost = round_cost(gamma, c, v)
+    return tokens / cost if cost > 0 else float("nan")
 
 
 @dataclass(frozen=True)
@@ -77,7 +101,8 @@ class CostModel:
         """S = tokens_per_round v(1) / (gamma c + v(gamma + 1)): the speedup of rounds of gamma draft
         tokens that emit `tokens_per_round` tokens on average (whatever model predicts that number)."""
         plain_round = self.verify_costs[0]  # one plain token costs v(1)
-        return tokens_per_round * plain_round / (gamma * self.draft_cost + self.verify_costs[gamma])
+        c, v = self.draft_cost, self.verify_costs[gamma]
+        return plain_round * speedup_from_tokens(tokens_per_round, gamma, c, v)
 
 
 @dataclass(frozen=True)

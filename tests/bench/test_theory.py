@@ -7,6 +7,7 @@ import math
 import pytest
 
 from exactspec.bench import theory
+from exactspec.foundations.costs import round_cost
 
 
 def test_tokens_per_round_matches_the_geometric_series() -> None:
@@ -29,7 +30,7 @@ def test_tokens_per_round_edges() -> None:
 
 def test_predicted_speedup() -> None:
     # E(0.5, 3) = 1.875; cost 3 * 0.1 + 1.2 = 1.5; S = 1.25
-    assert theory.round_cost(3, 0.1, 1.2) == pytest.approx(1.5)
+    assert round_cost(3, 0.1, 1.2) == pytest.approx(1.5)
     assert theory.predicted_speedup(0.5, 3, c=0.1, v=1.2) == pytest.approx(1.25)
     # v = 1: the textbook (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1))
     assert theory.predicted_speedup(0.8, 4, c=0.05) == pytest.approx((1 - 0.8**5) / (0.2 * 1.2))
