@@ -6,16 +6,17 @@ distribution. The output layer is therefore scaled up (next-token entropy of
 one to two nats), and one EOS row is made likely after some histories so that
 sequences also end early. The draft is the target with Gaussian noise on every
 weight: different from the target (acceptance well below 1) but close enough
-that several draft tokens in a row are often accepted.
+that several draft tokens in a row are often accepted. The models come from the one
+tiny-model builder, `exactspec.checking.tiny_hf`, in float32.
 """
 
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import PreTrainedModel
+
+from exactspec.checking.tiny_hf import TinyHFSpec, tiny_hf_pair
 
 
 @dataclass(frozen=True)
@@ -45,40 +46,31 @@ class TinyPairSpec:
     layers: int = 2
     seed: int = 0
 
+    def builder_spec(self) -> TinyHFSpec:
+        """The same pair as `checking.tiny_hf` builds it: float32 Qwen2, transformers' 0.02 initialisation."""
+        return replace(
+            TinyHFSpec(),
+            family="qwen2",
+            vocab_size=self.vocab_size,
+            eos_token_id=self.eos_token_id,
+            init_std=0.02,
+            logit_scale=self.logit_scale,
+            draft_noise=self.draft_noise,
+            hidden_size=self.hidden_size,
+            layers=self.layers,
+            seed=self.seed,
+            dtype="float32",
+            pad_token_id=self.pad_token_id,
+            eos_like=self.eos_like,
+            eos_weight=self.eos_weight,
+            context=128,
+        )
+
 
 TINY_PROMPT = (5, 7, 11, 3)
 """The prompt the tiny grid audits (no EOS, no pad id)."""
 
 
-def tiny_config(spec: TinyPairSpec) -> Qwen2Config:
-    return Qwen2Config(
-        vocab_size=spec.vocab_size,
-        hidden_size=spec.hidden_size,
-        intermediate_size=2 * spec.hidden_size,
-        num_hidden_layers=spec.layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        eos_token_id=spec.eos_token_id,
-        bos_token_id=spec.eos_token_id,
-        pad_token_id=spec.pad_token_id,
-        tie_word_embeddings=False,
-    )
-
-
-def tiny_pair(spec: TinyPairSpec = TinyPairSpec()) -> tuple[Qwen2ForCausalLM, Qwen2ForCausalLM]:
+def tiny_pair(spec: TinyPairSpec = TinyPairSpec()) -> tuple[PreTrainedModel, PreTrainedModel]:
     """(target, draft): float32 Qwen2 models in eval mode, same vocabulary, different weights."""
-    torch.manual_seed(spec.seed)  # HF initialises weights from the global generator
-    target = Qwen2ForCausalLM(tiny_config(spec)).eval()
-    with torch.no_grad():
-        head = target.lm_head.weight  # [V, hidden]
-        head.mul_(spec.logit_scale)
-        head[spec.eos_token_id] = spec.eos_weight * head[spec.eos_like]
-    draft = copy.deepcopy(target)
-    noise = torch.Generator().manual_seed(spec.seed + 1)
-    with torch.no_grad():
-        for parameter in draft.parameters():
-            scale = float(parameter.std()) if parameter.numel() > 1 else 0.0
-            if scale > 0:
-                parameter.add_(torch.randn(parameter.shape, generator=noise) * spec.draft_noise * scale)
-    return target, draft
+    return tiny_hf_pair(spec.builder_spec())

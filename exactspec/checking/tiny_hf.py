@@ -1,4 +1,5 @@
-"""Tiny float64 Hugging Face pairs, so that `exactspec verify` enumerates the real model adapter.
+"""Tiny Hugging Face pairs: float64 ones so that `exactspec verify` enumerates the real model adapter, and the
+float32 ones `exactspec audit --tiny` samples (`exactspec.audit.tiny`): one builder for both.
 
 The exact grid's toy models are tables; they never touch `HFLanguageModel`
 (KV cache rows, rollback by bookkeeping, holes, compaction, position ids).
@@ -51,6 +52,12 @@ class TinyHFSpec:
             which bounds how many draft blocks the enumeration has to follow (rejections still
             happen: p(x) < 1 for the proposed x).
         seed: seeds the target's weights and the draft's noise.
+        dtype: "float64" (the exact grid: logits exact to float64 rounding) or "float32" (the audit's
+            real-model stand-in).
+        pad_token_id: the id Hugging Face writes after EOS in a batch (default the EOS id).
+        eos_like, eos_weight: if set, EOS's output row becomes eos_weight x the row of `eos_like`, so
+            EOS is likely exactly where that token is and sequences also end early.
+        context: the model's maximum positions.
     """
 
     family: str = "qwen2"
@@ -63,6 +70,11 @@ class TinyHFSpec:
     hidden_size: int = 16
     layers: int = 2
     seed: int = 0
+    dtype: str = "float64"
+    pad_token_id: int | None = None
+    eos_like: int | None = None
+    eos_weight: float = 1.0
+    context: int = 64
 
 
 def tiny_hf_model(spec: TinyHFSpec) -> PreTrainedModel:
@@ -75,18 +87,21 @@ def tiny_hf_model(spec: TinyHFSpec) -> PreTrainedModel:
         num_hidden_layers=spec.layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=64,
+        max_position_embeddings=spec.context,
         initializer_range=spec.init_std,
         eos_token_id=spec.eos_token_id,
         bos_token_id=spec.eos_token_id,
-        pad_token_id=spec.eos_token_id,
+        pad_token_id=spec.eos_token_id if spec.pad_token_id is None else spec.pad_token_id,
         tie_word_embeddings=False,
         attn_implementation="sdpa",
     )
     torch.manual_seed(spec.seed)  # transformers initialises weights from the global generator
-    model = model_class(config).to(torch.float64).eval()
+    model = model_class(config).to(getattr(torch, spec.dtype)).eval()
     with torch.no_grad():
-        model.lm_head.weight.mul_(spec.logit_scale)
+        head = model.lm_head.weight  # [V, hidden]
+        head.mul_(spec.logit_scale)
+        if spec.eos_like is not None:
+            head[spec.eos_token_id] = spec.eos_weight * head[spec.eos_like]
     return model
 
 
@@ -99,7 +114,7 @@ def tiny_hf_pair(spec: TinyHFSpec) -> tuple[PreTrainedModel, PreTrainedModel]:
         for parameter in draft.parameters():
             scale = float(parameter.std()) if parameter.numel() > 1 else 0.0
             if scale > 0:
-                noise_draw = torch.randn(parameter.shape, generator=noise, dtype=torch.float64)
+                noise_draw = torch.randn(parameter.shape, generator=noise, dtype=parameter.dtype)
                 parameter.add_(noise_draw * spec.draft_noise * scale)
         draft.lm_head.weight.mul_(spec.draft_logit_scale)
     return target, draft

@@ -10,7 +10,7 @@ cannot drift apart.
 row lifecycle (`add_rows`, `release_rows`: the target, the drafter and the gamma policy
 each set up or free the row's state); the batch driver that decides when is
 `exactspec.decoding.scheduler.Scheduler`, and `generate` / `stream` below are thin uses
-of it. Engines are built from a strategy in one place, `exactspec.decoding.strategy`.
+of it. Engines are built from a strategy in one place, `exactspec.decoding.builder`.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class SpeculativeEngine:
         validate: the verifier checks its inputs every round (shapes, ids, finite normalised p
             and q: passes over [B, gamma + 1, V] and host syncs). The engine builds p and q itself
             from logits that the transforms check, so serving entry points turn it off
-            (`exactspec.decoding.strategy.build_engine(validate=False)`); tests and `exactspec verify`
+            (`exactspec.decoding.builder.build_engine(validate=False)`); tests and `exactspec verify`
             keep it on. Off changes no token.
         draft_stopwatch: adds up the draft model's forward time (`exactspec.models.timed.TimedModel`
             around the drafter's model shares it); the engine reads it after each draft step into

@@ -136,7 +136,8 @@ class Scheduler:
     `SpeculativeEngine.generate` / `stream` (every prompt admitted at once).
 
     >>> from exactspec.checking.toy import random_tabular_model
-    >>> from exactspec.decoding.strategy import Strategy, build_engine
+    >>> from exactspec.decoding.builder import build_engine
+    >>> from exactspec.decoding.strategy import Strategy
     >>> target, draft = random_tabular_model(5, seed=1), random_tabular_model(5, seed=2)
     >>> scheduler = Scheduler(build_engine(target, draft, Strategy(), gamma=3), gamma=3)
     >>> first = scheduler.submit(Request([1, 2], max_new_tokens=4, seed=0))
@@ -161,7 +162,7 @@ class Scheduler:
     ) -> None:
         """
         Args:
-            engine: what runs the rounds (`exactspec.decoding.strategy.build_engine` builds one).
+            engine: what runs the rounds (`exactspec.decoding.builder.build_engine` builds one).
             gamma: default draft length of a row (a request may ask for another); default
                 `DEFAULTS.dense_gamma` with a drafter, 0 without.
             max_batch: most rows in one round; more requests wait.

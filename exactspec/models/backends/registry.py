@@ -6,8 +6,8 @@ pair and what it reports about a loaded pair. `ModelPair.from_pretrained(backend
 `--backend` choices and `--backend auto`'s candidates read `backends()`, so a new backend touches no
 other file. `backends()` imports every module of that folder once, which is how a new file is found.
 
->>> list(backends())[:2]
-['hf', 'llamacpp']
+>>> list(backends())[:3]
+['auto', 'hf', 'llamacpp']
 """
 
 from __future__ import annotations
