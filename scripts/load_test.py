@@ -20,6 +20,12 @@ in serve.
     # or drive a server that is already running:
     python scripts/load_test.py --url http://127.0.0.1:8000 --out load-out
 
+With `--peer llamacpp`, a third mode drives llama-cpp-python's own OpenAI server (`python -m
+llama_cpp.server`, the `llamacpp` extra's [server] part) on the same GGUF target with the same threads
+and the same requests (top_k and the repetition penalty under its own names; no gamma), started as a
+subprocess beside ours; only one of the two servers is under load at a time. Its server handles one
+request at a time (a lock around its one `Llama`), so concurrent requests queue there.
+
 Writes `results.json`, `table.md` and `serve.png` into --out, after every level.
 """
 
@@ -31,6 +37,7 @@ import itertools
 import json
 import socket
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -65,10 +72,16 @@ def start_server(args: argparse.Namespace) -> str:
     from exactspec.models.pair import ModelPair
     from exactspec.server.app import Service, create_app
 
+    strategy = Strategy(drafter=args.drafter, adaptive_gamma=not args.fixed_gamma)
     pair = ModelPair.from_pretrained(
-        args.target, args.draft, dtype=args.dtype, device=args.device, weights=args.weights
+        args.target,
+        args.draft if strategy.needs_draft_model else None,
+        dtype=args.dtype,
+        device=args.device,
+        weights=args.weights,
+        backend=args.backend,
     )
-    strategy = Strategy(adaptive_gamma=not args.fixed_gamma)
+    print(f"[load test] {pair.describe_backend()}", file=sys.stderr, flush=True)
     service = Service(
         pair,
         gamma=args.gamma,
@@ -90,13 +103,68 @@ def start_server(args: argparse.Namespace) -> str:
     return f"http://127.0.0.1:{port}"
 
 
-async def one_request(client: Any, index: int, gamma: int | None, max_tokens: int) -> dict[str, Any]:
+PEER_NAMES = {"repetition_penalty": "repeat_penalty"}
+"""vLLM-style extra fields under the names llama-cpp-python's server reads."""
+
+
+def start_llamacpp_server(args: argparse.Namespace) -> tuple[str, subprocess.Popen]:
+    """llama-cpp-python's OpenAI server on the target's GGUF file, in a subprocess; (base URL, process)."""
+    import httpx
+
+    from exactspec.models.loading import gguf_path
+
+    path = gguf_path(args.target, progress=False)
+    if path is None:
+        raise SystemExit(f"--peer llamacpp needs a GGUF target; {args.target} is not one")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [
+        sys.executable, "-m", "llama_cpp.server", "--model", str(path), "--model_alias", "exactspec",
+        "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads), "--n_ctx", "4096",
+        "--host", "127.0.0.1", "--port", str(port),
+    ]  # fmt: skip
+    log = open(Path(args.out) / "llamacpp-server.log", "w")  # noqa: SIM115 (kept open with the process)
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"llama_cpp.server exited ({process.returncode}); see {log.name}")
+        try:
+            if httpx.get(base + "/v1/models", timeout=2).status_code == 200:
+                return base, process
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    process.kill()
+    raise SystemExit("llama_cpp.server did not start within 600 s")
+
+
+def completion_tokens(text: str) -> int:
+    """Tokens of a completion's text, for a server that reports no usage while streaming."""
+    from exactspec.models.loading import load_tokenizer
+
+    global _TOKENIZER
+    if _TOKENIZER is None:
+        _TOKENIZER = load_tokenizer("default-target", progress=False)
+    return len(_TOKENIZER(text, add_special_tokens=False)["input_ids"])
+
+
+_TOKENIZER: Any = None
+
+
+async def one_request(
+    client: Any, index: int, gamma: int | None, max_tokens: int, peer: bool = False
+) -> dict[str, Any]:
     from exactspec.bench.prompts import PROMPTS
 
     coding = [p for p in PROMPTS if p.category == "coding"]
     prompt = coding[index % len(coding)]
     options = dict(SETTINGS_MIX[index % len(SETTINGS_MIX)])
     extra = dict(options.pop("extra_body", {}))
+    if peer:
+        extra = {PEER_NAMES.get(key, key): value for key, value in extra.items()}
     if gamma is not None:
         extra["gamma"] = gamma
     if options["temperature"] > 0:
@@ -114,6 +182,7 @@ async def one_request(client: Any, index: int, gamma: int | None, max_tokens: in
     usage = None
     stats = None
     arrivals: list[float] = []  # when each streamed piece of text arrived
+    text = ""
     if prompt.chat:
         stream = await client.chat.completions.create(
             messages=[{"role": "user", "content": prompt.text}], **common
@@ -126,11 +195,12 @@ async def one_request(client: Any, index: int, gamma: int | None, max_tokens: in
             if piece:
                 arrivals.append(time.perf_counter())
                 first = first or arrivals[-1]
+                text += piece
         if chunk.usage is not None:
             usage = chunk.usage
             stats = (chunk.model_extra or {}).get("exactspec")
     ended = time.perf_counter()
-    tokens = usage.completion_tokens if usage is not None else 0
+    tokens = usage.completion_tokens if usage is not None else completion_tokens(text)
     return {
         "prompt": prompt.name,
         "settings": SETTINGS_MIX[index % len(SETTINGS_MIX)],
@@ -146,7 +216,9 @@ async def one_request(client: Any, index: int, gamma: int | None, max_tokens: in
     }
 
 
-async def run_level(base: str, concurrency: int, requests: int, gamma: int | None, max_tokens: int) -> dict:
+async def run_level(
+    base: str, concurrency: int, requests: int, gamma: int | None, max_tokens: int, peer: bool = False
+) -> dict:
     import openai
 
     limit = asyncio.Semaphore(concurrency)
@@ -156,7 +228,7 @@ async def run_level(base: str, concurrency: int, requests: int, gamma: int | Non
 
         async def bounded(index: int) -> dict[str, Any]:
             async with limit:
-                return await one_request(client, index, gamma, max_tokens)
+                return await one_request(client, index, gamma, max_tokens, peer)
 
         started = time.perf_counter()
         results = await asyncio.gather(*(bounded(i) for i in range(requests)))
@@ -202,9 +274,11 @@ def table(levels: dict[str, list[dict]]) -> str:
     """One row per (output length, concurrency): speculative and plain side by side."""
     lines = [
         "| max tokens | concurrent | requests | speculative tokens/s total | plain tokens/s total "
-        "| speculative / plain | TTFT p50 spec / plain (s) | TTFT p95 spec / plain (s) "
-        "| inter-token p95 while a request joins, spec / plain (s) | acceptance | tokens/round |",
-        "|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|",
+        "| speculative / plain | llama_cpp.server tokens/s total | speculative / llama_cpp.server "
+        "| TTFT p50 spec / plain (s) | TTFT p95 spec / plain (s) "
+        "| inter-token p95 while a request joins, spec / plain (s) | acceptance | tokens/round "
+        "| predicted / measured round time, median error |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|",
     ]
     keys = sorted({(level["max_tokens"], level["concurrency"]) for rows in levels.values() for level in rows})
     by = {mode: {(lv["max_tokens"], lv["concurrency"]): lv for lv in rows} for mode, rows in levels.items()}
@@ -215,21 +289,28 @@ def table(levels: dict[str, list[dict]]) -> str:
 
     for key in keys:
         spec, plain = by.get("speculative", {}).get(key), by.get("plain", {}).get(key)
+        peer = by.get("llamacpp-server", {}).get(key)
         ratio = (
             f"{spec['tokens_per_second_total'] / plain['tokens_per_second_total']:.2f}x"
             if spec and plain
             else ""
         )
+        peer_total = "-" if peer is None else f"{peer['tokens_per_second_total']:.2f}"
+        peer_ratio = ""
+        if spec and peer:
+            peer_ratio = f"{spec['tokens_per_second_total'] / peer['tokens_per_second_total']:.2f}x"
+        error = (spec or {}).get("round_time_error")
         accept = spec["acceptance_rate_mean"] if spec else None
         per_round = spec["tokens_per_round_mean"] if spec else None
         requests = (spec or plain)["requests"]
         totals = ["-" if lv is None else f"{lv['tokens_per_second_total']:.2f}" for lv in (spec, plain)]
         lines.append(
-            f"| {key[0]} | {key[1]} | {requests} | {totals[0]} | {totals[1]} | {ratio} | "
-            f"{pair('ttft_p50', key)} | {pair('ttft_p95', key)} | "
+            f"| {key[0]} | {key[1]} | {requests} | {totals[0]} | {totals[1]} | {ratio} | {peer_total} | "
+            f"{peer_ratio} | {pair('ttft_p50', key)} | {pair('ttft_p95', key)} | "
             f"{pair('inter_token_p95_while_joining', key)} | "
             f"{'' if accept is None else f'{accept:.2f}'} | "
-            f"{'' if per_round is None else f'{per_round:.2f}'} |"
+            f"{'' if per_round is None else f'{per_round:.2f}'} | "
+            f"{'' if error is None else f'{error:.1%}'} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -279,6 +360,10 @@ def write(out: Path, levels: dict[str, list[dict]], args: argparse.Namespace, ar
         "dtype": args.dtype,
         "device": args.device,
         "weights": args.weights,
+        "backend": args.backend,
+        "drafter": args.drafter,
+        "peer": args.peer,
+        "threads": args.threads,
         "gamma": args.gamma,
         "adaptive_gamma": not args.fixed_gamma,
         "prefill_chunk": args.prefill_chunk,
@@ -315,28 +400,61 @@ def main(argv: list[str] | None = None) -> int:
         "--max-tokens", type=int, nargs="+", default=[32, 128], help="completion tokens per request"
     )
     parser.add_argument(
-        "--modes", nargs="+", default=["speculative", "plain"], choices=["speculative", "plain"]
+        "--modes",
+        nargs="+",
+        default=["speculative", "plain"],
+        choices=["speculative", "plain", "llamacpp-server"],
+        help="llamacpp-server: llama-cpp-python's own OpenAI server (also added by --peer llamacpp)",
+    )
+    parser.add_argument("--peer", choices=["llamacpp"], help="also drive llama-cpp-python's OpenAI server")
+    parser.add_argument("--threads", type=int, default=2, help="the peer server's threads (default 2)")
+    parser.add_argument(
+        "--backend", default=DEFAULTS.backend, help=f"the server's backend (default {DEFAULTS.backend})"
+    )
+    parser.add_argument(
+        "--drafter", default=DEFAULTS.drafter, help=f"the server's drafter (default {DEFAULTS.drafter})"
     )
     parser.add_argument("--out", default="load-out", help="output folder (default load-out)")
     args = parser.parse_args(argv)
-    base = args.url or start_server(args)
-    levels: dict[str, list[dict]] = {}
-    started = time.perf_counter()
+    if args.peer == "llamacpp" and "llamacpp-server" not in args.modes:
+        args.modes.append("llamacpp-server")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    base = args.url or start_server(args)
+    peer_base, peer_process = start_llamacpp_server(args) if "llamacpp-server" in args.modes else (None, None)
+    levels: dict[str, list[dict]] = {}
+    started = time.perf_counter()
     # both modes at each level, back to back: a run cut short still compares them
     for max_tokens in args.max_tokens:
         for concurrency in args.concurrency:
             for mode in args.modes:
                 gamma = 0 if mode == "plain" else None
                 requests = max(concurrency, args.min_requests)
-                level = asyncio.run(run_level(base, concurrency, requests, gamma, max_tokens))
+                peer = mode == "llamacpp-server"
+                target = peer_base if peer else base
+                errors_before = _round_times(base) if not peer else None
+                level = asyncio.run(run_level(target, concurrency, requests, gamma, max_tokens, peer))
+                if mode == "speculative" and errors_before is not None:
+                    level["round_time_error"] = _round_times(base)
                 level["max_tokens"] = max_tokens
                 levels.setdefault(mode, []).append(level)
                 report(mode, level)
                 write(out, levels, args, argv, time.perf_counter() - started)  # after every level
     print(table(levels))
+    if peer_process is not None:
+        peer_process.terminate()
+        peer_process.wait(30)
     return 0
+
+
+def _round_times(base: str) -> float | None:
+    """The server's median |predicted / measured - 1| of round times so far (its /health), if it says."""
+    import httpx
+
+    try:
+        return httpx.get(base + "/health", timeout=10).json().get("round_time_error")
+    except (httpx.HTTPError, ValueError):
+        return None
 
 
 def report(mode: str, level: dict) -> None:

@@ -110,6 +110,11 @@ class ServerMetrics:
             "Accepted / proposed draft tokens since start (NaN before any)",
             registry=r,
         ).set_function(lambda: scheduler.metrics.acceptance_rate)
+        Gauge(
+            "exactspec_round_time_error",
+            "Median |predicted / measured - 1| of the planner's round times (NaN before any)",
+            registry=r,
+        ).set_function(lambda: scheduler.metrics.round_time_error)
         self.tokens_per_round = Histogram(
             "exactspec_tokens_per_round",
             "Tokens a row emitted in one round",
@@ -308,7 +313,17 @@ def create_app(service: Service) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "running": service.scheduler.running, "waiting": service.scheduler.waiting}
+        metrics = service.scheduler.metrics
+        error = metrics.round_time_error
+        return {
+            "status": "ok",
+            "running": service.scheduler.running,
+            "waiting": service.scheduler.waiting,
+            "backend": service.pair.backend,
+            # How well the planner predicts the time of a round here (median |predicted / measured - 1|).
+            "predicted_rounds": len(metrics.round_times),
+            "round_time_error": None if error != error else error,
+        }
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
