@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import logging
 import os
 import threading
 from collections.abc import Iterable, Sequence
@@ -109,7 +110,11 @@ def _llama_cpp() -> Any:
         ) from error
     with _backend_lock:
         if not _backend_ready:
-            _logger.set_verbose(False)  # llama.cpp logs every load at INFO to stderr otherwise
+            # llama.cpp logs every load at INFO to stderr otherwise, and the built-in pair's vocabulary
+            # draws a harmless ERROR line ("control-looking token ... not control-type") at each load;
+            # what fails is reported by the exceptions raised here instead.
+            _logger.set_verbose(False)
+            _logger.logger.setLevel(logging.CRITICAL)
             llama_cpp.llama_backend_init()
             _backend_ready = True
     return llama_cpp
