@@ -28,7 +28,6 @@ from exactspec.cli.common import (
     command_provenance,
     output_folder,
     positive_int,
-    require_hf_backend,
     strategy,
 )
 from exactspec.decoding.engine import MAX_GAMMA
@@ -146,7 +145,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    require_hf_backend(args, "bench")
     import torch
 
     from exactspec.api.decoder import SpeculativeDecoder
