@@ -8,8 +8,9 @@ Two methods, both llama-cpp-python's high-level `Llama.generate`:
 * plain decoding (`load(path)`): one token per `Llama.eval`, sampled by llama.cpp's sampler chain;
 * prompt lookup decoding (`load(path, lookup_tokens=N)`): `Llama(..., draft_model=
   LlamaPromptLookupDecoding(num_pred_tokens=N))`, as llama-cpp-python's README shows it. Each round
-  the draft model proposes up to N tokens that continue the latest earlier occurrence of the last
-  one or two tokens (max_ngram_size 2; none when nothing matches), one `Llama.eval` scores the pending
+  the draft model proposes up to N tokens that continue the first earlier occurrence of the last
+  two tokens, else of the last one (max_ngram_size 2; fewer where the history ends sooner, none when
+  nothing matches), one `Llama.eval` scores the pending
   token and the proposal together (the Llama keeps logits of every position), and the sampler chain
   then samples position by position: a proposed token is kept when the token sampled at its position
   equals it, and the first sampled token that differs is emitted in its place and ends the round (the
@@ -131,7 +132,8 @@ def generate(
     greedy), top-k (0 = off), top-p, min-p, repetition penalty. Logit bias is not passed (the bench
     does not use it). `seed` is taken modulo 2**32 - 1 (llama.cpp's 2**32 - 1 means a random seed).
     """
-    recorder = llm.draft_model if isinstance(llm.draft_model, LookupRecorder) else None
+    draft_model = getattr(llm, "draft_model", None)
+    recorder = draft_model if isinstance(draft_model, LookupRecorder) else None
     if recorder is not None:
         recorder.proposals.clear()
     llm.reset()
