@@ -111,6 +111,13 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     parser.add_argument("--out", default=OUT_DIR, help=f"report folder (default {OUT_DIR}/)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="CPU threads: torch's, and those of a backend that takes them, such as llamacpp (default: each "
+        "one's own; --tiny: 1)",
+    )
     add_model_arguments(parser)
     add_sampling_arguments(parser)
     # None marks a sampling flag as not given, so --tiny can tell "--temperature 1" from nothing.
@@ -196,6 +203,8 @@ def run(args: argparse.Namespace) -> int:
         cells = grid_cells(kinds, grid_settings, gammas, batch_sizes)
         stem = "tiny"
     else:
+        if args.threads:
+            torch.set_num_threads(args.threads)
         pair, decode, prompt = _load_pair(args, chosen, progress)
         length = args.length or PAIR_LENGTH
         samples = args.samples or PAIR_SAMPLES
@@ -303,6 +312,7 @@ def _load_pair(args: argparse.Namespace, backend: str, progress: bool) -> tuple[
         progress=progress,
         weights=args.weights,
         backend=backend,
+        threads=args.threads,
     )
     prompt = SpeculativeDecoder.from_pair(pair).encode([args.prompt], chat=args.chat)[0]
     tokenizer = pair.tokenizer
