@@ -314,6 +314,7 @@ def _load_pair(args: argparse.Namespace, backend: str, progress: bool) -> tuple[
         backend=backend,
         threads=args.threads,
     )
+    print(f"exactspec audit: {pair.describe_backend()}", file=sys.stderr, flush=True)
     prompt = SpeculativeDecoder.from_pair(pair).encode([args.prompt], chat=args.chat)[0]
     tokenizer = pair.tokenizer
 

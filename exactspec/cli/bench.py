@@ -252,6 +252,7 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads,
     )
     load_seconds = time.perf_counter() - started
+    say(pair.describe_backend())  # "auto" resolved to what runs, and why
     hf_parts = "forward-pass hooks"
     if config.hf_assisted or config.hf_plain:
         hf_parts = "the transformers peers (HF assisted, HF plain) and forward-pass hooks"

@@ -124,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads,
     )
     weights = pair.weights
+    say(pair.describe_backend())  # "auto" resolved to what runs, and why
     if pair.target_model is None:  # no torch module: llama.cpp computes in float32 (from the GGUF's weights)
         dtype = "float32"
     else:
@@ -141,12 +142,18 @@ def run(args: argparse.Namespace) -> int:
     if args.padded:
         timings.update(_time_steps(pair.target, encoded[0], args.gamma, args.blocks))
     reference = None
+    pair_backend = pair.backend
     if dtype != "float32" and not args.no_float32:
         del pair, decoder
         gc.collect()  # free the first copy of the weights before loading the float32 one
         say(f"loading {args.target} (float32, weights {weights})")
         pair32 = ModelPair.from_pretrained(
-            args.target, None, dtype="float32", cache_dir=args.cache_dir, weights=weights, backend=chosen
+            args.target,
+            None,
+            dtype="float32",
+            cache_dir=args.cache_dir,
+            weights=weights,
+            backend=pair_backend,
         )
         clock = time.perf_counter()
         reference = [
@@ -157,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     result = numerics.NumericsResult(
         provenance=provenance,
         target=args.target,
-        backend=chosen,
+        backend=pair_backend,
         dtype=dtype,
         weights=weights,
         gamma=args.gamma,
