@@ -218,6 +218,50 @@ def tiny_model_folders(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, s
     return str(save_tiny_model(root / "target", 0)), str(save_tiny_model(root / "draft", 1))
 
 
+TINY_GGUF_CONTEXT = 2048
+"""Cells of the tiny GGUF pairs' contexts in CLI tests: the bench prompts in the tiny tokenizer fit."""
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(target, draft): tiny float32 GGUF files, as many ids as the tiny tokenizer has (`tiny_gguf`)."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the `llamacpp` extra)")
+    from exactspec.checking.tiny_gguf import tiny_gguf_pair
+    from exactspec.checking.tiny_hf import TinyHFSpec
+
+    vocab = len(TOKENIZER_VOCAB)
+    spec = TinyHFSpec(family="llama", vocab_size=vocab, eos_token_id=TOKENIZER_EOS_ID, hidden_size=32, seed=2)
+    target, draft, _, _ = tiny_gguf_pair(spec, tmp_path_factory.mktemp("tiny-gguf"))
+    return target, draft
+
+
+@pytest.fixture
+def tiny_llamacpp_backend(monkeypatch: pytest.MonkeyPatch, tiny_gguf_files: tuple[Path, Path]) -> Any:
+    """The "llamacpp" backend, loading any --target / --draft as the tiny GGUF files with the tiny tokenizer
+    (the GGUF files' made-up vocabulary has no tokenizer of its own): the CLI's `--backend llamacpp`
+    paths, from the flag to llama.cpp's passes, on models that load in milliseconds."""
+    from dataclasses import replace
+
+    from exactspec.models.backends import registry
+    from exactspec.models.llamacpp import LlamaCppModel
+    from exactspec.models.pair import ModelPair
+
+    target_path, draft_path = tiny_gguf_files
+
+    def load(spec: Any) -> ModelPair:
+        options = {"threads": spec.threads or 1, "context": TINY_GGUF_CONTEXT}
+        options["eos_token_ids"] = {TOKENIZER_EOS_ID}
+        target = LlamaCppModel(target_path, **options)
+        draft = None if spec.draft is None else LlamaCppModel(draft_path, **options)
+        pair = ModelPair(None, target, None, draft, tiny_tokenizer(), weights="gguf", backend="llamacpp")
+        pair.source = {"backend": "llamacpp", "target": str(spec.target), "draft": str(spec.draft)}
+        return pair
+
+    real = registry.backend("llamacpp")
+    monkeypatch.setitem(registry._BACKENDS, "llamacpp", replace(real, load=load))
+    return real
+
+
 @pytest.fixture(scope="session")
 def ray_address() -> Any:
     """One local Ray instance for the test session (2 CPUs, no dashboard): its address, for drivers in

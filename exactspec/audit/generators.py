@@ -5,6 +5,10 @@
 * `HFAssistedGenerator`: the peer, `transformers` assisted generation
   (`generate(assistant_model=..., do_sample=True)`), batch size 1.
 * `HFSampleGenerator`: plain `transformers` sampling, the peer's own control.
+* `LlamaCppGenerator`: llama-cpp-python's own `Llama.generate` over the target's GGUF file, with
+  `LlamaPromptLookupDecoding` (the llama.cpp peer, `llamacpp-lookup`) or plain (its control,
+  `llamacpp-plain`), batch size 1; beside a llama.cpp target only, whose reference scores the same
+  GGUF file.
 * `broken-argmax`: exactspec's engine with `exactspec.audit.broken.BrokenArgmaxDrafter`, a
   deliberately wrong drafter (argmax token, softmax q) that the audit must catch.
 
@@ -29,6 +33,7 @@ from exactspec.foundations.sampler import SeededSampler
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.pair import ModelPair
 from exactspec.peers import hf as hf_peer
+from exactspec.peers import llamacpp as llamacpp_peer
 
 Progress = Callable[[int], None]
 """Called with the number of samples just finished (drives a progress bar)."""
@@ -266,16 +271,111 @@ class HFSampleGenerator:
         return {"implementation": "transformers sampling", "gamma": 0, "batch_size": self.batch_size}
 
 
+# --- llama.cpp ----------------------------------------------------------------------------------
+
+
+class LlamaCppGenerator:
+    """llama-cpp-python's `Llama.generate`, one sample per call (batch size 1), plain or with prompt lookup.
+
+    Sample i sets the Llama's seed to `sample_seed(seed, i)` (llama.cpp's sampler chain draws from
+    its own generator, seeded per call). `llm`: a `llama_cpp.Llama` from `exactspec.peers.llamacpp.load`
+    (with `lookup_tokens` = gamma for the lookup peer).
+    """
+
+    def __init__(self, llm: Any, gamma: int, eos_token_ids: Collection[int], name: str) -> None:
+        self.llm = llm
+        self.gamma = gamma
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.name = name
+        self.proposed = self.kept = self.rounds = 0
+
+    def sample(
+        self,
+        prompt: Sequence[int],
+        length: int,
+        settings: SamplingSettings,
+        count: int,
+        seed: int,
+        max_new_tokens: int | None = None,
+        progress: Progress | None = None,
+    ) -> list[tuple[int, ...]]:
+        budget = max(length, max_new_tokens or length)
+        samples = []
+        for index in range(count):
+            out = llamacpp_peer.generate(
+                self.llm,
+                prompt,
+                settings,
+                budget,
+                seed=sample_seed(seed, index),
+                eos_token_ids=self.eos_token_ids,
+            )
+            samples.append(first_tokens(out["tokens"], length, self.eos_token_ids))
+            for proposed, kept in out["rounds"] or ():
+                self.proposed += proposed
+                self.kept += kept
+                self.rounds += 1
+            if progress is not None:
+                progress(1)
+        return samples
+
+    def details(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"implementation": "llama-cpp-python Llama.generate", "gamma": self.gamma}
+        out["batch_size"] = 1
+        if self.gamma:
+            out["draft_model"] = (
+                f"LlamaPromptLookupDecoding(max_ngram_size={llamacpp_peer.LOOKUP_NGRAM}, "
+                f"num_pred_tokens={self.gamma})"
+            )
+            out["acceptance_rate"] = self.kept / self.proposed if self.proposed else float("nan")
+            out["proposed_per_round"] = self.proposed / self.rounds if self.rounds else float("nan")
+        return out
+
+
 # --- building generators by name ----------------------------------------------------------------
 
-GENERATOR_KINDS = ("exactspec", "hf-assisted", "plain", "hf-sample", "broken-argmax")
-"""What `--generator` accepts (besides "all"): exactspec's engine, the peer, the two plain-sampling
-controls, and the deliberately broken drafter."""
+GENERATOR_KINDS = (
+    "exactspec",
+    "hf-assisted",
+    "llamacpp-lookup",
+    "plain",
+    "hf-sample",
+    "llamacpp-plain",
+    "broken-argmax",
+)
+"""What `--generator` accepts (besides "all"): exactspec's engine, the peers (transformers' assisted
+generation, llama-cpp-python's prompt lookup), the plain-sampling controls (ours, and each peer's own),
+and the deliberately broken drafter."""
 
-ALL_KINDS = ("exactspec", "hf-assisted", "plain", "hf-sample")
-"""What `--generator all` runs (everything but the deliberately broken drafter)."""
+ALL_KINDS = ("exactspec", "hf-assisted", "llamacpp-lookup", "plain", "hf-sample", "llamacpp-plain")
+"""What `--generator all` runs (everything but the deliberately broken drafter) where it can run."""
 
-SPECULATIVE_KINDS = frozenset({"exactspec", "hf-assisted", "broken-argmax"})
+SPECULATIVE_KINDS = frozenset({"exactspec", "hf-assisted", "llamacpp-lookup", "broken-argmax"})
+ONE_ROW_KINDS = frozenset({"hf-assisted", "llamacpp-lookup", "llamacpp-plain"})
+"""Peers that sample one sequence per call (batch size 1 only)."""
+TRANSFORMERS_KINDS = frozenset({"hf-assisted", "hf-sample"})
+LLAMACPP_KINDS = frozenset({"llamacpp-lookup", "llamacpp-plain"})
+
+
+def unavailable(kind: str, pair: ModelPair) -> str | None:
+    """Why generator `kind` cannot run on `pair` (None when it can).
+
+    The transformers peers run the pair's stock transformers modules; llama-cpp-python's run the
+    target's GGUF file, beside a llama.cpp target only (the audit's reference then scores that same
+    file: against a transformers reference the two would differ by more than chance).
+    """
+    if kind in TRANSFORMERS_KINDS and pair.target_model is None:
+        return f"the {pair.backend} backend loads no transformers modules"
+    if kind in LLAMACPP_KINDS:
+        from exactspec.models.llamacpp import LlamaCppModel
+
+        if not llamacpp_peer.available():
+            return f"llama-cpp-python is not installed ({llamacpp_peer.INSTALL_HINT})"
+        if not isinstance(pair.target, LlamaCppModel):
+            return (
+                "it samples the target's GGUF file through llama-cpp-python: audit it with --backend llamacpp"
+            )
+    return None
 
 
 def make_generator(
@@ -284,6 +384,9 @@ def make_generator(
     """The generator `kind` (one of GENERATOR_KINDS) on `pair`; exactspec's runs `strategy` (default: the
     draft model with token verification), built by the builder every entry point uses."""
     strategy = strategy or Strategy()
+    why_not = unavailable(kind, pair) if kind in GENERATOR_KINDS else None
+    if why_not is not None:
+        raise ValueError(f"generator {kind} cannot run on this pair: {why_not}")
     if kind == "exactspec":
         engine = build_engine(pair.target, pair.draft, strategy, gamma, costs=pair.cost_model)
         name = f"exactspec {strategy.name} gamma={gamma} batch={batch_size}"
@@ -301,4 +404,10 @@ def make_generator(
         return HFAssistedGenerator(pair.target_model, pair.draft_model, gamma, pair.eos_token_ids)
     if kind == "hf-sample":
         return HFSampleGenerator(pair.target_model, pair.eos_token_ids, batch_size)
+    if kind in LLAMACPP_KINDS:
+        lookup = kind == "llamacpp-lookup"
+        path, threads = pair.target.path, pair.target.threads  # type: ignore[attr-defined]
+        llm = llamacpp_peer.load(path, threads=threads, lookup_tokens=gamma if lookup else None)
+        name = f"llamacpp-lookup gamma={gamma}" if lookup else "llamacpp-plain"
+        return LlamaCppGenerator(llm, gamma if lookup else 0, pair.eos_token_ids, name)
     raise ValueError(f"unknown generator {kind!r}; choose from {', '.join(GENERATOR_KINDS)}")

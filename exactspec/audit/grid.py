@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from exactspec.audit.generators import SPECULATIVE_KINDS, make_generator
+from exactspec.audit.generators import ONE_ROW_KINDS, SPECULATIVE_KINDS, make_generator
 from exactspec.audit.runner import AuditCase, AuditResult, Reference, build_reference, run_audit
 from exactspec.foundations.settings import SamplingSettings
+from exactspec.models.base import LanguageModel
 from exactspec.models.pair import ModelPair
 
 TINY_SETTINGS: dict[str, SamplingSettings] = {
@@ -59,15 +60,16 @@ def grid_cells(
 ) -> list[GridCell]:
     """Every (settings, kind, gamma, batch size) combination that makes sense.
 
-    Controls (plain, hf-sample) have no gamma and run at `control_batch_size`;
-    hf-assisted supports batch size 1 only.
+    Controls (plain, hf-sample, llamacpp-plain) have no gamma and run at `control_batch_size`; the
+    peers that sample one sequence per call (`ONE_ROW_KINDS`) at batch size 1.
     """
     cells = []
     for setting in settings:
         for kind in kinds:
+            rows = 1 if kind in ONE_ROW_KINDS else control_batch_size
             if kind not in SPECULATIVE_KINDS:
-                cells.append(GridCell(kind, setting, 0, control_batch_size))
-            elif kind == "hf-assisted":
+                cells.append(GridCell(kind, setting, 0, rows))
+            elif kind in ONE_ROW_KINDS:
                 cells.extend(GridCell(kind, setting, gamma, 1) for gamma in gammas)
             else:
                 cells.extend(GridCell(kind, setting, g, b) for g in gammas for b in batch_sizes)
@@ -84,18 +86,24 @@ def run_cells(
     max_new_tokens: int | None = None,
     progress: bool = True,
     on_result: Callable[[AuditResult], None] | None = None,
+    reference: LanguageModel | None = None,
 ) -> list[AuditResult]:
-    """Audit every cell; the exact reference of each setting is computed once and shared."""
+    """Audit every cell; the exact reference of each setting is computed once and shared.
+
+    `reference`: the model the exact probabilities come from (default `pair.reference`, a second model
+    of the pair's backend over the target's weights with a cache of its own).
+    """
     references: dict[SamplingSettings, Reference] = {}
     results = []
+    target = reference or pair.reference
     for cell in tqdm(cells, desc="audit", unit="cell", disable=not progress or len(cells) < 2):
         case = AuditCase(
             tuple(prompt), length, cell.settings, samples, seed, cell.budget(length, max_new_tokens)
         )
         if cell.settings not in references:
-            references[cell.settings] = build_reference(pair.reference, case)
+            references[cell.settings] = build_reference(target, case)
         generator = make_generator(cell.kind, pair, cell.gamma, cell.batch_size)
-        result = run_audit(pair.reference, generator, case, references[cell.settings], progress=progress)
+        result = run_audit(target, generator, case, references[cell.settings], progress=progress)
         results.append(result)
         if on_result is not None:
             on_result(result)

@@ -36,7 +36,7 @@ from exactspec.checking.statistical import (
 )
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.foundations.transforms import probabilities
-from exactspec.models.base import LanguageModel
+from exactspec.models.base import LanguageModel, ModelWrapper
 
 DEFAULT_SIGNIFICANCE = 1e-3
 """Fail when the G-test p-value is below this (or when any impossible sequence is sampled)."""
@@ -138,10 +138,47 @@ class AuditResult:
         return SequenceRow(row.label, probability, row.observed, row.expected)
 
 
+class RowChunks(ModelWrapper):
+    """`model` called with at most `limit` histories at a time: a longer call (row ids 0..B-1, as the
+    audit calls its reference) is scored in consecutive chunks over rows 0..limit-1, each row rolled
+    back to what its next history shares with its last one (the prompt, at least).
+
+    For a backend whose model holds a bounded number of rows (llama.cpp: `LlamaCppModel.max_rows`),
+    while the tree search and the probabilities of observed sequences ask for hundreds at once.
+    """
+
+    def __init__(self, model: LanguageModel, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        super().__init__(model)
+        self.limit = limit
+
+    def logits(
+        self,
+        histories: Sequence[Sequence[int]],
+        num_positions: int = 1,
+        rows: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        if rows is not None or len(histories) <= self.limit:
+            return self.model.logits(histories, num_positions, rows)
+        chunks = [
+            self.model.logits(histories[start : start + self.limit], num_positions)
+            for start in range(0, len(histories), self.limit)
+        ]  # each [<= limit, k, V]
+        return torch.cat(chunks)  # [B, k, V]
+
+
+def within_rows(model: LanguageModel) -> LanguageModel:
+    """`model`, or `RowChunks` over it when it says how many rows it holds (a `max_rows` attribute)."""
+    limit = getattr(model, "max_rows", None)
+    return model if limit is None else RowChunks(model, int(limit))
+
+
 def build_reference(
     target: LanguageModel, case: AuditCase, min_expected: float = MIN_EXPECTED_COUNT
 ) -> Reference:
     """The buckets of `case`: every sequence whose expected count N * p is at least `min_expected`."""
+    target = within_rows(target)
     started = time.perf_counter()
     threshold = min_expected / case.samples
     with torch.inference_mode():
@@ -206,13 +243,14 @@ def run_audit(
 
     Args:
         target: the target as a `LanguageModel`, for the exact probabilities (its
-            EOS ids define where sequences end).
+            EOS ids define where sequences end); called in chunks of its `max_rows` when it has one.
         generator: the generator under test.
         case: prompt, n, settings, N, seed.
         reference: the buckets, when already computed for this case (they do
             not depend on the generator).
         progress: show a tqdm bar while sampling.
     """
+    target = within_rows(target)
     if reference is None:
         reference = build_reference(target, case)
     started = time.perf_counter()
@@ -252,9 +290,11 @@ __all__ = [
     "AuditCase",
     "AuditResult",
     "Reference",
+    "RowChunks",
     "SequenceRow",
     "build_reference",
     "run_audit",
     "sequence_probabilities",
     "well_formed",
+    "within_rows",
 ]

@@ -1,4 +1,7 @@
-"""Tiny random Hugging Face model pairs: real `transformers` models small enough to audit in seconds.
+"""Tiny random model pairs small enough to audit in seconds: one per backend that has them (`TINY_PAIRS`).
+
+"hf": real `transformers` models (`tiny_pair`, below); "llamacpp": tiny float32 GGUF files run by
+llama.cpp (`tiny_llamacpp_audit_pair`, the GGUF form of a tiny Llama model: `checking.tiny_gguf`).
 
 A random Qwen2 model with the usual 0.02 initialisation is close to uniform over
 its vocabulary, which makes a weak test: every sampler looks right on a flat
@@ -12,11 +15,14 @@ tiny-model builder, `exactspec.checking.tiny_hf`, in float32.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from transformers import PreTrainedModel
 
 from exactspec.checking.tiny_hf import TinyHFSpec, tiny_hf_pair
+from exactspec.models.base import LanguageModel
+from exactspec.models.pair import ModelPair
 
 
 @dataclass(frozen=True)
@@ -74,3 +80,65 @@ TINY_PROMPT = (5, 7, 11, 3)
 def tiny_pair(spec: TinyPairSpec = TinyPairSpec()) -> tuple[PreTrainedModel, PreTrainedModel]:
     """(target, draft): float32 Qwen2 models in eval mode, same vocabulary, different weights."""
     return tiny_hf_pair(spec.builder_spec())
+
+
+TINY_GGUF_SPEC = TinyHFSpec(
+    family="llama",
+    vocab_size=16,
+    hidden_size=32,
+    layers=2,
+    init_std=0.2,
+    logit_scale=1.5,
+    draft_noise=0.05,
+    seed=5,
+)
+"""The llama.cpp tiny pair: after `TINY_PROMPT` the target's next token has about 2 nats of entropy and the
+draft's acceptance min(p, q) summed is 0.75, so rounds keep several draft tokens and reject others."""
+
+
+@dataclass(frozen=True)
+class TinyAuditPair:
+    """A tiny pair to audit, with what the report says it is; `reference`: the model of the exact
+    probabilities when it is not `pair.reference`."""
+
+    pair: ModelPair
+    title: str
+    models: str
+    reference: LanguageModel | None = None
+
+
+def tiny_hf_audit_pair() -> TinyAuditPair:
+    """`tiny_pair` (random Qwen2 models) as a transformers pair."""
+    spec = TinyPairSpec()
+    target_model, draft_model = tiny_pair(spec)
+    pair = ModelPair.from_models(target_model, draft_model, eos_token_ids={spec.eos_token_id})
+    return TinyAuditPair(pair, "tiny random Qwen2 models", f"{spec}")
+
+
+def tiny_llamacpp_audit_pair() -> TinyAuditPair:
+    """`TINY_GGUF_SPEC` as float32 GGUF files run by llama.cpp (one thread, its own KV type and attention),
+    written once under the temporary folder the verify grid uses.
+
+    The reference is a second llama.cpp context over the target's file with the pair's settings (one
+    thread: on tiny models llama.cpp's threads wait on each other far longer than they compute).
+    """
+    from exactspec.checking.grid import tiny_gguf_folder
+    from exactspec.checking.tiny_gguf import TINY_LLAMACPP_OPTIONS, tiny_llamacpp_pair
+    from exactspec.models.llamacpp import LlamaCppModel
+
+    pair, target, draft = tiny_llamacpp_pair(TINY_GGUF_SPEC, tiny_gguf_folder())
+    options = {**TINY_LLAMACPP_OPTIONS, "eos_token_ids": pair.eos_token_ids}
+    return TinyAuditPair(
+        pair,
+        "tiny random Llama models (GGUF, llama.cpp)",
+        f"{TINY_GGUF_SPEC}: {target.name}, {draft.name}",
+        reference=LlamaCppModel(target, **options),
+    )
+
+
+TINY_PAIRS: dict[str, Callable[[], TinyAuditPair]] = {
+    "auto": tiny_hf_audit_pair,  # nothing to measure on tiny models: transformers', as before "auto"
+    "hf": tiny_hf_audit_pair,
+    "llamacpp": tiny_llamacpp_audit_pair,
+}
+"""`audit --tiny`'s pair for each backend (by registered name) that has tiny models."""

@@ -1,5 +1,12 @@
 """The cost ratios of the speedup model, measured directly: c (draft step / target step) and v(k)
-(target k-token forward / one-token forward), on a warm KV cache through the same adapters the engine uses."""
+(target k-token forward / one-token forward), on a warm KV cache through the same adapters the engine uses,
+and of llama-cpp-python's own passes where the bench runs it (`exactspec.peers.llamacpp.time_eval`).
+
+Read two ways (`cost_ratios`): by medians over the repeats (the per-gamma prediction columns of the
+report, as before), and by the fastest repeat, `measure_cost_model`'s rule (`models.costs.fastest_costs`:
+other work on the machine only ever adds time), for the report's "costs measured in this run" and the
+predictions from each run's own rounds.
+"""
 
 from __future__ import annotations
 
@@ -16,17 +23,28 @@ from exactspec.foundations.records import JsonRecord
 from exactspec.foundations.sampler import SeededSampler
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.foundations.transforms import probabilities
+from exactspec.models.costs import fastest_costs
 from exactspec.models.pair import ModelPair
+
+COST_KS = 9
+"""v(k) is measured for k = 1..9 at least (more when a method drafts more), so one run's costs explain a
+draft of up to 8 tokens whatever the methods run."""
+
+NAN = float("nan")
 
 
 @dataclass(frozen=True)
 class CostMeasurement(JsonRecord):
-    """Every timed call of `measure_costs`, in seconds (bench.json "costs").
+    """Every timed call of `measure_costs` (or of `peers.llamacpp.time_eval`), in seconds (bench.json
+    "costs", "peer_costs").
 
     target_seconds[k]: each repeat's target k-token call through the adapter; target_forward_seconds[k]:
-    the forward passes inside it (hooks); draft_seconds, draft_forward_seconds: the same for the
-    draft's 1-token steps; transform_and_sample_seconds[row]: the per-token work outside the models
-    at each sampling row. `seconds`: how long the whole measurement took (NaN until the caller sets it).
+    the forward passes inside it (hooks on transformers modules; empty on a backend without them);
+    draft_seconds, draft_forward_seconds: the same for the draft's 1-token steps (empty: no draft
+    timed); transform_and_sample_seconds[row]: the per-token work outside the models at each sampling
+    row. `seconds`: how long the whole measurement took (NaN until the caller sets it). `name`: whose
+    passes ("exactspec on hf", "llama.cpp peer"; "" in files from before it was kept), `how`: how they
+    were called.
     """
 
     context_tokens: int
@@ -37,11 +55,14 @@ class CostMeasurement(JsonRecord):
     draft_forward_seconds: tuple[float, ...]
     transform_and_sample_seconds: dict[str, tuple[float, ...]]
     seconds: float = math.nan
+    name: str = ""
+    how: str = ""
 
 
 @dataclass(frozen=True)
 class CostRatios(JsonRecord):
-    """c and v(k) from the medians of a `CostMeasurement`: v maps k to v(k) (v(1) = 1)."""
+    """c and v(k) of a `CostMeasurement` (medians, or fastest repeats): v maps k to v(k) (v(1) = 1); NaN
+    where nothing was timed (c without a timed draft, every value without forward hooks)."""
 
     target_step_seconds: float
     draft_step_seconds: float
@@ -64,7 +85,8 @@ def measure_costs(
     are interleaved inside each repeat so that machine noise spreads over all.
     Also timed: the per-token work outside the models (the sampling transforms over the
     whole vocabulary plus one categorical draw), which every decoding step pays, for each named
-    sampling row of `settings` (temperatures are named by themselves: "0", "0.7").
+    sampling row of `settings` (temperatures are named by themselves: "0", "0.7"). Forward passes
+    are timed by hooks on transformers modules only; a backend without them records none.
     """
     if not isinstance(settings, Mapping):
         settings = {f"{t:g}": SamplingSettings(temperature=t) for t in settings}
@@ -73,6 +95,7 @@ def measure_costs(
         raise ValueError(f"the cost context needs more than {max_k} tokens, got {len(history)}")
     pair.target.clear_cache()
     pair.draft.clear_cache()
+    hooked = engine_module(pair.target) is not None
     target_times: dict[int, list[float]] = {k: [] for k in range(1, max_k + 1)}
     target_forward: dict[int, list[float]] = {k: [] for k in range(1, max_k + 1)}
     draft_times: list[float] = []
@@ -117,21 +140,35 @@ def measure_costs(
         context_tokens=len(history),
         repeats=repeats,
         target_seconds={k: tuple(v) for k, v in target_times.items()},
-        target_forward_seconds={k: tuple(v) for k, v in target_forward.items()},
+        target_forward_seconds={k: tuple(v) for k, v in target_forward.items()} if hooked else {},
         draft_seconds=tuple(draft_times),
-        draft_forward_seconds=tuple(draft_forward),
+        draft_forward_seconds=tuple(draft_forward) if hooked else (),
         transform_and_sample_seconds={name: tuple(v) for name, v in step_overhead.items()},
+        name=f"exactspec on {pair.backend}",
+        how="LanguageModel.logits through the engine's adapters",
     )
 
 
-def cost_ratios(costs: CostMeasurement, forward_only: bool = False) -> CostRatios:
-    """c and v(k) from `measure_costs` output (medians): through the adapter, or forward passes only."""
+def cost_ratios(costs: CostMeasurement, forward_only: bool = False, fastest: bool = False) -> CostRatios:
+    """c and v(k) from `measure_costs` output: through the adapter, or forward passes only; medians over the
+    repeats, or (`fastest`) `measure_cost_model`'s rule, the fastest repeat (`models.costs.fastest_costs`)."""
     if forward_only:
         target_times, draft_times = costs.target_forward_seconds, costs.draft_forward_seconds
     else:
         target_times, draft_times = costs.target_seconds, costs.draft_seconds
+    if not target_times:
+        return CostRatios(target_step_seconds=NAN, draft_step_seconds=NAN, c=NAN, v={})
+    if fastest:
+        model = fastest_costs(target_times, draft_times)
+        draft = min(draft_times) if draft_times else NAN
+        return CostRatios(
+            target_step_seconds=min(target_times[1]),
+            draft_step_seconds=draft,
+            c=model.draft_cost if draft_times else NAN,
+            v={k: v for k, v in enumerate(model.verify_costs, start=1)},
+        )
     target = {k: statistics.median(v) for k, v in target_times.items()}
-    draft = statistics.median(draft_times)
+    draft = statistics.median(draft_times) if draft_times else NAN
     one = target[1]
     return CostRatios(
         target_step_seconds=one,

@@ -104,13 +104,16 @@ class NumericsPrompt(JsonRecord):
 class NumericsResult(JsonRecord):
     """A whole `exactspec numerics` run (numerics.json).
 
-    `dtype`, `weights`: the target as measured (e.g. bfloat16, int4); `timings`: seconds of each
+    `backend`: what ran the passes (`models.backends`; "hf" in files from before it was kept).
+    `dtype`, `weights`: the target as measured (e.g. bfloat16, int4; float32, gguf on llama.cpp);
+    `timings`: seconds of each
     part ("bfloat16_seconds", "float32_seconds", and with padded passes the mean seconds of a
     one-token and a padded step); `seconds`: the whole run. `comparisons`: by key of COMPARISONS.
     """
 
     provenance: Provenance
     target: str
+    backend: str = "hf"
     dtype: str
     weights: str
     gamma: int
@@ -283,8 +286,8 @@ def render_markdown(result: NumericsResult) -> str:
     table = markdown_table(result.comparisons, result.label, result.temperatures)
     return "\n".join(
         [
-            f"# Numerics: block pass vs one-token passes ({result.target}, {result.dtype}, "
-            f"{result.weights} weights)",
+            f"# Numerics: block pass vs one-token passes ({result.target}, {result.backend} backend, "
+            f"{result.dtype}, {result.weights} weights)",
             "",
             *result.provenance.markdown(),
             "",

@@ -124,9 +124,10 @@ class PolicyCosts(JsonRecord):
 
 @dataclass(frozen=True)
 class AssistedRounds(JsonRecord):
-    """transformers' assisted generation, per round: how many candidates it drafted and kept."""
+    """A peer's speculative rounds (transformers' assisted generation, llama-cpp-python's prompt lookup):
+    how many candidates each round drafted and kept."""
 
-    generator: str  # "AssistedCandidateGenerator", or the universal one for different vocabularies
+    generator: str  # "AssistedCandidateGenerator" (or the universal one), "LlamaPromptLookupDecoding(...)"
     candidate_lengths: tuple[int, ...]
     accepted_per_round: tuple[int, ...]
     proposed_tokens: int
@@ -137,10 +138,16 @@ class AssistedRounds(JsonRecord):
 class Measurement(SteadyState):
     """What one timed generation measured, on any side (ours, transformers', llama.cpp's).
 
-    `target_forwards`, `draft_forwards`: every forward pass of each model, timed by hooks (none
-    for llama.cpp, whose `model_seconds` is its whole wall time). The optional parts belong to
-    one side: `metrics` and `expected_accepted` to our engine, `gamma_policy_costs` to adaptive
-    gamma, `hf` to transformers' assisted generation.
+    `target_forwards`, `draft_forwards`: every forward pass of each model, timed by hooks on
+    transformers modules (ours on the hf backend, and the transformers peers); on a backend without
+    them, every call of the engine's adapters (positions scored, seconds) instead; none for
+    llama-cpp-python, whose `model_seconds` is its whole wall time. `round_passes`: per round, the
+    draft model steps it took, then the tokens of each target pass it made (the first round holds
+    the prefill): what `theory.speedup_from_rounds` prices with the costs measured in the run; our
+    engine's and llama-cpp-python's rounds (None for the transformers peers and older results). The
+    optional parts belong to one side: `metrics` and `expected_accepted` to our engine,
+    `gamma_policy_costs` to adaptive gamma, `hf` to transformers' assisted generation, `llamacpp` to
+    llama-cpp-python's prompt lookup decoding.
     """
 
     wall_seconds: float
@@ -153,6 +160,8 @@ class Measurement(SteadyState):
     expected_accepted: ExpectedAccepted | None = None
     gamma_policy_costs: PolicyCosts | None = None
     hf: AssistedRounds | None = None
+    llamacpp: AssistedRounds | None = None
+    round_passes: tuple[tuple[int, ...], ...] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -217,12 +226,14 @@ class ModelRecord(JsonRecord):
 
 @dataclass(frozen=True)
 class ModelSpecs(JsonRecord):
-    """How the models were asked for (the command line's specs, the weights chosen, the load time)."""
+    """How the models were asked for (the command line's specs, the weights chosen, the load time) and the
+    backend that ran our engine's passes (None in results from before it was kept: "hf")."""
 
     target_spec: str | None = None
     draft_spec: str | None = None
     weights: str | None = None
     load_seconds: float | None = None
+    backend: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -235,7 +246,8 @@ class Models(ModelSpecs):
 
 @dataclass(frozen=True)
 class Environment(JsonRecord):
-    """What the bench adds to the run's provenance: transformers' version and the machine's load.
+    """What the bench adds to the run's provenance: transformers' and llama-cpp-python's versions (None:
+    not installed, or not recorded) and the machine's load.
 
     Load averages (1, 5, 15 minutes) at the start and the end; None where the OS has none.
     """
@@ -243,6 +255,7 @@ class Environment(JsonRecord):
     transformers: str
     load_average_start: tuple[float, ...] | None = None
     load_average_end: tuple[float, ...] | None = None
+    llama_cpp: str | None = None
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from exactspec.bench.records import PromptRecord
 from exactspec.bench.runner import (
     HF_ASSISTED,
     HF_PLAIN,
+    LLAMACPP_LOOKUP,
     PLAIN,
     SPECULATIVE,
     BenchConfig,
@@ -83,15 +84,19 @@ def render_markdown(result: BenchResult, summary: Summary | None = None, *, plot
     lines = ["# exactspec bench", ""]
     lines += _header(result, summary)
     lines += _recommendation(summary)
+    lines += _costs_in_run(summary)
     lines += _costs(summary)
     for sampling in sampling_rows(result):
         lines += _results_table(summary, sampling)
+        lines += _predicted_table(summary, sampling)
     for sampling in sampling_rows(result):
         lines += _per_prompt_tables(result, summary, sampling)
     lines += _block_table(summary)
     lines += _adaptive_table(summary)
     if result.config.hf_assisted:
         lines += _hf_section(result, summary)
+    if result.config.llamacpp_lookup:
+        lines += _lookup_section(summary)
     lines += _greedy_check(summary)
     if result.errors:
         lines += ["## Errors", ""] + [f"- {e}" for e in result.errors] + [""]
@@ -119,7 +124,8 @@ def _provenance(result: BenchResult) -> list[str]:
         if start and end
         else ""
     )
-    extra = f"; transformers {env.transformers}{load}"
+    llama = f", llama-cpp-python {env.llama_cpp}" if env.llama_cpp else ""
+    extra = f"; transformers {env.transformers}{llama}{load}"
     if result.provenance is None:
         return [f"- provenance: not recorded (bench.json schema {result.schema}){extra}"]
     return [line + extra if line.startswith("- machine:") else line for line in result.provenance.markdown()]
@@ -133,6 +139,8 @@ def _header(result: BenchResult, summary: Summary) -> list[str]:
         spec = models.target_spec if role == "target" else models.draft_spec
         name = f"`{spec}` " if spec else ""
         packed = f" ({m.weights} packed linear weights)" if m.weights != "dense" else ""
+        if m.weights.startswith("gguf"):
+            packed = f" ({m.weights} weights, llama.cpp)"
         return (
             f"- {role}: {name}{m.class_name}, {_count(m.parameters)} parameters, {m.dtype}{packed}, "
             f"{m.layers} layers, vocabulary {m.vocab_size}"
@@ -144,8 +152,10 @@ def _header(result: BenchResult, summary: Summary) -> list[str]:
     mix = ", ".join(f"{n} {c}" for c, n in sorted(categories.items()))
     estimate = summary.estimated_full_run_seconds
     methods = ", ".join(label(m, g) for m, g in configured_methods(result) if is_engine_method(m))
+    backend = models.backend or "hf"
     lines = [
         *_provenance(result),
+        f"- backend of our engine: `{backend}` (every method of ours ran its passes there)",
         model_line("target"),
         model_line("draft"),
         f"- prompts: {len(prompts)} ({mix}): {', '.join(p.name for p in prompts)}",
@@ -238,6 +248,8 @@ def _costs(summary: Summary) -> list[str]:
         "|---|---:|---:|---:|" + "---:|" * len(ks),
     ]
     for name, source in (("through the adapter", costs), ("forward pass only", forward)):
+        if not source.v:  # no forward hooks on this backend: its adapter calls are the passes
+            continue
         lines.append(
             f"| {name} | {_ms(source.target_step_seconds)} | {_ms(source.draft_step_seconds)} | "
             f"{_f(source.c, 3)} | " + " | ".join(_f(source.v.get(k), 2) for k in ks) + " |"
@@ -262,6 +274,76 @@ def _costs(summary: Summary) -> list[str]:
             f"48-token cache): c = {_f(policy.c, 3)}, v(1..{len(policy.v)}) = {v}.",
             "",
         ]
+    return lines
+
+
+def _costs_in_run(summary: Summary) -> list[str]:
+    """The one-token step, c and v(k) of each backend timed in this run: what the predictions price."""
+    if not summary.costs_in_run:
+        return []
+    ks = sorted({k for item in summary.costs_in_run for k in item.costs.v})
+    lines = [
+        "## Costs measured in this run",
+        "",
+        "| passes of | how | one-token step | draft step | c | " + " | ".join(f"v({k})" for k in ks) + " |",
+        "|---|---|---:|---:|---:|" + "---:|" * len(ks),
+    ]
+    for item in summary.costs_in_run:
+        costs = item.costs
+        lines.append(
+            f"| {item.name} | {item.how} | {_ms(costs.target_step_seconds)} | "
+            f"{_ms(costs.draft_step_seconds)} | {_f(costs.c, 3)} | "
+            + " | ".join(_f(costs.v.get(k), 2) for k in ks)
+            + " |"
+        )
+    first = summary.costs_in_run[0]
+    lines += [
+        "",
+        f"Fastest of {first.repeats} timed passes each (exactspec.models.costs.measure_cost_model's rule: "
+        f"other work only ever adds time), on a warm cache of {first.context_tokens} tokens: k new tokens "
+        "scored in one pass, v(k) = its time over the one-token step's; c = one draft-model step over it "
+        "(llama.cpp peer: the draft's GGUF file in llama-cpp-python, which runs no draft model itself). "
+        "The tables \"predicted from the run's rounds\" price every run's own rounds with these.",
+        "",
+    ]
+    return lines
+
+
+def _predicted_table(summary: Summary, sampling: SamplingRow) -> list[str]:
+    """Per method: its rounds priced with the costs measured in the run, beside its measured speed."""
+    rows = [r for r in summary.rows_at(sampling.name) if r.costs_of or r.over_fastest_plain]
+    if not rows:
+        return []
+    lines = [
+        f"### Predicted from the run's rounds and costs, {_setting_title(sampling)}",
+        "",
+        "| method | costs of | draft steps/round | tokens scored/round | tokens/round | predicted speedup "
+        "| predicted tokens/s | tokens/s | measured / predicted | over fastest plain | predicted over "
+        "fastest plain |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        over = r.over_fastest_plain
+        lines.append(
+            f"| {r.label} | {r.costs_of or '-'} | {_f(r.draft_steps_per_round)} | {_f(r.scored_per_round)} | "
+            f"{_f(r.tokens_per_round)} | {_f(r.predicted_from_rounds)} | "
+            f"{_f(r.predicted_tokens_per_second)} | {_f(r.tokens_per_second.median)} | "
+            f"{_f(r.over_predicted)} | {_spread(over) if over else '-'} | "
+            f"{_f(r.predicted_over_fastest_plain)} |"
+        )
+    lines += [
+        "",
+        "Each run's steady rounds (after the first, which holds the prefill) priced with the costs measured "
+        "in this run for what ran them (the table above): a round costs c per draft-model step plus v(k) per "
+        "target pass of k tokens, in one-token steps; predicted speedup = steady tokens / those steps "
+        "(over that backend's plain decoding, whose rounds cost 1 each); predicted tokens/s = that speedup "
+        "/ the one-token step. measured / predicted below 1 is the time outside the passes (sampling, "
+        "verification, Python, for llama-cpp-python its own loop). over fastest plain: tokens/s over the "
+        "fastest plain decoding of the same prompt in this run (ours, llama.cpp's, HF's), median [min, "
+        "max] over prompts; predicted over fastest plain: the same ratio of the predictions. Medians over "
+        "prompts; draft steps and tokens scored per round pooled.",
+        "",
+    ]
     return lines
 
 
@@ -519,6 +601,47 @@ def _hf_section(result: BenchResult, summary: Summary) -> list[str]:
     return lines + [""]
 
 
+LOOKUP_NOTE = (
+    "llama-cpp-python's prompt lookup decoding, run as its README shows it: `Llama(..., draft_model="
+    "LlamaPromptLookupDecoding(num_pred_tokens=N))` with `Llama.generate`. Each round the draft model "
+    "proposes up to N tokens that follow the first earlier occurrence of the last 2 (else 1) tokens "
+    "(fewer when the history ends sooner), none when nothing matches; one `Llama.eval` scores the pending "
+    "token and the proposal; llama.cpp's "
+    "sampler chain then samples position by position and keeps a proposed token when the token it sampled "
+    "there equals it; the first that differs is emitted in its place and ends the round. With a "
+    "deterministic proposal every emitted token is the sampler's own draw from the target given the "
+    "tokens before it, so this keeps plain sampling's law at every temperature (not only greedy; "
+    "tests/audit/test_audit_llamacpp.py: with the same seed it emits plain decoding's very tokens, and "
+    "`exactspec audit --backend llamacpp --generator llamacpp-lookup` tests it), up to the numerics of "
+    "a k-token pass; a position's acceptance is p(proposed token). Its sampler chain is llama.cpp's "
+    "(penalties over the generated tokens, top-k, top-p, min-p before the temperature), not ours."
+)
+
+
+def _lookup_section(summary: Summary) -> list[str]:
+    """llama-cpp-python's prompt lookup decoding: how it drafts and keeps, its rounds and acceptance."""
+    lines = [
+        "## llama.cpp prompt lookup decoding (LlamaPromptLookupDecoding)",
+        "",
+        LOOKUP_NOTE,
+        "",
+        "| sampling | method | rounds | mean proposal | proposal lengths (length: rounds) | alpha "
+        "| tokens/round | tokens/s | over fastest plain |",
+        "|---:|---|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    for r in summary.rows:
+        if r.method != LLAMACPP_LOOKUP:
+            continue
+        histogram = ", ".join(f"{k}: {n}" for k, n in (r.hf_draft_lengths or {}).items())
+        over = r.over_fastest_plain
+        lines.append(
+            f"| {_name_title(r.setting)} | {r.label} | {'' if r.rounds is None else r.rounds} | "
+            f"{_f(r.hf_mean_draft_length, 1)} | {histogram} | {_f(r.alpha, 3)} | {_f(r.tokens_per_round)} | "
+            f"{_f(r.tokens_per_second.median)} | {_spread(over) if over else '-'} |"
+        )
+    return lines + [""]
+
+
 def _trials_check(result: BenchResult, summary: Summary) -> list[str]:
     trials = result.config.trials
     if trials <= 1:
@@ -551,8 +674,9 @@ def _greedy_check(summary: Summary) -> list[str]:
 
 
 LLAMACPP_NOTE = (
-    "- llama.cpp plain: llama-cpp-python on the target's GGUF file (its own Q4_K / Q6_K kernels), the "
-    "same prompt token ids, every token timestamped as it comes out; it runs after our settings."
+    "- llama.cpp plain (and lookup): llama-cpp-python's `Llama.generate` on the target's GGUF file (its own "
+    "Q4_K / Q6_K kernels), the same prompt token ids, every token timestamped as it comes out; they run "
+    "after our methods. Their rounds are read from their proposals (lookup) or are one token each (plain)."
 )
 
 
@@ -585,7 +709,7 @@ def _method_notes(config: BenchConfig) -> list[str]:
         "- " + FULL_RUN_NOTE,
         "",
     ]
-    if config.llamacpp:
+    if config.llamacpp or config.llamacpp_lookup:
         lines.insert(-1, LLAMACPP_NOTE)
     return lines
 
@@ -669,11 +793,16 @@ def write_plots(result: BenchResult, summary: Summary, out: Path) -> dict[str, P
 
     fig, ax = plt.subplots(figsize=(5.5, 4.2))
     for name, source, style in (
-        ("v(k), adapter", summary.costs, "o-"),
-        ("v(k), forward only", summary.forward_costs, "s--"),
+        ("v(k), adapter (median)", summary.costs, "o-"),
+        ("v(k), forward only (median)", summary.forward_costs, "s--"),
     ):
+        if not source.v:
+            continue
         ks = sorted(source.v)
         ax.plot(ks, [source.v[k] for k in ks], style, label=name)
+    for item in summary.costs_in_run:
+        ks = sorted(item.costs.v)
+        ax.plot(ks, [item.costs.v[k] for k in ks], ":", marker="^", label=f"v(k), {item.name} (fastest)")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("k (tokens in one target forward)")

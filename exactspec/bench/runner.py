@@ -1,10 +1,13 @@
-"""Run the whole benchmark: plain decoding, speculative decoding for each gamma, and transformers' peers.
+"""Run the whole benchmark: plain decoding, speculative decoding for each gamma, and the peers.
 
 A *method* is plain decoding, one of our engine's strategies (`exactspec.decoding.strategy`: the draft
 model with token or block verification, prompt lookup, hybrid, adaptive gamma; named
-"speculative", "speculative-block", "ngram", "hybrid", "adaptive", ...) at a gamma, or a
-transformers peer. A *sampling row* is a named `SamplingSettings`: one per temperature ("0",
-"0.7") plus named rows such as "realistic" (`NAMED_SETTINGS`).
+"speculative", "speculative-block", "ngram", "hybrid", "adaptive", ...) at a gamma, or a peer:
+transformers' assisted generation and plain `generate` (on a pair with transformers modules),
+llama-cpp-python's plain decoding and its prompt lookup decoding (`LlamaPromptLookupDecoding`,
+gamma = num_pred_tokens) over the target's GGUF file. Our engine runs on the pair's backend
+(`ModelPair.backend`: any registered one). A *sampling row* is a named `SamplingSettings`: one per
+temperature ("0", "0.7") plus named rows such as "realistic" (`NAMED_SETTINGS`).
 
 For every prompt and sampling row the runs are interleaved (plain, each method,
 HF assisted generation, HF plain `generate`) so that machine noise hits all of
@@ -12,8 +15,10 @@ them alike; with `BenchConfig.trials` > 1 the whole sequence repeats and each
 method keeps its fastest trial (`_fastest_trial`). Each single run is in
 `exactspec.bench.runs`, timed as described in `exactspec.bench.timing`. The
 speedup model (`exactspec.bench.theory`) describes the steady state, so the
-speedups are computed from it. The cost ratios c and v(k) are measured
-directly before the runs (`exactspec.bench.costs`).
+speedups are computed from it. The cost ratios c and v(k) (k = 1..9 at least) are measured
+directly before the runs (`exactspec.bench.costs`): through our adapters, and of
+llama-cpp-python's own passes where it runs (`peers.llamacpp.time_eval`), so that every
+method's speed can be predicted from its own rounds and the costs of what ran them.
 
 Everything is returned as one `BenchResult` (typed records, `exactspec.bench.records`; written
 as `bench.json`); the summary and the report are computed from it alone (`exactspec.bench.summary`,
@@ -32,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exactspec.bench import theory
-from exactspec.bench.costs import CostMeasurement, measure_costs
+from exactspec.bench.costs import COST_KS, CostMeasurement, measure_costs
 from exactspec.bench.records import (
     Environment,
     HfPolicy,
@@ -51,11 +56,13 @@ from exactspec.foundations.records import JsonRecord, field_values
 from exactspec.foundations.settings import REALISTIC_CHAT_SETTINGS, SamplingSettings
 from exactspec.models.pair import ModelPair
 from exactspec.peers import hf as hf_peer
+from exactspec.peers import llamacpp as llamacpp_peer
 
 PLAIN, SPECULATIVE, HF_ASSISTED, HF_PLAIN = "plain", "speculative", "hf-assisted", "hf-plain"
 SPECULATIVE_BLOCK, ADAPTIVE = "speculative-block", "adaptive"
-LLAMACPP_PLAIN = "llamacpp-plain"
-PEER_METHODS = (HF_ASSISTED, HF_PLAIN, LLAMACPP_PLAIN)
+LLAMACPP_PLAIN, LLAMACPP_LOOKUP = "llamacpp-plain", "llamacpp-lookup"
+PEER_METHODS = (HF_ASSISTED, HF_PLAIN, LLAMACPP_PLAIN, LLAMACPP_LOOKUP)
+LLAMACPP_METHODS = (LLAMACPP_PLAIN, LLAMACPP_LOOKUP)
 """Methods that run another system; every other method is plain decoding or one of our strategies, named
 as `Strategy.name` names them (`decoding.strategy.all_strategies`, from the drafter registry)."""
 
@@ -101,8 +108,10 @@ class BenchConfig(JsonRecord):
     the machine slowed down is outvoted instead of deciding a comparison.
 
     Methods: plain, then `method` (default "speculative") at each of `gammas`, then `extra_methods`
-    ((name, gamma) pairs such as ("ngram", 8) or ("adaptive", 4)), then the HF peers. Sampling
-    rows: one per temperature, then each of `named_settings` (keys of `NAMED_SETTINGS`).
+    ((name, gamma) pairs such as ("ngram", 8) or ("adaptive", 4)), then the HF peers, then
+    llama-cpp-python's plain decoding (`llamacpp`) and its prompt lookup decoding at each
+    num_pred_tokens of `llamacpp_lookup`. Sampling rows: one per temperature, then each of
+    `named_settings` (keys of `NAMED_SETTINGS`).
     """
 
     gammas: tuple[int, ...] = DEFAULT_GAMMAS
@@ -115,6 +124,7 @@ class BenchConfig(JsonRecord):
     hf_assisted: bool = True
     hf_plain: bool = True
     llamacpp: bool = False  # plain llama.cpp on the target's GGUF (run_bench gets the loaded model)
+    llamacpp_lookup: tuple[int, ...] = ()  # LlamaPromptLookupDecoding's num_pred_tokens, one method each
     ignore_eos: bool = True
     cost_repeats: int = 5
     warmup_tokens: int = 4
@@ -144,6 +154,8 @@ class BenchConfig(JsonRecord):
             raise ValueError(f"cost_repeats must be >= 1, got {self.cost_repeats}")
         if self.trials < 1:
             raise ValueError(f"trials must be >= 1, got {self.trials}")
+        if any(n < 1 for n in self.llamacpp_lookup):
+            raise ValueError(f"llamacpp_lookup holds num_pred_tokens >= 1, got {self.llamacpp_lookup}")
 
     def methods(self) -> list[tuple[str, int]]:
         """(method, gamma) in run order for one prompt and sampling row."""
@@ -155,6 +167,7 @@ class BenchConfig(JsonRecord):
             order.append((HF_PLAIN, 0))
         if self.llamacpp:
             order.append((LLAMACPP_PLAIN, 0))
+        order += [(LLAMACPP_LOOKUP, n) for n in dict.fromkeys(self.llamacpp_lookup)]
         return order
 
     def sampling_rows(self) -> list[SamplingRow]:
@@ -182,6 +195,22 @@ class BenchConfig(JsonRecord):
         }
 
 
+@dataclass
+class LlamaCppPeer:
+    """The `llama_cpp.Llama`s the llama.cpp methods run (`exactspec.peers.llamacpp.load`, over the target's
+    GGUF file): `plain` for llamacpp-plain (None: not run), `lookup[n]` for llamacpp-lookup with
+    num_pred_tokens n, `draft` over the draft's GGUF file, timed for the peer's c (None: not timed)."""
+
+    plain: Any | None = None
+    lookup: dict[int, Any] = dataclasses.field(default_factory=dict)
+    draft: Any | None = None
+
+    def timed(self) -> Any | None:
+        """The Llama whose passes are timed for the peer's costs: a lookup one when there is one (it keeps
+        logits of every position, as its verification pays), else the plain one."""
+        return next(iter(self.lookup.values()), self.plain)
+
+
 @dataclass(frozen=True)
 class EncodedPrompt:
     name: str
@@ -196,7 +225,8 @@ class BenchResult(JsonRecord):
     """Everything one bench run measured: bench.json, less the summary computed from it.
 
     `runs`: one `Run` per prompt, sampling row and method, in run order (with trials, each
-    method's fastest); `errors`: the peer runs that failed, one line each. `all_prompt_tokens`:
+    method's fastest); `errors`: the peer runs that failed, one line each. `costs`: our adapters'
+    passes timed before the runs; `peer_costs`: llama-cpp-python's, where it ran. `all_prompt_tokens`:
     token counts of the whole built-in prompt set (to estimate the full run's duration).
     `provenance`: read from a schema 1 file (before it was kept), only the machine is known and
     the rest says "not recorded"; None when the file kept nothing of it.
@@ -211,6 +241,7 @@ class BenchResult(JsonRecord):
     all_prompt_tokens: tuple[int, ...] | None = None
     hf_policy: HfPolicy | None = None
     costs: CostMeasurement
+    peer_costs: CostMeasurement | None = None
     warmup_seconds: float = math.nan
     duration_seconds: float = math.nan
     runs: tuple[Run, ...]
@@ -245,10 +276,18 @@ def _schema_1_provenance(environment: dict[str, Any]) -> Provenance:
 
 
 def environment() -> Environment:
-    """transformers' version and the load average now (the machine itself is in the provenance)."""
+    """transformers' and llama-cpp-python's versions and the load average now (the machine itself is in the
+    provenance)."""
     import transformers
 
-    return Environment(transformers=transformers.__version__, load_average_start=_load_average())
+    llama_cpp = None
+    if llamacpp_peer.available():
+        from importlib.metadata import version
+
+        llama_cpp = version("llama_cpp_python")
+    return Environment(
+        transformers=transformers.__version__, load_average_start=_load_average(), llama_cpp=llama_cpp
+    )
 
 
 def _load_average() -> tuple[float, ...] | None:
@@ -256,8 +295,19 @@ def _load_average() -> tuple[float, ...] | None:
 
 
 def describe_model(model: Any) -> ModelRecord:
+    """What a transformers module is; for a backend's model with none (llama.cpp), what it says of itself."""
     from exactspec.models.packed import weight_count
 
+    if not hasattr(model, "parameters") or not callable(model.parameters):
+        return ModelRecord(
+            class_name=type(model).__name__,
+            parameters=int(getattr(model, "parameters", 0) or 0),
+            dtype="float32",  # llama.cpp's CPU kernels compute in float32 from the file's weights
+            weights=f"gguf ({getattr(model, 'description', 'unknown')})",
+            vocab_size=model.vocab_size,
+            layers=getattr(model, "layers", None),
+            hidden_size=getattr(model, "hidden_size", None),
+        )
     return ModelRecord(
         class_name=type(model).__name__,
         parameters=weight_count(model),
@@ -278,21 +328,24 @@ def run_bench(
     log: Callable[[str], None] | None = None,
     all_prompt_tokens: Sequence[int] | None = None,
     description: ModelSpecs | None = None,
-    llamacpp_model: Any | None = None,
+    llamacpp: LlamaCppPeer | None = None,
     provenance: Provenance | None = None,
 ) -> BenchResult:
     """Run everything and return the raw result (see the module docstring).
 
     `all_prompt_tokens`: token counts of the whole built-in prompt set, kept to estimate how long
     the full run takes at the speeds measured here. `description`: how the models were asked for
-    (specs, load time), stored beside what the models are. `llamacpp_model`: the loaded
-    `llama_cpp.Llama` that `config.llamacpp` runs (`exactspec.peers.llamacpp.load`).
-    `provenance`: the code, command and machine of the run (default: this process's, now).
+    (specs, load time), stored beside what the models are. `llamacpp`: the loaded Llamas that
+    `config.llamacpp` and `config.llamacpp_lookup` run. `provenance`: the code, command and
+    machine of the run (default: this process's, now).
     """
     if not prompts:
         raise ValueError("no prompts to run")
-    if config.llamacpp and llamacpp_model is None:
-        raise ValueError("config.llamacpp is set but no llamacpp_model was given")
+    if config.llamacpp and (llamacpp is None or llamacpp.plain is None):
+        raise ValueError("config.llamacpp is set but no plain llama.cpp Llama was given")
+    missing = [n for n in config.llamacpp_lookup if llamacpp is None or n not in llamacpp.lookup]
+    if missing:
+        raise ValueError(f"config.llamacpp_lookup has num_pred_tokens {missing} with no Llama loaded for it")
     say = log or (lambda message: None)
     started = time.perf_counter()
     provenance = provenance or Provenance.collect()
@@ -301,14 +354,36 @@ def run_bench(
     runs: list[Run] = []
     errors: list[str] = []
 
-    max_k = config.max_gamma() + 1
+    max_k = max(COST_KS, config.max_gamma() + 1)
     context = max(prompts, key=lambda p: len(p.ids)).ids if len(prompts[0].ids) <= max_k else prompts[0].ids
     if len(context) <= max_k:
         context = list(context) * (max_k // max(1, len(context)) + 2)
-    say(f"measuring c and v(k) (k = 1..{max_k}) on a warm cache of {len(context)} tokens")
+    say(f"measuring c and v(k) (k = 1..{max_k}) on a warm cache of {len(context)} tokens ({pair.backend})")
     costs_started = time.perf_counter()
     costs = measure_costs(pair, context, max_k, config.cost_repeats, {row.name: row.settings for row in rows})
     costs = dataclasses.replace(costs, seconds=time.perf_counter() - costs_started)
+    peer_costs = None
+    timed_llama = llamacpp.timed() if llamacpp is not None else None
+    if timed_llama is not None:
+        assert llamacpp is not None
+        say(f"measuring llama.cpp's own c and v(k) (Llama.eval, k = 1..{max_k})")
+        costs_started = time.perf_counter()
+        target_times, draft_times = llamacpp_peer.time_eval(
+            timed_llama, context, max_k, config.cost_repeats, llamacpp.draft
+        )
+        peer_costs = CostMeasurement(
+            context_tokens=len(context),
+            repeats=config.cost_repeats,
+            target_seconds=target_times,
+            target_forward_seconds={},
+            draft_seconds=draft_times,
+            draft_forward_seconds=(),
+            transform_and_sample_seconds={},
+            seconds=time.perf_counter() - costs_started,
+            name="llama.cpp peer",
+            how="Llama.eval on k tokens, logits of "
+            + ("every position (a Llama with a draft model)" if llamacpp.lookup else "the last position"),
+        )
 
     say("warm-up")
     warm_started = time.perf_counter()
@@ -316,9 +391,7 @@ def run_bench(
     warm_tokens = min(config.warmup_tokens, config.max_new_tokens)
     for method, gamma in config.methods():
         with contextlib.suppress(Exception):  # a failing method is reported by its real runs below
-            _run_one(
-                pair, method, gamma, warm_ids, rows[-1].settings, warm_tokens, config, None, llamacpp_model
-            )
+            _run_one(pair, method, gamma, warm_ids, rows[-1].settings, warm_tokens, config, None, llamacpp)
     warmup_seconds = time.perf_counter() - warm_started
 
     methods = config.methods()
@@ -349,7 +422,7 @@ def run_bench(
                                 config.max_new_tokens,
                                 config,
                                 seed,
-                                llamacpp_model,
+                                llamacpp,
                             )
                         except Exception as error:  # a peer can refuse a pair or a setting; keep the rest
                             if is_engine_method(method):
@@ -394,11 +467,12 @@ def run_bench(
         config=config,
         environment=env,
         models=Models(
-            **field_values(description or ModelSpecs()),
-            # What our engine runs (the adapters' own modules, packed when --weights says); the
-            # transformers peers run the stock modules, dense.
-            target=describe_model(engine_module(pair.target) or pair.target_model),
-            draft=describe_model(engine_module(pair.draft) or pair.draft_model),
+            **{**field_values(description or ModelSpecs()), "backend": pair.backend},
+            # What our engine runs (the adapters' own modules, packed when --weights says; a backend's
+            # own models where it has no transformers modules); the transformers peers run the stock
+            # modules, dense.
+            target=describe_model(engine_module(pair.target) or pair.target_model or pair.target),
+            draft=describe_model(engine_module(pair.draft) or pair.draft_model or pair.draft),
         ),
         prompts=tuple(
             PromptRecord(name=p.name, category=p.category, tokens=len(p.ids), chat=p.chat, text=p.text)
@@ -407,6 +481,7 @@ def run_bench(
         all_prompt_tokens=tuple(all_prompt_tokens) if all_prompt_tokens else None,
         hf_policy=HfPolicy(**hf_peer.draft_policy(pair.draft_model)) if config.hf_assisted else None,
         costs=costs,
+        peer_costs=peer_costs,
         warmup_seconds=warmup_seconds,
         duration_seconds=time.perf_counter() - started,
         runs=tuple(runs),
@@ -423,14 +498,16 @@ def _run_one(
     max_new_tokens: int,
     config: BenchConfig,
     seed: int | None = None,
-    llamacpp_model: Any | None = None,
+    llamacpp: LlamaCppPeer | None = None,
 ) -> Measurement:
     seed = config.seed if seed is None else seed
     if is_engine_method(method):
         strategy = strategy_of(method)
         return run_engine(pair, ids, gamma, settings, max_new_tokens, seed, config.ignore_eos, strategy)
-    if method == LLAMACPP_PLAIN:
-        return run_llamacpp(llamacpp_model, pair, ids, settings, max_new_tokens, seed, config.ignore_eos)
+    if method in LLAMACPP_METHODS:
+        assert llamacpp is not None  # run_bench checked that every llama.cpp method has its Llama
+        llm = llamacpp.plain if method == LLAMACPP_PLAIN else llamacpp.lookup[gamma]
+        return run_llamacpp(llm, pair, ids, settings, max_new_tokens, seed, config.ignore_eos)
     return run_hf(pair, ids, method == HF_ASSISTED, settings, max_new_tokens, seed, config.ignore_eos)
 
 

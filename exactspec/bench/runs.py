@@ -1,8 +1,9 @@
-"""Single timed runs of the benchmark: one generation through our engine, or through transformers' `generate`.
+"""Single timed runs of the benchmark: one generation through our engine, through transformers' `generate`,
+or through llama-cpp-python's `Llama.generate` (plain, or with prompt lookup decoding).
 
 Every run starts from empty KV caches, uses the given seed, and by default
 makes exactly `max_new_tokens` tokens: EOS stops no side (our engine sees no
-EOS ids, transformers gets none), so all sides time the same amount of work.
+EOS ids, transformers and llama.cpp get none), so all sides time the same amount of work.
 """
 
 from __future__ import annotations
@@ -41,6 +42,54 @@ class NoEos(ModelWrapper):
     @property
     def eos_token_ids(self) -> frozenset[int]:
         return frozenset()
+
+
+class PassLog:
+    """Every model call of one generation through our engine, by round (`LoggedModel` writes it).
+
+    `rounds`: per round, (draft model steps, tokens scored by each target call), closed by `end_round`
+    when the engine reports the round (a tree scored path by path is several target calls);
+    `target_calls`, `draft_calls`: (positions scored, seconds) of every call, in order.
+    """
+
+    def __init__(self) -> None:
+        self.rounds: list[tuple[int, ...]] = []
+        self.target_calls: list[tuple[int, float]] = []
+        self.draft_calls: list[tuple[int, float]] = []
+        self._draft_steps = 0
+        self._target_widths: list[int] = []
+
+    def record(self, role: str, positions: int, seconds: float) -> None:
+        if role == "target":
+            self.target_calls.append((positions, seconds))
+            self._target_widths.append(positions)
+        else:
+            self.draft_calls.append((positions, seconds))
+            self._draft_steps += 1
+
+    def end_round(self) -> None:
+        self.rounds.append((self._draft_steps, *self._target_widths))
+        self._draft_steps, self._target_widths = 0, []
+
+
+class LoggedModel(ModelWrapper):
+    """`model` with each `logits` call noted in a `PassLog` as `role` ("target" or "draft"), and timed."""
+
+    def __init__(self, model: LanguageModel, log: PassLog, role: str) -> None:
+        super().__init__(model)
+        self.log = log
+        self.role = role
+
+    def logits(
+        self,
+        histories: Sequence[Sequence[int]],
+        num_positions: int = 1,
+        rows: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        started = time.perf_counter()
+        out = self.model.logits(histories, num_positions, rows)  # [B, k, V]
+        self.log.record(self.role, num_positions, time.perf_counter() - started)
+        return out
 
 
 class ExpectationRecorder:
@@ -114,10 +163,11 @@ def run_engine(
     the builder `generate` uses); adaptive gamma takes the pair's cached measured costs, so
     the measurement (once per pair) happens before the timed part of the first such run.
     """
-    target: LanguageModel = NoEos(pair.target) if ignore_eos else pair.target
+    log = PassLog()
+    target: LanguageModel = LoggedModel(NoEos(pair.target) if ignore_eos else pair.target, log, "target")
     draft: LanguageModel | None = None
     if pair.draft is not None:
-        draft = NoEos(pair.draft) if ignore_eos else pair.draft
+        draft = LoggedModel(NoEos(pair.draft) if ignore_eos else pair.draft, log, "draft")
     # As `generate` runs it: no per-round input checks in the verifier.
     engine = build_engine(target, draft, strategy or Strategy(), gamma, costs=pair.cost_model, validate=False)
     recorder = ExpectationRecorder(engine.verifier)
@@ -136,6 +186,7 @@ def run_engine(
         for event in engine.stream([list(ids)], config, sampler):
             # The recorder's scoring is not the method's work: its time comes off every clock.
             events.append((time.perf_counter() - recorder.seconds, len(event.tokens)))
+            log.end_round()
             tokens.extend(event.tokens)
             finish_reason = event.finish_reason or finish_reason
         wall = time.perf_counter() - started - recorder.seconds
@@ -143,15 +194,20 @@ def run_engine(
     metrics.verify_seconds -= recorder.seconds
     metrics.total_seconds -= recorder.seconds
     costs = getattr(engine.gamma_policy, "costs", None)  # what adaptive gamma optimised with
+    # Forward hooks where the backend runs transformers modules; else each adapter call is the pass.
+    hooked = engine_module(pair.target) is not None
+    target_forwards = tuple(target_timer.calls) if hooked else tuple(log.target_calls)
+    draft_forwards = tuple(draft_timer.calls) if hooked else tuple(log.draft_calls)
     record = Measurement(
         **field_values(steady_state(events, started)),
         wall_seconds=wall,
         tokens=tuple(tokens),
         finish_reason=finish_reason,
         metrics=RunMetrics.of(metrics),
-        target_forwards=tuple(target_timer.calls),
-        draft_forwards=tuple(draft_timer.calls),
-        model_seconds=target_timer.seconds + draft_timer.seconds,
+        target_forwards=target_forwards,
+        draft_forwards=draft_forwards,
+        model_seconds=sum(s for _, s in target_forwards + draft_forwards),
+        round_passes=tuple(log.rounds),
         # E[kept draft tokens] summed over this run's rounds under each rule, on identical inputs.
         expected_accepted=recorder.record(),
         gamma_policy_costs=None
@@ -229,7 +285,12 @@ def run_llamacpp(
     seed: int,
     ignore_eos: bool,
 ) -> Measurement:
-    """One plain llama.cpp generation (`exactspec.peers.llamacpp`), timed like `run_engine`."""
+    """One llama-cpp-python generation (`exactspec.peers.llamacpp`: plain, or prompt lookup decoding when
+    `llm` was loaded with it), timed like `run_engine`.
+
+    Its rounds: the prompt's pass emits the first token; then plain decoding passes one token per
+    token, and prompt lookup the pending token and each proposal in one pass (`round_passes`).
+    """
     started = time.perf_counter()
     out = llamacpp_peer.generate(
         llm,
@@ -240,6 +301,21 @@ def run_llamacpp(
         eos_token_ids=() if ignore_eos else pair.eos_token_ids,
     )
     wall = time.perf_counter() - started
+    rounds = out["rounds"]
+    lookup = None
+    if rounds is None:
+        passes = [(0, len(ids))] + [(0, 1)] * (len(out["tokens"]) - 1)
+    else:
+        passes = [(0, len(ids))] + [(0, 1 + proposed) for proposed, _ in rounds]
+        recorder = llm.draft_model
+        lookup = AssistedRounds(
+            generator=f"LlamaPromptLookupDecoding(max_ngram_size={recorder.lookup.max_ngram_size}, "
+            f"num_pred_tokens={recorder.num_pred_tokens})",
+            candidate_lengths=tuple(proposed for proposed, _ in rounds),
+            accepted_per_round=tuple(kept for _, kept in rounds),
+            proposed_tokens=sum(proposed for proposed, _ in rounds),
+            accepted_tokens=sum(kept for _, kept in rounds),
+        )
     return Measurement(
         **field_values(steady_state(out["events"], started)),
         wall_seconds=wall,
@@ -248,4 +324,6 @@ def run_llamacpp(
         target_forwards=(),
         draft_forwards=(),
         model_seconds=wall,  # all of llama.cpp's time is inside llama.cpp
+        llamacpp=lookup,
+        round_passes=tuple(passes),
     )

@@ -8,10 +8,17 @@ at the same sampling row) are summarised by their median and spread over prompts
 Speedups use steady-state tokens/s (after the first round, which holds the
 prefill); end-to-end figures are kept beside them.
 
+Every method that keeps its rounds (ours on any backend, llama-cpp-python's) is also predicted from
+its own rounds and the costs measured in the same run for what ran it (`BackendCosts`: the fastest
+of the timed passes, `measure_cost_model`'s rule): S = steady tokens / the rounds' cost in one-token
+steps (`theory.speedup_from_rounds`), and tokens/s = S / that backend's one-token step. So a ratio
+between two methods, ours or a peer's, is explained by their rounds and their costs; what the model
+leaves out (the work outside the passes) shows as measured / predicted below 1.
+
 Records, all written to bench.json's "summary" under their field names: `Summary` holds
-`SettingRow`s (one per setting), `PromptRow`s (one per run), `BlockPair`s and a `BlockSummary`
-(block against token verification), `AdaptiveComparison`s (adaptive against fixed gamma) and a
-`Recommendation` per sampling row.
+`BackendCosts` (per backend timed), `SettingRow`s (one per setting), `PromptRow`s (one per run),
+`BlockPair`s and a `BlockSummary` (block against token verification), `AdaptiveComparison`s
+(adaptive against fixed gamma) and a `Recommendation` per sampling row.
 """
 
 from __future__ import annotations
@@ -23,12 +30,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from exactspec.bench import theory
-from exactspec.bench.costs import CostRatios, cost_ratios
+from exactspec.bench.costs import CostMeasurement, CostRatios, cost_ratios
 from exactspec.bench.records import PolicyCosts, Run, RunMetrics
 from exactspec.bench.runner import (
     ADAPTIVE,
     HF_ASSISTED,
     HF_PLAIN,
+    LLAMACPP_LOOKUP,
+    LLAMACPP_METHODS,
     LLAMACPP_PLAIN,
     PLAIN,
     SPECULATIVE,
@@ -64,6 +73,14 @@ class SettingRow(JsonRecord):
     the engine columns for peers, the `hf_` columns for all but HF assisted generation.
     `same_tokens_as_plain` of `compared_with_plain` runs emitted plain decoding's tokens (None
     for plain decoding itself).
+
+    From the run's own rounds and the costs measured in the run (`costs_of` names them; "" for the
+    transformers peers, whose stock modules are not timed): `draft_steps_per_round` and
+    `scored_per_round` (draft model steps, and tokens scored by the target, per steady round,
+    pooled), `predicted_from_rounds` (S over that backend's plain step), `predicted_tokens_per_second`
+    and `over_predicted` (measured / predicted tokens/s), medians over prompts. `over_fastest_plain`:
+    tokens/s over the fastest plain decoding of the same prompt in the run (ours, llama.cpp's, HF's),
+    and `predicted_over_fastest_plain` the same from the predicted tokens/s.
     """
 
     setting: str
@@ -103,6 +120,14 @@ class SettingRow(JsonRecord):
     hf_mean_draft_length: float = NAN
     hf_draft_lengths: dict[int, int] | None = None  # draft length -> rounds that drafted it
     hf_generator: tuple[str, ...] = ()
+    costs_of: str = ""
+    draft_steps_per_round: float = NAN
+    scored_per_round: float = NAN
+    predicted_from_rounds: float = NAN
+    predicted_tokens_per_second: float = NAN
+    over_predicted: float = NAN
+    over_fastest_plain: Spread | None = None
+    predicted_over_fastest_plain: float = NAN
 
 
 @dataclass(frozen=True)
@@ -136,6 +161,30 @@ class PromptRow(JsonRecord):
     outside_model_fraction: float
     overhead_fraction: float
     expected_tokens_per_round: ExpectedTokensPerRound | None = None
+    predicted_from_rounds: float = NAN
+    predicted_tokens_per_second: float = NAN
+
+
+@dataclass(frozen=True)
+class BackendCosts(JsonRecord):
+    """The costs of one backend's passes measured in the run, by the fastest repeat (`measure_cost_model`'s
+    rule): the one-token step, c and v(k) for k = 1..K in `costs`; `how` the passes were called."""
+
+    name: str
+    how: str
+    context_tokens: int
+    repeats: int
+    costs: CostRatios
+
+    @classmethod
+    def of(cls, measured: CostMeasurement, name: str) -> BackendCosts:
+        return cls(
+            name=name,
+            how=measured.how,
+            context_tokens=measured.context_tokens,
+            repeats=measured.repeats,
+            costs=cost_ratios(measured, fastest=True),
+        )
 
 
 @dataclass(frozen=True)
@@ -228,7 +277,8 @@ class Recommendation(JsonRecord):
 class Summary(JsonRecord):
     """The summary of one `BenchResult` (bench.json "summary"; recomputed whenever a report is written).
 
-    `costs`, `forward_costs`: c and v(k) through the adapters and of the forward passes alone;
+    `costs`, `forward_costs`: c and v(k) through the adapters and of the forward passes alone (medians
+    over the repeats); `costs_in_run`: per backend timed (ours, llama.cpp's peer), the fastest repeats;
     `transform_and_sample_ms`: per sampling row, the per-token work outside the models;
     `gamma_policy_costs`: what adaptive gamma optimised with (None without adaptive runs);
     `trials_differing`: runs whose same-seed trials did not all emit the same tokens.
@@ -236,6 +286,7 @@ class Summary(JsonRecord):
 
     costs: CostRatios
     forward_costs: CostRatios
+    costs_in_run: tuple[BackendCosts, ...] = ()
     transform_and_sample_ms: dict[str, float]
     rows: tuple[SettingRow, ...]
     per_prompt: tuple[PromptRow, ...]
@@ -261,13 +312,45 @@ def sampling_rows(result: BenchResult) -> list[SamplingRow]:
 def configured_methods(result: BenchResult) -> list[tuple[str, int]]:
     """(method, gamma) in run order, the peers last."""
     order = [(m, g) for m, g in result.config.methods() if is_engine_method(m)]
-    return order + [(HF_ASSISTED, 0), (HF_PLAIN, 0), (LLAMACPP_PLAIN, 0)]
+    lookups = [(LLAMACPP_LOOKUP, n) for n in dict.fromkeys(result.config.llamacpp_lookup)]
+    return order + [(HF_ASSISTED, 0), (HF_PLAIN, 0), (LLAMACPP_PLAIN, 0), *lookups]
+
+
+PEER_COSTS = "llama.cpp peer"
+"""The name of llama-cpp-python's costs in `Summary.costs_in_run`."""
+
+
+def costs_in_run(result: BenchResult) -> dict[str, BackendCosts]:
+    """The costs measured in the run, by name: our engine's backend first, then llama.cpp's peer."""
+    ours = result.costs.name or f"exactspec on {result.models.backend or 'hf'}"
+    out = {ours: BackendCosts.of(result.costs, ours)}
+    if result.peer_costs is not None:
+        out[PEER_COSTS] = BackendCosts.of(result.peer_costs, PEER_COSTS)
+    return out
+
+
+def costs_for(method: str, measured: dict[str, BackendCosts]) -> BackendCosts | None:
+    """The costs that price `method`'s rounds: ours for our engine's methods, llama.cpp's for its peers."""
+    if is_engine_method(method):
+        return next(iter(measured.values()))
+    return measured.get(PEER_COSTS) if method in LLAMACPP_METHODS else None
+
+
+def predicted_from_rounds(run: Run, costs: BackendCosts | None) -> tuple[float, float]:
+    """(S, tokens/s) predicted for `run` from its own steady rounds (all but the first, which holds the
+    prefill) and `costs`: `theory.speedup_from_rounds`, and S over that backend's one-token step."""
+    if costs is None or not run.round_passes or len(run.round_passes) < 2:
+        return NAN, NAN
+    ratios = costs.costs
+    speedup = theory.speedup_from_rounds(run.steady_tokens, run.round_passes[1:], ratios.c, ratios.v)
+    return speedup, theory.ratio(speedup, ratios.target_step_seconds)
 
 
 def summarize(result: BenchResult) -> Summary:
     """Summary of a raw result: cost ratios, one row per setting, per-prompt rows, block against
     token verification, adaptive against fixed gamma, the recommended gamma per sampling row."""
     costs = cost_ratios(result.costs)
+    measured = costs_in_run(result)
     runs = result.runs
     rows: list[SettingRow] = []
     for sampling in sampling_rows(result):
@@ -275,19 +358,20 @@ def summarize(result: BenchResult) -> Summary:
         plain_by_prompt = {r.prompt: r for r in at_row if r.method == PLAIN}
         hf_plain_by_prompt = {r.prompt: r for r in at_row if r.method == HF_PLAIN}
         plain_step = _median_forward([r.target_forwards for r in at_row if r.method == PLAIN], width=1)
+        fastest_plain = _fastest_plain(at_row, measured)
         for method, gamma in configured_methods(result):
             group = [r for r in at_row if r.method == method and r.gamma == gamma]
             if group:
-                rows.append(
-                    _row(
-                        sampling, method, gamma, group, plain_by_prompt, hf_plain_by_prompt, costs, plain_step
-                    )
+                row = _row(
+                    sampling, method, gamma, group, plain_by_prompt, hf_plain_by_prompt, costs, plain_step
                 )
+                rows.append(_predicted_columns(row, group, costs_for(method, measured), fastest_plain))
     per_prompt = per_prompt_rows(result)
     pairs = block_vs_token(per_prompt)
     return Summary(
         costs=costs,
         forward_costs=cost_ratios(result.costs, forward_only=True),
+        costs_in_run=tuple(measured.values()),
         transform_and_sample_ms={
             name: 1000 * statistics.median(v) for name, v in result.costs.transform_and_sample_seconds.items()
         },
@@ -354,6 +438,8 @@ def _row(
         return _engine_columns(row, group, plain_by_prompt, costs, plain_step)
     if method == HF_ASSISTED:
         return _assisted_columns(row, group)
+    if method == LLAMACPP_LOOKUP:
+        return _assisted_columns(row, group, llamacpp=True)
     return row
 
 
@@ -424,11 +510,74 @@ def _engine_columns(
     )
 
 
-def _assisted_columns(row: SettingRow, group: list[Run]) -> SettingRow:
-    """`row` with the columns of transformers' assisted generation: its drafts and acceptance."""
-    hf = [r.hf for r in group if r.hf is not None]
+PLAIN_METHODS = (PLAIN, LLAMACPP_PLAIN, HF_PLAIN)
+"""Plain decoding by each side: ours, llama-cpp-python's, transformers'."""
+
+
+def _fastest_plain(runs: Sequence[Run], measured: dict[str, BackendCosts]) -> dict[str, tuple[float, float]]:
+    """Per prompt, the fastest plain decoding's measured tokens/s and the fastest predicted one (over ours,
+    llama.cpp's and transformers' plain runs of one sampling row; NaN where none was measured)."""
+    speeds: dict[str, list[float]] = {}
+    predictions: dict[str, list[float]] = {}
+    for r in runs:
+        if r.method in PLAIN_METHODS:
+            speeds.setdefault(r.prompt, []).append(r.steady_tokens_per_second)
+            _, predicted = predicted_from_rounds(r, costs_for(r.method, measured))
+            predictions.setdefault(r.prompt, []).append(predicted)
+    return {prompt: (_nan_max(speeds[prompt]), _nan_max(predictions[prompt])) for prompt in speeds}
+
+
+def _nan_max(values: Sequence[float]) -> float:
+    """The largest of `values` that is a number (NaN when none is)."""
+    kept = [v for v in values if not (v is None or math.isnan(v))]
+    return max(kept) if kept else NAN
+
+
+def _predicted_columns(
+    row: SettingRow,
+    group: list[Run],
+    costs: BackendCosts | None,
+    fastest_plain: dict[str, tuple[float, float]],
+) -> SettingRow:
+    """`row` with the columns predicted from each run's own rounds and the costs measured in the run, and its
+    speed over the fastest plain decoding of the same prompts."""
+    over_fastest = [
+        theory.ratio(r.steady_tokens_per_second, fastest_plain[r.prompt][0])
+        for r in group
+        if r.prompt in fastest_plain
+    ]
+    row = dataclasses.replace(row, over_fastest_plain=Spread.of(over_fastest))
+    if costs is None:
+        return row
+    predicted = [(r, *predicted_from_rounds(r, costs)) for r in group]
+    steady = [p for r in group for p in (r.round_passes or ())[1:]]
+    return dataclasses.replace(
+        row,
+        costs_of=costs.name,
+        draft_steps_per_round=statistics.fmean(p[0] for p in steady) if steady else NAN,
+        scored_per_round=statistics.fmean(sum(p[1:]) for p in steady) if steady else NAN,
+        predicted_from_rounds=theory.median([s for _, s, _ in predicted]),
+        predicted_tokens_per_second=theory.median([t for _, _, t in predicted]),
+        over_predicted=theory.median([theory.ratio(r.steady_tokens_per_second, t) for r, _, t in predicted]),
+        predicted_over_fastest_plain=theory.median(
+            [
+                theory.ratio(t, fastest_plain[r.prompt][1])
+                for r, _, t in predicted
+                if r.prompt in fastest_plain
+            ]
+        ),
+    )
+
+
+def _assisted_columns(row: SettingRow, group: list[Run], llamacpp: bool = False) -> SettingRow:
+    """`row` with the columns of a peer's speculative rounds (transformers' assisted generation, or with
+    `llamacpp` llama-cpp-python's prompt lookup): its drafts and acceptance."""
+    hf = [r.llamacpp if llamacpp else r.hf for r in group]
+    hf = [h for h in hf if h is not None]
     candidates = [n for h in hf for n in h.candidate_lengths]
     rounds = sum(len(h.candidate_lengths) for h in hf)
+    if llamacpp:  # the prompt's pass is a round too (it emits the first token), as in `per_prompt_rows`
+        rounds += len(hf)
     return dataclasses.replace(
         row,
         alpha=theory.ratio(sum(h.accepted_tokens for h in hf), sum(h.proposed_tokens for h in hf)),
@@ -450,6 +599,8 @@ def label(method: str, gamma: int) -> str:
     }
     if method in fixed:
         return fixed[method]
+    if method == LLAMACPP_LOOKUP:
+        return f"llama.cpp lookup num_pred_tokens={gamma}"
     return f"{method} gamma{'<=' if strategy_of(method).adaptive_gamma else '='}{gamma}"
 
 
@@ -461,6 +612,7 @@ def per_prompt_rows(result: BenchResult) -> list[PromptRow]:
     / wall time.
     """
     plain = {(r.setting, r.prompt): r for r in result.runs if r.method == PLAIN}
+    measured = costs_in_run(result)
     rows = []
     for r in result.runs:
         base = plain.get((r.setting, r.prompt))
@@ -469,10 +621,11 @@ def per_prompt_rows(result: BenchResult) -> list[PromptRow]:
             tokens_per_round = r.metrics.emitted_tokens / rounds if rounds else NAN
             draft_length = r.metrics.proposed_tokens / rounds if rounds else NAN
             overhead = r.metrics.overhead_fraction
-        else:
-            rounds = len(r.round_tokens)
+        else:  # a peer: its own rounds where it keeps them (llama.cpp), else its streamer's chunks
+            rounds = len(r.round_passes) if r.round_passes else len(r.round_tokens)
             tokens_per_round = r.new_tokens / rounds if rounds else NAN
             draft_length = overhead = NAN
+        predicted = predicted_from_rounds(r, costs_for(r.method, measured))
         rows.append(
             PromptRow(
                 setting=r.setting,
@@ -491,6 +644,8 @@ def per_prompt_rows(result: BenchResult) -> list[PromptRow]:
                 outside_model_fraction=_outside_model_fraction([r]),
                 overhead_fraction=overhead,
                 expected_tokens_per_round=_expected_tokens_per_round(r),
+                predicted_from_rounds=predicted[0],
+                predicted_tokens_per_second=predicted[1],
             )
         )
     return rows

@@ -22,7 +22,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from exactspec.foundations.costs import expected_tokens, speedup_from_tokens
+from exactspec.foundations.costs import expected_tokens, round_cost, speedup_from_tokens
 from exactspec.foundations.records import JsonRecord, json_key
 
 NAN = float("nan")
@@ -42,6 +42,28 @@ def predicted_speedup(alpha: float, gamma: int, c: float, v: float = 1.0) -> flo
 def speedup_from_tokens_per_round(tokens: float, gamma: int, c: float, v: float = 1.0) -> float:
     """S with a measured mean tokens per round in place of E (no i.i.d. assumption on acceptance)."""
     return speedup_from_tokens(tokens, gamma, c, v)
+
+
+def speedup_from_rounds(
+    tokens: float, rounds: Sequence[Sequence[int]], c: float, v: Mapping[int, float]
+) -> float:
+    """S of measured rounds: `tokens` emitted over the rounds' cost in target one-token steps.
+
+    Each round is (draft model steps, k_1, k_2, ...): the tokens each of its target passes scored; it
+    costs `foundations.costs.round_cost`(steps, c, v(k_1) + v(k_2) + ...): the one speedup model,
+    with the round's own draft in place of a fixed gamma (adaptive gamma, prompt lookup's varying
+    proposals, plain rounds; a tree scored path by path is several passes). NaN without rounds, or
+    when a k has no measured v(k), or a round with draft steps meets an unknown c.
+
+    >>> round(speedup_from_rounds(7, [(2, 3), (0, 1), (2, 3)], c=0.5, v={1: 1.0, 3: 1.5}), 4)
+    1.1667
+    """
+    cost = 0.0
+    for steps, *widths in rounds:
+        if any(k not in v for k in widths):
+            return NAN
+        cost += round_cost(steps, c if steps else 0.0, sum(v[k] for k in widths))
+    return tokens / cost if cost > 0 else NAN
 
 
 def acceptance_rate(accepted: int, proposed: int) -> float:

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from transformers import PreTrainedModel
 
 from exactspec.checking.tiny_hf import TinyHFSpec, tiny_hf_pair
+from exactspec.models.pair import ModelPair
 
 CONTEXT_LENGTH = 256
 """Positions the tiny models declare (llama.cpp's context is capped by it only if asked)."""
@@ -131,3 +133,32 @@ def tiny_gguf_pair(
             os.replace(partial, path)  # whole files only: a reader never sees a half-written one
         paths.append(path)
     return paths[0], paths[1], target, draft
+
+
+TINY_LLAMACPP_OPTIONS = {"threads": 1, "context": CONTEXT_LENGTH}
+"""How a tiny pair's `LlamaCppModel`s are opened: one thread (on tiny models llama.cpp's threads wait on each
+other far longer than they compute) and the models' own context."""
+
+
+def tiny_llamacpp_pair(
+    spec: TinyHFSpec, folder: str | os.PathLike[str], **options: Any
+) -> tuple[ModelPair, Path, Path]:
+    """(pair, target GGUF, draft GGUF): the tiny GGUF pair of `spec` (`tiny_gguf_pair`) loaded as the
+    llama.cpp backend loads a pair (a `LlamaCppModel` each, the pair's backend "llamacpp"), without a
+    tokenizer (the made-up vocabulary has none: prompts are token ids). `options`: `LlamaCppModel`
+    keyword arguments (default one thread and a 256-cell context, llama.cpp's own KV type and
+    attention, as a pair runs)."""
+    from exactspec.models.llamacpp import LlamaCppModel
+
+    target_path, draft_path, _, _ = tiny_gguf_pair(spec, folder)
+    options = {**TINY_LLAMACPP_OPTIONS, "eos_token_ids": {spec.eos_token_id}, **options}
+    pair = ModelPair(
+        None,
+        LlamaCppModel(target_path, **options),
+        None,
+        LlamaCppModel(draft_path, **options),
+        None,
+        weights="gguf",
+        backend="llamacpp",
+    )
+    return pair, target_path, draft_path

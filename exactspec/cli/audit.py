@@ -7,7 +7,9 @@ load only when the command runs.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -19,6 +21,7 @@ from exactspec.cli.common import (
     UsageError,
     add_model_arguments,
     add_sampling_arguments,
+    backend_name,
     check_model_arguments,
     check_significance,
     command_provenance,
@@ -26,7 +29,6 @@ from exactspec.cli.common import (
     gamma_argument,
     output_folder,
     positive_int,
-    require_hf_backend,
     sampling_settings,
     utf8_text,
 )
@@ -55,11 +57,16 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
             "a bucketed G-test (likely sequences on their own, the rest in an 'other' bucket of known mass) "
             "and the bucketed total variation against its noise floor. A sampled sequence of target "
             "probability 0 is proof of inexactness. Generators: exactspec (speculative engine), hf-assisted "
-            "(transformers assisted generation), plain (exactspec, no draft: the control), hf-sample "
-            "(transformers, no assistant), broken-argmax (a deliberately wrong drafter), all (the first "
-            "four). With --tiny, a grid of settings, gammas and batch sizes runs on tiny random Hugging Face "
-            "models instead; sampling flags, --gamma and --batch-size given with --tiny narrow the grid to "
-            "those values."
+            "(transformers assisted generation), llamacpp-lookup (llama-cpp-python's "
+            "LlamaPromptLookupDecoding, num_pred_tokens = gamma), plain (exactspec, no draft: the control), "
+            "hf-sample (transformers, no assistant), llamacpp-plain (llama-cpp-python, no draft model), "
+            "broken-argmax (a deliberately wrong drafter), all (all but broken-argmax, each where it runs: "
+            "the transformers peers on a pair with transformers modules, the llama-cpp-python ones with "
+            "--backend llamacpp). The exact "
+            "probabilities come from a second model of the chosen backend over the target's weights. With "
+            "--tiny, a grid of settings, gammas and batch sizes runs on the backend's tiny random models "
+            "instead; sampling flags, --gamma and --batch-size given with --tiny narrow the grid to those "
+            "values."
         ),
     )
     parser.add_argument(
@@ -68,10 +75,18 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         choices=[*GENERATOR_KINDS, "all"],
         help="generator under test (repeatable; default exactspec)",
     )
-    parser.add_argument("--tiny", action="store_true", help="run the grid on tiny random HF models")
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="run the grid on tiny random models of the chosen backend (hf: Qwen2 models; llamacpp: float32 "
+        "GGUF files)",
+    )
     parser.add_argument("--gamma", type=gamma_argument, help=f"draft tokens per round (default {PAIR_GAMMA})")
     parser.add_argument(
-        "--batch-size", type=positive_int, help=f"rows sampled at once (default {PAIR_BATCH_SIZE})"
+        "--batch-size",
+        type=positive_int,
+        help=f"rows sampled at once (default {PAIR_BATCH_SIZE}, or the most a backend's model holds, "
+        "16 on llamacpp)",
     )
     parser.add_argument(
         "--samples", type=positive_int, help=f"N per audit (default {PAIR_SAMPLES}; --tiny: 3000)"
@@ -96,6 +111,13 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     parser.add_argument("--out", default=OUT_DIR, help=f"report folder (default {OUT_DIR}/)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="CPU threads: torch's, and those of a backend that takes them, such as llamacpp (default: each "
+        "one's own; --tiny: 1)",
+    )
     add_model_arguments(parser)
     add_sampling_arguments(parser)
     # None marks a sampling flag as not given, so --tiny can tell "--temperature 1" from nothing.
@@ -128,8 +150,8 @@ def _kinds(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    require_hf_backend(args, "audit")
     from exactspec.audit import report
+    from exactspec.audit.generators import unavailable
     from exactspec.audit.grid import (
         TINY_BATCH_SIZES,
         TINY_GAMMAS,
@@ -141,9 +163,17 @@ def run(args: argparse.Namespace) -> int:
     )
 
     check_significance(args.significance)
+    chosen = backend_name(args)
     settings, settings_given = _given_sampling_settings(args)
     kinds = _kinds(args)
-    if not args.tiny:
+    if args.tiny:
+        from exactspec.audit.tiny import TINY_PAIRS
+
+        if chosen not in TINY_PAIRS:
+            raise UsageError(
+                f"--tiny has no tiny models for --backend {chosen}; it has them for {', '.join(TINY_PAIRS)}"
+            )
+    else:
         if args.draft.lower() == "none":
             raise UsageError("the audit needs a draft model (--draft)")
         check_model_arguments(args)
@@ -155,34 +185,41 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     decode = None
     prompt_text = None
+    reference = None  # default: the pair's own
     if args.tiny:
-        from exactspec.audit.tiny import TINY_PROMPT, TinyPairSpec, tiny_pair
+        from exactspec.audit.tiny import TINY_PROMPT
 
         # Tiny models are thousands of small tensor ops: one thread is fastest (see tests/conftest.py).
         torch.set_num_threads(1)
-        spec = TinyPairSpec()
-        target_model, draft_model = tiny_pair(spec)
-        pair = ModelPair.from_models(target_model, draft_model, eos_token_ids={spec.eos_token_id})
+        tiny = TINY_PAIRS[chosen]()
+        pair, title, models, reference = tiny.pair, tiny.title, tiny.models, tiny.reference
         prompt = list(TINY_PROMPT)
         length = args.length or TINY_LENGTH
         samples = args.samples or TINY_SAMPLES
         grid_settings = [settings] if settings_given else list(TINY_SETTINGS.values())
         gammas = [args.gamma] if args.gamma else list(TINY_GAMMAS)
         batch_sizes = [args.batch_size] if args.batch_size else list(TINY_BATCH_SIZES)
+        kinds = _runnable(kinds, pair, set(args.generator or ()), unavailable)
         cells = grid_cells(kinds, grid_settings, gammas, batch_sizes)
         stem = "tiny"
-        title, models = "tiny random Qwen2 models", f"{spec}"
     else:
-        pair, decode, prompt = _load_pair(args, progress)
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        pair, decode, prompt = _load_pair(args, chosen, progress)
         length = args.length or PAIR_LENGTH
         samples = args.samples or PAIR_SAMPLES
         gamma = args.gamma or PAIR_GAMMA
-        batch_size = args.batch_size or PAIR_BATCH_SIZE
+        held = getattr(pair.target, "max_rows", PAIR_BATCH_SIZE)  # a backend's model may hold fewer rows
+        batch_size = args.batch_size or min(PAIR_BATCH_SIZE, held)
+        kinds = _runnable(kinds, pair, set(args.generator or ()), unavailable)
         cells = grid_cells(kinds, [settings], [gamma], [batch_size], control_batch_size=batch_size)
         stem = "pair"
         title = f"{args.target} with draft {args.draft}"
-        models = f"target {args.target}, draft {args.draft}, dtype {args.dtype}"
+        models = f"target {args.target}, draft {args.draft}, backend {pair.backend}" + (
+            f", dtype {args.dtype}" if pair.target_model is not None else ""
+        )
         prompt_text = args.prompt
+    _check_rows(cells, pair)
     provenance = command_provenance(args)  # after the tiny grid's thread count is set
     setup = report.AuditSetup(
         title=title,
@@ -208,6 +245,7 @@ def run(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         progress=progress,
         on_result=lambda result: _print_lines(report.terminal_lines(result, args.significance, decode)),
+        reference=reference,
     )
     seconds = round(time.perf_counter() - started, 1)
     audit_report = report.build_report(
@@ -230,7 +268,36 @@ def _print_lines(lines: list[str]) -> None:
         tqdm.write(line)
 
 
-def _load_pair(args: argparse.Namespace, progress: bool) -> tuple[ModelPair, Any, list[int]]:
+def _runnable(
+    kinds: list[str], pair: ModelPair, named: set[str], unavailable: Callable[[str, ModelPair], str | None]
+) -> list[str]:
+    """The generator kinds that can run on `pair`. One line (stderr) for each kind left out that `named`
+    holds (the --generator values); `--generator all` leaves out the other backend's peers in silence.
+    UsageError when none is left."""
+    kept = []
+    for kind in kinds:
+        why_not = unavailable(kind, pair)
+        if why_not is None:
+            kept.append(kind)
+        elif kind in named:
+            print(f"exactspec audit: generator {kind} skipped: {why_not}", file=sys.stderr, flush=True)
+    if not kept:
+        raise UsageError(f"no generator of {', '.join(kinds)} can run on this pair (the lines above say why)")
+    return kept
+
+
+def _check_rows(cells: list, pair: ModelPair) -> None:
+    """A batch larger than the backend's model holds (llama.cpp's sequences) is refused in one line."""
+    limit = getattr(pair.target, "max_rows", None)
+    too_many = sorted({cell.batch_size for cell in cells if limit is not None and cell.batch_size > limit})
+    if too_many:
+        raise UsageError(
+            f"--batch-size {too_many[-1]}: the {pair.backend} backend's model holds at most {limit} rows "
+            f"at a time; give --batch-size {limit} or less"
+        )
+
+
+def _load_pair(args: argparse.Namespace, backend: str, progress: bool) -> tuple[ModelPair, Any, list[int]]:
     """(pair, decode, prompt ids) for --target / --draft."""
     from exactspec.api.decoder import SpeculativeDecoder
 
@@ -244,8 +311,10 @@ def _load_pair(args: argparse.Namespace, progress: bool) -> tuple[ModelPair, Any
         cache_dir=args.cache_dir,
         progress=progress,
         weights=args.weights,
-        backend=args.backend,
+        backend=backend,
+        threads=args.threads,
     )
+    print(f"exactspec audit: {pair.describe_backend()}", file=sys.stderr, flush=True)
     prompt = SpeculativeDecoder.from_pair(pair).encode([args.prompt], chat=args.chat)[0]
     tokenizer = pair.tokenizer
 

@@ -24,24 +24,28 @@ from exactspec.cli.common import (
     UsageError,
     add_model_arguments,
     add_strategy_arguments,
+    backend_name,
     check_model_arguments,
     command_provenance,
     output_folder,
     positive_int,
-    require_hf_backend,
     strategy,
 )
 from exactspec.decoding.engine import MAX_GAMMA
 
 DEFAULT_OUT = "bench-out"
+DEFAULT_LOOKUP_TOKENS = 2
 QUICK_COST_REPEATS = 3
 FULL_COST_REPEATS = 5
 
 DESCRIPTION = (
     "Benchmark speculative decoding against plain decoding (gamma = 0 through the same engine) and against "
-    "Hugging Face assisted generation and plain generate, on built-in coding and prose prompts, greedy and "
-    "sampled, with the speedup theory (alpha, c, v(k), predicted speedup) beside the measurements. Writes "
-    "report.md, bench.json (every raw measurement) and PNG plots to --out. "
+    "Hugging Face assisted generation and plain generate (on a backend with transformers modules) and, with "
+    "--llamacpp, llama-cpp-python's own plain decoding and its prompt lookup decoding "
+    "(LlamaPromptLookupDecoding), on built-in coding and prose prompts, greedy and sampled, with the speedup "
+    "theory beside the measurements: the one-token step, c and v(k) (k = 1..9) of each backend measured "
+    "in the run, and every method's speed predicted from its own rounds and those costs. Our engine runs on "
+    "--backend. Writes report.md, bench.json (every raw measurement) and PNG plots to --out. "
     f"--quick runs 3 prompts x {QUICK_MAX_NEW_TOKENS} tokens, gamma {','.join(map(str, QUICK_GAMMAS))}, "
     f"T 0 and 0.7 and HF assisted; the full run 16 prompts x {DEFAULT_MAX_NEW_TOKENS} tokens, gamma "
     f"{','.join(map(str, DEFAULT_GAMMAS))}, HF assisted and plain. Each report states how long it took and "
@@ -134,10 +138,26 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--llamacpp",
         action="store_true",
-        help="also run plain llama.cpp (llama-cpp-python, the target's GGUF file, --threads or 2 threads); "
-        "skipped with a message when the package is not installed",
+        help="also run llama-cpp-python on the target's GGUF file (--threads or 2 threads): its plain "
+        "decoding (llamacpp-plain) and its prompt lookup decoding (llamacpp-lookup, --llamacpp-lookup), "
+        "and time its own passes; skipped with a message when the package is not installed",
     )
-    parser.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument(
+        "--llamacpp-lookup",
+        type=_optional_int_list,
+        default=[DEFAULT_LOOKUP_TOKENS],
+        metavar="N[,N...]",
+        help="with --llamacpp: LlamaPromptLookupDecoding's num_pred_tokens, one llamacpp-lookup method each "
+        f"(default {DEFAULT_LOOKUP_TOKENS}: llama-cpp-python's README advice for CPU-only machines; '' runs "
+        "none)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="CPU threads: torch's, and those of a backend that takes them, such as llamacpp (default: each "
+        "one's own)",
+    )
     parser.add_argument("--no-plots", action="store_true", help="no PNG plots")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_strategy_arguments(parser)  # what the --gammas runs use (default: draft model, token verification)
@@ -146,7 +166,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    require_hf_backend(args, "bench")
+    import dataclasses
+
     import torch
 
     from exactspec.api.decoder import SpeculativeDecoder
@@ -155,8 +176,10 @@ def run(args: argparse.Namespace) -> int:
     from exactspec.bench.report import write_outputs
     from exactspec.bench.runner import BenchConfig, EncodedPrompt, run_bench
     from exactspec.bench.summary import summarize
+    from exactspec.cli.common import lacks_transformers_modules
     from exactspec.models.pair import ModelPair
 
+    chosen = backend_name(args)
     gammas = tuple(args.gammas) if args.gammas else (QUICK_GAMMAS if args.quick else DEFAULT_GAMMAS)
     if any(not 1 <= g <= MAX_GAMMA for g in gammas):
         raise UsageError(f"--gammas must lie in 1..{MAX_GAMMA} (plain decoding always runs), got {gammas}")
@@ -194,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
     def say(message: str) -> None:
         print(f"[exactspec bench] {message}", file=sys.stderr, flush=True)
 
-    llm = _load_llamacpp(args, say) if args.llamacpp else None
+    peer = _load_llamacpp(args, say) if args.llamacpp else None
     config = BenchConfig(
         gammas=tuple(sorted(set(gammas))),
         temperatures=temperatures,
@@ -205,7 +228,8 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         hf_assisted=not args.no_hf,
         hf_plain=not (args.no_hf or args.no_hf_plain or args.quick),
-        llamacpp=llm is not None,
+        llamacpp=peer is not None,
+        llamacpp_lookup=tuple(sorted(peer.lookup)) if peer is not None else (),
         ignore_eos=not args.stop_at_eos,
         cost_repeats=args.repeats or (QUICK_COST_REPEATS if args.quick else FULL_COST_REPEATS),
         trials=args.trials,
@@ -216,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
     provenance = command_provenance(args)  # as the run starts, with the threads it runs with
 
     started = time.perf_counter()
-    say(f"loading {args.target} and {args.draft}")
+    say(f"loading {args.target} and {args.draft} (backend {chosen})")
     pair = ModelPair.from_pretrained(
         args.target,
         args.draft,
@@ -224,16 +248,27 @@ def run(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
         progress=progress,
         weights=args.weights,
-        backend=args.backend,
+        backend=chosen,
+        threads=args.threads,
     )
     load_seconds = time.perf_counter() - started
+    say(pair.describe_backend())  # "auto" resolved to what runs, and why
+    hf_parts = "forward-pass hooks"
+    if config.hf_assisted or config.hf_plain:
+        hf_parts = "the transformers peers (HF assisted, HF plain) and forward-pass hooks"
+    if lacks_transformers_modules(pair, hf_parts, say):
+        config = dataclasses.replace(config, hf_assisted=False, hf_plain=False)
     decoder = SpeculativeDecoder.from_pair(pair)  # tokenizes the prompts as `generate` does
     encoded = [
         EncodedPrompt(p.name, p.category, decoder.encode([p.text], chat=p.chat)[0], p.text, p.chat)
         for p in prompts
     ]
     description = ModelSpecs(
-        target_spec=args.target, draft_spec=args.draft, weights=pair.weights, load_seconds=load_seconds
+        target_spec=args.target,
+        draft_spec=args.draft,
+        weights=pair.weights,
+        load_seconds=load_seconds,
+        backend=pair.backend,
     )
     rows = config.sampling_rows()
     runs = len(encoded) * len(rows) * len(config.methods()) * config.trials
@@ -251,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
         log=say,
         all_prompt_tokens=all_tokens,
         description=description,
-        llamacpp_model=llm,
+        llamacpp=peer,
         provenance=provenance,
     )
     paths = write_outputs(result, args.out, plots=not args.no_plots)
@@ -307,7 +342,10 @@ def _method_list(text: str) -> list[tuple[str, int]]:
 
 
 def _load_llamacpp(args: argparse.Namespace, say: Callable[[str], None]) -> Any:
-    """The llama.cpp model over the target's GGUF file, or None (with a line saying why) to skip it."""
+    """The Llamas of the llama.cpp methods over the target's GGUF file (`bench.runner.LlamaCppPeer`: plain,
+    one per --llamacpp-lookup value, and the draft's GGUF file for its c when the draft is one), or None
+    (with a line saying why) to skip them."""
+    from exactspec.bench.runner import LlamaCppPeer
     from exactspec.models.loading import gguf_path
     from exactspec.peers import llamacpp
 
@@ -319,8 +357,30 @@ def _load_llamacpp(args: argparse.Namespace, say: Callable[[str], None]) -> Any:
         say(f"llama.cpp column skipped: the target {args.target} is not a GGUF file")
         return None
     threads = args.threads or llamacpp.DEFAULT_THREADS
-    say(f"llama.cpp peer: {path.name}, {threads} threads")
-    return llamacpp.load(path, threads=threads)
+    lookups = sorted(set(getattr(args, "llamacpp_lookup", None) or ()))
+    draft_path = None
+    if args.draft.lower() != "none":
+        draft_path = gguf_path(args.draft, args.cache_dir, progress=False)
+    say(
+        f"llama.cpp peer: {path.name}, {threads} threads; plain"
+        + "".join(f", LlamaPromptLookupDecoding(num_pred_tokens={n})" for n in lookups)
+        + (f"; its c from {draft_path.name}" if draft_path else "; no c (the draft is no GGUF file)")
+    )
+    return LlamaCppPeer(
+        plain=llamacpp.load(path, threads=threads),
+        lookup={n: llamacpp.load(path, threads=threads, lookup_tokens=n) for n in lookups},
+        draft=None if draft_path is None else llamacpp.load(draft_path, threads=threads),
+    )
+
+
+def _optional_int_list(text: str) -> list[int]:
+    """argparse type: comma-separated integers >= 1, or '' for none."""
+    if not text.strip():
+        return []
+    values = _int_list(text)
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return values
 
 
 def _int_list(text: str) -> list[int]:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import math
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from exactspec.api.arguments import FLOAT32_MAX
 from exactspec.cli import EXIT_BROKEN_PIPE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
@@ -121,16 +123,27 @@ def output_folder(flag: str, folder: str) -> Path:
     return path
 
 
-def require_hf_backend(args: argparse.Namespace, command: str) -> None:
-    """Commands that measure through transformers' modules (peers, forward hooks) refuse another backend."""
-    if getattr(args, "backend", "hf") == "auto":
-        args.backend = "hf"  # these commands time the Hugging Face modules: auto means hf here
-    if getattr(args, "backend", "hf") != "hf":
-        raise UsageError(
-            f"exactspec {command} does not run on --backend {args.backend} yet: it measures through the "
-            "Hugging Face modules (the transformers peer, forward-pass timing); drop --backend, or use "
-            "generate or serve with --backend llamacpp"
-        )
+def backend_name(args: argparse.Namespace) -> str:
+    """The registered backend `--backend` names: the one place a command reads the flag before loading a
+    pair. "auto" stays "auto": `ModelPair.from_pretrained` resolves it (measured, cached) and the pair
+    says what ran (`pair.backend`), which is what a command's backend-dependent parts then read."""
+    name = getattr(args, "backend", DEFAULTS.backend)
+    known = backends()
+    if name not in known:
+        raise UsageError(f"--backend must be one of {', '.join(known)}; got {name!r}")
+    return name
+
+
+def lacks_transformers_modules(pair: Any, part: str, say: Callable[[str], None]) -> bool:
+    """True, after one line through `say`, when `pair`'s backend loaded no transformers modules, so that
+    `part` of a command (the transformers peers, forward-pass hooks) is skipped; False when it can run."""
+    if pair.target_model is not None:
+        return False
+    say(
+        f"{part} skipped: the {pair.backend} backend loads no transformers modules "
+        "(the rest of the command runs on it)"
+    )
+    return True
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser, temperature: float = 1.0) -> None:

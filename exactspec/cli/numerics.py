@@ -19,11 +19,11 @@ from exactspec.cli.common import (
     EXIT_OK,
     UsageError,
     add_model_arguments,
+    backend_name,
     command_provenance,
     gamma_argument,
     output_folder,
     positive_int,
-    require_hf_backend,
 )
 
 DEFAULT_OUT = "numerics-out"
@@ -66,7 +66,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         action="store_true",
         help="also score one-token passes padded to k tokens (the block pass's kernel shapes) and time them",
     )
-    parser.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="CPU threads: torch's, and those of a backend that takes them, such as llamacpp (default: "
+        "each one's own)",
+    )
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT}/)")
     add_model_arguments(parser)
     parser.set_defaults(run=run)
@@ -83,14 +89,15 @@ def _temperatures(text: str) -> tuple[float, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    require_hf_backend(args, "numerics")
     import torch
 
     from exactspec.api.decoder import SpeculativeDecoder
     from exactspec.bench import numerics
     from exactspec.bench.prompts import select_prompts
+    from exactspec.models.backends.registry import backend as registered
     from exactspec.models.pair import ModelPair
 
+    chosen = backend_name(args)
     temperatures = _temperatures(args.temperatures)
     out = output_folder("--out", args.out)  # checked before a model loads
     if args.threads:
@@ -102,17 +109,23 @@ def run(args: argparse.Namespace) -> int:
     prompts = select_prompts(args.prompts, quick=args.quick)
     provenance = command_provenance(args)
     started = time.perf_counter()
-    say(f"loading {args.target} (dtype {args.dtype}, weights {args.weights})")
+    reads_dtype = "dtype" in registered(chosen).options
+    say(
+        f"loading {args.target} (backend {chosen}"
+        + (f", dtype {args.dtype}, weights {args.weights})" if reads_dtype else ")")
+    )
     pair = ModelPair.from_pretrained(
         args.target,
         None,
         dtype=args.dtype,
         cache_dir=args.cache_dir,
         weights=args.weights,
-        backend=args.backend,
+        backend=chosen,
+        threads=args.threads,
     )
     weights = pair.weights
-    if pair.target_model is None:  # llama.cpp computes in float32 (from the GGUF's own weights)
+    say(pair.describe_backend())  # "auto" resolved to what runs, and why
+    if pair.target_model is None:  # no torch module: llama.cpp computes in float32 (from the GGUF's weights)
         dtype = "float32"
     else:
         dtype = str(next(pair.target_model.parameters()).dtype).removeprefix("torch.")
@@ -129,12 +142,18 @@ def run(args: argparse.Namespace) -> int:
     if args.padded:
         timings.update(_time_steps(pair.target, encoded[0], args.gamma, args.blocks))
     reference = None
+    pair_backend = pair.backend
     if dtype != "float32" and not args.no_float32:
         del pair, decoder
         gc.collect()  # free the first copy of the weights before loading the float32 one
         say(f"loading {args.target} (float32, weights {weights})")
         pair32 = ModelPair.from_pretrained(
-            args.target, None, dtype="float32", cache_dir=args.cache_dir, weights=weights
+            args.target,
+            None,
+            dtype="float32",
+            cache_dir=args.cache_dir,
+            weights=weights,
+            backend=pair_backend,
         )
         clock = time.perf_counter()
         reference = [
@@ -145,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
     result = numerics.NumericsResult(
         provenance=provenance,
         target=args.target,
+        backend=pair_backend,
         dtype=dtype,
         weights=weights,
         gamma=args.gamma,

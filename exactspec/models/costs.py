@@ -8,7 +8,7 @@ seconds of a pass by shape, rows x tokens (the server's cost-aware rounds,
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -74,8 +74,18 @@ def measure_cost_model(
                 draft.logits([history], 1)
                 draft_times.append(time.perf_counter() - started)
     _clear(models)
+    return fastest_costs(target_times, draft_times)
+
+
+def fastest_costs(target_times: Mapping[int, Sequence[float]], draft_times: Sequence[float]) -> CostModel:
+    """c and v(1..K) from timed passes by `measure_cost_model`'s rule: each k's fastest time over the
+    fastest one-token time, the fastest draft step over it (c = 0 without draft steps).
+
+    `target_times[k]`: seconds of each timed k-token pass, k = 1..K; `draft_times`: of one-token draft
+    steps. The benchmark times llama-cpp-python's own passes the same way and reads them by this rule.
+    """
     one = min(target_times[1])
-    verify_costs = tuple(min(target_times[k]) / one for k in range(1, max_k + 1))
+    verify_costs = tuple(min(target_times[k]) / one for k in range(1, len(target_times) + 1))
     draft_cost = min(draft_times) / one if draft_times else 0.0
     return CostModel(draft_cost=draft_cost, verify_costs=verify_costs, step_seconds=one)
 

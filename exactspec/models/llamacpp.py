@@ -37,6 +37,7 @@ Install: the optional extra `llamacpp` (llama-cpp-python, built from source; `IN
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib.util
 import logging
 import os
@@ -206,6 +207,7 @@ class LlamaCppModel:
         self._context = int(lib.llama_n_ctx(self._ctx))
         self._batch_tokens = batch_tokens
         self._max_rows = max_rows
+        self._threads = threads
         self._sequences = max_rows + tree_sequences
         self._tree_batch: Any = (
             None  # a llama_batch whose tokens may belong to several sequences, made on first use
@@ -256,6 +258,37 @@ class LlamaCppModel:
     def context_length(self) -> int:
         """KV cells of the context (all rows together)."""
         return self._context
+
+    @property
+    def max_rows(self) -> int:
+        """Rows (llama.cpp sequences) the context holds at a time: a call naming more is refused."""
+        return self._max_rows
+
+    @property
+    def threads(self) -> int:
+        """CPU threads of every pass."""
+        return self._threads
+
+    @property
+    def description(self) -> str:
+        """llama.cpp's description of the model: architecture, size and weight type ("qwen2 1.5B Q4_K -
+        Medium")."""
+        buffer = (ctypes.c_char * 256)()
+        self._lib.llama_model_desc(self._model, buffer, len(buffer))
+        return buffer.value.decode("utf-8", errors="replace")
+
+    @property
+    def parameters(self) -> int:
+        """Weights of the model, as llama.cpp counts them."""
+        return int(self._lib.llama_model_n_params(self._model))
+
+    @property
+    def layers(self) -> int:
+        return int(self._lib.llama_model_n_layer(self._model))
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self._lib.llama_model_n_embd(self._model))
 
     @property
     def cached_rows(self) -> list[int]:

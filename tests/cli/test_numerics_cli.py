@@ -26,7 +26,9 @@ def test_numerics_writes_the_table_and_json(
     out = tmp_path / "out"
     argv = ["numerics", "--target", str(folder), "--dtype", "bfloat16", "--quick", "--prompts", "coding"]
     if weights is not None:
-        argv += ["--weights", weights]
+        argv += ["--weights", weights]  # one candidate: --backend auto measures nothing
+    else:
+        argv += ["--backend", "hf"]  # auto weights on the hf backend: int4 on the CPU
     code = main([*argv, "--gamma", "2", "--blocks", "1", "--padded", "--out", str(out)])
     assert code == 0
     result = json.loads((out / "numerics.json").read_text())
@@ -50,3 +52,20 @@ def test_numerics_writes_the_table_and_json(
 def test_numerics_rejects_bad_temperatures(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["numerics", "--temperatures", "0"]) == 2
     assert "--temperatures" in capsys.readouterr().err
+
+
+def test_numerics_on_llamacpp_measures_the_block_pass_of_the_gguf(
+    tmp_path: Path, tiny_llamacpp_backend: object, tiny_gguf_files: tuple[Path, Path]
+) -> None:
+    """`--backend llamacpp`: llama.cpp's own passes (f16 KV cells, as a pair runs), no float32 reload."""
+    out = tmp_path / "out"
+    argv = ["numerics", "--backend", "llamacpp", "--target", str(tiny_gguf_files[0]), "--quick"]
+    assert main([*argv, "--prompts", "coding", "--gamma", "3", "--blocks", "2", "--out", str(out)]) == 0
+    result = NumericsResult.from_json(json.loads((out / "numerics.json").read_text()))
+    assert (result.backend, result.dtype, result.weights, result.k) == ("llamacpp", "float32", "gguf", 4)
+    assert list(result.comparisons) == ["block_vs_single"]  # llama.cpp computes in float32: no reload
+    summary = result.comparisons["block_vs_single"].summary
+    assert summary.positions == 2 * 2 * 4  # two quick coding prompts
+    # Float32 weights: block and one-token passes agree to rounding (2e-7 here) through f16 KV cells.
+    assert summary.tv["1"].max < 1e-5 and summary.argmax_differs == 0
+    assert "llamacpp backend, float32, gguf weights" in (out / "numerics.md").read_text()

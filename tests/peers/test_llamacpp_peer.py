@@ -1,8 +1,9 @@
 """The llama.cpp peer: the bench column with a stand-in model (always), the real package when installed.
 
 `make test` never needs llama-cpp-python: the column's wiring is checked against an object
-with the three methods the peer calls (`reset`, `set_seed`, `generate`); the real package is
-exercised only if it imports and the built-in draft GGUF is in the cache.
+with the methods the peer calls (`reset`, `set_seed`, `generate`, `eval`); the real package is
+exercised on tiny GGUF files if it imports (tests/bench/test_bench_llamacpp.py, and the built-in
+draft GGUF when it is in the cache).
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ transformers = pytest.importorskip("transformers")
 
 from conftest import tiny_causal_lm  # noqa: E402
 
-from exactspec.bench.runner import LLAMACPP_PLAIN, BenchConfig, EncodedPrompt, run_bench  # noqa: E402
+from exactspec.bench.runner import (  # noqa: E402
+    LLAMACPP_PLAIN,
+    BenchConfig,
+    EncodedPrompt,
+    LlamaCppPeer,
+    run_bench,
+)
 from exactspec.bench.summary import summarize  # noqa: E402
 from exactspec.cli import bench as bench_cli  # noqa: E402
 from exactspec.foundations.settings import SamplingSettings  # noqa: E402
@@ -34,9 +41,15 @@ class CountingLlama:
     def __init__(self) -> None:
         self.seeds: list[int] = []
         self.prompts: list[list[int]] = []
+        self.n_tokens = 0
+        self.evaluated: list[int] = []  # tokens per `eval` (the cost measurement's passes)
 
     def reset(self) -> None:
-        pass
+        self.n_tokens = 0
+
+    def eval(self, tokens: Sequence[int]) -> None:
+        self.evaluated.append(len(tokens))
+        self.n_tokens += len(tokens)
 
     def set_seed(self, seed: int) -> None:
         self.seeds.append(seed)
@@ -74,9 +87,10 @@ def test_bench_runs_the_llamacpp_column_after_ours() -> None:
         llamacpp=True,
     )
     prompts = [EncodedPrompt("code", "coding", [5, 6, 7, 8, 9, 10])]
-    with pytest.raises(ValueError, match="llamacpp_model"):
+    with pytest.raises(ValueError, match="no plain llama.cpp Llama"):
         run_bench(pair, prompts, config, progress=False)
-    result = run_bench(pair, prompts, config, progress=False, llamacpp_model=CountingLlama())
+    llm = CountingLlama()
+    result = run_bench(pair, prompts, config, progress=False, llamacpp=LlamaCppPeer(plain=llm))
     assert [(r.method, r.gamma) for r in result.runs] == [
         ("plain", 0),
         ("speculative", 2),
@@ -84,9 +98,13 @@ def test_bench_runs_the_llamacpp_column_after_ours() -> None:
     ]
     run = result.runs[-1]
     assert run.tokens == (10, 11, 12, EOS, 14, 15) and run.new_tokens == 6  # EOS ignored
+    assert run.round_passes == ((0, 6),) + ((0, 1),) * 5  # the prompt's pass, then one token per pass
     rows = {r.method: r for r in summarize(result).rows}
     assert rows[LLAMACPP_PLAIN].label == "llama.cpp plain"
     assert rows[LLAMACPP_PLAIN].tokens_per_second.median > 0
+    # Its own passes were timed too (k = 1..9 over the cost context, first a prefill of it).
+    assert result.peer_costs is not None and sorted(result.peer_costs.target_seconds) == list(range(1, 10))
+    assert llm.evaluated[1:3] == [2, 1] and max(llm.evaluated[1:]) == 9
 
 
 def test_bench_skips_the_column_with_a_message_when_the_package_is_absent(
