@@ -66,7 +66,10 @@ def reference(pair: ModelPair) -> LanguageModel:
     """A second llama.cpp context over the target's GGUF file, with its own cells."""
     from exactspec.models.llamacpp import LlamaCppModel
 
-    return LlamaCppModel(pair.target.path, eos_token_ids=pair.eos_token_ids)  # type: ignore[attr-defined]
+    target = pair.target
+    # The engine's threads: a reference on llama.cpp's default threads beside a running engine competes
+    # with it for the cores.
+    return LlamaCppModel(target.path, eos_token_ids=pair.eos_token_ids, threads=target.threads)  # type: ignore[attr-defined]
 
 
 def unavailable() -> str | None:
