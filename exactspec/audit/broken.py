@@ -13,12 +13,17 @@ from exactspec.foundations.settings import SamplingSettings
 
 
 class _ArgmaxSampler:
-    """Wraps a Sampler: categorical draws become the argmax (coins pass through)."""
+    """Wraps a Sampler: categorical draws, sequential or positioned, become the argmax (coins pass)."""
 
     def __init__(self, inner: Sampler) -> None:
         self.inner = inner
 
     def categorical(self, probs: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+        return probs.argmax(dim=-1)
+
+    def categorical_at(
+        self, probs: torch.Tensor, rows: Sequence[int], positions: Sequence[int]
+    ) -> torch.Tensor:
         return probs.argmax(dim=-1)
 
     def bernoulli(self, probs: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:

@@ -122,6 +122,7 @@ class ExpectationRecorder:
         rows: Sequence[int] | None = None,
         *,
         validate: bool = True,
+        positions: Sequence[int] | None = None,
     ) -> VerifyResult:
         started = time.perf_counter()
         for rule in ("token", "block"):
@@ -133,9 +134,8 @@ class ExpectationRecorder:
         )
         self.rounds += draft_tokens.shape[0]  # row-rounds: one per row verified
         self.seconds += time.perf_counter() - started
-        return self.verifier(
-            draft_tokens, q, p, draft_lengths, eos_token_ids, sampler, rows, validate=validate
-        )
+        options = {"validate": validate, "positions": positions}
+        return self.verifier(draft_tokens, q, p, draft_lengths, eos_token_ids, sampler, rows, **options)
 
     def record(self) -> ExpectedAccepted:
         """The sums so far, as bench.json keeps them."""

@@ -46,6 +46,7 @@ class EnumeratingSampler(Stateless):
         self.taken: list[int] = []
         self.option_counts: list[int] = []
         self.probability = 1.0
+        self._positions: set[tuple[int, int]] = set()  # (row, position) drawn by categorical_at
 
     def _choose(self, options: list[tuple[object, float]]) -> object:
         k = len(self.taken)
@@ -64,6 +65,17 @@ class EnumeratingSampler(Stateless):
             options = [(index, prob) for index, prob in enumerate(row) if prob > 0.0]
             out.append(self._choose(options))
         return torch.tensor(out, dtype=torch.long)
+
+    def categorical_at(
+        self, probs: torch.Tensor, rows: Sequence[int], positions: Sequence[int]
+    ) -> torch.Tensor:
+        """A positioned draw is one more enumerated choice; a (row, position) asked for twice in one run
+        is an error (the real sampler would hand both the same uniform: correlated draws)."""
+        for row, position in zip(rows, positions, strict=True):
+            if (row, position) in self._positions:
+                raise AssertionError(f"row {row} drew its position {position} twice in one run")
+            self._positions.add((row, position))
+        return self.categorical(probs, rows)
 
     def bernoulli(self, probs: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
         out = []

@@ -272,11 +272,13 @@ class SpeculativeEngine:
         proposal = self._draft(
             histories, max_draft, settings[0] if shared else settings, sampler, active
         )  # 2.1
+        # Each row's output position of this round's first token: the positioned draws are keyed by it.
+        positions = [len(states[row].generated) for row in active]
         if proposal.parents is None:
-            result = self._verify_chain(histories, proposal, settings, sampler, active)  # 2.2 - 2.5
+            result = self._verify_chain(histories, proposal, settings, sampler, active, positions)  # 2.2-2.5
             drafted = proposal.lengths
         else:  # several candidates (docs/algorithm.md 5): one target pass over the tree, an exact walk
-            result = self._verify_tree(histories, proposal, max_draft, settings, sampler, active)
+            result = self._verify_tree(histories, proposal, max_draft, settings, sampler, active, positions)
             drafted = result.path_lengths
         proposed, accepted = self._record(drafted, result.num_accepted, result.num_emitted)
         if self.gamma_policy is not None:
@@ -312,6 +314,7 @@ class SpeculativeEngine:
         settings: list[SamplingSettings],
         sampler: Sampler,
         rows: list[int],
+        positions: list[int],
     ) -> VerifyResult:
         """2.2 - 2.5 for a draft block: one target pass over each history plus its block, the verifier."""
         p = self._target_probabilities(histories, proposal, settings, rows)  # 2.2
@@ -325,6 +328,7 @@ class SpeculativeEngine:
             sampler,
             rows,
             validate=self.validate,
+            positions=positions,
         )
         self.metrics.verify_seconds += time.perf_counter() - clock
         return result
@@ -337,6 +341,7 @@ class SpeculativeEngine:
         settings: list[SamplingSettings],
         sampler: Sampler,
         rows: list[int],
+        positions: list[int],
     ) -> TreeVerifyResult:
         """A tree of deterministic candidates (docs/algorithm.md 5, "Several candidates"): p at the root and
         after every node from one target pass (`models.tree.tree_logits`), then `verify_tree`'s walk.
@@ -385,6 +390,7 @@ class SpeculativeEngine:
             sampler,
             rows,
             validate=self.validate,
+            positions=positions,
         )
         self.metrics.verify_seconds += time.perf_counter() - clock
         return result

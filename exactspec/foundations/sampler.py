@@ -35,6 +35,18 @@ class Sampler(RowLifecycle, Protocol):
         """Flip one coin per row: probs [N] in [0, 1] -> [N] bool, True with probability probs[n]."""
         ...
 
+    def categorical_at(
+        self, probs: torch.Tensor, rows: Sequence[int], positions: Sequence[int]
+    ) -> torch.Tensor:
+        """Draw the token at output position positions[n] of row rows[n]: probs [N, V] -> [N] long.
+
+        The draw depends only on the row's seed and the position (never on how many draws the row
+        made before), so the token a row emits at a position is the same whichever rounds, drafts
+        and batches led there (docs/algorithm.md 5, coupled verification). Each (row, position) is
+        asked for at most once per generation: a position's token is decided once.
+        """
+        ...
+
 
 class SeededSampler:
     """A `Sampler` on `torch.Generator`s: one stream per batch row.
@@ -72,6 +84,7 @@ class SeededSampler:
         # Explicit seeds name the only rows this sampler may give a default stream to.
         self._seeds = None if seeds is None else list(seeds)
         self._generators: dict[int, torch.Generator] = {}
+        self._row_seeds: dict[int, int] = {}  # row -> its seed (what keys its positioned draws)
         initial = range(num_rows) if seeds is None else range(len(seeds))
         self.add_rows([RowStart(row) for row in initial])
 
@@ -91,11 +104,13 @@ class SeededSampler:
             # differ by a multiple of 2**32 share a stream; folding here makes that explicit.
             generator.manual_seed(seed % (1 << 32))
             self._generators[start.row] = generator
+            self._row_seeds[start.row] = seed
 
     def release_rows(self, rows: Sequence[int]) -> None:
         """Forget these rows' streams (rows that left the batch); unknown ids are ignored."""
         for row in rows:
             self._generators.pop(row, None)
+            self._row_seeds.pop(row, None)
 
     def _default_seed(self, row: int) -> int:
         if self._seeds is None:
@@ -130,21 +145,30 @@ class SeededSampler:
         if not rows:
             return torch.empty(0, dtype=torch.long, device=probs.device)
         # Inverse-CDF with one uniform per row: a row consumes exactly one draw per call,
-        # whatever the other rows do. Float64 cumsum avoids a gap at the top of the CDF.
-        uniforms = self._uniforms(rows).to(probs.device)
-        index = _inverse_cdf_on_support(probs, uniforms) if probs.device.type == "cpu" else None
-        if index is None:
-            cdf = probs.to(torch.float64).cumsum(dim=-1)  # [N, V]
-            cdf = cdf / cdf[:, -1:]  # rows sum to 1 up to rounding; renormalise so u < 1 always lands
-            index = torch.searchsorted(cdf, uniforms.unsqueeze(-1), right=True).squeeze(-1)  # [N]
-        # searchsorted can land on a zero-probability id only through rounding at the top; clamp and
-        # step back to the last id with mass.
-        index = index.clamp(max=probs.shape[-1] - 1)
-        bad = probs.gather(1, index.unsqueeze(-1)).squeeze(-1) <= 0
-        if bad.any():
-            last_positive = (probs > 0).to(torch.int64).cumsum(-1).argmax(-1)
-            index = torch.where(bad, last_positive, index)
-        return index
+        # whatever the other rows do.
+        return _inverse_cdf(probs, self._uniforms(rows).to(probs.device))
+
+    def categorical_at(
+        self, probs: torch.Tensor, rows: Sequence[int], positions: Sequence[int]
+    ) -> torch.Tensor:
+        """The protocol's `categorical_at`: the uniform of (row, position) comes from a counter-based hash of
+        the row's seed and the position (`position_uniform`), not from the row's sequential stream."""
+        if probs.dim() != 2 or probs.shape[0] != len(rows) or len(positions) != len(rows):
+            raise ValueError(
+                f"probs must be [len(rows), V] with one position per row, got {tuple(probs.shape)}, "
+                f"{len(rows)} rows, {len(positions)} positions"
+            )
+        if not rows:
+            return torch.empty(0, dtype=torch.long, device=probs.device)
+        uniforms = [position_uniform(self._seed(r), t) for r, t in zip(rows, positions, strict=True)]
+        return _inverse_cdf(probs, torch.tensor(uniforms, dtype=torch.float64, device=probs.device))
+
+    def _seed(self, row: int) -> int:
+        seed = self._row_seeds.get(row)
+        if seed is None:
+            known = sorted(self._row_seeds)
+            raise ValueError(f"row {row} has no random stream (this sampler has rows {known})")
+        return seed
 
     def bernoulli(self, probs: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
         if probs.dim() != 1 or probs.shape[0] != len(rows):
@@ -152,6 +176,48 @@ class SeededSampler:
         if not rows:
             return torch.empty(0, dtype=torch.bool, device=probs.device)
         return self._uniforms(rows).to(probs.device) < probs.to(torch.float64)
+
+
+MASK_64 = (1 << 64) - 1
+
+
+def _mix64(value: int) -> int:
+    """SplitMix64's finaliser: a bijection of 64-bit integers that scatters every input bit."""
+    value = (value ^ (value >> 30)) * 0xBF58476D1CE4E5B9 & MASK_64
+    value = (value ^ (value >> 27)) * 0x94D049BB133111EB & MASK_64
+    return value ^ (value >> 31)
+
+
+def position_uniform(seed: int, position: int) -> float:
+    """A uniform in [0, 1) that is a function of (seed, position) only: SplitMix64 over the seed, then over
+    the position added to it (a counter-based generator: distinct positions give independent-looking
+    draws, as a sequential stream's successive draws are), 53 bits as a float64.
+
+    >>> position_uniform(0, 0) == position_uniform(0, 0) != position_uniform(0, 1)
+    True
+    """
+    key = _mix64((seed & MASK_64) + 0x9E3779B97F4A7C15 & MASK_64)
+    return (_mix64(key + (position + 1) * 0x9E3779B97F4A7C15 & MASK_64) >> 11) * 2.0**-53
+
+
+def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Row n's index for uniform uniforms[n]: the first id whose CDF exceeds it (probs [N, V] -> [N]).
+
+    The one body of both draws, the sequential `categorical` and the positioned `categorical_at`.
+    """
+    index = _inverse_cdf_on_support(probs, uniforms) if probs.device.type == "cpu" else None
+    if index is None:
+        cdf = probs.to(torch.float64).cumsum(dim=-1)  # [N, V]; float64 avoids a gap at the top of the CDF
+        cdf = cdf / cdf[:, -1:]  # rows sum to 1 up to rounding; renormalise so u < 1 always lands
+        index = torch.searchsorted(cdf, uniforms.unsqueeze(-1), right=True).squeeze(-1)  # [N]
+    # searchsorted can land on a zero-probability id only through rounding at the top; clamp and
+    # step back to the last id with mass.
+    index = index.clamp(max=probs.shape[-1] - 1)
+    bad = probs.gather(1, index.unsqueeze(-1)).squeeze(-1) <= 0
+    if bad.any():
+        last_positive = (probs > 0).to(torch.int64).cumsum(-1).argmax(-1)
+        index = torch.where(bad, last_positive, index)
+    return index
 
 
 SPARSE_SHARE = 8

@@ -124,40 +124,6 @@ def heights(parents: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     return height
 
 
-def child_links(parents: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(first_child [B, N + 1], next_sibling [B, N]), long, -1 for none.
-
-    first_child[b, m]: the lowest-index child of place m (0 = the root, n + 1 = node n);
-    next_sibling[b, n]: the next node, by index, with node n's parent. Together they list every
-    place's children in index order, the order tree verification tries them in.
-
-    >>> first, following = child_links(torch.tensor([[-1, 0, 0, -1]]), torch.tensor([4]))
-    >>> first.tolist(), following.tolist()
-    ([[0, 1, -1, -1, -1]], [[3, 2, -1, -1]])
-    """
-    batch_size, num_nodes = parents.shape
-    device = parents.device
-    if num_nodes == 0:
-        return (
-            torch.full((batch_size, 1), -1, dtype=torch.long, device=device),
-            torch.empty(batch_size, 0, dtype=torch.long, device=device),
-        )
-    valid = node_mask(lengths, num_nodes)  # [B, N]
-    index = torch.arange(num_nodes, device=device)  # [N]
-    place = parents + 1  # [B, N] 0 = the root
-    places = torch.arange(num_nodes + 1, device=device)  # [N + 1]
-    is_child = valid[:, None, :] & (place[:, None, :] == places[None, :, None])  # [B, N + 1, N]
-    first = torch.where(is_child, index, num_nodes).amin(dim=-1)  # [B, N + 1]
-    later = (
-        valid[:, None, :] & (place[:, :, None] == place[:, None, :]) & (index[None, :] > index[:, None])[None]
-    )  # [B, N, N]: [b, i, j] node j is a later sibling of node i
-    following = torch.where(later, index, num_nodes).amin(dim=-1)  # [B, N]
-    return (
-        torch.where(first == num_nodes, -1, first),
-        torch.where(following == num_nodes, -1, following),
-    )
-
-
 def node_paths(parents: Sequence[int], length: int) -> list[list[int]]:
     """One row: for each node 0..length - 1, the node indices from the root down to it.
 

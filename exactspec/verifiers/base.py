@@ -66,6 +66,8 @@ class Verifier(Protocol):
         sampler: the random source; row b draws from stream rows[b].
         rows: the batch-row id of each row (default 0..B-1).
         validate: check shapes, finiteness and normalisation first.
+        positions: per row, the tokens it emitted before this round, so that draws from p are the
+            row's positioned draws (`Sampler.categorical_at`); None: its sequential stream.
     """
 
     def __call__(
@@ -79,6 +81,7 @@ class Verifier(Protocol):
         rows: Sequence[int] | None = None,
         *,
         validate: bool = True,
+        positions: Sequence[int] | None = None,
     ) -> VerifyResult: ...
 
 

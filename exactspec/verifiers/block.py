@@ -44,6 +44,7 @@ from exactspec.verifiers.residual import (
     residual_distribution,
     residual_mass,
 )
+from exactspec.verifiers.token import verify
 
 
 def verify_block(
@@ -56,6 +57,7 @@ def verify_block(
     rows: Sequence[int] | None = None,
     *,
     validate: bool = True,
+    positions: Sequence[int] | None = None,
 ) -> VerifyResult:
     """Keep the longest prefix of each draft block that the joint rule allows, then one residual or bonus.
 
@@ -75,6 +77,13 @@ def verify_block(
             with L > 0 flips at most L coins and makes one categorical draw.
         rows: the batch-row id of each row (default 0..B-1).
         validate: check shapes, finiteness and normalisation first.
+        positions: per row, the tokens it emitted before this round: the bonus is then the row's
+            positioned draw (`exactspec.verifiers.token.verify`).
+
+    A deterministic draft (q None) is verified by coupling, as `exactspec.verifiers.token.verify` does:
+    for a one-hot q the token rule already keeps X_1..X_k with probability p_1(X_1) ... p_k(X_k),
+    the most any exact verifier can (that is the target's own probability of emitting that prefix),
+    so block verification has nothing to add there.
 
     Returns:
         A VerifyResult: num_accepted[b] = tau, num_emitted[b] = tau + 1
@@ -98,6 +107,9 @@ def verify_block(
     if draft_tokens.dim() != 2:
         raise ValueError(f"draft_tokens must be [B, gamma], got shape {tuple(draft_tokens.shape)}")
     rows = list(range(draft_tokens.shape[0])) if rows is None else list(rows)
+    if q is None:  # a one-hot draft: the token rule is already optimal (the docstring)
+        options = {"validate": validate, "positions": positions}
+        return verify(draft_tokens, q, p, draft_lengths, eos_token_ids, sampler, rows, **options)
     if validate:
         check_inputs(draft_tokens, q, p, draft_lengths, rows)
     batch_size, gamma = draft_tokens.shape
@@ -134,7 +146,12 @@ def verify_block(
     bonus_idx = ((tau == lengths) & ~ends_in_eos).nonzero().squeeze(-1)  # [K]
     if bonus_idx.numel():
         at = lengths[bonus_idx]  # [K]
-        drawn = sampler.categorical(p[bonus_idx, at], [rows[b] for b in bonus_idx.tolist()])  # [K]
+        chosen = [rows[b] for b in bonus_idx.tolist()]
+        if positions is None:
+            drawn = sampler.categorical(p[bonus_idx, at], chosen)  # [K]
+        else:
+            where = [positions[b] + a for b, a in zip(bonus_idx.tolist(), at.tolist(), strict=True)]
+            drawn = sampler.categorical_at(p[bonus_idx, at], chosen, where)  # [K]
         tokens[bonus_idx, at] = drawn
         hit_eos[bonus_idx] = torch.isin(drawn, eos)
 

@@ -20,7 +20,7 @@ import torch
 
 from exactspec.foundations.sampler import Sampler
 from exactspec.verifiers.base import NO_TOKEN, VerifyResult, check_inputs
-from exactspec.verifiers.residual import acceptance_probability, residual_distribution
+from exactspec.verifiers.residual import acceptance_probability
 
 
 def verify(
@@ -33,6 +33,7 @@ def verify(
     rows: Sequence[int] | None = None,
     *,
     validate: bool = True,
+    positions: Sequence[int] | None = None,
 ) -> VerifyResult:
     """Accept, replace or extend a block of draft tokens so the output is distributed as p.
 
@@ -54,6 +55,17 @@ def verify(
         rows: the batch-row id of each row (default 0..B-1).
         validate: check shapes, finiteness and normalisation first (cheap; on
             by default because a silent wrong answer is the worst outcome).
+        positions: per row, how many tokens it emitted before this round. Given (the engine gives
+            them), every token the round draws from p, the bonus and each position of a
+            deterministic draft, is the row's positioned draw for its output position
+            (`Sampler.categorical_at`): the same token plain decoding draws there with the same
+            seed. None: draws come from the rows' sequential streams.
+
+    A deterministic draft (q None) is verified by coupling (docs/algorithm.md 5, "Deterministic
+    drafts, coupled"): at position i the row draws Y_i from p_i; X_i is kept when Y_i = X_i, and
+    at the first i where they differ Y_i is emitted and the round ends. Pr(keep X_i) = p_i(X_i)
+    and the token emitted at each position is Y_i ~ p_i, the same law as accepting with p_i(X_i)
+    and drawing the residual; with `positions` it is also the same token plain decoding emits.
 
     Returns:
         A VerifyResult. No NaN can leave this function: a zero denominator is
@@ -74,12 +86,32 @@ def verify(
     # [B] rejected or EOS: nothing more this round
     finished = torch.zeros(batch_size, dtype=torch.bool, device=device)
 
+    def draw(probs: torch.Tensor, at: torch.Tensor, place: torch.Tensor | int) -> torch.Tensor:
+        """The token of rows `at` at draft position `place` (the bonus: their draft length), from probs."""
+        chosen = [rows[b] for b in at.tolist()]
+        if positions is None:
+            return sampler.categorical(probs, chosen)
+        offsets = (place if isinstance(place, torch.Tensor) else torch.full_like(at, place)).tolist()
+        where = [positions[b] + offset for b, offset in zip(at.tolist(), offsets, strict=True)]
+        return sampler.categorical_at(probs, chosen, where)
+
+    if positions is not None and len(positions) != batch_size:
+        raise ValueError(f"positions must give one offset per row, got {len(positions)} for {batch_size}")
     for i in range(gamma):
         active = ((draft_lengths > i) & ~finished).nonzero().squeeze(-1)  # [A]
         if active.numel() == 0:
             break
-        active_rows = [rows[b] for b in active.tolist()]
         candidate = draft_tokens[active, i]  # [A]
+        if q is None:  # coupled: the row's draw at this position decides (the docstring)
+            drawn = draw(p[active, i], active, i)  # [A]
+            kept = drawn == candidate  # [A] bool
+            tokens[active, i] = drawn
+            num_accepted[active[kept]] += 1
+            stops = ~kept | torch.isin(drawn, eos)  # [A] a miss, or an emitted EOS, ends the row's round
+            hit_eos[active] = torch.isin(drawn, eos)
+            finished[active[stops]] = True
+            continue
+        active_rows = [rows[b] for b in active.tolist()]
         # Single entries, not [A, V] row copies: p_i(X_i) and q_i(X_i) (one-hot q: 1).
         p_x = p[active, i, candidate]  # [A]
         q_x = torch.ones_like(p_x) if q is None else q[active, i, candidate]  # [A]
@@ -95,10 +127,7 @@ def verify(
 
         rejected_idx = active[~accepted]
         if rejected_idx.numel():
-            if q is None:
-                residual = residual_distribution(p[rejected_idx, i], None, candidate[~accepted])  # [R, V]
-            else:
-                residual = _residual(p[rejected_idx, i], q[rejected_idx, i])  # [R, V]
+            residual = _residual(p[rejected_idx, i], q[rejected_idx, i])  # [R, V]
             drawn = sampler.categorical(residual, [rows[b] for b in rejected_idx.tolist()])  # [R]
             tokens[rejected_idx, i] = drawn
             hit_eos[rejected_idx] = torch.isin(drawn, eos)
@@ -109,7 +138,7 @@ def verify(
     if bonus_idx.numel():
         position = draft_lengths[bonus_idx]  # [K]
         bonus_probs = p[bonus_idx, position]  # [K, V]
-        drawn = sampler.categorical(bonus_probs, [rows[b] for b in bonus_idx.tolist()])
+        drawn = draw(bonus_probs, bonus_idx, position)  # [K]
         tokens[bonus_idx, position] = drawn
         hit_eos[bonus_idx] = torch.isin(drawn, eos)
 

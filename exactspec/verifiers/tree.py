@@ -1,24 +1,23 @@
 """Tree verification: several deterministic candidates in one round (docs/algorithm.md 5), a pure function.
 
-SpecInfer's multi-step speculative sampling (Miao et al., ASPLOS 2024) for candidates without
-probabilities (q one-hot on each candidate: prompt lookup, suffix trees). The drafter proposes a
-tree of candidate tokens (`exactspec.foundations.trees`: tokens, parents, lengths); the target
-scores every node in one pass, giving p at the root (after the history) and p after each node.
+Multi-candidate verification for candidates without probabilities (q one-hot on each candidate:
+prompt lookup, suffix trees), by coupling. The drafter proposes a tree of candidate tokens
+(`exactspec.foundations.trees`: tokens, parents, lengths); the target scores every node in one pass,
+giving p at the root (after the history) and p after each node.
 
-Vocabulary (docs/algorithm.md): walk from the root. At the current place, r = p(. | path so far).
-For each child x in index order: *accept* x with probability r(x) / sum(r); on rejection set
-r(x) = 0 and try the next child. An accepted child is emitted and becomes the current place. When
-every child is rejected (or the place has none), emit one token drawn from r renormalised: after
-rejections that is the *residual* (p with the rejected children removed), at a leaf whose path was
-all accepted it is the *bonus* draw from p. The row's output stops at the first EOS: an accepted
-EOS child ends the round with no bonus.
+Vocabulary (docs/algorithm.md): walk from the root. At the current place the row draws Y from
+p(. | path so far) (its positioned draw for that output position, `Sampler.categorical_at`, when the
+caller gives positions). If a child of the place holds Y, that child is *accepted*: Y is emitted and
+the child becomes the place. Otherwise Y is emitted and the round ends: when the place has children
+that is the *residual* outcome (a token none of them holds), at a leaf whose path was all accepted it
+is the *bonus*. The row's output stops at the first EOS: an accepted EOS child ends the round.
 
-Each step is the one-hot rule of docs/algorithm.md 5 applied to r, which is why every place emits
-exactly p: the proof is docs/algorithm.md 5, "Several candidates: tree verification". A tree of
-width 1 is the chain rule for a one-hot q token for token: while no sibling was rejected the coin
-is p(x) and the draw is from p itself, exactly the numbers `exactspec.verifiers.token.verify`
-uses with q = None, and after one rejection r renormalised is `residual_distribution`'s p with
-x removed.
+Every emitted token is a draw from p at its place, so every position is distributed exactly as p
+(docs/algorithm.md 5, "Several candidates: tree verification"); child x is accepted with probability
+p(x), which is what SpecInfer's sequential rule gives it too (try the children in order, accept x with
+r(x) / sum(r), remove it from r on rejection), with one draw per position instead of a coin per child
+and a residual draw. A tree of width 1 is the chain rule for a one-hot q token for token
+(`exactspec.verifiers.token.verify` with q None draws the same Y at each position).
 
 No model, cache or I/O in here: tokens, parents, probabilities and a random source in, tokens and
 the accepted path out.
@@ -32,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from exactspec.foundations.sampler import Sampler
-from exactspec.foundations.trees import check_tree, child_links, depths, heights, node_mask
+from exactspec.foundations.trees import check_tree, depths, heights, node_mask
 from exactspec.verifiers.base import NO_TOKEN, VerifyResult, check_distributions
 
 
@@ -63,6 +62,7 @@ def verify_tree(
     rows: Sequence[int] | None = None,
     *,
     validate: bool = True,
+    positions: Sequence[int] | None = None,
 ) -> TreeVerifyResult:
     """Walk each row's tree of deterministic candidates so that every emitted token is distributed as p.
 
@@ -73,11 +73,14 @@ def verify_tree(
             after node n's root-to-node path (the bonus distribution if node n is the last accepted).
         lengths: [B] long, nodes in row b's tree (0..N; 0: one plain draw from p[:, 0]).
         eos_token_ids: every id that ends generation.
-        sampler: the random source; row b draws from stream rows[b]: one coin per child tried,
-            then one categorical draw unless an accepted EOS ends the row.
+        sampler: the random source; row b draws from stream rows[b]: one categorical draw per
+            emitted token.
         rows: the batch-row id of each row (default 0..B-1).
         validate: check the trees (`exactspec.foundations.trees.check_tree`: topological order, token
             ids, no duplicate siblings) and that the p rows the walk can read are finite and sum to 1.
+        positions: per row, the tokens it emitted before this round: the draw at depth d is then the
+            row's positioned draw for output position positions[b] + d (the same token plain decoding
+            draws there with the same seed); None: the rows' sequential streams.
 
     Returns:
         A TreeVerifyResult: num_accepted[b] accepted nodes (its path in accepted_nodes), then at most
@@ -88,10 +91,9 @@ def verify_tree(
 
         tokens [[1, 2, 3]], parents [[-1, -1, 0]], lengths [3]
 
-    Token 1 is accepted with probability 0.5 (then node 2 is tried against p[:, 1]). Else r becomes
-    [0.1, 0, 0.3, 0.1] and token 2 is accepted with probability 0.3 / 0.5 = 0.6; else r becomes
-    [0.1, 0, 0, 0.1] and the residual draw gives 0 or 3 with probability 1/2 each. So the first
-    token is 2 with probability 0.5 * 0.6 = 0.3 and 0 with 0.5 * 0.4 * 0.5 = 0.1: p[:, 0] itself.
+    The root's draw Y is 1 with probability 0.5: node 0 is accepted and node 2 is tried against a draw
+    from p[:, 1]. Y = 2 (0.3) accepts node 1, a leaf, whose bonus is drawn from p[:, 2]. Y = 0 or 3
+    (0.1 each) matches no child: Y is emitted and the round ends. The first token is p[:, 0]'s draw.
     """
     if tokens.dim() != 2:
         raise ValueError(f"tree tokens must be [B, N], got shape {tuple(tokens.shape)}")
@@ -100,8 +102,7 @@ def verify_tree(
         _check_inputs(tokens, parents, p, lengths, rows)
     batch_size, num_nodes = tokens.shape
     device = p.device
-    eos = torch.tensor(sorted(eos_token_ids), dtype=torch.long, device=device)
-    first_child, next_sibling = child_links(parents, lengths)  # [B, N + 1], [B, N]
+    eos = frozenset(int(t) for t in eos_token_ids)
     depth = int(depths(parents, lengths).max()) if num_nodes else 0
 
     out = torch.full((batch_size, depth + 1), NO_TOKEN, dtype=torch.long, device=device)  # [B, depth + 1]
@@ -110,48 +111,40 @@ def verify_tree(
     hit_eos = torch.zeros(batch_size, dtype=torch.bool, device=device)  # [B]
     finished = torch.zeros(batch_size, dtype=torch.bool, device=device)  # [B]
     place = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B] 0 = root, n + 1 = node n
-    candidate = first_child[:, 0].clone()  # [B] the child tried next, -1 when none is left
-    remaining = p[:, 0].clone()  # [B, V] r unnormalised: p at the place, rejected children set to 0
-    rejected_here = torch.zeros(batch_size, dtype=torch.bool, device=device)  # [B] a child of place failed
+    if positions is not None and len(positions) != batch_size:
+        raise ValueError(f"positions must give one offset per row, got {len(positions)} for {batch_size}")
+    # children[b][place]: {token: node} of each place's children (trees are small: a Python walk).
+    children: list[dict[int, dict[int, int]]] = []
+    for b in range(batch_size):
+        by_place: dict[int, dict[int, int]] = {}
+        for n in range(int(lengths[b])):
+            by_place.setdefault(int(parents[b, n]) + 1, {})[int(tokens[b, n])] = n
+        children.append(by_place)
 
-    # Each pass either tries one child or ends the row, so a row takes at most N + 1 passes.
+    # Each pass emits one token per row still walking, so a row takes at most depth + 1 passes.
     while True:
-        ending = (~finished & (candidate < 0)).nonzero().squeeze(-1)  # [E]
-        if ending.numel():
-            at_place = p[ending, place[ending]]  # [E, V]
-            draw_from = torch.where(
-                rejected_here[ending, None], _renormalised(remaining[ending], at_place), at_place
-            )  # [E, V]
-            drawn = sampler.categorical(draw_from, [rows[b] for b in ending.tolist()])  # [E]
-            out[ending, num_accepted[ending]] = drawn
-            hit_eos[ending] = torch.isin(drawn, eos)
-            finished[ending] = True
-        trying = (~finished & (candidate >= 0)).nonzero().squeeze(-1)  # [T]
-        if trying.numel() == 0:
+        walking = (~finished).nonzero().squeeze(-1)  # [W]
+        if walking.numel() == 0:
             break
-        node = candidate[trying]  # [T]
-        x = tokens[trying, node]  # [T]
-        accept_prob = child_acceptance(remaining[trying], x, rejected_here[trying])  # [T]
-        accepted = sampler.bernoulli(accept_prob, [rows[b] for b in trying.tolist()])  # [T] bool
-
-        kept, kept_node = trying[accepted], node[accepted]  # [K], [K]
-        if kept.numel():
-            accepted_nodes[kept, num_accepted[kept]] = kept_node
-            out[kept, num_accepted[kept]] = x[accepted]
-            num_accepted[kept] += 1
-            ends_row = torch.isin(x[accepted], eos)  # [K] an accepted EOS: nothing after it, no bonus
-            hit_eos[kept[ends_row]] = True
-            finished[kept[ends_row]] = True
-            place[kept] = kept_node + 1
-            remaining[kept] = p[kept, kept_node + 1]
-            rejected_here[kept] = False
-            candidate[kept] = first_child[kept, kept_node + 1]
-
-        refused, refused_node = trying[~accepted], node[~accepted]  # [R], [R]
-        if refused.numel():
-            remaining[refused, x[~accepted]] = 0.0
-            rejected_here[refused] = True
-            candidate[refused] = next_sibling[refused, refused_node]
+        probs = p[walking, place[walking]]  # [W, V]
+        chosen = [rows[b] for b in walking.tolist()]
+        if positions is None:
+            drawn = sampler.categorical(probs, chosen)  # [W]
+        else:
+            where = [positions[b] + int(num_accepted[b]) for b in walking.tolist()]
+            drawn = sampler.categorical_at(probs, chosen, where)  # [W]
+        for b, y in zip(walking.tolist(), drawn.tolist(), strict=True):
+            out[b, num_accepted[b]] = y
+            child = matching_child(children[b].get(int(place[b]), {}), y)
+            if child is not None:  # a candidate holds the drawn token: accepted, walk on from it
+                accepted_nodes[b, num_accepted[b]] = child
+                num_accepted[b] += 1
+                place[b] = child + 1
+            else:  # the residual outcome (children none of which holds y) or the bonus (a leaf)
+                finished[b] = True
+            if y in eos:
+                hit_eos[b] = True
+                finished[b] = True
 
     num_emitted = (out != NO_TOKEN).sum(dim=-1)  # [B]
     below = heights(parents, lengths).gather(1, place[:, None]).squeeze(1)  # [B]
@@ -166,34 +159,13 @@ def verify_tree(
     )
 
 
-def child_acceptance(remaining: torch.Tensor, x: torch.Tensor, renormalise: torch.Tensor) -> torch.Tensor:
-    """The coin of child x: r(x) / sum(r) (docs/algorithm.md 5). remaining [T, V] (r unnormalised),
-    x [T] long, renormalise [T] bool (a sibling was rejected at this place) -> [T] in [0, 1].
+def matching_child(children: dict[int, int], drawn: int) -> int | None:
+    """The node among a place's children ({token: node}) that holds the drawn token, None when none does.
 
-    While no sibling was rejected r = p sums to 1 and the coin is p(x), the chain's one-hot coin
-    (`token.verify` with q None) bit for bit. After a rejection it is r(x) / sum(r): sum(r) > 0
-    whenever this is reached with positive probability (a rejection needs mass outside x), and
-    r(x) <= sum(r). Example: r = [0.1, 0, 0.3, 0.1] after token 1 was rejected, x = 2: 0.3 / 0.5 = 0.6.
+    >>> matching_child({1: 0, 2: 1}, 2), matching_child({1: 0, 2: 1}, 3)
+    (1, None)
     """
-    r_x = remaining.gather(1, x[:, None]).squeeze(1)  # [T]
-    mass = remaining.sum(dim=-1)  # [T]
-    safe_mass = torch.where(mass > 0, mass, torch.ones_like(mass))
-    renormalised = torch.where(mass > 0, r_x / safe_mass, torch.zeros_like(r_x))  # [T]
-    return torch.where(renormalise, renormalised, r_x).clamp(0.0, 1.0)
-
-
-def _renormalised(remaining: torch.Tensor, at_place: torch.Tensor) -> torch.Tensor:
-    """r / sum(r) per row: remaining [E, V], at_place [E, V] (p at the place) -> [E, V].
-
-    The same arithmetic as `verifiers.residual.residual_distribution` for a one-hot q (a width-1 tree
-    draws exactly the chain's residual). Zero mass cannot be reached with positive probability (every
-    child was rejected, yet the last one held all of r); rounding aside it never happens, and p itself
-    is drawn from there, as residual.py does for beta = 0.
-    """
-    mass = remaining.sum(dim=-1, keepdim=True)  # [E, 1]
-    degenerate = mass <= 0
-    safe_mass = torch.where(degenerate, torch.ones_like(mass), mass)
-    return torch.where(degenerate, at_place, remaining / safe_mass)
+    return children.get(drawn)
 
 
 def _check_inputs(

@@ -259,7 +259,8 @@ def _plain_sampling(
     max_new: int,
     seeds: list[int],
 ) -> list[list[int]]:
-    """Autoregressive sampling written out by hand: one categorical draw per token, on each row's stream."""
+    """Autoregressive sampling written out by hand: the token at position t of row r is the row's positioned
+    draw for t (`Sampler.categorical_at`), as the engine draws it."""
     sampler = SeededSampler(seeds=seeds)
     outputs = []
     for row, prompt in enumerate(prompts):
@@ -267,7 +268,7 @@ def _plain_sampling(
         while len(generated) < max_new:
             history = [*prompt, *generated]
             p = probabilities(target.logits([history], 1)[:, 0], settings, [history])
-            token = int(sampler.categorical(p, [row])[0])
+            token = int(sampler.categorical_at(p, [row], [len(generated)])[0])
             generated.append(token)
             if token in target.eos_token_ids:
                 break
@@ -295,6 +296,31 @@ def test_gamma_zero_equals_plain_sampling(settings: SamplingSettings, with_draft
     expected = _plain_sampling(target, PROMPTS, settings, 15, seeds)
     assert [state.generated for state in states] == expected
     assert engine.metrics.proposed_tokens == 0
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "suffix"])
+@pytest.mark.parametrize("adaptive", [False, True])
+@pytest.mark.parametrize("gamma", [1, 4])
+def test_sampled_speculation_with_free_drafts_emits_plain_samplings_tokens(
+    drafter: str, adaptive: bool, gamma: int
+) -> None:
+    """Coupled verification (docs/algorithm.md 5): with a deterministic draft every emitted token is the row's
+    positioned draw from p, so sampled (T > 0) speculative output equals plain sampling token for token,
+    whatever the draft lengths (fixed, or planned from measured round times) and the batch."""
+    from exactspec.decoding.builder import build_engine
+    from exactspec.decoding.strategy import Strategy
+    from exactspec.foundations.costs import BatchCosts
+
+    target = _target()
+    settings = SamplingSettings(temperature=0.9, top_k=5)
+    prompts = [[1, 2, 3, 1, 2], [4, 4, 4], [2, 3]]
+    seeds = [5, 6, 7]
+    costs = BatchCosts(rows=(1, 4), widths=(1, 2, 5), target=((1.0, 1.05, 1.2), (1.2, 1.5, 2.5)))
+    engine = build_engine(target, None, Strategy(drafter, adaptive_gamma=adaptive), gamma, batch_costs=costs)
+    config = DecodeConfig(gamma=gamma, max_new_tokens=20, settings=settings)
+    states = engine.generate(prompts, config, SeededSampler(seeds=seeds))
+    assert [state.generated for state in states] == _plain_sampling(target, prompts, settings, 20, seeds)
+    assert engine.metrics.accepted_tokens > 0  # drafts were kept: the equality is not plain vs plain
 
 
 def _plain_greedy(
@@ -433,9 +459,9 @@ def test_validate_off_skips_the_verifiers_checks_and_changes_no_token(verifier_n
     chosen = {"token": verify, "block": verify_block}[verifier_name]
     flags: list[bool] = []
 
-    def recording(*args: object, validate: bool = True) -> object:
+    def recording(*args: object, validate: bool = True, **options: object) -> object:
         flags.append(validate)
-        return chosen(*args, validate=validate)
+        return chosen(*args, validate=validate, **options)
 
     config = DecodeConfig(gamma=3, max_new_tokens=12, settings=SamplingSettings(temperature=0.9))
     outputs = []

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import exactspec.foundations.trees as trees
-from exactspec.foundations.trees import check_tree, child_links, depths, heights, leaf_paths, node_paths
+from exactspec.foundations.trees import check_tree, depths, heights, leaf_paths, node_paths
 
 # Row 0: root -> 5 (0) -> 6 (1) -> 7 (3); 5 (0) -> 8 (2); root -> 9 (4). Row 1: two nodes, then padding.
 TOKENS = torch.tensor([[5, 6, 8, 7, 9], [5, 6, 0, 0, 0]])
@@ -20,13 +20,9 @@ def test_docstring_examples() -> None:
     assert doctest.testmod(trees).failed == 0
 
 
-def test_depths_heights_and_links_of_a_batch_with_padding() -> None:
+def test_depths_and_heights_of_a_batch_with_padding() -> None:
     assert depths(PARENTS, LENGTHS).tolist() == [[1, 2, 2, 3, 1], [1, 1, 0, 0, 0]]
     assert heights(PARENTS, LENGTHS).tolist() == [[3, 3, 3, 2, 3, 1], [1, 1, 1, 0, 0, 0]]
-    first, following = child_links(PARENTS, LENGTHS)
-    assert first.tolist() == [[0, 1, 3, -1, -1, -1], [0, -1, -1, -1, -1, -1]]
-    assert following.tolist()[0] == [4, 2, -1, -1, -1]
-    assert following.tolist()[1][:2] == [1, -1]  # padding nodes are nobody's sibling
 
 
 def test_paths() -> None:
@@ -38,8 +34,6 @@ def test_paths() -> None:
 def test_empty_trees() -> None:
     none = torch.zeros(2, 0, dtype=torch.long)
     check_tree(none, none, torch.tensor([0, 0]))
-    first, following = child_links(none, torch.tensor([0, 0]))
-    assert first.tolist() == [[-1], [-1]] and following.shape == (2, 0)
     assert heights(none, torch.tensor([0, 0])).tolist() == [[0], [0]]
 
 
