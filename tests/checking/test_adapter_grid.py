@@ -16,6 +16,8 @@ import torch
 
 pytest.importorskip("transformers")
 
+from conftest import grid_cases  # noqa: E402
+
 from exactspec.checking import grid  # noqa: E402
 from exactspec.checking.grid import (  # noqa: E402
     EXACT_TOLERANCE,
@@ -27,7 +29,7 @@ from exactspec.checking.grid import (  # noqa: E402
 from exactspec.decoding.engine import SpeculativeEngine  # noqa: E402
 from exactspec.models.hf import HFLanguageModel  # noqa: E402
 
-CASES = adapter_cases()
+CASES = grid_cases("adapter")
 CAUGHT = 1e-6
 """A mutant counts as caught when some adapter case's TV exceeds this (exact cases give ~1e-16)."""
 
@@ -35,6 +37,7 @@ CAUGHT = 1e-6
 def test_adapter_cases_are_in_the_grid_and_named_for_the_adapter() -> None:
     names = [case.name for case in grid.exact_grid()]
     assert all(case.name in names for case in CASES)
+    assert adapter_cases() == CASES
     assert len(set(names)) == len(names)
     assert {case.family for case in CASES} == {"qwen2", "llama"}
     assert all(case.name.startswith(f"adapter {case.family} float64: batch of 2") for case in CASES)

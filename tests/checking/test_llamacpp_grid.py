@@ -10,15 +10,18 @@ from exactspec.checking import grid
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the `llamacpp` extra)")
 pytest.importorskip("transformers")
 
+from conftest import grid_cases  # noqa: E402
+
 from exactspec.checking.grid import LLAMACPP_TOLERANCE, llamacpp_cases, run_exact_case  # noqa: E402
 from exactspec.models.llamacpp import LlamaCppModel  # noqa: E402
 
-CASES = llamacpp_cases()
+CASES = grid_cases("llamacpp")
 
 
 def test_llamacpp_cases_are_in_the_grid_with_their_tolerance() -> None:
     names = [case.name for case in grid.exact_grid()]
     assert all(case.name in names for case in CASES)
+    assert llamacpp_cases() == CASES
     assert all(case.tolerance == LLAMACPP_TOLERANCE for case in CASES)
     target, draft = CASES[0].models()
     assert isinstance(target, LlamaCppModel) and isinstance(draft, LlamaCppModel)

@@ -7,9 +7,10 @@ from collections.abc import Sequence
 
 import pytest
 import torch
+from conftest import grid_cases
 
 from exactspec.checking.exact import check_speculative
-from exactspec.checking.grid import EXACT_TOLERANCE, ExactCase, exact_grid, run_exact_case
+from exactspec.checking.grid import EXACT_TOLERANCE, ExactCase, run_exact_case
 from exactspec.checking.toy import random_tabular_model
 from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine
 from exactspec.drafters import ModelDrafter, Proposal
@@ -183,13 +184,15 @@ def test_engine_runs_rounds_where_no_row_matches(verifier) -> None:
     assert engine.metrics.draft_calls == 0  # no draft model ran
 
 
-NGRAM_CASES = [case for case in exact_grid() if case.strategy.drafter in ("ngram", "hybrid")]
+# The grid's lookup and hybrid cases; with adaptive gamma they are tests/decoding/test_gamma.py's, through
+# llama.cpp tests/checking/test_llamacpp_grid.py's.
+NGRAM_CASES = grid_cases("lookup")
 
 
 @pytest.mark.parametrize("case", NGRAM_CASES, ids=lambda case: case.name)
 def test_lookup_and_hybrid_are_exact(case: ExactCase) -> None:
     result = run_exact_case(case)
-    assert result.total_variation <= case.tolerance, result.total_variation  # float32 for llama.cpp cases
+    assert result.total_variation <= case.tolerance, result.total_variation
 
 
 def test_the_no_match_case_really_has_rounds_without_a_match() -> None:
