@@ -24,13 +24,15 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
 
 from exactspec.artefacts.default_pair import PartedModel
-from exactspec.checking.grid import AdapterCase, ExactCase, LlamaCppCase, exact_grid
+
+if TYPE_CHECKING:  # the grid (and scipy) load when a test module asks for its cases
+    from exactspec.checking.grid import ExactCase
 
 torch.set_num_threads(1)
 
@@ -374,6 +376,8 @@ def grid_owner(case: ExactCase) -> str | None:
     cases) is the quick grid's: the cases `exactspec verify --quick` runs (`ExactCase.quick`), which
     tests/cli/test_cli.py used to run through the command line.
     """
+    from exactspec.checking.grid import AdapterCase, LlamaCppCase
+
     if isinstance(case, LlamaCppCase):
         return "llamacpp"
     if isinstance(case, AdapterCase):
@@ -391,6 +395,8 @@ def grid_owner(case: ExactCase) -> str | None:
 
 def grid_cases(owner: str) -> list[ExactCase]:
     """The cases of `exact_grid()` that the test module `GRID_OWNERS[owner]` runs."""
+    from exactspec.checking.grid import exact_grid
+
     if owner not in GRID_OWNERS:
         raise ValueError(f"unknown grid owner {owner!r}; one of {sorted(GRID_OWNERS)}")
     return [case for case in exact_grid() if grid_owner(case) == owner]

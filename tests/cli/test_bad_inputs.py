@@ -312,22 +312,19 @@ def _env() -> dict[str, str]:
 
 def test_non_utf8_argv_and_stdin(files: dict[str, str]) -> None:
     """Before: a traceback (UnicodeEncodeError in the tokenizer, UnicodeDecodeError reading stdin)."""
-    argv = subprocess.run(
-        [os.fsencode(a) for a in _command("generate", *NEVER_LOADED)] + [b"caf\xe9"],
-        env=_env(),
-        capture_output=True,
-        timeout=120,
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    # Both at once: each spends its time importing, on a core of its own where there are two.
+    argv = subprocess.Popen(
+        [os.fsencode(a) for a in _command("generate", *NEVER_LOADED)] + [b"caf\xe9"], env=_env(), **pipes
     )
-    stdin = subprocess.run(
-        _command("generate", *NEVER_LOADED, "-"),
-        env=_env(),
-        input="caf\xe9\n".encode("latin-1"),
-        capture_output=True,
-        timeout=120,
+    stdin = subprocess.Popen(
+        _command("generate", *NEVER_LOADED, "-"), env=_env(), stdin=subprocess.PIPE, **pipes
     )
+    _, stdin_err = stdin.communicate("caf\xe9\n".encode("latin-1"), timeout=120)
+    _, argv_err = argv.communicate(timeout=120)
     assert argv.returncode == stdin.returncode == EXIT_USAGE
-    assert "the prompt argument is not valid UTF-8" in one_error_line(argv.stderr.decode())
-    assert "standard input is not valid UTF-8" in one_error_line(stdin.stderr.decode())
+    assert "the prompt argument is not valid UTF-8" in one_error_line(argv_err.decode())
+    assert "standard input is not valid UTF-8" in one_error_line(stdin_err.decode())
 
 
 def _wait_until_torch_is_loading(pid: int, timeout: float = 60.0) -> None:
