@@ -247,9 +247,19 @@ def _expected_tokens_per_round(verifier, seed: int, vocab: int, gamma: int) -> f
     return sum(count * prob for count, prob in distribution.items())
 
 
+# (seed, V, gamma): three random pairs for each vocabulary and gamma but V=4 with gamma=3, whose 64 draft
+# blocks per pair made two thirds of the test's time; it keeps one pair. (The smallest gain of the 12
+# was 0.016, at V=3, gamma=2; at V=4, gamma=3 the three pairs gained 0.08 to 0.12.)
+GAIN_CASES = [
+    *itertools.product((1, 2, 3), (3, 4), (2,)),
+    *itertools.product((1, 2, 3), (3,), (3,)),
+    (1, 4, 3),
+]
+
+
 def test_block_never_gives_fewer_tokens_per_round_than_token_verification() -> None:
     gains = []
-    for seed, vocab, gamma in itertools.product((1, 2, 3), (3, 4), (2, 3)):
+    for seed, vocab, gamma in GAIN_CASES:
         token = _expected_tokens_per_round(verify, seed, vocab, gamma)
         block = _expected_tokens_per_round(verify_block, seed, vocab, gamma)
         assert block >= token - 1e-12, (seed, vocab, gamma, token, block)
