@@ -358,10 +358,14 @@ def tree_rounds(
 
 GRID_OWNERS = {
     "llamacpp": "checking/test_llamacpp_grid.py",
+    "adapter tree": "checking/test_adapter_grid.py",
     "adapter": "checking/test_adapter_grid.py",
+    "tree": "verifiers/test_tree.py",
+    "suffix trees": "verifiers/test_tree.py",
     "planner": "decoding/test_planner.py",
     "adaptive": "decoding/test_gamma.py",
     "lookup": "drafters/test_ngram.py",
+    "registered": "drafters/test_registry.py",
     "block": "verifiers/test_block.py",
     "quick": "checking/test_grid.py",
 }
@@ -371,23 +375,33 @@ GRID_OWNERS = {
 def grid_owner(case: ExactCase) -> str | None:
     """The one owner of a case (None: only the full `exactspec verify` runs it).
 
-    The first rule that matches wins: the backend, then the cost-aware plan, adaptive gamma, the
-    drafter, the verifier. What is left (token verification of a draft model, and the scheduler
-    cases) is the quick grid's: the cases `exactspec verify --quick` runs (`ExactCase.quick`), which
-    tests/cli/test_cli.py used to run through the command line.
+    The first rule that matches wins: the backend (llama.cpp, the HF adapter with trees or chains),
+    trees of candidates (toy tables, the suffix drafter's), the cost-aware scheduler case, adaptive
+    gamma, the drafter (lookup and hybrid; the registry's other drafters), the verifier. What is left
+    (token verification of a draft model, and the scheduler cases) is the quick grid's: the cases
+    `exactspec verify --quick` runs (`ExactCase.quick`), which tests/cli/test_cli.py used to run
+    through the command line.
     """
-    from exactspec.checking.grid import AdapterCase, LlamaCppCase
+    from exactspec.checking.grid import AdapterCase, AdapterTreeCase, LlamaCppCase, TreeCase
 
     if isinstance(case, LlamaCppCase):
         return "llamacpp"
+    if isinstance(case, AdapterTreeCase):
+        return "adapter tree"
     if isinstance(case, AdapterCase):
         return "adapter"
-    if case.planned:
+    if isinstance(case, TreeCase):
+        return "tree"
+    if case.name.startswith("suffix trees"):
+        return "suffix trees"
+    if case.planned and case.schedule:
         return "planner"
     if case.strategy.adaptive_gamma:
         return "adaptive"
-    if case.strategy.drafter != "model":
+    if case.strategy.drafter in ("ngram", "hybrid"):
         return "lookup"
+    if case.strategy.drafter != "model":
+        return "registered"
     if case.strategy.verifier == "block":
         return "block"
     return "quick" if case.quick else None

@@ -138,7 +138,7 @@ def test_adapter_case_is_exact_and_reaches_rollback(
         assert events.holes > 0
 
 
-TREE_CASES = [case for case in grid.tree_cases() if isinstance(case, AdapterTreeCase)]
+TREE_CASES = grid_cases("adapter tree")
 
 
 @pytest.mark.parametrize("case", TREE_CASES, ids=lambda case: case.name)
