@@ -51,6 +51,11 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     }
 
 
+# The tiny models load with named weights: under `--backend auto` (the default) every load would first
+# time "hf int4" and "hf bf16" on them and cache the timings, which is not what these tests are about.
+DENSE = ("--weights", "bf16")
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     root = tmp_path_factory.mktemp("bad-inputs-models")
@@ -277,7 +282,7 @@ def test_interruptions_in_process(
 
 def test_json_never_prints_nan(models: tuple[str, str], capsys) -> None:
     """Before: --plain --json printed "acceptance_rate": NaN, which is not JSON."""
-    argv = [*G, "--target", models[0], "--plain", "--json", "--max-new-tokens", "4", PROMPT]
+    argv = [*G, "--target", models[0], *DENSE, "--plain", "--json", "--max-new-tokens", "4", PROMPT]
     assert main(argv) == EXIT_OK
     out = capsys.readouterr().out
 
@@ -289,7 +294,7 @@ def test_json_never_prints_nan(models: tuple[str, str], capsys) -> None:
 
 
 def test_logit_bias_outside_the_vocabulary_is_a_usage_error(models: tuple[str, str], capsys) -> None:
-    argv = [*G, "--target", models[0], "--draft", models[1], "--logit-bias", "100000=1", PROMPT]
+    argv = [*G, "--target", models[0], "--draft", models[1], *DENSE, "--logit-bias", "100000=1", PROMPT]
     assert main(argv) == EXIT_USAGE
     assert "--logit-bias: logit_bias names token id(s) [100000] outside the vocabulary" in one_error_line(
         capsys.readouterr().err
@@ -398,6 +403,7 @@ def test_stdout_closed_early_exits_quietly(models: tuple[str, str]) -> None:
             models[0],
             "--draft",
             models[1],
+            *DENSE,
             "--max-new-tokens",
             "40",
             PROMPT,
