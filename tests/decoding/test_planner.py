@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from conftest import grid_cases
 
-from exactspec.checking.grid import GRID_BATCH_COSTS, GRID_POLICY_OPTIONS, exact_grid, run_exact_case
+from exactspec.checking.grid import GRID_BATCH_COSTS, GRID_POLICY_OPTIONS, run_exact_case
 from exactspec.checking.toy import random_tabular_model
 from exactspec.decoding.builder import build_scheduler
 from exactspec.decoding.gamma import RoundRow
@@ -100,7 +101,8 @@ def test_the_grid_case_really_changes_gamma_with_the_batch(monkeypatch: pytest.M
         return chosen
 
     monkeypatch.setattr(CostAwareGamma, "plan", recording)
-    case = next(c for c in exact_grid() if c.name == "scheduler: cost-aware rounds, gamma by batch")
+    (case,) = grid_cases("planner")  # the suite runs this grid case here only
+    assert case.name == "scheduler: cost-aware rounds, gamma by batch"
     assert run_exact_case(case).passed
     alone = [chosen[0] for rows, _, chosen in plans if rows == (0,)]
     shared = [chosen[0] for rows, _, chosen in plans if 0 in rows and len(rows) > 1]

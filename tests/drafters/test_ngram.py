@@ -7,9 +7,10 @@ from collections.abc import Sequence
 
 import pytest
 import torch
+from conftest import grid_cases
 
 from exactspec.checking.exact import check_speculative
-from exactspec.checking.grid import EXACT_TOLERANCE, ExactCase, exact_grid, run_exact_case
+from exactspec.checking.grid import EXACT_TOLERANCE, ExactCase, run_exact_case
 from exactspec.checking.toy import random_tabular_model
 from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine
 from exactspec.drafters import ModelDrafter, Proposal
@@ -183,13 +184,15 @@ def test_engine_runs_rounds_where_no_row_matches(verifier) -> None:
     assert engine.metrics.draft_calls == 0  # no draft model ran
 
 
-NGRAM_CASES = [case for case in exact_grid() if case.strategy.drafter in ("ngram", "hybrid")]
+# The grid's lookup and hybrid cases; with adaptive gamma they are tests/decoding/test_gamma.py's, through
+# llama.cpp tests/checking/test_llamacpp_grid.py's.
+NGRAM_CASES = grid_cases("lookup")
 
 
 @pytest.mark.parametrize("case", NGRAM_CASES, ids=lambda case: case.name)
 def test_lookup_and_hybrid_are_exact(case: ExactCase) -> None:
     result = run_exact_case(case)
-    assert result.total_variation <= case.tolerance, result.total_variation  # float32 for llama.cpp cases
+    assert result.total_variation <= case.tolerance, result.total_variation
 
 
 def test_the_no_match_case_really_has_rounds_without_a_match() -> None:
@@ -283,6 +286,10 @@ class SamplesButClaimsDeterministic(Stateless):
 
 
 TEETH_CASE = ExactCase("teeth", 4, 3, 3, prompts=((1, 2, 1),))
+# TEETH_CASE with V = 3: 217 random paths instead of 1573 (the draft's draws are enumerated too), the
+# same gamma 3 and 3 new tokens. A one-hot residual that keeps X (p instead of p without X) is still
+# caught here (TV 0.046; 0.036 on TEETH_CASE).
+SAMPLED_ONE_HOT_CASE = ExactCase("sampled, verified as one-hot", 3, 3, 3, prompts=((1, 2, 1),))
 
 
 @pytest.mark.parametrize("verifier", [verify, verify_block], ids=["token", "block"])
@@ -305,10 +312,9 @@ def test_sampled_tokens_verified_as_one_hot_stay_exact(verifier) -> None:
     # Not a lie that can be caught: given the proposed X, "accept with p(X), else draw from p without X"
     # outputs y with probability p(X) [y = X] + (1 - p(X)) p(y) [y != X] / (1 - p(X)) = p(y), whatever
     # produced X. A deterministic proposal may therefore come from any source; it only accepts less.
-    target, draft = TEETH_CASE.models()
-    config = DecodeConfig(gamma=TEETH_CASE.gamma, max_new_tokens=TEETH_CASE.max_new_tokens)
-    drafter = SamplesButClaimsDeterministic(ModelDrafter(draft, 4))
-    result = check_speculative(
-        lambda: SpeculativeEngine(target, drafter, verifier), TEETH_CASE.prompts, config
-    )
+    case = SAMPLED_ONE_HOT_CASE
+    target, draft = case.models()
+    config = DecodeConfig(gamma=case.gamma, max_new_tokens=case.max_new_tokens)
+    drafter = SamplesButClaimsDeterministic(ModelDrafter(draft, case.vocab_size))
+    result = check_speculative(lambda: SpeculativeEngine(target, drafter, verifier), case.prompts, config)
     assert result.total_variation <= EXACT_TOLERANCE

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from conftest import grid_cases
 
+from exactspec.checking.grid import EXACT_TOLERANCE, ExactCase, run_exact_case
 from exactspec.checking.toy import random_tabular_model
 from exactspec.cli.main import build_parser
 from exactspec.decoding.builder import build_components
@@ -64,3 +66,15 @@ def test_options_are_checked_by_name_and_type(echo: DrafterKind) -> None:
         Strategy(drafter=echo.name, drafter_options={"order": "two"})
     with pytest.raises(ValueError, match="registered already"):
         registry.register(DrafterKind("ngram", "x", "x", False, True, _echo))
+
+
+# The grid cases every registered drafter without cases of its own gets (`registered_drafter_cases`),
+# with a fixed gamma; with adaptive gamma they are tests/decoding/test_gamma.py's.
+REGISTERED_CASES = grid_cases("registered")
+
+
+@pytest.mark.parametrize("case", REGISTERED_CASES, ids=lambda case: case.name)
+def test_registered_drafter_grid_case_is_exact(case: ExactCase) -> None:
+    assert not case.strategy.adaptive_gamma
+    result = run_exact_case(case)
+    assert result.total_variation <= EXACT_TOLERANCE, result.total_variation

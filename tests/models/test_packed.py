@@ -218,10 +218,11 @@ PACKED_EXACT_TOLERANCE = 1e-6
 SMALL_VOCAB = 4  # the adapter keeps the first 4 of the 64 logits rows: few enough paths to enumerate
 
 
+# gamma 1 to 3, 2 or 3 new tokens, a sharpened temperature. (A T = 1.7 row doubled the file's time: the
+# temperature acts on the logits after the adapter, and T = 1.7 is checked exactly on its own by
+# tests/checking/test_exact.py and the grid's "T=1.7" cases.)
 @pytest.mark.parametrize("weights", ["int4", "int8"])
-@pytest.mark.parametrize(
-    ("gamma", "max_new_tokens", "temperature"), [(1, 3, 1.0), (2, 3, 0.5), (3, 2, 1.0), (2, 3, 1.7)]
-)
+@pytest.mark.parametrize(("gamma", "max_new_tokens", "temperature"), [(1, 3, 1.0), (2, 3, 0.5), (3, 2, 1.0)])
 def test_packed_exact_distribution_through_the_adapter(
     weights: str, gamma: int, max_new_tokens: int, temperature: float
 ) -> None:

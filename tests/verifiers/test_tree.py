@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import grid_cases
 
 import exactspec.decoding.engine as engine_module
 import exactspec.verifiers.tree as tree_module
 from exactspec.checking.exact import EnumeratingSampler, check_speculative, enumerate_outputs, total_variation
-from exactspec.checking.grid import EXACT_TOLERANCE, AdapterCase, TreeCase, exact_grid, run_exact_case
+from exactspec.checking.grid import EXACT_TOLERANCE, TreeCase, run_exact_case
 from exactspec.decoding.engine import DecodeConfig
 from exactspec.foundations.sampler import SeededSampler
 from exactspec.verifiers.base import NO_TOKEN
@@ -337,9 +338,7 @@ def test_path_lengths_count_the_candidates_the_path_could_have_kept() -> None:
 # ---------------------------------------------------------------- the exact grid's tree cases
 
 # The toy-table tree cases; those on the HF adapter are tests/checking/test_adapter_grid.py's.
-TREE_CASES = [
-    case for case in exact_grid() if isinstance(case, TreeCase) and not isinstance(case, AdapterCase)
-]
+TREE_CASES = grid_cases("tree")
 
 
 @pytest.mark.parametrize("case", TREE_CASES, ids=lambda case: case.name)
@@ -421,7 +420,7 @@ def test_teeth_the_broken_walk_fails_the_exact_check(monkeypatch: pytest.MonkeyP
     assert run_exact_case(case).total_variation > 1e-3
 
 
-SUFFIX_TREE_CASES = [case for case in exact_grid() if case.name.startswith("suffix trees")]
+SUFFIX_TREE_CASES = grid_cases("suffix trees")
 
 
 @pytest.mark.parametrize("case", SUFFIX_TREE_CASES, ids=lambda case: case.name)
