@@ -1,10 +1,13 @@
 """The Python API: load a target/draft pair once, then generate (or stream) text.
 
->>> from exactspec import SpeculativeDecoder, SamplingSettings   # doctest: +SKIP
->>> decoder = SpeculativeDecoder.from_pretrained()               # the built-in Qwen2.5-Coder pair
->>> out = decoder.generate(["def quicksort(xs):"], gamma=4, max_new_tokens=64,
-...                        settings=SamplingSettings(temperature=0.7), seed=1)
->>> out.completions[0].text, out.completions[0].finish_reason, out.metrics.acceptance_rate
+Example (it loads the built-in Qwen2.5-Coder pair, so it is not run as a doctest):
+
+    from exactspec import SpeculativeDecoder, SamplingSettings
+
+    decoder = SpeculativeDecoder.from_pretrained()
+    out = decoder.generate(["def quicksort(xs):"], max_new_tokens=64,
+                           settings=SamplingSettings(temperature=0.7), seed=1)
+    out.completions[0].text, out.completions[0].finish_reason, out.metrics.acceptance_rate
 """
 
 from __future__ import annotations

@@ -19,10 +19,11 @@ A request becomes one row per choice (`n`), all admitted or none (`submit`). Eve
 scheduler's `RowEvent`s; `Choice.apply` turns each into the text that is safe to show (stop strings
 cut, incomplete UTF-8 held back). Consumers call it on their own thread: the round thread only queues.
 
->>> from exactspec.checking.toy import random_tabular_model   # doctest: +SKIP
->>> session = Session(pair)                                     # doctest: +SKIP
->>> [submission] = session.generate([TextRequest("def f():", max_tokens=16, seed=1)])  # doctest: +SKIP
->>> submission.choices[0].text, submission.choices[0].finish_reason                   # doctest: +SKIP
+Example, with a loaded `ModelPair` (`ModelPair.from_pretrained()`):
+
+    session = Session(pair, SessionConfig(prefill_chunk=None))
+    submission = session.generate([TextRequest("def f():", max_tokens=16, seed=1)])
+    submission.choices[0].text, submission.choices[0].finish_reason
 """
 
 from __future__ import annotations
