@@ -111,9 +111,10 @@ def choose(spec: LoadSpec) -> BackendChoice:
         versions["llama-cpp-python"] = version("llama-cpp-python")
     except Exception:  # not installed: not a candidate either
         versions["llama-cpp-python"] = ""
+    # Keyed by the target alone: the choice is the fastest plain step, so a run with and a run without a
+    # draft (--plain) choose alike (c is reported for the draft of the run that measured).
     key = {
         "target": str(spec.target),
-        "draft": str(spec.draft),
         "dtype": str(spec.dtype),
         "threads": spec.threads,
         "candidates": [label for label, _, _ in candidates],
