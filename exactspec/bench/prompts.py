@@ -21,10 +21,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Category = Literal["coding", "prose", "grounded"]
-CATEGORIES: tuple[Category, ...] = ("coding", "prose", "grounded")
-# What `select_prompts` and `exactspec bench --prompts` accept: "all" is the default set (coding and prose).
-SELECTIONS: tuple[str, ...] = ("all", "coding", "prose", "grounded", "all+grounded")
+Category = Literal["coding", "prose", "grounded", "edits", "extraction"]
+CATEGORIES: tuple[Category, ...] = ("coding", "prose", "grounded", "edits", "extraction")
+# What `select_prompts` and `exactspec bench --prompts` accept: "all" is the default set (coding and prose);
+# "edits", "extraction" and "repetitive" (both) are the repetitive workloads of `exactspec.bench.workloads`.
+SELECTIONS: tuple[str, ...] = (
+    "all",
+    "coding",
+    "prose",
+    "grounded",
+    "all+grounded",
+    "edits",
+    "extraction",
+    "repetitive",
+)
 
 
 @dataclass(frozen=True)
@@ -440,7 +450,8 @@ def select_prompts(which: str = "all", *, quick: bool = False) -> list[BenchProm
     """The prompts of a selection (one of `SELECTIONS`); with `quick`, only the quick ones.
 
     "all" is the default set `PROMPTS` (coding and prose, as in every earlier benchmark), "grounded"
-    the input-grounded ones, "all+grounded" both, in that order.
+    the input-grounded ones, "all+grounded" both, in that order; "edits", "extraction" and
+    "repetitive" the repetitive workloads (`exactspec.bench.workloads`).
     """
     if which not in SELECTIONS:
         raise ValueError(f"prompts must be one of {', '.join(SELECTIONS)}; got {which!r}")
@@ -448,8 +459,19 @@ def select_prompts(which: str = "all", *, quick: bool = False) -> list[BenchProm
         chosen = list(PROMPTS)
     elif which == "all+grounded":
         chosen = list(PROMPTS + GROUNDED_PROMPTS)
+    elif which == "repetitive":
+        chosen = [p for p in every_prompt() if p.category in ("edits", "extraction")]
     else:
-        chosen = [p for p in PROMPTS + GROUNDED_PROMPTS if p.category == which]
+        chosen = [p for p in every_prompt() if p.category == which]
     if quick:
         chosen = [p for p in chosen if p.quick]
     return chosen
+
+
+def every_prompt() -> tuple[BenchPrompt, ...]:
+    """Every built-in prompt in its order: the default set, the grounded prompts, then the repetitive
+    workloads (`exactspec.bench.workloads`, built from this Python's standard library), each in the
+    order its requests are sent."""
+    from exactspec.bench.workloads import edit_prompts, extraction_prompts  # they build on BenchPrompt
+
+    return PROMPTS + GROUNDED_PROMPTS + edit_prompts() + extraction_prompts()

@@ -106,12 +106,19 @@ class ExpectedAccepted(JsonRecord):
 
     `block_weights`: block verification's weights summed (`verifiers.expected.block_weight_sum`),
     whose mean over drafts is its expectation too; None in results from before it was kept.
+    `tree`, `tree_first_branch`: over the row-rounds that verified a tree of candidates
+    (`tree_rounds` of them; chains count in `rounds`), E[accepted candidates | tree] under tree
+    verification and on the tree's first branch alone, the chain its drafter proposes with one
+    branch (`verifiers.expected.expected_accepted_tree`); None in results from before they were kept.
     """
 
     token: float
     block: float
     rounds: int
     block_weights: float | None = None
+    tree: float | None = None
+    tree_first_branch: float | None = None
+    tree_rounds: int | None = None
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,7 @@ def render_markdown(result: BenchResult, summary: Summary | None = None, *, plot
     for sampling in sampling_rows(result):
         lines += _per_prompt_tables(result, summary, sampling)
     lines += _block_table(summary)
+    lines += _tree_table(summary)
     lines += _adaptive_table(summary)
     if result.config.hf_assisted:
         lines += _hf_section(result, summary)
@@ -449,6 +450,29 @@ def _per_prompt_tables(result: BenchResult, summary: Summary, sampling: Sampling
             f"| {prompt} | {first.category} | "
             + " | ".join(f"{_f(v.speedup)}x / {_f(v.tokens_per_round)}" if v else "" for v in values)
             + " |"
+        )
+    return lines + [""]
+
+
+def _tree_table(summary: Summary) -> list[str]:
+    if not summary.tree_vs_chain:
+        return []
+    lines = [
+        "## Several candidates against one chain (same drafts, same p)",
+        "",
+        "Expected tokens per round of each tree round, walking the whole tree (tree verification) and "
+        "walking its first branch alone, which is the chain the drafter proposes with one branch; "
+        "both from the same round's p, so chance is out of the comparison.",
+        "",
+        "| sampling | method | tree rounds | tokens/round, tree | tokens/round, its chain | gain "
+        "| median gain over prompts |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for gain in summary.tree_vs_chain:
+        lines.append(
+            f"| {gain.setting} | {label(gain.method, gain.gamma)} | {gain.tree_rounds} "
+            f"| {gain.tree_tokens_per_round:.3f} | {gain.chain_tokens_per_round:.3f} "
+            f"| {gain.gain:.3f}x | {gain.median_gain:.3f}x |"
         )
     return lines + [""]
 

@@ -48,7 +48,7 @@ from exactspec.bench.records import (
     PromptRecord,
     Run,
 )
-from exactspec.bench.runs import run_engine, run_hf, run_llamacpp
+from exactspec.bench.runs import LearnedDrafters, run_engine, run_hf, run_llamacpp
 from exactspec.bench.timing import engine_module
 from exactspec.decoding.strategy import Strategy
 from exactspec.foundations.provenance import Machine, Provenance
@@ -396,6 +396,9 @@ def run_bench(
 
     methods = config.methods()
     total = len(prompts) * len(rows) * len(methods) * config.trials
+    # A drafter that learns from finished requests serves a method's prompts in order, as in a server;
+    # with several trials the second would see the first's answer, so then every run starts fresh.
+    learned = LearnedDrafters() if config.trials == 1 else None
     failed_methods: set[tuple[str, str]] = set()
     with _progress(total, progress) as bar:
         for index, prompt in enumerate(prompts):
@@ -423,6 +426,7 @@ def run_bench(
                                 config,
                                 seed,
                                 llamacpp,
+                                learned,
                             )
                         except Exception as error:  # a peer can refuse a pair or a setting; keep the rest
                             if is_engine_method(method):
@@ -499,11 +503,14 @@ def _run_one(
     config: BenchConfig,
     seed: int | None = None,
     llamacpp: LlamaCppPeer | None = None,
+    learned: LearnedDrafters | None = None,
 ) -> Measurement:
     seed = config.seed if seed is None else seed
     if is_engine_method(method):
         strategy = strategy_of(method)
-        return run_engine(pair, ids, gamma, settings, max_new_tokens, seed, config.ignore_eos, strategy)
+        return run_engine(
+            pair, ids, gamma, settings, max_new_tokens, seed, config.ignore_eos, strategy, learned
+        )
     if method in LLAMACPP_METHODS:
         assert llamacpp is not None  # run_bench checked that every llama.cpp method has its Llama
         llm = llamacpp.plain if method == LLAMACPP_PLAIN else llamacpp.lookup[gamma]

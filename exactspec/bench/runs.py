@@ -9,7 +9,7 @@ EOS ids, transformers and llama.cpp get none), so all sides time the same amount
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -25,6 +25,7 @@ from exactspec.bench.timing import ForwardTimer, RoundStreamer, engine_module, s
 from exactspec.decoding.builder import build_engine
 from exactspec.decoding.engine import DecodeConfig
 from exactspec.decoding.strategy import Strategy
+from exactspec.drafters.base import Drafter
 from exactspec.foundations.records import field_values
 from exactspec.foundations.sampler import SeededSampler
 from exactspec.foundations.settings import SamplingSettings
@@ -33,7 +34,8 @@ from exactspec.models.pair import ModelPair
 from exactspec.peers import hf as hf_peer
 from exactspec.peers import llamacpp as llamacpp_peer
 from exactspec.verifiers.base import Verifier, VerifyResult
-from exactspec.verifiers.expected import block_weight_sum, expected_accepted
+from exactspec.verifiers.expected import block_weight_sum, expected_accepted, expected_accepted_tree
+from exactspec.verifiers.tree import TreeVerifyResult
 
 
 class NoEos(ModelWrapper):
@@ -104,11 +106,14 @@ class ExpectationRecorder:
     timings so that the timed work is the verifier's alone.
     """
 
-    def __init__(self, verifier: Verifier) -> None:
+    def __init__(self, verifier: Verifier, tree_verifier: Callable[..., TreeVerifyResult]) -> None:
         self.verifier = verifier
-        # E[kept | drafts] per rule, and block verification's weights summed (its estimate over drafts).
-        self.expected = {"token": 0.0, "block": 0.0, "block_weights": 0.0}
+        self.tree_verifier = tree_verifier
+        # E[kept | drafts] per rule, and block verification's weights summed (its estimate over drafts);
+        # for trees, E[accepted | tree] walking the whole tree and its first branch alone.
+        self.expected = {"token": 0.0, "block": 0.0, "block_weights": 0.0, "tree": 0.0, "first_branch": 0.0}
         self.rounds = 0
+        self.tree_rounds = 0
         self.seconds = 0.0
 
     def __call__(
@@ -137,6 +142,26 @@ class ExpectationRecorder:
         options = {"validate": validate, "positions": positions}
         return self.verifier(draft_tokens, q, p, draft_lengths, eos_token_ids, sampler, rows, **options)
 
+    def verify_tree(
+        self,
+        tokens: torch.Tensor,
+        parents: torch.Tensor,
+        p: torch.Tensor,
+        lengths: torch.Tensor,
+        eos_token_ids: Any,
+        *args: Any,
+        **options: Any,
+    ) -> TreeVerifyResult:
+        """The engine's tree walk, with the tree and its first branch scored on the same p first."""
+        started = time.perf_counter()
+        eos = eos_token_ids
+        for key, first_branch in (("tree", False), ("first_branch", True)):
+            scored = expected_accepted_tree(tokens, parents, p, lengths, eos, first_branch=first_branch)
+            self.expected[key] += float(scored.sum())
+        self.tree_rounds += tokens.shape[0]
+        self.seconds += time.perf_counter() - started
+        return self.tree_verifier(tokens, parents, p, lengths, eos_token_ids, *args, **options)
+
     def record(self) -> ExpectedAccepted:
         """The sums so far, as bench.json keeps them."""
         return ExpectedAccepted(
@@ -144,7 +169,29 @@ class ExpectationRecorder:
             block=self.expected["block"],
             rounds=self.rounds,
             block_weights=self.expected["block_weights"],
+            tree=self.expected["tree"],
+            tree_first_branch=self.expected["first_branch"],
+            tree_rounds=self.tree_rounds,
         )
+
+
+class LearnedDrafters:
+    """One drafter per method, gamma and sampling settings for drafters that learn from finished requests.
+
+    The suffix drafter's global tree holds earlier requests' outputs, as it does in a server or a
+    batch job where one drafter serves every request; a bench run gives each method's runs one such
+    drafter, in prompt order, so that a repetitive workload (`exactspec.bench.workloads`) is measured
+    as it is served. Drafters without that memory are built fresh for every run, as before.
+    """
+
+    def __init__(self) -> None:
+        self._drafters: dict[tuple[str, int, SamplingSettings], Drafter] = {}
+
+    def use(self, engine: Any, strategy: Strategy, gamma: int, settings: SamplingSettings) -> None:
+        """Give `engine` the drafter its method used before, or keep its new one for the next runs."""
+        if engine.drafter is None or not getattr(engine.drafter, "learns_across_requests", False):
+            return
+        engine.drafter = self._drafters.setdefault((strategy.name, gamma, settings), engine.drafter)
 
 
 def run_engine(
@@ -156,12 +203,14 @@ def run_engine(
     seed: int,
     ignore_eos: bool,
     strategy: Strategy | None = None,
+    learned: LearnedDrafters | None = None,
 ) -> Measurement:
     """One generation through our engine (gamma = 0 is plain decoding), from empty caches.
 
     `strategy` picks drafter, verifier and gamma policy (`exactspec.decoding.builder.build_engine`,
     the builder `generate` uses); adaptive gamma takes the pair's cached measured costs, so
     the measurement (once per pair) happens before the timed part of the first such run.
+    `learned`: the drafters that carry what they learned from one run to the next (`LearnedDrafters`).
     """
     log = PassLog()
     target: LanguageModel = LoggedModel(NoEos(pair.target) if ignore_eos else pair.target, log, "target")
@@ -170,8 +219,11 @@ def run_engine(
         draft = LoggedModel(NoEos(pair.draft) if ignore_eos else pair.draft, log, "draft")
     # As `generate` runs it: no per-round input checks in the verifier.
     engine = build_engine(target, draft, strategy or Strategy(), gamma, costs=pair.cost_model, validate=False)
-    recorder = ExpectationRecorder(engine.verifier)
+    if learned is not None:
+        learned.use(engine, strategy or Strategy(), gamma, settings)
+    recorder = ExpectationRecorder(engine.verifier, engine.tree_verifier)
     engine.verifier = recorder
+    engine.tree_verifier = recorder.verify_tree
     pair.clear_caches()
     config = DecodeConfig(gamma=gamma, max_new_tokens=max_new_tokens, settings=settings)
     sampler = SeededSampler(seed=seed)

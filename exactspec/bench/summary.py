@@ -273,6 +273,24 @@ class Recommendation(JsonRecord):
     theory_speedup: float = NAN
 
 
+@dataclass(frozen=True)
+class TreeGain(JsonRecord):
+    """Tree verification against the chain on the same drafts, for one method with tree drafts at one
+    sampling row: expected tokens per round walking each round's whole tree and walking its first
+    branch alone (the chain the drafter proposes with one branch,
+    `verifiers.expected.expected_accepted_tree`), with the same p, over the method's tree rounds on
+    every prompt (1 + E[accepted] per round). `median_gain`: the median over prompts of tree / chain."""
+
+    setting: str
+    method: str
+    gamma: int
+    tree_rounds: int
+    tree_tokens_per_round: float
+    chain_tokens_per_round: float
+    gain: float
+    median_gain: float
+
+
 @dataclass(frozen=True, kw_only=True)
 class Summary(JsonRecord):
     """The summary of one `BenchResult` (bench.json "summary"; recomputed whenever a report is written).
@@ -298,6 +316,7 @@ class Summary(JsonRecord):
     prediction_note: str = PREDICTION_NOTE
     estimated_full_run_seconds: float = NAN
     trials_differing: tuple[str, ...] = ()
+    tree_vs_chain: tuple[TreeGain, ...] = ()
 
     def rows_at(self, setting: str) -> list[SettingRow]:
         """The setting rows of one sampling row, in run order."""
@@ -391,7 +410,46 @@ def summarize(result: BenchResult) -> Summary:
             for r in runs
             if r.trials_same_tokens is False
         ),
+        tree_vs_chain=tuple(tree_vs_chain(result)),
     )
+
+
+def tree_vs_chain(result: BenchResult) -> list[TreeGain]:
+    """`TreeGain` per method with tree rounds and sampling row, in run order."""
+    gains: list[TreeGain] = []
+    for sampling in sampling_rows(result):
+        for method, gamma in configured_methods(result):
+            records = [
+                r.expected_accepted
+                for r in result.runs
+                if r.setting == sampling.name
+                and r.method == method
+                and r.gamma == gamma
+                and r.expected_accepted is not None
+                and r.expected_accepted.tree_rounds
+            ]
+            if not records:
+                continue
+            rounds = sum(e.tree_rounds or 0 for e in records)
+            tree = 1.0 + sum(e.tree or 0.0 for e in records) / rounds
+            chain = 1.0 + sum(e.tree_first_branch or 0.0 for e in records) / rounds
+            per_prompt = [
+                theory.ratio(e.tree_rounds + (e.tree or 0.0), e.tree_rounds + (e.tree_first_branch or 0.0))
+                for e in records
+            ]
+            gains.append(
+                TreeGain(
+                    setting=sampling.name,
+                    method=method,
+                    gamma=gamma,
+                    tree_rounds=rounds,
+                    tree_tokens_per_round=tree,
+                    chain_tokens_per_round=chain,
+                    gain=theory.ratio(tree, chain),
+                    median_gain=theory.median(per_prompt),
+                )
+            )
+    return gains
 
 
 def _row(

@@ -105,8 +105,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--prompts",
         default="all",
         help=f"prompt set: one of {', '.join(SELECTIONS)} (all = the 16 coding and prose prompts, the "
-        "default; grounded = input-grounded edit / fix / question / summary requests), 'quick', prompt "
-        "names, or a comma-separated mix of these (e.g. grounded,quick)",
+        "default; grounded = input-grounded edit / fix / question / summary requests; edits, extraction, "
+        "repetitive = request sequences that repeat each other, sent in order: run them with --stop-at-eos), "
+        "'quick', prompt names, or a comma-separated mix of these (e.g. grounded,quick)",
     )
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT}/)")
     parser.add_argument("--no-hf", action="store_true", help="skip both Hugging Face peers")
@@ -308,9 +309,9 @@ def _select(which: str, *, quick: bool) -> list:
     Each part adds prompts; the result keeps the built-in order (the default set, then the
     grounded prompts) without repeats. `quick` keeps only the quick ones.
     """
-    from exactspec.bench.prompts import GROUNDED_PROMPTS, PROMPTS, select_prompts
+    from exactspec.bench.prompts import every_prompt, select_prompts
 
-    every = PROMPTS + GROUNDED_PROMPTS
+    every = every_prompt()
     chosen: set[str] = set()
     for part in (p.strip() for p in which.split(",") if p.strip()):
         if part in SELECTIONS:

@@ -27,6 +27,7 @@ Strategy(drafter='model', verifier='block', adaptive_gamma=False, drafter_option
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -93,16 +94,33 @@ class Strategy:
         base = self.kind.method
         if self.adaptive_gamma:
             base = "adaptive" if self.drafter == "model" else f"{base}-adaptive"
-        return f"{base}-block" if self.verifier == "block" else base
+        if self.verifier == "block":
+            base = f"{base}-block"
+        if self.drafter_options:
+            base += "[" + ",".join(f"{name}={value}" for name, value in self.drafter_options) + "]"
+        return base
 
     @classmethod
     def from_name(cls, name: str) -> Strategy:
-        """The strategy a method name stands for (the inverse of `name`)."""
+        """The strategy a method name stands for (the inverse of `name`): a registered method, then the
+        drafter's options in brackets if any, e.g. "suffix[max_branches=4]" or "ngram-adaptive[max_ngram=3]".
+        """
+        base, bracket, rest = name.partition("[")
+        options: list[tuple[str, str]] = []
+        if bracket:
+            if not rest.endswith("]"):
+                raise ValueError(f"method {name!r}: options go in brackets, e.g. suffix[max_branches=4]")
+            for item in filter(None, (part.strip() for part in rest[:-1].split(","))):
+                option, sep, value = item.partition("=")
+                if not sep or not option.strip():
+                    raise ValueError(f"method {name!r}: each drafter option is NAME=VALUE; got {item!r}")
+                options.append((option.strip(), value.strip()))
         for strategy in all_strategies():
-            if strategy.name == name:
-                return strategy
+            if strategy.name == base:
+                given = tuple(sorted(options))
+                return dataclasses.replace(strategy, drafter_options=given) if given else strategy
         names = ", ".join(s.name for s in all_strategies())
-        raise ValueError(f"unknown method {name!r}; known: {names}")
+        raise ValueError(f"unknown method {base!r}; known: {names} (drafter options in brackets after it)")
 
 
 def all_strategies() -> list[Strategy]:

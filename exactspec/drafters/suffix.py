@@ -22,11 +22,10 @@ verification accepts X with probability p(X) and otherwise draws from p with X r
 (docs/algorithm.md 5): each position emits from p whatever chose X. What chooses X here is the
 row's history and text from finished rounds and finished requests only, never this round's p or
 its random draws, so every round is exact and a row's output *law* is the target's. Its
-realisation is another matter: which draft a round verifies decides how many of the row's random
-draws the round consumes, and the draft depends on what the global tree learned from the requests
-this drafter saw before. A seeded request can therefore produce a different (equally distributed)
-output after other requests than on a fresh drafter; greedy output (T = 0) is the same either way.
-Seeded reproducibility needs a fresh drafter, or `global_budget_tokens = 0`.
+realisation is too: verification is coupled (one positioned draw per output position, keyed by the
+row's seed), so a seeded row emits plain decoding's tokens whatever the drafts, and hence whatever
+the global tree learned from earlier requests, up to the float rounding by which a pass of several
+positions can differ from one-token passes (docs/numerics.md).
 
 Measured on this machine (2-core EPYC shared with other jobs, load 2.5 to 3.8: ranges over four
 runs, each figure the best of 2 or 3 repeats) on the first 100,000 tokens of the venv's Python
@@ -92,6 +91,7 @@ hundred answers of a server's recent traffic."""
 DEFAULT_MAX_NODES = 16
 """Nodes in a tree draft (max_branches > 1): the target scores every node, so a tree of 16 costs what
 a chain of 16 does."""
+
 
 @dataclass(frozen=True)
 class SuffixDraft:
@@ -166,25 +166,29 @@ class SuffixDrafter:
       past it the least recently finished request is evicted (its counts removed). A request's last
       use is taken to be when it finished: the tree pools counts, so it cannot tell which earlier
       request a draft came from, and evicting in the order requests were added is also what keeps
-      removal exact (`suffix_tree`). 0: no global tree (rows draft from their own text only, and
-      seeded outputs do not depend on earlier requests).
+      removal exact (`suffix_tree`). 0: no global tree (rows draft from their own text only).
     - global_prompts (False): also put finished requests' prompts in the global tree. Off as in
       SuffixDecoding: a row's own prompt is in its row tree already, and other requests' prompts
       would fill the budget with text no answer was drawn from; on for traffic that repeats whole
       prompts (agents re-sending a conversation).
     - max_branches (1): continuations tried at each node. 1 drafts a chain (any verifier); more drafts a
-      tree (`Proposal.parents`) whose siblings are the next most frequent continuations, nodes taken
-      best first by estimated probability, verified by tree verification (`verifiers.tree`: the engine
-      walks every proposal with parents that way, whatever the strategy's verifier).
+      tree (`Proposal.parents`): the chain first, then the next most frequent continuations as its
+      siblings, best first by estimated probability, verified by tree verification (`verifiers.tree`:
+      the engine walks every proposal with parents that way, whatever the strategy's verifier).
     - max_nodes (16): nodes in a tree draft (unused for chains).
 
     A row keeps its tree while it lives; `memory()` reports both kinds of tree.
+
+    `learns_across_requests`: one drafter serves every request and learns from the finished ones, so
+    a benchmark keeps one per method (`bench.runs.LearnedDrafters`), as a server does.
 
     >>> drafter = SuffixDrafter(eos_token_ids={0})
     >>> drafter.add_rows([RowStart(0, prompt=(3, 4, 5, 6, 9, 3, 4, 5))])
     >>> drafter.propose([[3, 4, 5, 6, 9, 3, 4, 5]], [8], SamplingSettings(), None, [0]).row_tokens(0)
     [6, 9, 3]
     """
+
+    learns_across_requests = True
 
     def __init__(
         self,

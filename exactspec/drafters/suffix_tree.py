@@ -33,7 +33,7 @@ import itertools
 import sys
 from array import array
 from collections import deque
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 
@@ -232,51 +232,77 @@ class SuffixTree:
         max_nodes: int | None = None,
         eos_token_ids: Collection[int] = (),
     ) -> Speculation:
-        """The most probable continuations below `locus`, best first.
+        """The most probable continuations below `locus`: the greedy chain first, then its alternatives.
 
-        Nodes are taken in order of their path probability (ties: the one found first), each node's
-        candidate children being its `max_branches` most frequent (ties: the smaller token id) whose
-        path probability is at least `min_probability`. A node at `max_depth`, or whose token is
-        an EOS id, gets no children; at most `max_nodes` nodes (default max_depth). With
-        max_branches = 1 this is the greedy chain: the most frequent child, again and again, while
-        the cumulative probability stays at or above min_probability.
+        A node's candidate children are its `max_branches` most frequent (ties: the smaller token
+        id) whose path probability is at least `min_probability`; a node at `max_depth`, or whose
+        token is an EOS id, gets no children; at most `max_nodes` nodes (default max_depth).
+
+        The first nodes are the greedy chain: the most frequent child, again and again, while the
+        cumulative probability stays at or above min_probability (with max_branches = 1 that is the
+        whole speculation). The rest of the budget goes to the other candidates in order of their
+        path probability (ties: the one found first). So a tree's first branch is exactly the chain
+        that max_branches = 1 drafts within the same budget, and a tree is compared with the chain on
+        the same drafts by walking its first branch alone (`verifiers.expected.expected_accepted_tree`).
         """
         budget = max_depth if max_nodes is None else max_nodes
         tokens: list[int] = []
         parents: list[int] = []
         probabilities: list[float] = []
+        # Candidates not taken yet: (-path probability, order found, token, parent, depth, node, offset).
         heap: list[tuple[float, int, int, int, int, _Node, int]] = []
         order = itertools.count()
 
-        def push_children(node: _Node, offset: int, probability: float, parent: int, depth: int) -> None:
+        Candidate = tuple[float, int, _Node, int]  # (path probability, token, node, offset)
+
+        def candidates(node: _Node, offset: int, probability: float, depth: int) -> list[Candidate]:
+            """The place's candidate children, best first."""
             if depth >= max_depth:
-                return
+                return []
             if offset < node.length:  # inside an edge: every occurrence so far continues the same way
-                token = self._tokens[node.seq][node.start + offset]
-                heapq.heappush(heap, (-probability, next(order), token, parent, depth + 1, node, offset + 1))
-                return
+                return [(probability, self._tokens[node.seq][node.start + offset], node, offset + 1)]
             children = node.children
             if children is None:
-                return
+                return []
             total = sum(child.count for child in children.values())
             ranked = heapq.nsmallest(
                 max_branches, children.items(), key=lambda item: (-item[1].count, item[0])
             )
+            found = []
             for token, child in ranked:
                 child_probability = probability * child.count / total
                 if child_probability < min_probability:
                     break
-                heapq.heappush(heap, (-child_probability, next(order), token, parent, depth + 1, child, 1))
+                found.append((child_probability, token, child, 1))
+            return found
 
-        push_children(locus.node, locus.offset, 1.0, -1, 0)
-        while heap and len(tokens) < budget:
-            negative, _, token, parent, depth, node, offset = heapq.heappop(heap)
-            index = len(tokens)
+        def take(probability: float, token: int, parent: int) -> int:
             tokens.append(token)
             parents.append(parent)
-            probabilities.append(-negative)
+            probabilities.append(probability)
+            return len(tokens) - 1
+
+        def push(found: Sequence[Candidate], parent: int, depth: int) -> None:
+            for probability, token, node, offset in found:
+                heapq.heappush(heap, (-probability, next(order), token, parent, depth + 1, node, offset))
+
+        # The greedy chain, its alternatives set aside.
+        node, offset, probability, parent, depth = locus.node, locus.offset, 1.0, -1, 0
+        while len(tokens) < budget:
+            found = candidates(node, offset, probability, depth)
+            if not found:
+                break
+            push(found[1:], parent, depth)
+            probability, token, node, offset = found[0]
+            parent, depth = take(probability, token, parent), depth + 1
+            if token in eos_token_ids:
+                break
+        # The alternatives, most probable first.
+        while heap and len(tokens) < budget:
+            negative, _, token, parent, depth, node, offset = heapq.heappop(heap)
+            index = take(-negative, token, parent)
             if token not in eos_token_ids:
-                push_children(node, offset, -negative, index, depth)
+                push(candidates(node, offset, -negative, depth), index, depth)
         return Speculation(tuple(tokens), tuple(parents), tuple(probabilities))
 
     def memory(self) -> TreeMemory:

@@ -82,6 +82,52 @@ def expected_accepted(
     return at_least.sum(dim=-1)
 
 
+def expected_accepted_tree(
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    p: torch.Tensor,
+    lengths: torch.Tensor,
+    eos_token_ids: Collection[int],
+    *,
+    first_branch: bool = False,
+) -> torch.Tensor:
+    """E[accepted candidates | tree] [B] float64 under tree verification (docs/algorithm.md 5).
+
+    Args (as `exactspec.verifiers.tree.verify_tree`): tokens, parents [B, N] long, p [B, N + 1, V]
+    (p at the root, then after each node), lengths [B] long.
+
+    The walk reaches node n when it reached n's parent and the parent's draw was n's token, so
+    P(reach n) = prod over n's path of p(token | the path above it), and the expected number of
+    accepted candidates is the sum over nodes of P(reach n). An accepted EOS ends the row: nothing
+    below an EOS node is reached. With `first_branch`, only the first branch counts: the root's
+    first child, its first child, and so on (siblings are tried in index order), which is the chain
+    this tree's drafter would have proposed alone (`drafters.suffix_tree.SuffixTree.speculate`), so
+    the two sums compare the tree and the chain on the same drafts and the same p.
+
+    Example: after the root p = (a: 0.5, b: 0.3, c: 0.2) and after "a" p(d) = 0.5; the tree
+    root -> a -> d, root -> b accepts 0.5 + 0.5 * 0.5 + 0.3 = 1.05 candidates in expectation, its
+    first branch "a d" 0.75.
+    """
+    batch_size, num_nodes = tokens.shape
+    expected = torch.zeros(batch_size, dtype=torch.float64)
+    eos = set(eos_token_ids)
+    token_rows, parent_rows, length_rows = tokens.tolist(), parents.tolist(), lengths.tolist()
+    for b in range(batch_size):
+        reach = [0.0] * num_nodes
+        on_branch = [False] * num_nodes
+        first_child: dict[int, int] = {}  # place (-1: the root) -> its first child
+        for n in range(length_rows[b]):
+            parent = parent_rows[b][n]
+            first_child.setdefault(parent, n)
+            if parent >= 0 and (reach[parent] == 0.0 or token_rows[b][parent] in eos):
+                continue  # unreachable: below a node the walk cannot pass
+            above = 1.0 if parent < 0 else reach[parent]
+            reach[n] = above * float(p[b, parent + 1, token_rows[b][n]])
+            on_branch[n] = first_child[parent] == n and (parent < 0 or on_branch[parent])
+        expected[b] = sum(r for r, on in zip(reach, on_branch, strict=True) if on or not first_branch)
+    return expected
+
+
 def block_weight_sum(
     draft_tokens: torch.Tensor,
     q: torch.Tensor | None,

@@ -23,10 +23,12 @@ from exactspec.bench.records import ModelSpecs, Run  # noqa: E402
 from exactspec.bench.report import render_markdown, write_outputs  # noqa: E402
 from exactspec.bench.runner import BenchConfig, BenchResult, EncodedPrompt, run_bench  # noqa: E402
 from exactspec.bench.runs import ExpectationRecorder  # noqa: E402
+from exactspec.bench.summary import summarize  # noqa: E402
 from exactspec.foundations.sampler import SeededSampler  # noqa: E402
 from exactspec.models.pair import ModelPair  # noqa: E402
 from exactspec.verifiers.block import verify_block  # noqa: E402
 from exactspec.verifiers.expected import block_weight_sum, expected_accepted  # noqa: E402
+from exactspec.verifiers.tree import verify_tree  # noqa: E402
 
 VOCAB = 97
 EOS = 3
@@ -278,7 +280,7 @@ def test_expectation_recorder_passes_the_verifier_through_and_scores_both_rules(
     p = torch.softmax(torch.randn(2, 3, 5, generator=generator, dtype=torch.float64), dim=-1)
     q = torch.softmax(torch.randn(2, 2, 5, generator=generator, dtype=torch.float64), dim=-1)
     tokens, lengths = torch.tensor([[1, 2], [3, 0]]), torch.tensor([2, 1])
-    recorder = ExpectationRecorder(verify_block)
+    recorder = ExpectationRecorder(verify_block, verify_tree)
     got = recorder(tokens, q, p, lengths, (), SeededSampler(seed=5, num_rows=2), [0, 1])
     want = verify_block(tokens, q, p, lengths, (), SeededSampler(seed=5, num_rows=2), [0, 1])
     assert torch.equal(got.tokens, want.tokens) and recorder.rounds == 2 and recorder.seconds > 0
@@ -336,3 +338,27 @@ def test_fastest_trial_prefers_a_measured_speed_and_reports_disagreeing_trials()
     assert slow.trial_tokens_per_second is None and slow.trials_same_tokens is None
     with pytest.raises(ValueError, match="trials"):
         BenchConfig(trials=0)
+
+
+def test_suffix_trees_are_scored_against_their_first_branch(tmp_path: Path) -> None:
+    """A tree method's rounds carry the tree and first-branch expectations (the tree's never below its
+    chain's), per prompt, and the summary and the report compare them."""
+    repeated = [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6]
+    prompts = [EncodedPrompt("first", "edits", repeated), EncodedPrompt("second", "edits", repeated[:8])]
+    config = BenchConfig(
+        gammas=(4,),
+        temperatures=(0.7,),
+        method="suffix[max_branches=3]",
+        max_new_tokens=12,
+        cost_repeats=1,
+        warmup_tokens=2,
+        hf_assisted=False,
+        hf_plain=False,
+    )
+    result = run_bench(tiny_pair(), prompts, config, progress=False, description=DESCRIPTION)
+    trees = [r.expected_accepted for r in result.runs if r.method == "suffix[max_branches=3]"]
+    assert len(trees) == 2 and all(e is not None and e.tree_rounds for e in trees)
+    assert all(e.tree >= e.tree_first_branch - 1e-12 for e in trees)  # a tree keeps its chain
+    summary = summarize(result)
+    assert [(g.setting, g.method) for g in summary.tree_vs_chain] == [("0.7", "suffix[max_branches=3]")]
+    assert "## Several candidates against one chain" in render_markdown(result, summary, plots=False)

@@ -214,11 +214,24 @@ def test_tree_drafts_are_well_formed_and_best_first() -> None:
         assert len({tokens[n] for n in siblings}) == len(siblings)  # distinct
         ranked = [probabilities[n] for n in siblings]
         assert ranked == sorted(ranked, reverse=True)
-    assert probabilities == tuple(sorted(probabilities, reverse=True))  # best first
-    # 6 (1/2), then 7, 6 1 and 6 1 5 (1/3 each), then 8 and 6 2 (1/6): ties in the order they were found
-    assert (tokens, parents) == ([6, 7, 1, 5, 8, 2], [-1, -1, 0, 2, -1, 0])
+    # The greedy chain 6 1 5 first (1/2, 1/3, 1/3), then the alternatives best first: 7 (1/3), then
+    # 8 and 6 2 (1/6 each), ties in the order they were found.
+    assert (tokens, parents) == ([6, 1, 5, 7, 8, 2], [-1, 0, 1, -1, -1, 0])
+    assert probabilities[3:] == tuple(sorted(probabilities[3:], reverse=True))
     chain = SuffixDrafter(EOS, alpha=3.0, min_token_probability=0.0).draft(0, history, 3)
-    assert chain.parents == (-1, 0, 1) and chain.tokens == (6, 1, 5)  # the first-child path of the tree
+    assert chain.parents == (-1, 0, 1) and chain.tokens == (6, 1, 5)  # the tree's first branch
+
+
+def test_a_trees_first_branch_is_the_chain_even_when_its_nodes_are_unlikely() -> None:
+    # After 5: 6 four times, 7 three times; after (5, 6) four different tokens once each, so the chain's
+    # second node (1/4 x 4/7 = 1/7) is less likely than the alternative 7 (3/7): best-first alone would
+    # spend a 2-node budget on 6 and 7 and lose the chain.
+    history = [5, 6, 1, 5, 6, 2, 5, 6, 3, 5, 6, 4, 5, 7, 0, 5, 7, 0, 5, 7, 0, 9, 5]  # matches "5" only
+    chain = SuffixDrafter(EOS, alpha=3.0, min_token_probability=0.0).draft(0, history, 2)
+    tree = SuffixDrafter(EOS, alpha=3.0, max_branches=2, max_nodes=3, min_token_probability=0.0)
+    draft = tree.draft(0, history, 2)
+    assert chain.tokens == (6, 1) and draft.tokens[:2] == chain.tokens and draft.parents[:2] == (-1, 0)
+    assert draft.tokens[2] == 7 and draft.parents[2] == -1
 
 
 # ---------------------------------------------------------------- through the engine

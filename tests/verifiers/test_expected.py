@@ -10,8 +10,9 @@ import torch
 
 from exactspec.checking.exact import EnumeratingSampler, enumerate_outputs
 from exactspec.verifiers.block import verify_block
-from exactspec.verifiers.expected import block_weight_sum, expected_accepted
+from exactspec.verifiers.expected import block_weight_sum, expected_accepted, expected_accepted_tree
 from exactspec.verifiers.token import verify
+from exactspec.verifiers.tree import verify_tree
 
 VERIFIERS = {"token": verify, "block": verify_block}
 
@@ -131,3 +132,46 @@ def test_block_weight_sum_of_the_paper_example_and_of_deterministic_drafts() -> 
         atol=1e-15,
     )
     assert block_weight_sum(tokens[:, :0], None, p[:, :1], torch.tensor([0, 0, 0]), ()).tolist() == [0.0] * 3
+
+
+# ---------------------------------------------------------------- trees
+
+# Two rows of 5-node trees over a 4-token vocabulary (EOS = 3): a root with three children, one with
+# an EOS child (nothing below an accepted EOS), and a second level.
+TREE_TOKENS = torch.tensor([[0, 1, 2, 1, 0], [1, 3, 0, 2, 1]])
+TREE_PARENTS = torch.tensor([[-1, 0, 0, -1, 3], [-1, -1, 0, 0, 1]])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("lengths", [(5, 5), (3, 2), (0, 1)])
+def test_expected_accepted_tree_equals_the_enumerated_mean_of_the_tree_walk(seed: int, lengths) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    p = torch.rand(2, 6, 4, generator=generator, dtype=torch.float64)
+    p[0, 0, 2] = 0.0  # a zero-probability child
+    p = p / p.sum(-1, keepdim=True)
+    lengths = torch.tensor(lengths)
+    eos = {3}
+
+    def walk(sampler: EnumeratingSampler) -> tuple[int, ...]:
+        return tuple(verify_tree(TREE_TOKENS, TREE_PARENTS, p, lengths, eos, sampler).num_accepted.tolist())
+
+    distribution, _ = enumerate_outputs(walk)
+    want = torch.zeros(2, dtype=torch.float64)
+    for accepted, probability in distribution.items():
+        want += probability * torch.tensor(accepted, dtype=torch.float64)
+    got = expected_accepted_tree(TREE_TOKENS, TREE_PARENTS, p, lengths, eos)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+def test_the_first_branch_of_a_tree_scores_as_that_chain_alone() -> None:
+    generator = torch.Generator().manual_seed(5)
+    p = torch.softmax(torch.randn(2, 6, 4, generator=generator, dtype=torch.float64), dim=-1)
+    lengths = torch.tensor([5, 5])
+    eos = {3}
+    first = expected_accepted_tree(TREE_TOKENS, TREE_PARENTS, p, lengths, eos, first_branch=True)
+    # Row 0's first branch is nodes 0 -> 1 (p after node 0 is p[:, 1]); row 1's is node 0 -> 2.
+    chain_p = torch.stack([p[0, [0, 1, 2]], p[1, [0, 1, 3]]])  # [2, 3, 4]: root, after node 0, after node 1|2
+    chain_tokens, chain_lengths = torch.tensor([[0, 1], [1, 0]]), torch.tensor([2, 2])
+    chain = expected_accepted(chain_tokens, None, chain_p, chain_lengths, eos, "token")
+    torch.testing.assert_close(first, chain, rtol=0, atol=1e-12)
+    assert (expected_accepted_tree(TREE_TOKENS, TREE_PARENTS, p, lengths, eos) > first).all()
