@@ -18,11 +18,14 @@ changed no earlier number (`--prompts all+grounded` runs both).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from exactspec.bench.workloads import (  # noqa: F401  (BenchPrompt, Category: re-exported here)
+    CATEGORIES,
+    BenchPrompt,
+    Category,
+    edit_prompts,
+    extraction_prompts,
+)
 
-Category = Literal["coding", "prose", "grounded", "edits", "extraction"]
-CATEGORIES: tuple[Category, ...] = ("coding", "prose", "grounded", "edits", "extraction")
 # What `select_prompts` and `exactspec bench --prompts` accept: "all" is the default set (coding and prose);
 # "edits", "extraction" and "repetitive" (both) are the repetitive workloads of `exactspec.bench.workloads`.
 SELECTIONS: tuple[str, ...] = (
@@ -35,17 +38,6 @@ SELECTIONS: tuple[str, ...] = (
     "extraction",
     "repetitive",
 )
-
-
-@dataclass(frozen=True)
-class BenchPrompt:
-    """One benchmark prompt: a short name, its category, the text, and how it is fed to the model."""
-
-    name: str
-    category: Category
-    text: str
-    chat: bool = False
-    quick: bool = False
 
 
 _REFACTOR_SOURCE = """\
@@ -472,6 +464,4 @@ def every_prompt() -> tuple[BenchPrompt, ...]:
     """Every built-in prompt in its order: the default set, the grounded prompts, then the repetitive
     workloads (`exactspec.bench.workloads`, built from this Python's standard library), each in the
     order its requests are sent."""
-    from exactspec.bench.workloads import edit_prompts, extraction_prompts  # they build on BenchPrompt
-
     return PROMPTS + GROUNDED_PROMPTS + edit_prompts() + extraction_prompts()

@@ -24,8 +24,25 @@ import colorsys
 import http
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-from exactspec.bench.prompts import BenchPrompt
+Category = Literal["coding", "prose", "grounded", "edits", "extraction"]
+CATEGORIES: tuple[Category, ...] = ("coding", "prose", "grounded", "edits", "extraction")
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    """One benchmark prompt: a short name, its category, the text, and how it is fed to the model.
+
+    It lives here, below `exactspec.bench.prompts` (which re-exports it), because the repetitive
+    workloads are built from it and the fixed prompts select among them.
+    """
+
+    name: str
+    category: Category
+    text: str
+    chat: bool = False
+    quick: bool = False
 
 _MODULE_START = "# Some floating point constants"
 """The edited text is colorsys.py from this line on: its code, without the module docstring."""
