@@ -71,6 +71,10 @@ class RunMetrics(JsonRecord):
     tokens_per_second: float
     proposed_by_position: tuple[int, ...]  # [gamma]: rounds that reached draft position i
     accepted_by_position: tuple[int, ...]  # [gamma]: of those, rounds that accepted it
+    # The planner's predicted round times against the measured ones (`decoding.round_times`): rounds
+    # predicted, and the median |predicted / measured - 1| (None: no planned rounds, or older results).
+    predicted_rounds: int = 0
+    round_time_error: float | None = None
 
     @classmethod
     def of(cls, metrics: DecodeMetrics) -> RunMetrics:
@@ -97,6 +101,8 @@ class RunMetrics(JsonRecord):
             tokens_per_second=metrics.tokens_per_second,
             proposed_by_position=tuple(metrics.proposed_by_position),
             accepted_by_position=tuple(metrics.accepted_by_position),
+            predicted_rounds=len(metrics.round_times),
+            round_time_error=metrics.round_time_error if metrics.round_times else None,
         )
 
 

@@ -320,8 +320,8 @@ def _predicted_table(summary: Summary, sampling: SamplingRow) -> list[str]:
         "",
         "| method | costs of | draft steps/round | tokens scored/round | tokens/round | predicted speedup "
         "| predicted tokens/s | tokens/s | measured / predicted | over fastest plain | predicted over "
-        "fastest plain |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "fastest plain | planner's round-time error |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         over = r.over_fastest_plain
@@ -330,7 +330,7 @@ def _predicted_table(summary: Summary, sampling: SamplingRow) -> list[str]:
             f"{_f(r.tokens_per_round)} | {_f(r.predicted_from_rounds)} | "
             f"{_f(r.predicted_tokens_per_second)} | {_f(r.tokens_per_second.median)} | "
             f"{_f(r.over_predicted)} | {_spread(over) if over else '-'} | "
-            f"{_f(r.predicted_over_fastest_plain)} |"
+            f"{_f(r.predicted_over_fastest_plain)} | {_f(r.round_time_error)} |"
         )
     lines += [
         "",
@@ -341,8 +341,10 @@ def _predicted_table(summary: Summary, sampling: SamplingRow) -> list[str]:
         "/ the one-token step. measured / predicted below 1 is the time outside the passes (sampling, "
         "verification, Python, for llama-cpp-python its own loop). over fastest plain: tokens/s over the "
         "fastest plain decoding of the same prompt in this run (ours, llama.cpp's, HF's), median [min, "
-        "max] over prompts; predicted over fastest plain: the same ratio of the predictions. Medians over "
-        "prompts; draft steps and tokens scored per round pooled.",
+        "max] over prompts; predicted over fastest plain: the same ratio of the predictions. planner's "
+        "round-time error: for methods that plan (adaptive gamma), the median over the run's rounds of "
+        "|predicted / measured - 1| for the planner's own round-time model (decoding.round_times), median "
+        "over prompts. Medians over prompts; draft steps and tokens scored per round pooled.",
         "",
     ]
     return lines

@@ -128,6 +128,7 @@ class SettingRow(JsonRecord):
     over_predicted: float = NAN
     over_fastest_plain: Spread | None = None
     predicted_over_fastest_plain: float = NAN
+    round_time_error: float = NAN
 
 
 @dataclass(frozen=True)
@@ -604,7 +605,11 @@ def _predicted_columns(
         for r in group
         if r.prompt in fastest_plain
     ]
-    row = dataclasses.replace(row, over_fastest_plain=Spread.of(over_fastest))
+    errors = [r.metrics.round_time_error for r in group if r.metrics is not None]
+    planned = [error for error in errors if error is not None]
+    row = dataclasses.replace(
+        row, over_fastest_plain=Spread.of(over_fastest), round_time_error=theory.median(planned)
+    )
     if costs is None:
         return row
     predicted = [(r, *predicted_from_rounds(r, costs)) for r in group]
