@@ -111,6 +111,10 @@ def load(
         n_gpu_layers=0,
         seed=0,
         draft_model=draft_model,
+        # llama-cpp-python 0.3.36 keeps logits of every position once a draft model is set, but sizes its
+        # scores buffer from this argument: without it a prompt longer than n_batch (512) fails to
+        # evaluate ("could not broadcast input array ... into shape (0,)").
+        logits_all=draft_model is not None,
         verbose=False,
     )
 
