@@ -156,11 +156,12 @@ class Service:
         prefill_chunk: int | None = DEFAULTS.prefill_chunk,
         progress: Callable[[str], None] | None = None,
     ) -> None:
-        """The session's settings (`exactspec.api.session.SessionConfig`): `strategy` (default: the draft
-        model, token verification, fixed gamma; prompt lookup "ngram" needs no draft model), `gamma` (a
+        """The session's settings (`exactspec.api.session.SessionConfig`): `strategy` (default
+        `Strategy()`: `DEFAULTS`' suffix drafter, token verification, planned gamma; the drafters
+        that run no model need no draft model), `gamma` (a
         request's draft length when it names none, the cap with adaptive gamma; default
         `DEFAULTS.gamma`), `max_batch`, `max_waiting`, `prefill_chunk`, `default_max_tokens`. With
-        adaptive gamma and a draft model every round's draft lengths are planned for the whole batch
+        adaptive gamma every round's draft lengths are planned for the whole batch
         from `batch_costs` (default `ModelPair.batch_costs`, measured once per pair and machine;
         `progress` hears what it does)."""
         config = SessionConfig(
@@ -315,11 +316,15 @@ def create_app(service: Service) -> FastAPI:
     async def health() -> dict[str, Any]:
         metrics = service.scheduler.metrics
         error = metrics.round_time_error
+        # A drafter that learns from finished requests (suffix) holds them here, in this process only.
+        shared_tree = getattr(service.scheduler.engine.drafter, "global_tree", None)
         return {
             "status": "ok",
             "running": service.scheduler.running,
             "waiting": service.scheduler.waiting,
             "backend": service.pair.backend,
+            "drafter": service.strategy.drafter if service.gamma else None,
+            "suffix_global_tokens": None if shared_tree is None else shared_tree.tokens_held,
             # How well the planner predicts the time of a round here (median |predicted / measured - 1|).
             "predicted_rounds": len(metrics.round_times),
             "round_time_error": None if error != error else error,

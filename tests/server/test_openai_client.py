@@ -393,3 +393,21 @@ def test_production_rounds_skip_the_per_round_input_checks() -> None:
     assert Service(pair, gamma=0).scheduler.engine.validate is False
     built = build_scheduler(pair.target, None, Strategy(), gamma=0)
     assert built.engine.validate is True  # the builder's default keeps them
+
+
+def test_a_restarted_suffix_server_starts_cold_and_serves() -> None:
+    """The suffix drafter's global tree lives in the server process: a restart starts with an empty one
+    (nothing is persisted, nothing stale is read) and serves at once; each run learns its own answers."""
+    for _ in range(2):  # start, serve, stop; start again
+        with live_server(strategy=Strategy(drafter="suffix", adaptive_gamma=False)) as (url, _pair):
+            health = httpx.get(url + "/health", timeout=30).json()
+            assert health["drafter"] == "suffix" and health["suffix_global_tokens"] == 0  # cold
+            reply = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
+            answer = reply.completions.create(
+                model=MODEL, prompt="def f(x):", max_tokens=8, temperature=0.0, logit_bias=NO_EOS
+            )
+            assert answer.choices[0].finish_reason == "length"
+            deadline = time.monotonic() + 10  # the row is released by the round thread after its last event
+            while httpx.get(url + "/health", timeout=30).json()["suffix_global_tokens"] != 8:  # learned
+                assert time.monotonic() < deadline, "the finished answer never reached the global tree"
+                time.sleep(0.02)
