@@ -11,9 +11,9 @@ Prompts are the built-in coding benchmark prompts (chat ones through /v1/chat/co
 completion prefixes through /v1/completions); settings rotate through greedy, T=0.7 top-p 0.9,
 T=1 top-k 40 and T=0.8 with a repetition penalty, every sampled request seeded.
 
-The server it starts is `exactspec serve`'s: the same defaults (the built-in pair, CPU weights
-auto = int4, adaptive gamma planned per round up to --gamma, --prefill-chunk), --fixed-gamma as
-in serve.
+The server it starts is `exactspec serve`'s: the same defaults (the built-in pair, the backend
+auto, the suffix drafter, adaptive gamma planned per round up to --gamma, --prefill-chunk),
+--fixed-gamma as in serve.
 
     # the built-in pair, started in this process (what docs/bench/serve/ was made with):
     python scripts/load_test.py --out docs/bench/serve
@@ -82,9 +82,12 @@ def start_server(args: argparse.Namespace) -> str:
         backend=args.backend,
     )
     print(f"[load test] {pair.describe_backend()}", file=sys.stderr, flush=True)
+    gamma = args.gamma
+    if gamma is None:  # as exactspec serve chooses it
+        gamma = args.gamma = DEFAULTS.gamma(pair.weights, strategy.adaptive_gamma, strategy.kind.free)
     service = Service(
         pair,
-        gamma=args.gamma,
+        gamma=gamma,
         max_batch=args.max_batch,
         max_waiting=1024,
         strategy=strategy,
@@ -388,8 +391,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--gamma",
         type=int,
-        default=DEFAULTS.adaptive_gamma_cap,
-        help="the server's gamma (as exactspec serve's)",
+        default=None,
+        help="the server's gamma (default: exactspec serve's for the drafter and weights)",
     )
     parser.add_argument("--fixed-gamma", action="store_true", help="as exactspec serve --fixed-gamma")
     parser.add_argument("--prefill-chunk", type=int, default=DEFAULTS.prefill_chunk)
