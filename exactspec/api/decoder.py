@@ -82,8 +82,8 @@ class SpeculativeDecoder:
     available; plain decoding runs through the same engine, adapter and transforms, which makes it
     the baseline.
 
-    `generate` and `stream` take the drafter ("model", "ngram" or "hybrid"), the verifier ("token"
-    or "block") and `adaptive_gamma` (gamma is then the maximum draft length; c and v(k) are
+    `generate` and `stream` take the drafter ("suffix", the default, "model", "ngram" or "hybrid"), the
+    verifier ("token" or "block") and `adaptive_gamma` (gamma is then the maximum draft length; c and v(k) are
     measured once per pair on first use, see `ModelPair.cost_model`); `exactspec.decoding.strategy`
     says what each does.
 
@@ -208,7 +208,7 @@ class SpeculativeDecoder:
         seed: int = DEFAULTS.seed,
         stop: str | Sequence[str] | None = (),
         chat: bool = False,
-        drafter: DrafterName = "model",
+        drafter: DrafterName = DEFAULTS.drafter,
         verifier: VerifierName = "token",
         adaptive_gamma: bool = DEFAULTS.adaptive_gamma,
     ) -> Iterator[StreamEvent]:
@@ -246,7 +246,7 @@ class SpeculativeDecoder:
         seed: int = DEFAULTS.seed,
         stop: str | Sequence[str] | None = (),
         chat: bool = False,
-        drafter: DrafterName = "model",
+        drafter: DrafterName = DEFAULTS.drafter,
         verifier: VerifierName = "token",
         adaptive_gamma: bool = DEFAULTS.adaptive_gamma,
     ) -> GenerationOutput:
@@ -259,8 +259,9 @@ class SpeculativeDecoder:
             stop: one stop string (a str, used whole) or a sequence of them.
             seed: any integer (int, numpy or torch integer).
             settings: a `SamplingSettings` (default: `SamplingSettings()`).
-            drafter: "model" (the draft model), "ngram" (prompt lookup, no draft model needed) or
-                "hybrid" (lookup where the history has a match, the draft model elsewhere).
+            drafter: "suffix" (the default: suffix trees over the prompt, the output and earlier
+                requests' outputs, no draft model run), "model" (the draft model), "ngram" (prompt
+                lookup) or "hybrid" (lookup where the history has a match, the draft model elsewhere).
             verifier: "token" (token by token) or "block" (block verification).
             adaptive_gamma: choose each row's draft length per round in 0..gamma from its
                 acceptance and the measured costs (gamma is then the maximum).
@@ -285,7 +286,7 @@ class SpeculativeDecoder:
         seed: Any,
         stop: Any,
         chat: Any,
-        drafter: Any = "model",
+        drafter: Any = DEFAULTS.drafter,
         verifier: Any = "token",
         adaptive_gamma: Any = False,
     ) -> _Call:
@@ -304,7 +305,8 @@ class SpeculativeDecoder:
         # Prompt lookup runs no draft model, so it may speculate without one.
         can_draft = self.draft is not None or not strategy.needs_draft_model
         if gamma is None:
-            gamma = DEFAULTS.gamma(self.pair.weights, strategy.adaptive_gamma) if can_draft else 0
+            default = DEFAULTS.gamma(self.pair.weights, strategy.adaptive_gamma, strategy.kind.free)
+            gamma = default if can_draft else 0
         gamma = arguments.gamma_value(gamma, can_draft)
         max_tokens = arguments.max_new_tokens_value(max_new_tokens)
         seed, stop = arguments.seed_value(seed), arguments.stop_strings(stop)

@@ -383,14 +383,16 @@ def make_generator(
 ) -> Generator:
     """The generator `kind` (one of GENERATOR_KINDS) on `pair`; exactspec's runs `strategy` (default: the
     draft model with token verification), built by the builder every entry point uses."""
-    strategy = strategy or Strategy()
+    strategy = strategy or Strategy(drafter="model")
     why_not = unavailable(kind, pair) if kind in GENERATOR_KINDS else None
     if why_not is not None:
         raise ValueError(f"generator {kind} cannot run on this pair: {why_not}")
     if kind == "exactspec":
         engine = build_engine(pair.target, pair.draft, strategy, gamma, costs=pair.cost_model)
         name = f"exactspec {strategy.name} gamma={gamma} batch={batch_size}"
-        return EngineGenerator(engine, gamma, batch_size, name=name if strategy != Strategy() else None)
+        return EngineGenerator(
+            engine, gamma, batch_size, name=name if strategy != Strategy(drafter="model") else None
+        )
     if kind == "broken-argmax":
         # Not a shipped strategy: the deliberately wrong drafter, wired by hand (the audit's control).
         engine = SpeculativeEngine(pair.target, BrokenArgmaxDrafter(pair.draft, pair.target.vocab_size))

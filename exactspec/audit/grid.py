@@ -9,6 +9,7 @@ from tqdm import tqdm
 
 from exactspec.audit.generators import ONE_ROW_KINDS, SPECULATIVE_KINDS, make_generator
 from exactspec.audit.runner import AuditCase, AuditResult, Reference, build_reference, run_audit
+from exactspec.decoding.strategy import Strategy
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.base import LanguageModel
 from exactspec.models.pair import ModelPair
@@ -87,8 +88,12 @@ def run_cells(
     progress: bool = True,
     on_result: Callable[[AuditResult], None] | None = None,
     reference: LanguageModel | None = None,
+    strategy: Strategy | None = None,
 ) -> list[AuditResult]:
     """Audit every cell; the exact reference of each setting is computed once and shared.
+
+    `strategy`: what the `exactspec` generator runs (`generators.make_generator`'s default: the draft
+    model with token verification).
 
     `reference`: the model the exact probabilities come from (default `pair.reference`, a second model
     of the pair's backend over the target's weights with a cache of its own).
@@ -102,7 +107,7 @@ def run_cells(
         )
         if cell.settings not in references:
             references[cell.settings] = build_reference(target, case)
-        generator = make_generator(cell.kind, pair, cell.gamma, cell.batch_size)
+        generator = make_generator(cell.kind, pair, cell.gamma, cell.batch_size, strategy)
         result = run_audit(target, generator, case, references[cell.settings], progress=progress)
         results.append(result)
         if on_result is not None:

@@ -6,11 +6,14 @@ record's entry to `emit` when it finishes (in finish order; `output.InOrderWrite
 input order). A record the session refuses (`RequestError`: a prompt beyond the context, a
 logit-bias id outside the vocabulary) becomes an error entry and the job goes on.
 
-A record's tokens are a function of its prompt, settings, seed and gamma alone: each row draws
-from its own random stream (seeded by the record), and the session drafts a fixed gamma per row
-(`plan_batch=False`: the batch planner would make a row's draft lengths, and so its seeded
-tokens, depend on the rows beside it; the law would not change). On float32 CPU models the
-passes are batch-invariant, so the tokens are identical whatever rows share a round.
+A record's tokens are a function of its prompt, settings and seed alone: each row draws from its
+own positioned random stream (seeded by the record). With a drafter whose drafts are deterministic
+(the default suffix drafter, prompt lookup) verification is coupled (docs/algorithm.md 5): a row
+emits plain decoding's tokens whatever it drafted, so the batch planner may give rows lengths that
+depend on their neighbours and on timing. With the draft model a row's seeded tokens depend on its
+draft lengths (the law does not), so each row plans alone from its own acceptance and the cached
+costs (`plan_batch=False`), or drafts a fixed gamma. On float32 CPU models the passes are
+batch-invariant, so the tokens are identical whatever rows share a round.
 """
 
 from __future__ import annotations
@@ -85,7 +88,9 @@ class BatchJob:
             max_waiting=self.max_batch,  # decode_records keeps at most one batch waiting
             prefill_chunk=None,  # offline: a joining row is prefilled within its first round
             max_tokens=self.max_tokens,
-            plan_batch=False,  # a record's tokens must not depend on its neighbours (module docstring)
+            # Rows plan together only where a record's tokens cannot depend on its draft lengths (module
+            # docstring): deterministic drafts under coupled verification.
+            plan_batch=self.strategy.adaptive_gamma and self.strategy.kind.free,
         )
 
     def session(self) -> Session:

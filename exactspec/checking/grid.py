@@ -52,7 +52,9 @@ if TYPE_CHECKING:  # transformers loads only when an adapter case runs (keeps `v
     from exactspec.models.hf import HFLanguageModel
     from exactspec.models.llamacpp import LlamaCppModel
 
-BLOCK = Strategy(verifier="block")
+MODEL = Strategy(drafter="model")
+"""The draft model with token verification: what the model-pair cases check (not the user default)."""
+BLOCK = Strategy(drafter="model", verifier="block")
 
 EXACT_TOLERANCE = 1e-12
 """The exact check fails when a TV distance exceeds this (float64 rounding is ~1e-16)."""
@@ -84,7 +86,7 @@ class ExactCase:
     seed: int = 0
     # What the case runs: drafter, verifier and fixed or adaptive gamma, built by the shipped builder
     # (`exactspec.decoding.builder.build_engine`); an adaptive gamma is capped by `gamma`.
-    strategy: Strategy = field(default_factory=Strategy)
+    strategy: Strategy = MODEL
     # Set for the scheduler cases: the rows (own settings, limits, join round) that the real
     # `Scheduler` runs with at most `max_batch` rows at a time; `settings` and `prompts` are unused.
     schedule: tuple[ScheduledRow, ...] = ()
@@ -311,11 +313,11 @@ def llamacpp_cases() -> list[LlamaCppCase]:
     )
     # (name, V, gamma, n, settings, prompts, draft_logit_scale, strategy)
     cells = [
-        ("gamma=1", 3, 1, 2, SamplingSettings(), ((1,), (2, 1, 1)), 1.0, Strategy()),
-        ("gamma=3", 4, 3, 3, SamplingSettings(min_p=0.5), ((1,), (2, 1, 1)), 1.0, Strategy()),
-        ("gamma=2, all transforms", 4, 2, 3, all_transforms, ((2, 3), (1,)), 1.0, Strategy()),
-        ("T=0, gamma=5", 4, 5, 6, SamplingSettings(temperature=0.0), ((1,), (3, 2, 1)), 1.0, Strategy()),
-        ("gamma=2, n=4, rollbacks", 4, 2, 4, SamplingSettings(min_p=0.5), ((1,), (2, 1)), 2.0, Strategy()),
+        ("gamma=1", 3, 1, 2, SamplingSettings(), ((1,), (2, 1, 1)), 1.0, MODEL),
+        ("gamma=3", 4, 3, 3, SamplingSettings(min_p=0.5), ((1,), (2, 1, 1)), 1.0, MODEL),
+        ("gamma=2, all transforms", 4, 2, 3, all_transforms, ((2, 3), (1,)), 1.0, MODEL),
+        ("T=0, gamma=5", 4, 5, 6, SamplingSettings(temperature=0.0), ((1,), (3, 2, 1)), 1.0, MODEL),
+        ("gamma=2, n=4, rollbacks", 4, 2, 4, SamplingSettings(min_p=0.5), ((1,), (2, 1)), 2.0, MODEL),
         ("block, gamma=3", 4, 3, 3, SamplingSettings(min_p=0.5), ((1,), (2, 1)), 2.0, BLOCK),
         ("ngram, gamma=3", 4, 3, 3, SamplingSettings(), ((1, 2, 1), (2,)), 1.0, Strategy(drafter="ngram")),
     ]
@@ -792,7 +794,7 @@ def scheduler_cases() -> list[ExactCase]:
                 ScheduledRow((2,), hot, 1, joins_after=1),
                 ScheduledRow((2, 1), penalised, 2, gamma=1, joins_after=2),
             ),
-            strategy=Strategy(adaptive_gamma=True),
+            strategy=Strategy(drafter="model", adaptive_gamma=True),
             planned=True,
         ),
     ]
@@ -845,7 +847,7 @@ def run_statistical(
         vocab, seed=10 * setup.seed + 2, sharpness=setup.sharpness, zero_ids=range(0, vocab, 7)
     )
     if engine_factory is None:
-        engine = build_engine(target, draft, Strategy(), setup.gamma, validate=True)
+        engine = build_engine(target, draft, MODEL, setup.gamma, validate=True)
     else:
         engine = engine_factory(target, draft)
     prompt = [1, 2]

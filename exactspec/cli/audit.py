@@ -21,6 +21,7 @@ from exactspec.cli.common import (
     UsageError,
     add_model_arguments,
     add_sampling_arguments,
+    add_strategy_arguments,
     backend_name,
     check_model_arguments,
     check_significance,
@@ -30,6 +31,7 @@ from exactspec.cli.common import (
     output_folder,
     positive_int,
     sampling_settings,
+    strategy,
     utf8_text,
 )
 from exactspec.foundations.settings import SamplingSettings
@@ -118,6 +120,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="CPU threads: torch's, and those of a backend that takes them, such as llamacpp (default: each "
         "one's own; --tiny: 1)",
     )
+    add_strategy_arguments(parser, adaptive=False)  # the audit's exactspec generator: a fixed --gamma
     add_model_arguments(parser)
     add_sampling_arguments(parser)
     # None marks a sampling flag as not given, so --tiny can tell "--temperature 1" from nothing.
@@ -163,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
     )
 
     check_significance(args.significance)
+    speculation = strategy(args)  # a bad --drafter-option fails here, before any model loads
     chosen = backend_name(args)
     settings, settings_given = _given_sampling_settings(args)
     kinds = _kinds(args)
@@ -246,6 +250,7 @@ def run(args: argparse.Namespace) -> int:
         progress=progress,
         on_result=lambda result: _print_lines(report.terminal_lines(result, args.significance, decode)),
         reference=reference,
+        strategy=speculation,
     )
     seconds = round(time.perf_counter() - started, 1)
     audit_report = report.build_report(

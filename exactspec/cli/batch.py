@@ -63,7 +63,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         default=None,
         help=f"draft tokens per round for a record that names none (default {DEFAULTS.dense_gamma} with "
         f"dense weights, {DEFAULTS.int4_gamma} with int4 ones; with --adaptive-gamma the most, default "
-        f"{DEFAULTS.adaptive_gamma_cap})",
+        f"{DEFAULTS.adaptive_gamma_cap} with the draft model, {DEFAULTS.free_adaptive_gamma_cap} with a "
+        "drafter that runs no model)",
     )
     parser.add_argument(
         "--plain", action="store_true", help="plain decoding with the target alone (no draft)"
@@ -132,7 +133,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         default=None,
         help="records per block handed to an actor (default 4 x --max-batch)",
     )
-    add_strategy_arguments(parser, adaptive=False)  # a record's draft lengths must not depend on timing
+    add_strategy_arguments(parser)  # planned rows: `BatchJob.session_config` says when rows plan together
     add_model_arguments(parser)
     add_device_argument(parser)
     add_sampling_arguments(parser, temperature=DEFAULTS.temperature)

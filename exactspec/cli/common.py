@@ -35,6 +35,9 @@ __all__ = [
     "UsageError",
 ]
 
+DEFAULT_DRAFT_SPEC = "default-draft"
+"""--draft's default: the built-in draft model (`exactspec.models.loading.DEFAULT_SPECS`)."""
+
 
 class UsageError(InvalidArgument):
     """Bad input from the user: reported as one line, exit code 2, no traceback."""
@@ -221,11 +224,12 @@ def add_strategy_arguments(parser: argparse.ArgumentParser, adaptive: bool = DEF
     group.add_argument(
         "--drafter",
         choices=list(kinds),
-        default=DEFAULTS.drafter,
+        default=None,
         help="; ".join(
             f"{kind.name}: {kind.summary}" + (" (default)" if kind.name == DEFAULTS.drafter else "")
             for kind in kinds.values()
-        ),
+        )
+        + "; when --draft names a model and --drafter is not given, model",
     )
     options = [
         f"{kind.name}: {', '.join(option.name for option in kind.options)}"
@@ -274,7 +278,7 @@ def strategy(args: argparse.Namespace) -> Strategy:
         given[name.strip()] = value.strip()
     try:
         return Strategy(
-            drafter=args.drafter,
+            drafter=args.drafter or implied_drafter(args),
             verifier=args.verifier,
             adaptive_gamma=args.adaptive_gamma,
             drafter_options=tuple(sorted(given.items())),
@@ -283,17 +287,34 @@ def strategy(args: argparse.Namespace) -> Strategy:
         raise UsageError(f"--drafter-option: {error}") from None
 
 
+def implied_drafter(args: argparse.Namespace) -> str:
+    """The drafter when --drafter is not given: the draft model when --draft names one (a user who names
+    a draft model means to draft with it), else `DEFAULTS.drafter`."""
+    draft = getattr(args, "draft", DEFAULT_DRAFT_SPEC)
+    return "model" if draft != DEFAULT_DRAFT_SPEC and draft.lower() != "none" else DEFAULTS.drafter
+
+
 def draft_to_load(args: argparse.Namespace, chosen: Strategy) -> str | None:
-    """The --draft to load for `chosen` (generate, serve), or None: --plain, --draft none (with the default
-    drafter: plain decoding), or a drafter that runs no model (prompt lookup). Raises UsageError for
-    another drafter that needs the draft model without one."""
+    """The --draft to load for `chosen` (generate, serve, batch), or None: --plain, --draft none, or a
+    drafter that runs no model (the default suffix drafter, prompt lookup). Raises UsageError for a
+    drafter that needs the draft model without one, and for a --draft named with a drafter that would
+    not use it (a draft model the user named and that silently does nothing is a wrong answer)."""
     no_draft = args.draft.lower() == "none"
-    if no_draft and chosen.needs_draft_model and chosen.drafter != DEFAULTS.drafter and not args.plain:
+    if args.plain:
+        return None
+    if no_draft and chosen.needs_draft_model:
         raise UsageError(
             f"--drafter {chosen.drafter} needs a draft model; drop --draft none or use a drafter that needs "
-            "none (--drafter ngram)"
+            f"none (--drafter {DEFAULTS.drafter})"
         )
-    return None if args.plain or no_draft or not chosen.needs_draft_model else args.draft
+    if not chosen.needs_draft_model:
+        if not no_draft and args.draft != DEFAULT_DRAFT_SPEC:
+            raise UsageError(
+                f"--draft {args.draft} would not be used: --drafter {chosen.drafter} runs no draft model; "
+                "add --drafter model (or hybrid) to draft with it, or drop --draft"
+            )
+        return None
+    return None if no_draft else args.draft
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -308,8 +329,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--draft",
         type=non_empty,
-        default="default-draft",
-        help="hub id, model folder or GGUF file (default: built-in Qwen2.5-Coder-0.5B-Instruct Q4_K_M)",
+        default=DEFAULT_DRAFT_SPEC,
+        help="the draft model of --drafter model and hybrid: hub id, model folder or GGUF file (default: "
+        "built-in Qwen2.5-Coder-0.5B-Instruct Q4_K_M)",
     )
     group.add_argument(
         "--dtype", default="auto", help="weight dtype: auto (fastest measured), float32, bfloat16"

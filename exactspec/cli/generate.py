@@ -41,7 +41,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         default=None,
         help=f"draft tokens per round (default {DEFAULTS.dense_gamma} with dense weights, "
         f"{DEFAULTS.int4_gamma} with int4 ones: the best measured for each; with --adaptive-gamma the "
-        f"most, default {DEFAULTS.adaptive_gamma_cap})",
+        f"most, default {DEFAULTS.adaptive_gamma_cap} with the draft model, "
+        f"{DEFAULTS.free_adaptive_gamma_cap} with a drafter that runs no model)",
     )
     parser.add_argument(
         "--plain", action="store_true", help="plain decoding with the target alone (no draft)"
@@ -142,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     if plain:
         gamma = 0
     elif gamma is None:
-        gamma = DEFAULTS.gamma(decoder.pair.weights, chosen.adaptive_gamma)
+        gamma = DEFAULTS.gamma(decoder.pair.weights, chosen.adaptive_gamma, chosen.kind.free)
     try:
         settings.check_vocab(decoder.target.vocab_size)  # known only now that the target is loaded
     except ValueError as error:

@@ -37,7 +37,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         type=gamma_argument,
         default=None,
         help="draft tokens per round for a request that does not name its own: the most with adaptive "
-        f"gamma (default {DEFAULTS.adaptive_gamma_cap}), else every round's (default {DEFAULTS.dense_gamma} "
+        f"gamma (default {DEFAULTS.adaptive_gamma_cap} with the draft model, "
+        f"{DEFAULTS.free_adaptive_gamma_cap} with a drafter that runs no model), else every round's "
+        f"(default {DEFAULTS.dense_gamma} "
         f"with dense weights, {DEFAULTS.int4_gamma} with int4 ones)",
     )
     parser.add_argument(

@@ -9,6 +9,8 @@ the reason.
 (1.0, 0.0)
 >>> DEFAULTS.fixed_gamma("int4"), DEFAULTS.fixed_gamma("bf16"), DEFAULTS.adaptive_gamma_cap
 (2, 4, 4)
+>>> DEFAULTS.drafter, DEFAULTS.gamma("llamacpp", adaptive=True, free=True)
+('suffix', 8)
 """
 
 from __future__ import annotations
@@ -30,12 +32,25 @@ class Defaults:
         seed: the seed of the Python API and `generate` (reproducible by default); a server request
             without a seed gets a fresh random stream, as OpenAI's API does.
     Speculation:
-        drafter, verifier: the draft model, token-by-token verification (`decoding.strategy`).
+        drafter: "suffix" (`drafters.suffix`): drafts read from the prompt, the output so far and earlier
+            requests' outputs, which cost no model pass. On the CPUs we measured, scoring k tokens costs
+            nearly k one-token steps on the fastest backend (llama.cpp: v(5) = 3.5 and c = 0.60 on a
+            2-core Zen 4, `exactspec bench` measures it) and a draft model costs 0.4 to 0.6 of a target
+            step, so a draft model cannot pay there while free drafts accepted in runs can; with the
+            planner a round no draft is predicted to speed up is plain, so the default is never the
+            slower one by more than the drafter's bookkeeping. Its drafts are deterministic, so coupled
+            verification makes a seeded output plain decoding's token for token (docs/algorithm.md 5).
+            `--drafter model` (the draft model) pays where the target's passes are cheap to widen (GPUs).
+        verifier: token-by-token verification (`decoding.strategy`).
         adaptive_gamma: each round's draft lengths planned from each row's acceptance and the measured
-            times of whole rounds (`decoding.round_times`), for the API, `generate` and the server alike;
-            a round that no draft is predicted to speed up is plain. Batch jobs draft a fixed gamma
-            (`exactspec.batch`: a record's tokens must not depend on timing or on its neighbours).
-        adaptive_gamma_cap: the most draft tokens a planned row may get when no gamma is given.
+            times of whole rounds (`decoding.round_times`), for the API, `generate`, the server and
+            batch jobs alike; a round that no draft is predicted to speed up is plain. A batch job plans
+            rows together only with a drafter whose drafts are deterministic (then a record's tokens do
+            not depend on its draft lengths); with the draft model each row plans alone
+            (`exactspec.batch`: a record's tokens must not depend on its neighbours).
+        adaptive_gamma_cap, free_adaptive_gamma_cap: the most draft tokens a planned row may get when no
+            gamma is given, with the draft model and with a drafter that runs no model (its drafts are
+            free, so only the target's cost of scoring them limits them, and the planner weighs that).
         int4_gamma, dense_gamma: the fixed draft length when none is given, by the target's weights
             (`fixed_gamma`): torch's int4 CPU kernel scores a block of up to 4 tokens for
             v(4) = 1.6 one-token steps and 5 for 2.9 (docs/bench/packed-costs), so gamma 2 had the best
@@ -55,10 +70,11 @@ class Defaults:
     generate_temperature: float = 0.0
     max_tokens: int = 256
     seed: int = 0
-    drafter: str = "model"
+    drafter: str = "suffix"
     verifier: str = "token"
     adaptive_gamma: bool = True
     adaptive_gamma_cap: int = 4
+    free_adaptive_gamma_cap: int = 8
     int4_gamma: int = 2
     dense_gamma: int = 4
     backend: str = "auto"
@@ -70,9 +86,11 @@ class Defaults:
         """The draft length when none is given and gamma is fixed, for a target with these weights."""
         return self.int4_gamma if str(weights).startswith("int4") else self.dense_gamma
 
-    def gamma(self, weights: str, adaptive: bool) -> int:
-        """The draft length (the cap, when adaptive) when none is given."""
-        return self.adaptive_gamma_cap if adaptive else self.fixed_gamma(weights)
+    def gamma(self, weights: str, adaptive: bool, free: bool = False) -> int:
+        """The draft length (the cap, when adaptive) when none is given; `free`: the drafter runs no model."""
+        if adaptive:
+            return self.free_adaptive_gamma_cap if free else self.adaptive_gamma_cap
+        return self.fixed_gamma(weights)
 
 
 DEFAULTS = Defaults()

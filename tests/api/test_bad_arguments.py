@@ -107,7 +107,7 @@ def test_bad_encode_arguments(decoder: SpeculativeDecoder) -> None:
 
 def test_gamma_without_draft_is_named(plain: SpeculativeDecoder) -> None:
     with pytest.raises(InvalidArgument, match="needs a draft model"):
-        plain.stream(PROMPT, gamma=2)
+        plain.stream(PROMPT, gamma=2, drafter="model")
 
 
 def test_empty_model_spec_is_refused() -> None:

@@ -71,7 +71,9 @@ def _check_completion(completion: Completion, max_new_tokens: int, tokenizer: ob
 
 
 def test_single_prompt(decoder: SpeculativeDecoder) -> None:
-    out = decoder.generate(PROMPT, gamma=3, max_new_tokens=12, settings=SAMPLED, seed=1, adaptive_gamma=False)
+    out = decoder.generate(
+        PROMPT, gamma=3, max_new_tokens=12, settings=SAMPLED, seed=1, drafter="model", adaptive_gamma=False
+    )
     (completion,) = out.completions
     _check_completion(completion, 12, decoder.tokenizer)
     assert completion.prompt_tokens == len(decoder.tokenizer(PROMPT)["input_ids"])
@@ -260,9 +262,9 @@ def test_draft_with_more_rows_than_the_target_is_an_error() -> None:
 
 def test_gamma_without_draft_is_an_error(plain_decoder: SpeculativeDecoder) -> None:
     with pytest.raises(ValueError, match="needs a draft model"):
-        plain_decoder.generate(PROMPT, gamma=2, max_new_tokens=4)
+        plain_decoder.generate(PROMPT, gamma=2, max_new_tokens=4, drafter="model")
     with pytest.raises(ValueError, match="needs a draft model"):
-        next(plain_decoder.stream(PROMPT, gamma=2, max_new_tokens=4))
+        next(plain_decoder.stream(PROMPT, gamma=2, max_new_tokens=4, drafter="model"))
 
 
 @pytest.mark.parametrize("gamma", [-1, 65])

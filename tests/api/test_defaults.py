@@ -48,7 +48,9 @@ def test_the_decoder_drafts_the_default_gamma_of_its_pair_weights(weights: str, 
     assert pair.weights == weights
     settings = SamplingSettings(temperature=0.0, logit_bias={TOKENIZER_EOS_ID: -100.0})
     decoder = SpeculativeDecoder.from_pair(pair)
-    output = decoder.generate("def f(x):", max_new_tokens=21, settings=settings, adaptive_gamma=False)
+    output = decoder.generate(
+        "def f(x):", max_new_tokens=21, settings=settings, drafter="model", adaptive_gamma=False
+    )
     metrics = output.metrics
     # proposed_by_position[i] counts draft tokens proposed at draft position i: its length is the
     # longest draft of the run; every draft is accepted (draft = target, greedy).

@@ -109,7 +109,7 @@ def test_a_session_without_a_drafter_refuses_gamma_and_decodes_plainly() -> None
     target = _pair().target_model
     plain = Session(
         ModelPair.from_models(target, tokenizer=tiny_tokenizer()),
-        SessionConfig(strategy=Strategy(), prefill_chunk=None),
+        SessionConfig(strategy=Strategy(drafter="model"), prefill_chunk=None),
     )
     assert plain.gamma == 0
     with pytest.raises(RequestError, match="needs a drafter"):

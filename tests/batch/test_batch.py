@@ -53,7 +53,8 @@ def test_every_record_gets_an_entry_in_input_order(reference: bytes) -> None:
     assert results["r3"]["settings"]["chat"] is True
     assert results["r5"]["statistics"]["proposed_tokens"] == 0 and results["r5"]["settings"]["gamma"] == 0
     assert results["r6"]["settings"]["logit_bias"] == {"40": -100.0} and 40 not in results["r6"]["token_ids"]
-    assert results["r0"]["settings"]["gamma"] == 4 and results["r0"]["statistics"]["proposed_tokens"] > 0
+    # --draft named, no --drafter: the draft model, each row planning its own lengths (up to gamma 4).
+    assert results["r0"]["settings"]["gamma"] == 4 and results["r0"]["statistics"]["gamma_planned"]
     stopped, unstopped = results["r4"], results["r2"]  # the same prompt, greedy; r4 stops at "R8"
     assert "R8" in unstopped["text"] and stopped["finish_reason"] == "stop"
     assert stopped["text"] == unstopped["text"][: unstopped["text"].index("R8")]
@@ -86,6 +87,28 @@ def test_outputs_do_not_depend_on_order_batch_size_or_a_resume(
     assert main(batch_args(tiny_model_folders, head, out)) == EXIT_OK
     assert main(batch_args(tiny_model_folders, whole, out)) == EXIT_OK
     assert out.read_bytes() == reference
+
+
+def test_planned_suffix_drafts_leave_every_record_its_tokens_whatever_the_order_and_batch(
+    tiny_model_folders: tuple[str, str], tmp_path: Path
+) -> None:
+    """The default drafter: rows plan together and the shared tree learns in input order, so the draft
+    lengths (and the statistics that count them) depend on the neighbours; coupled verification keeps
+    every record's tokens (docs/batch.md)."""
+    records = job_records()
+    runs = []
+    for name, ordered, batch in (("forward", records, "3"), ("reversed", records[::-1], "1")):
+        out = tmp_path / f"{name}.jsonl"
+        source = write_jsonl(tmp_path / f"{name}-in.jsonl", ordered)
+        argv = batch_args(tiny_model_folders, source, out, "--max-batch", batch, "--draft", "none")
+        assert main(argv) == EXIT_OK
+        runs.append({e["id"]: e for e in entries(out)})
+    forward, backward = runs
+    assert forward["r0"]["settings"]["gamma"] == 8 and forward["r0"]["statistics"]["gamma_planned"]
+    assert sum(e["statistics"]["proposed_tokens"] for e in forward.values() if "statistics" in e) > 0
+    for key, entry in forward.items():
+        entry.pop("statistics", None), backward[key].pop("statistics", None)
+        assert backward[key] == entry, key
 
 
 def test_a_resumed_run_says_what_it_skipped_and_loads_nothing_when_all_is_done(

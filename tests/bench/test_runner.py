@@ -147,11 +147,14 @@ def test_cli_bench_methods_settings_and_strategy_flags(capsys: pytest.CaptureFix
         ]
     )
     assert args.methods == [("speculative-block", 4), ("ngram", 8)]
-    assert (args.settings, args.temperatures, args.verifier, args.drafter) == (
+    from exactspec.cli.common import strategy
+    from exactspec.foundations.defaults import DEFAULTS
+
+    assert (args.settings, args.temperatures, args.verifier, strategy(args).drafter) == (
         ["realistic"],
         [],
         "block",
-        "model",
+        DEFAULTS.drafter,  # no --draft named: the default drafter
     )
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "--methods", "ngram"])  # no gamma

@@ -57,7 +57,14 @@ def no_default_pair(monkeypatch: pytest.MonkeyPatch) -> None:
 # (tests/conftest.py `grid_owner`: every case `verify --quick` runs, each once per suite).
 SMALL_GRID = [
     ExactCase("V=2 n=3", 2, 2, 3),
-    ExactCase("block T=1.7", 3, 2, 2, SamplingSettings(temperature=1.7), strategy=Strategy(verifier="block")),
+    ExactCase(
+        "block T=1.7",
+        3,
+        2,
+        2,
+        SamplingSettings(temperature=1.7),
+        strategy=Strategy("model", verifier="block"),
+    ),
     ExactCase("V=5 n=3 (not quick)", 5, 2, 3),
 ]
 
@@ -310,7 +317,8 @@ def test_prompt_too_long_for_the_context(models: tuple[str, str], capsys: pytest
 @pytest.mark.parametrize(
     ("flags", "drafter", "verifier"),
     [
-        (["--drafter", "ngram", "--fixed-gamma"], "ngram", "token"),
+        (["--drafter", "ngram", "--draft", "none", "--fixed-gamma"], "ngram", "token"),
+        (["--draft", "none"], "suffix", "token"),
         (["--drafter", "ngram", "--draft", "none"], "ngram", "token"),
         (["--drafter", "hybrid", "--verifier", "block", "--fixed-gamma"], "hybrid", "block"),
         (["--adaptive-gamma", "--gamma", "3"], "model", "token"),
@@ -334,8 +342,18 @@ def test_generate_strategies_equal_plain_greedy(
 def test_generate_summary_names_the_strategy(
     models: tuple[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert run([*generate_args(models, "--drafter", "ngram", "--verifier", "block"), PROMPT]) == EXIT_OK
+    code = run(
+        [*generate_args(models, "--drafter", "ngram", "--draft", "none", "--verifier", "block"), PROMPT]
+    )
+    assert code == EXIT_OK
     assert "ngram drafter, block verification" in capsys.readouterr().err
+
+
+def test_a_named_draft_with_a_drafter_that_runs_no_model_is_a_usage_error(
+    models: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run([*generate_args(models, "--drafter", "suffix"), PROMPT]) == EXIT_USAGE
+    assert_one_line_error(capsys.readouterr().err, "would not be used", "--drafter model")
 
 
 def test_generate_hybrid_without_a_draft_is_a_usage_error(

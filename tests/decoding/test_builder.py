@@ -54,7 +54,7 @@ def test_adaptive_gamma_takes_given_or_lazily_measured_costs() -> None:
         asked.append(max_gamma)
         return COSTS.up_to(max_gamma)
 
-    parts = build_components(TARGET, DRAFT, Strategy(adaptive_gamma=True), 3, costs=source)
+    parts = build_components(TARGET, DRAFT, Strategy("model", adaptive_gamma=True), 3, costs=source)
     policy = parts.gamma_policy
     assert isinstance(policy, ConfidenceGamma) and asked == [3]
     assert policy.costs == COSTS.up_to(3) and policy.caps.costs == COSTS.up_to(3)
@@ -65,7 +65,7 @@ def test_adaptive_gamma_takes_given_or_lazily_measured_costs() -> None:
     # ... and its length is chosen per match length, by the policy the engine reports rounds to
     assert isinstance(lookup.gamma_policy, LookupGamma) and lookup.drafter.lengths is lookup.gamma_policy
     # no costs given: measured on the models themselves
-    measured = build_components(TARGET, DRAFT, Strategy(adaptive_gamma=True), 2).gamma_policy
+    measured = build_components(TARGET, DRAFT, Strategy("model", adaptive_gamma=True), 2).gamma_policy
     assert measured.costs.max_gamma == 2 and measured.costs.verify_costs[0] == 1.0
 
 
@@ -110,7 +110,7 @@ def test_every_strategy_the_builder_ships_samples_exactly_the_target(
 
 
 def test_the_builder_times_the_draft_model_outside_the_proposal() -> None:
-    engine = build_engine(TARGET, DRAFT, Strategy(), 3)
+    engine = build_engine(TARGET, DRAFT, Strategy("model"), 3)
     assert isinstance(engine.drafter, ModelDrafter) and isinstance(engine.drafter.model, TimedModel)
     assert engine.drafter.model.model is DRAFT  # wrapped, not copied
     engine.generate([[1, 2]], DecodeConfig(gamma=3, max_new_tokens=6), SeededSampler(0))
@@ -123,11 +123,13 @@ def test_the_builder_times_the_draft_model_outside_the_proposal() -> None:
 
 
 def test_build_scheduler_caps_drafts_at_max_gamma_and_defaults_rows_to_gamma() -> None:
-    scheduler = build_scheduler(TARGET, DRAFT, Strategy(), gamma=2, max_gamma=5, sampler=SeededSampler(0))
+    scheduler = build_scheduler(
+        TARGET, DRAFT, Strategy("model"), gamma=2, max_gamma=5, sampler=SeededSampler(0)
+    )
     default = scheduler.submit(Request([1], max_new_tokens=8, seed=0))
     longer = scheduler.submit(Request([2], max_new_tokens=8, gamma=5, seed=1))
     scheduler.run_until_idle()
     assert default.state.gamma == 2 and longer.state.gamma == 5
     assert default.proposed <= 2 * default.rounds and longer.proposed > 2 * longer.rounds - 2
     with pytest.raises(ValueError, match="below the default gamma"):
-        build_scheduler(TARGET, DRAFT, Strategy(), gamma=3, max_gamma=2)
+        build_scheduler(TARGET, DRAFT, Strategy("model"), gamma=3, max_gamma=2)

@@ -117,7 +117,7 @@ def test_served_rows_draft_by_the_plan_and_leave_it_cleanly() -> None:
     scheduler = build_scheduler(
         target,
         draft,
-        Strategy(adaptive_gamma=True),
+        Strategy("model", adaptive_gamma=True),
         gamma=3,
         batch_costs=GRID_BATCH_COSTS,
         policy_options=GRID_POLICY_OPTIONS,

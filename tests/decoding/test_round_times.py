@@ -46,7 +46,7 @@ def test_an_unseen_shape_inherits_the_ratio_of_the_rounds_seen() -> None:
 
 def test_the_engine_times_every_planned_round_and_the_plan_follows_measured_times() -> None:
     target, draft = random_tabular_model(5, seed=1), random_tabular_model(5, seed=2)
-    engine = build_engine(target, draft, Strategy(adaptive_gamma=True), 2, batch_costs=COSTS)
+    engine = build_engine(target, draft, Strategy("model", adaptive_gamma=True), 2, batch_costs=COSTS)
     policy = engine.gamma_policy
     assert isinstance(policy, CostAwareGamma)
     engine.generate([[1, 2]], DecodeConfig(gamma=2, max_new_tokens=12), SeededSampler(0))

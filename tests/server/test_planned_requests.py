@@ -32,7 +32,9 @@ def _service() -> Service:
     target = tiny_causal_lm(vocab_size=VOCAB, seed=0, eos_token_id=TOKENIZER_EOS_ID)
     draft = tiny_causal_lm(vocab_size=VOCAB, seed=1, eos_token_id=TOKENIZER_EOS_ID)
     pair = ModelPair.from_models(target, draft, tokenizer=tiny_tokenizer())
-    return Service(pair, gamma=2, strategy=Strategy(adaptive_gamma=True), batch_costs=COSTS, max_batch=4)
+    return Service(
+        pair, gamma=2, strategy=Strategy(drafter="model", adaptive_gamma=True), batch_costs=COSTS, max_batch=4
+    )
 
 
 def _body(**fields: object) -> CompletionRequest:

@@ -1,4 +1,4 @@
-"""`exactspec serve` wiring: defaults (built-in pair, 127.0.0.1:8000, gamma 4) without loading real models."""
+"""`exactspec serve` wiring: defaults (built-in pair, 127.0.0.1:8000, default drafter), no real models."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import pytest
 from conftest import TOKENIZER_EOS_ID, TOKENIZER_VOCAB, tiny_causal_lm, tiny_tokenizer
 
 from exactspec.cli.main import main
+from exactspec.foundations.defaults import DEFAULTS
 from exactspec.models.pair import ModelPair
 
 
@@ -33,11 +34,12 @@ def test_serve_with_no_arguments_serves_the_default_pair_on_localhost(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     loaded, served = _capture_serve(monkeypatch, [])
-    assert loaded["target"] == "default-target" and loaded["draft"] == "default-draft"
+    # The default suffix drafter runs no model: no draft model is loaded.
+    assert loaded["target"] == "default-target" and loaded["draft"] is None
     assert loaded["device"] == "auto" and loaded["dtype"] == "auto"
     assert served["host"] == "127.0.0.1" and served["port"] == 8000
     service = served["app"].state.service
-    assert service.gamma == 4 and service.model_name == "exactspec"
+    assert service.gamma == DEFAULTS.free_adaptive_gamma_cap and service.model_name == "exactspec"
 
 
 def test_serve_flags_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
@@ -66,15 +68,17 @@ def test_serve_passes_weights_and_uses_the_chosen_drafter_and_verifier(
 
 
 def test_serve_plans_rounds_by_default_and_fixed_gamma_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    from exactspec.decoding.planner import CostAwareGamma
-    from exactspec.foundations.defaults import DEFAULTS
+    from exactspec.decoding.gamma import LookupGamma
 
     _, served = _capture_serve(monkeypatch, [])
     service = served["app"].state.service
-    assert service.strategy.adaptive_gamma and service.gamma == DEFAULTS.adaptive_gamma_cap
-    assert isinstance(service.scheduler.engine.gamma_policy, CostAwareGamma)
+    assert service.strategy.drafter == DEFAULTS.drafter and service.strategy.adaptive_gamma
+    assert service.gamma == DEFAULTS.free_adaptive_gamma_cap
+    assert isinstance(
+        service.scheduler.engine.gamma_policy, LookupGamma
+    )  # free drafts: per row, timed rounds
     assert service.batch_costs is not None
-    assert service.batch_costs.widths[-1] == DEFAULTS.adaptive_gamma_cap + 1
+    assert service.batch_costs.widths[-1] == DEFAULTS.free_adaptive_gamma_cap + 1
     _, served = _capture_serve(monkeypatch, ["--fixed-gamma", "--gamma", "3"])
     service = served["app"].state.service
     assert not service.strategy.adaptive_gamma and service.scheduler.engine.gamma_policy is None
