@@ -191,7 +191,13 @@ class LearnedDrafters:
         """Give `engine` the drafter its method used before, or keep its new one for the next runs."""
         if engine.drafter is None or not getattr(engine.drafter, "learns_across_requests", False):
             return
-        engine.drafter = self._drafters.setdefault((strategy.name, gamma, settings), engine.drafter)
+        fresh = engine.drafter
+        kept = self._drafters.setdefault((strategy.name, gamma, settings), fresh)
+        if kept is not fresh and hasattr(fresh, "lengths"):
+            # Under adaptive gamma the drafter asks the engine's own gamma policy for its depths; this
+            # engine's rows are added to the new policy, not to the one the kept drafter was built with.
+            kept.lengths = fresh.lengths
+        engine.drafter = kept
 
 
 def run_engine(

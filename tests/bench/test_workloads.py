@@ -81,3 +81,25 @@ def test_learned_drafters_keep_one_suffix_drafter_per_method_and_settings_only()
     for engine in lookup:
         learned.use(engine, Strategy(drafter="ngram"), 8, settings)
     assert lookup[0].drafter is not lookup[1].drafter  # no memory across requests: fresh each run
+
+
+def test_a_learned_adaptive_suffix_drafter_drafts_in_each_new_engine_with_that_engine_s_policy() -> None:
+    # A bench run builds one engine per prompt; the kept drafter must ask the new engine's gamma
+    # policy (whose rows the new engine adds), or the second prompt fails ("row 1 was not added").
+    from exactspec.checking.toy import random_tabular_model
+    from exactspec.decoding.builder import build_engine
+    from exactspec.decoding.engine import DecodeConfig
+    from exactspec.foundations.costs import CostModel
+    from exactspec.foundations.sampler import SeededSampler
+
+    target = random_tabular_model(5, seed=1)
+    strategy, settings = Strategy(drafter="suffix", adaptive_gamma=True), SamplingSettings(temperature=0.0)
+    costs = CostModel.linear(0.0, 0.1, max_gamma=8)
+    learned, prompts, drafters = LearnedDrafters(), ([1, 2, 3, 1, 2, 3], [1, 2, 3, 1, 2], [4, 1, 2]), []
+    for prompt in prompts:
+        engine = build_engine(target, None, strategy, 8, costs=costs)
+        learned.use(engine, strategy, 8, settings)
+        drafters.append(engine.drafter)
+        assert engine.drafter.lengths is engine.gamma_policy
+        engine.generate([prompt, prompt[::-1]], DecodeConfig(8, 10, settings), SeededSampler(0, num_rows=2))
+    assert drafters[0] is drafters[1] is drafters[2]
