@@ -84,7 +84,7 @@ def start_server(args: argparse.Namespace) -> str:
     print(f"[load test] {pair.describe_backend()}", file=sys.stderr, flush=True)
     gamma = args.gamma
     if gamma is None:  # as exactspec serve chooses it
-        gamma = args.gamma = DEFAULTS.gamma(pair.weights, strategy.adaptive_gamma, strategy.kind.free)
+        gamma = args.gamma = strategy.default_gamma(pair.weights)
     service = Service(
         pair,
         gamma=gamma,

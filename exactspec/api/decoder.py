@@ -305,8 +305,7 @@ class SpeculativeDecoder:
         # Prompt lookup runs no draft model, so it may speculate without one.
         can_draft = self.draft is not None or not strategy.needs_draft_model
         if gamma is None:
-            default = DEFAULTS.gamma(self.pair.weights, strategy.adaptive_gamma, strategy.kind.free)
-            gamma = default if can_draft else 0
+            gamma = strategy.default_gamma(self.pair.weights) if can_draft else 0
         gamma = arguments.gamma_value(gamma, can_draft)
         max_tokens = arguments.max_new_tokens_value(max_new_tokens)
         seed, stop = arguments.seed_value(seed), arguments.stop_strings(stop)

@@ -79,7 +79,7 @@ class SessionConfig:
     Attributes:
         strategy: drafter, verifier, fixed or adaptive gamma (`decoding.strategy`).
         gamma: the draft length of a request that names none (with adaptive gamma, the most the
-            policy gives it); None: `DEFAULTS.gamma(weights, adaptive, free)`; 0: plain decoding. A session
+            policy gives it); None: `Strategy.default_gamma(weights)`; 0: plain decoding. A session
             without a drafter decodes plainly whatever is asked.
         max_batch, max_waiting, prefill_chunk: the scheduler's (`decoding.scheduler.Scheduler`);
             prefill_chunk None prefills a joining row inside its first round (the offline default).
@@ -364,7 +364,7 @@ class Session:
         self.can_draft = pair.draft is not None or not strategy.needs_draft_model
         gamma = config.gamma
         if gamma is None:
-            gamma = DEFAULTS.gamma(pair.weights, strategy.adaptive_gamma, strategy.kind.free)
+            gamma = strategy.default_gamma(pair.weights)
         if not 0 <= gamma <= MAX_GAMMA:
             raise InvalidArgument(f"gamma must be in 0..{MAX_GAMMA} (0 = plain decoding), got {gamma}")
         self.gamma = gamma if self.can_draft else 0

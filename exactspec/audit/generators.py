@@ -355,6 +355,9 @@ ONE_ROW_KINDS = frozenset({"hf-assisted", "llamacpp-lookup", "llamacpp-plain"})
 """Peers that sample one sequence per call (batch size 1 only)."""
 TRANSFORMERS_KINDS = frozenset({"hf-assisted", "hf-sample"})
 LLAMACPP_KINDS = frozenset({"llamacpp-lookup", "llamacpp-plain"})
+DEFAULT_STRATEGY = Strategy(drafter="model")
+"""What the exactspec generator runs when given no strategy: the draft model, token verification; its
+reports keep the short generator name."""
 
 
 def unavailable(kind: str, pair: ModelPair) -> str | None:
@@ -383,7 +386,7 @@ def make_generator(
 ) -> Generator:
     """The generator `kind` (one of GENERATOR_KINDS) on `pair`; exactspec's runs `strategy` (default: the
     draft model with token verification), built by the builder every entry point uses."""
-    strategy = strategy or Strategy(drafter="model")
+    strategy = strategy or DEFAULT_STRATEGY
     why_not = unavailable(kind, pair) if kind in GENERATOR_KINDS else None
     if why_not is not None:
         raise ValueError(f"generator {kind} cannot run on this pair: {why_not}")
@@ -391,7 +394,7 @@ def make_generator(
         engine = build_engine(pair.target, pair.draft, strategy, gamma, costs=pair.cost_model)
         name = f"exactspec {strategy.name} gamma={gamma} batch={batch_size}"
         return EngineGenerator(
-            engine, gamma, batch_size, name=name if strategy != Strategy(drafter="model") else None
+            engine, gamma, batch_size, name=name if strategy != DEFAULT_STRATEGY else None
         )
     if kind == "broken-argmax":
         # Not a shipped strategy: the deliberately wrong drafter, wired by hand (the audit's control).

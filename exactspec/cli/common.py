@@ -287,11 +287,16 @@ def strategy(args: argparse.Namespace) -> Strategy:
         raise UsageError(f"--drafter-option: {error}") from None
 
 
+def names_a_draft(args: argparse.Namespace) -> bool:
+    """Whether --draft names a model of the user's (neither the built-in default nor "none")."""
+    draft = getattr(args, "draft", DEFAULT_DRAFT_SPEC)
+    return draft != DEFAULT_DRAFT_SPEC and draft.lower() != "none"
+
+
 def implied_drafter(args: argparse.Namespace) -> str:
     """The drafter when --drafter is not given: the draft model when --draft names one (a user who names
     a draft model means to draft with it), else `DEFAULTS.drafter`."""
-    draft = getattr(args, "draft", DEFAULT_DRAFT_SPEC)
-    return "model" if draft != DEFAULT_DRAFT_SPEC and draft.lower() != "none" else DEFAULTS.drafter
+    return "model" if names_a_draft(args) else DEFAULTS.drafter
 
 
 def draft_to_load(args: argparse.Namespace, chosen: Strategy) -> str | None:
@@ -302,19 +307,19 @@ def draft_to_load(args: argparse.Namespace, chosen: Strategy) -> str | None:
     no_draft = args.draft.lower() == "none"
     if args.plain:
         return None
-    if no_draft and chosen.needs_draft_model:
-        raise UsageError(
-            f"--drafter {chosen.drafter} needs a draft model; drop --draft none or use a drafter that needs "
-            f"none (--drafter {DEFAULTS.drafter})"
-        )
     if not chosen.needs_draft_model:
-        if not no_draft and args.draft != DEFAULT_DRAFT_SPEC:
+        if names_a_draft(args):
             raise UsageError(
                 f"--draft {args.draft} would not be used: --drafter {chosen.drafter} runs no draft model; "
                 "add --drafter model (or hybrid) to draft with it, or drop --draft"
             )
         return None
-    return None if no_draft else args.draft
+    if no_draft:
+        raise UsageError(
+            f"--drafter {chosen.drafter} needs a draft model; drop --draft none or use a drafter that needs "
+            f"none (--drafter {DEFAULTS.drafter})"
+        )
+    return args.draft
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:

@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     if plain:
         gamma = 0
     elif gamma is None:
-        gamma = DEFAULTS.gamma(decoder.pair.weights, chosen.adaptive_gamma, chosen.kind.free)
+        gamma = chosen.default_gamma(decoder.pair.weights)
     try:
         settings.check_vocab(decoder.target.vocab_size)  # known only now that the target is loaded
     except ValueError as error:

@@ -79,6 +79,11 @@ class Strategy:
         """Whether the drafter runs the draft model (prompt lookup does not)."""
         return self.kind.needs_draft_model
 
+    def default_gamma(self, weights: str) -> int:
+        """The draft length (the cap, when adaptive) of a request that names none, for a target with
+        these weights (`DEFAULTS.gamma`: the cap depends on whether the drafter runs a model)."""
+        return DEFAULTS.gamma(weights, self.adaptive_gamma, free=self.kind.free)
+
     @property
     def options(self) -> dict[str, Any]:
         """Every option of the drafter, defaults filled in."""
