@@ -14,8 +14,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from exactspec.bench.methods import LLAMACPP_PLAIN
 from exactspec.bench.report import load_result
-from exactspec.bench.runner import LLAMACPP_PLAIN
 from exactspec.bench.summary import summarize
 
 

@@ -11,7 +11,7 @@ From the smallest up:
   compares with plain decoding and with its other trials (`runner`);
 * `PromptRecord`, `ModelRecord`, `Models`, `Environment`, `HfPolicy`: what the run was given.
 
-The whole result (`runner.BenchResult`) and the summary (`summary.Summary`) are built of these.
+The whole result (`result.BenchResult`) and the summary (`summary_records.Summary`) are built of these.
 Each record's `to_json()` / `from_json()` is `foundations.records.JsonRecord`'s.
 """
 

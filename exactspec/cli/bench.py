@@ -9,16 +9,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from exactspec.bench.prompts import SELECTIONS
-from exactspec.bench.runner import (
+from exactspec.bench.config import (
     DEFAULT_GAMMAS,
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_TEMPERATURES,
-    NAMED_SETTINGS,
     QUICK_GAMMAS,
     QUICK_MAX_NEW_TOKENS,
-    strategy_of,
 )
+from exactspec.bench.methods import NAMED_SETTINGS, strategy_of
+from exactspec.bench.prompts import SELECTIONS
 from exactspec.cli.common import (
     EXIT_OK,
     UsageError,
@@ -172,10 +171,11 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from exactspec.api.decoder import SpeculativeDecoder
+    from exactspec.bench.config import BenchConfig, EncodedPrompt
     from exactspec.bench.prompts import PROMPTS
     from exactspec.bench.records import ModelSpecs
     from exactspec.bench.report import write_outputs
-    from exactspec.bench.runner import BenchConfig, EncodedPrompt, run_bench
+    from exactspec.bench.runner import run_bench
     from exactspec.bench.summary import summarize
     from exactspec.cli.common import lacks_transformers_modules
     from exactspec.models.pair import ModelPair

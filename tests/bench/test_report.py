@@ -14,17 +14,16 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
+from exactspec.bench.comparisons import adaptive_vs_fixed, block_summary  # noqa: E402
 from exactspec.bench.report import load_result, render_markdown, write_outputs  # noqa: E402
-from exactspec.bench.runner import BenchResult  # noqa: E402
-from exactspec.bench.summary import (  # noqa: E402
+from exactspec.bench.result import BenchResult  # noqa: E402
+from exactspec.bench.summary import summarize  # noqa: E402
+from exactspec.bench.summary_records import (  # noqa: E402
     BlockPair,
     ExpectedTokensPerRound,
     PromptRow,
     SettingRow,
     Summary,
-    adaptive_vs_fixed,
-    block_summary,
-    summarize,
 )
 from exactspec.bench.theory import Spread  # noqa: E402
 
@@ -437,3 +436,15 @@ def test_block_summary_counts_the_paired_scorings_and_leaves_greedy_rows_out_of_
     assert over is not None and over.scorings == 2 and over.ahead_on == 2
     assert over.min_gain == pytest.approx(1.05) and over.max_gain == pytest.approx(1.2)
     assert block_summary(result, []) is None
+
+
+def test_the_full_run_note_counts_what_a_default_config_runs() -> None:
+    """The note is computed from the defaults the estimate reads; its count is the default config's."""
+    from exactspec.bench.config import DEFAULT_MAX_NEW_TOKENS, BenchConfig
+    from exactspec.bench.estimates import FULL_RUN_NOTE
+    from exactspec.bench.prompts import PROMPTS
+
+    config = BenchConfig()
+    generations = len(PROMPTS) * len(config.sampling_rows()) * len(config.methods())
+    assert f" = {generations} generations of {DEFAULT_MAX_NEW_TOKENS} tokens" in FULL_RUN_NOTE
+    assert f"gamma in {','.join(map(str, config.gammas))}," in FULL_RUN_NOTE

@@ -19,9 +19,11 @@ pytest.importorskip("matplotlib")
 
 from conftest import tiny_causal_lm  # noqa: E402
 
+from exactspec.bench.config import BenchConfig, EncodedPrompt  # noqa: E402
 from exactspec.bench.records import ModelSpecs, Run  # noqa: E402
 from exactspec.bench.report import render_markdown, write_outputs  # noqa: E402
-from exactspec.bench.runner import BenchConfig, BenchResult, EncodedPrompt, run_bench  # noqa: E402
+from exactspec.bench.result import BenchResult  # noqa: E402
+from exactspec.bench.runner import run_bench  # noqa: E402
 from exactspec.bench.runs import ExpectationRecorder  # noqa: E402
 from exactspec.bench.summary import summarize  # noqa: E402
 from exactspec.foundations.sampler import SeededSampler  # noqa: E402

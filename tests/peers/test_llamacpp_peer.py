@@ -18,13 +18,9 @@ transformers = pytest.importorskip("transformers")
 
 from conftest import tiny_causal_lm  # noqa: E402
 
-from exactspec.bench.runner import (  # noqa: E402
-    LLAMACPP_PLAIN,
-    BenchConfig,
-    EncodedPrompt,
-    LlamaCppPeer,
-    run_bench,
-)
+from exactspec.bench.config import BenchConfig, EncodedPrompt  # noqa: E402
+from exactspec.bench.methods import LLAMACPP_PLAIN  # noqa: E402
+from exactspec.bench.runner import LlamaCppPeer, run_bench  # noqa: E402
 from exactspec.bench.summary import summarize  # noqa: E402
 from exactspec.cli import bench as bench_cli  # noqa: E402
 from exactspec.foundations.settings import SamplingSettings  # noqa: E402
