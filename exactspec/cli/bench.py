@@ -7,7 +7,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from exactspec.bench.config import (
     DEFAULT_GAMMAS,
@@ -31,6 +31,11 @@ from exactspec.cli.common import (
     strategy,
 )
 from exactspec.decoding.engine import MAX_GAMMA
+
+if TYPE_CHECKING:
+    from exactspec.api.decoder import SpeculativeDecoder
+    from exactspec.bench.config import BenchConfig, EncodedPrompt
+    from exactspec.models.pair import ModelPair
 
 DEFAULT_OUT = "bench-out"
 DEFAULT_LOOKUP_TOKENS = 2
@@ -171,16 +176,89 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from exactspec.api.decoder import SpeculativeDecoder
-    from exactspec.bench.config import BenchConfig, EncodedPrompt
     from exactspec.bench.prompts import PROMPTS
     from exactspec.bench.records import ModelSpecs
     from exactspec.bench.report import write_outputs
     from exactspec.bench.runner import run_bench
     from exactspec.bench.summary import summarize
     from exactspec.cli.common import lacks_transformers_modules
-    from exactspec.models.pair import ModelPair
 
     chosen = backend_name(args)
+    asked = _checked_arguments(args)
+    check_model_arguments(args)
+    # Created and test-written now: the full run takes about 1.5 hours, and its results must not be lost
+    # to an output folder that turns out to be a file at the end.
+    output_folder("--out", args.out)
+
+    def say(message: str) -> None:
+        print(f"[exactspec bench] {message}", file=sys.stderr, flush=True)
+
+    peer = _load_llamacpp(args, say) if args.llamacpp else None
+    config = _config(args, asked, peer)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    progress = not args.no_progress
+    provenance = command_provenance(args)  # as the run starts, with the threads it runs with
+
+    pair, load_seconds = _load_pair(args, chosen, progress, say)
+    hf_parts = "forward-pass hooks"
+    if config.hf_assisted or config.hf_plain:
+        hf_parts = "the transformers peers (HF assisted, HF plain) and forward-pass hooks"
+    if lacks_transformers_modules(pair, hf_parts, say):
+        config = dataclasses.replace(config, hf_assisted=False, hf_plain=False)
+    decoder = SpeculativeDecoder.from_pair(pair)  # tokenizes the prompts as `generate` does
+    encoded = _encoded(decoder, asked.prompts)
+    description = ModelSpecs(
+        target_spec=args.target,
+        draft_spec=args.draft,
+        weights=pair.weights,
+        load_seconds=load_seconds,
+        backend=pair.backend,
+    )
+    rows = config.sampling_rows()
+    runs = len(encoded) * len(rows) * len(config.methods()) * config.trials
+    trials = f" x {config.trials} trials" if config.trials > 1 else ""
+    say(
+        f"{len(encoded)} prompts x {len(rows)} sampling rows x {len(config.methods())} methods{trials} "
+        f"= {runs} runs of {config.max_new_tokens} tokens (models loaded in {load_seconds:.0f} s)"
+    )
+    all_tokens = [len(decoder.encode([p.text], chat=p.chat)[0]) for p in PROMPTS]
+    result = run_bench(
+        pair,
+        encoded,
+        config,
+        progress=progress,
+        log=say,
+        all_prompt_tokens=all_tokens,
+        description=description,
+        llamacpp=peer,
+        provenance=provenance,
+    )
+    paths = write_outputs(result, args.out, plots=not args.no_plots)
+    for name, rec in summarize(result).recommendation.items():
+        if rec.gamma is not None:
+            choice = f"gamma={rec.gamma}" if rec.gamma else "plain decoding"
+            print(
+                f"{name}: best {choice} (best measured gamma={rec.best_measured_gamma}: "
+                f"{rec.speedup:.2f}x over plain, steady state)"
+            )
+    print(f"report: {paths['report']}  raw data: {paths['json']}  ({result.duration_seconds / 60:.1f} min)")
+    return EXIT_OK
+
+
+class _Asked(NamedTuple):
+    """What the flags ask for, checked: the main method, its gammas, the sampling temperatures, the new
+    tokens per run and the prompts (`BenchPrompt`s)."""
+
+    method: str
+    gammas: tuple[int, ...]
+    temperatures: tuple[float, ...]
+    max_new_tokens: int
+    prompts: list
+
+
+def _checked_arguments(args: argparse.Namespace) -> _Asked:
+    """What the flags ask for; a UsageError for flags that cannot run (before any model loads)."""
     gammas = tuple(args.gammas) if args.gammas else (QUICK_GAMMAS if args.quick else DEFAULT_GAMMAS)
     if any(not 1 <= g <= MAX_GAMMA for g in gammas):
         raise UsageError(f"--gammas must lie in 1..{MAX_GAMMA} (plain decoding always runs), got {gammas}")
@@ -210,22 +288,20 @@ def run(args: argparse.Namespace) -> int:
         prompts = _select(args.prompts, quick=args.quick)
     except ValueError as error:
         raise UsageError(f"--prompts: {error}") from None
-    check_model_arguments(args)
-    # Created and test-written now: the full run takes about 1.5 hours, and its results must not be lost
-    # to an output folder that turns out to be a file at the end.
-    output_folder("--out", args.out)
+    return _Asked(main_method, gammas, temperatures, max_new_tokens, prompts)
 
-    def say(message: str) -> None:
-        print(f"[exactspec bench] {message}", file=sys.stderr, flush=True)
 
-    peer = _load_llamacpp(args, say) if args.llamacpp else None
-    config = BenchConfig(
-        gammas=tuple(sorted(set(gammas))),
-        temperatures=temperatures,
-        method=main_method,
+def _config(args: argparse.Namespace, asked: _Asked, peer: Any) -> BenchConfig:
+    """The run the flags ask for; the llama.cpp methods where `peer` (`_load_llamacpp`) loaded them."""
+    from exactspec.bench.config import BenchConfig
+
+    return BenchConfig(
+        gammas=tuple(sorted(set(asked.gammas))),
+        temperatures=asked.temperatures,
+        method=asked.method,
         extra_methods=tuple((name, gamma) for name, gamma in args.methods),
         named_settings=tuple(args.settings),
-        max_new_tokens=max_new_tokens,
+        max_new_tokens=asked.max_new_tokens,
         seed=args.seed,
         hf_assisted=not args.no_hf,
         hf_plain=not (args.no_hf or args.no_hf_plain or args.quick),
@@ -235,13 +311,16 @@ def run(args: argparse.Namespace) -> int:
         cost_repeats=args.repeats or (QUICK_COST_REPEATS if args.quick else FULL_COST_REPEATS),
         trials=args.trials,
     )
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    progress = not args.no_progress
-    provenance = command_provenance(args)  # as the run starts, with the threads it runs with
+
+
+def _load_pair(
+    args: argparse.Namespace, backend: str, progress: bool, say: Callable[[str], None]
+) -> tuple[ModelPair, float]:
+    """The target and draft on `backend`, and the seconds loading took."""
+    from exactspec.models.pair import ModelPair
 
     started = time.perf_counter()
-    say(f"loading {args.target} and {args.draft} (backend {chosen})")
+    say(f"loading {args.target} and {args.draft} (backend {backend})")
     pair = ModelPair.from_pretrained(
         args.target,
         args.draft,
@@ -249,58 +328,22 @@ def run(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
         progress=progress,
         weights=args.weights,
-        backend=chosen,
+        backend=backend,
         threads=args.threads,
     )
     load_seconds = time.perf_counter() - started
     say(pair.describe_backend())  # "auto" resolved to what runs, and why
-    hf_parts = "forward-pass hooks"
-    if config.hf_assisted or config.hf_plain:
-        hf_parts = "the transformers peers (HF assisted, HF plain) and forward-pass hooks"
-    if lacks_transformers_modules(pair, hf_parts, say):
-        config = dataclasses.replace(config, hf_assisted=False, hf_plain=False)
-    decoder = SpeculativeDecoder.from_pair(pair)  # tokenizes the prompts as `generate` does
-    encoded = [
+    return pair, load_seconds
+
+
+def _encoded(decoder: SpeculativeDecoder, prompts: list) -> list[EncodedPrompt]:
+    """The prompts as token ids, tokenized as `generate` tokenizes them."""
+    from exactspec.bench.config import EncodedPrompt
+
+    return [
         EncodedPrompt(p.name, p.category, decoder.encode([p.text], chat=p.chat)[0], p.text, p.chat)
         for p in prompts
     ]
-    description = ModelSpecs(
-        target_spec=args.target,
-        draft_spec=args.draft,
-        weights=pair.weights,
-        load_seconds=load_seconds,
-        backend=pair.backend,
-    )
-    rows = config.sampling_rows()
-    runs = len(encoded) * len(rows) * len(config.methods()) * config.trials
-    trials = f" x {config.trials} trials" if config.trials > 1 else ""
-    say(
-        f"{len(encoded)} prompts x {len(rows)} sampling rows x {len(config.methods())} methods{trials} "
-        f"= {runs} runs of {config.max_new_tokens} tokens (models loaded in {load_seconds:.0f} s)"
-    )
-    all_tokens = [len(decoder.encode([p.text], chat=p.chat)[0]) for p in PROMPTS]
-    result = run_bench(
-        pair,
-        encoded,
-        config,
-        progress=progress,
-        log=say,
-        all_prompt_tokens=all_tokens,
-        description=description,
-        llamacpp=peer,
-        provenance=provenance,
-    )
-    paths = write_outputs(result, args.out, plots=not args.no_plots)
-    summary = summarize(result)
-    for name, rec in summary.recommendation.items():
-        if rec.gamma is not None:
-            choice = f"gamma={rec.gamma}" if rec.gamma else "plain decoding"
-            print(
-                f"{name}: best {choice} (best measured gamma={rec.best_measured_gamma}: "
-                f"{rec.speedup:.2f}x over plain, steady state)"
-            )
-    print(f"report: {paths['report']}  raw data: {paths['json']}  ({result.duration_seconds / 60:.1f} min)")
-    return EXIT_OK
 
 
 def _select(which: str, *, quick: bool) -> list:
