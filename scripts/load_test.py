@@ -70,7 +70,8 @@ def start_server(args: argparse.Namespace) -> str:
 
     from exactspec.decoding.strategy import Strategy
     from exactspec.models.pair import ModelPair
-    from exactspec.server.app import Service, create_app
+    from exactspec.server.app import create_app
+    from exactspec.server.service import Service
 
     strategy = Strategy(drafter=args.drafter, adaptive_gamma=not args.fixed_gamma)
     pair = ModelPair.from_pretrained(

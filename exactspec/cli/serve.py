@@ -109,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from exactspec.models.pair import ModelPair
-    from exactspec.server.app import Service, create_app
+    from exactspec.server.app import create_app
+    from exactspec.server.service import Service
 
     chosen = strategy(args)
     draft = draft_to_load(args, chosen)

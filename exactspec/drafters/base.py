@@ -88,3 +88,17 @@ class Drafter(RowLifecycle, RowObserver, Protocol):
         models' device.
         """
         ...
+
+
+@runtime_checkable
+class SharedState(Protocol):
+    """A drafter that keeps what finished requests taught it for the requests after them (the suffix
+    drafter's global tree), in this process only: what it holds, by name, for a server's /health."""
+
+    def shared_state(self) -> dict[str, int]: ...
+
+
+def shared_state(drafter: Drafter | None) -> dict[str, int]:
+    """What `drafter` holds across requests (`SharedState.shared_state`); {} for one that keeps nothing
+    there, or no drafter (plain decoding)."""
+    return drafter.shared_state() if isinstance(drafter, SharedState) else {}

@@ -267,6 +267,10 @@ class SuffixDrafter:
         self.global_tree.add(self._next_request, tokens)
         self._next_request += 1
 
+    def shared_state(self) -> dict[str, int]:
+        """`drafters.base.SharedState`: the tokens of finished requests the global tree holds."""
+        return {"suffix_global_tokens": self.global_tree.tokens_held}
+
     def memory(self) -> SuffixMemory:
         """Tokens, nodes and approximate bytes of the global tree and of the live rows' trees."""
         rows = [text.index.tree.memory() for text in self._rows]

@@ -12,4 +12,12 @@ from __future__ import annotations
 
 
 class InvalidArgument(ValueError):
-    """A bad argument from the user (API call or CLI flag): one clear line, never a traceback."""
+    """A bad argument from the user (API call or CLI flag): one clear line, never a traceback.
+
+    `param`: the argument's name where the code that raised knows it (a server reports it in its
+    error's "param"); None otherwise.
+    """
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from exactspec.foundations.errors import InvalidArgument
+
 
 @dataclass(frozen=True)
 class SamplingSettings:
@@ -45,31 +47,43 @@ class SamplingSettings:
     def __post_init__(self) -> None:
         _require_finite("temperature", self.temperature)
         if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
+            raise InvalidArgument(
+                f"temperature must be >= 0 (0 is greedy), got {self.temperature}", param="temperature"
+            )
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
-            raise ValueError(f"top_k must be an integer (0 disables it), got {self.top_k!r}")
+            raise InvalidArgument(
+                f"top_k must be an integer (0 disables it), got {self.top_k!r}", param="top_k"
+            )
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+            raise InvalidArgument(f"top_k must be >= 0 (0 disables it), got {self.top_k}", param="top_k")
         _require_finite("top_p", self.top_p)
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1] (1 disables it), got {self.top_p}")
+            raise InvalidArgument(f"top_p must be in (0, 1] (1 disables it), got {self.top_p}", param="top_p")
         _require_finite("min_p", self.min_p)
         if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1] (0 disables it), got {self.min_p}")
+            raise InvalidArgument(f"min_p must be in [0, 1] (0 disables it), got {self.min_p}", param="min_p")
         _require_finite("repetition_penalty", self.repetition_penalty)
         if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0 (1 disables it), got {self.repetition_penalty}")
+            raise InvalidArgument(
+                f"repetition_penalty must be > 0 (1 disables it), got {self.repetition_penalty}",
+                param="repetition_penalty",
+            )
         bias: dict[int, float] = {}
         for token, value in dict(self.logit_bias).items():
             if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-                raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
+                raise InvalidArgument(
+                    f"logit_bias keys must be token ids (integers >= 0), got {token!r}", param="logit_bias"
+                )
             if not isinstance(value, int | float) or math.isnan(value):
-                raise ValueError(f"logit_bias[{token}] must be a number, got {value!r}")
+                raise InvalidArgument(
+                    f"logit_bias[{token}] must be a number, got {value!r}", param="logit_bias"
+                )
             if value == math.inf:
                 # +inf would make every other token impossible (and NaN next to a second +inf);
                 # -inf stays allowed: it bans the token.
-                raise ValueError(
-                    f"logit_bias[{token}] must not be +inf (use a large finite bias; -inf bans a token)"
+                raise InvalidArgument(
+                    f"logit_bias[{token}] must not be +inf (use a large finite bias; -inf bans a token)",
+                    param="logit_bias",
                 )
             bias[token] = float(value)
         # Frozen all the way down: a shared settings object must not change under a running request.
@@ -118,7 +132,7 @@ class SamplingSettings:
 
 def _require_finite(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
+        raise InvalidArgument(f"{name} must be a finite number, got {value!r}", param=name)
 
 
 # The "realistic chat settings" row of the benchmark: the sampling defaults that the Qwen2.5 instruct

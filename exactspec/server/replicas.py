@@ -40,7 +40,7 @@ class OpenAIReplica:
 
     def __init__(self, pair_options: Mapping[str, Any], service_options: Mapping[str, Any], threads: int = 0):
         from exactspec.models.pair import ModelPair
-        from exactspec.server.app import Service
+        from exactspec.server.service import Service
 
         if threads:
             import torch

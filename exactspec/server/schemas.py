@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from exactspec.foundations.errors import InvalidArgument
 from exactspec.foundations.settings import SamplingSettings
 
 MAX_CHOICES = 16
@@ -96,13 +97,14 @@ class SamplingFields(BaseModel):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def settings(self) -> SamplingSettings:
-        """The row settings; raises ValueError (message starting with the field name) when invalid."""
+        """The row settings; raises `InvalidArgument` naming the invalid field (`param`)."""
         bias: dict[int, float] = {}
         for key, value in (self.logit_bias or {}).items():
             try:
                 bias[int(key)] = float(value)
             except ValueError:
-                raise ValueError(f"logit_bias keys must be token ids, got {key!r}") from None
+                message = f"logit_bias keys must be token ids, got {key!r}"
+                raise InvalidArgument(message, param="logit_bias") from None
         top_k = self.top_k or 0
         return SamplingSettings(
             temperature=1.0 if self.temperature is None else self.temperature,

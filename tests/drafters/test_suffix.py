@@ -12,7 +12,8 @@ from exactspec.checking.exact import check_speculative
 from exactspec.checking.grid import EXACT_TOLERANCE
 from exactspec.checking.toy import TabularModel
 from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine
-from exactspec.drafters.base import Drafter
+from exactspec.drafters.base import Drafter, shared_state
+from exactspec.drafters.ngram import NgramDrafter
 from exactspec.drafters.suffix import SuffixDrafter
 from exactspec.drafters.suffix_tree import SuffixTree
 from exactspec.foundations.rows import RowStart
@@ -161,6 +162,9 @@ def test_the_global_tree_learns_released_rows() -> None:
     draft = drafter.draft(1, [3, 8, 9, 10], 8)
     assert draft.source == "global" and draft.match_length == 3 and draft.tokens == (11, 12, 0)
     assert drafter.memory().global_tree.tokens == 6 and drafter.memory().rows.tokens == 4
+    # what a server's /health reports, asked through the drafter protocol (`drafters.base.shared_state`)
+    assert shared_state(drafter) == {"suffix_global_tokens": 6}
+    assert shared_state(NgramDrafter(EOS)) == {} and shared_state(None) == {}
 
     with_prompts = SuffixDrafter(EOS, global_prompts=True)
     with_prompts.add_rows([RowStart(0, prompt=(1, 2))])

@@ -27,7 +27,8 @@ from exactspec.decoding.builder import build_scheduler
 from exactspec.decoding.strategy import Strategy
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.pair import ModelPair
-from exactspec.server.app import Service, create_app
+from exactspec.server.app import create_app
+from exactspec.server.service import Service
 
 VOCAB = len(TOKENIZER_VOCAB)
 CONTEXT = 256

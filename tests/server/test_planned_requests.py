@@ -15,8 +15,8 @@ from exactspec.decoding.planner import CostAwareGamma
 from exactspec.decoding.strategy import Strategy
 from exactspec.foundations.costs import BatchCosts
 from exactspec.models.pair import ModelPair
-from exactspec.server.app import Service
 from exactspec.server.schemas import CompletionRequest
+from exactspec.server.service import Service
 
 VOCAB = len(TOKENIZER_VOCAB)
 COSTS = BatchCosts(
