@@ -65,6 +65,18 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="benchmark against plain decoding and HF assisted generation, with the theory beside it",
         description=DESCRIPTION,
     )
+    _add_run_arguments(parser)
+    _add_measurement_arguments(parser)
+    _add_llamacpp_arguments(parser)
+    parser.add_argument("--no-plots", action="store_true", help="no PNG plots")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_strategy_arguments(parser)  # what the --gammas runs use (default: draft model, token verification)
+    add_model_arguments(parser)
+    parser.set_defaults(run=run)
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """What runs: the quick set, gammas, sampling rows, extra methods, lengths and prompts."""
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -113,6 +125,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "repetitive = request sequences that repeat each other, sent in order: run them with --stop-at-eos), "
         "'quick', prompt names, or a comma-separated mix of these (e.g. grounded,quick)",
     )
+
+
+def _add_measurement_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the results go, the HF peers, the seed, and how the timing is repeated."""
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT}/)")
     parser.add_argument("--no-hf", action="store_true", help="skip both Hugging Face peers")
     parser.add_argument(
@@ -140,6 +156,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         action="store_true",
         help="let EOS end a run (default: EOS is ignored by every side so all runs make the same tokens)",
     )
+
+
+def _add_llamacpp_arguments(parser: argparse.ArgumentParser) -> None:
+    """llama-cpp-python's methods beside ours, and the CPU threads of every side."""
     parser.add_argument(
         "--llamacpp",
         action="store_true",
@@ -163,11 +183,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="CPU threads: torch's, and those of a backend that takes them, such as llamacpp (default: each "
         "one's own)",
     )
-    parser.add_argument("--no-plots", action="store_true", help="no PNG plots")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    add_strategy_arguments(parser)  # what the --gammas runs use (default: draft model, token verification)
-    add_model_arguments(parser)
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
