@@ -103,6 +103,16 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "loads) instead of writing an error entry for it and going on",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _add_ray_arguments(parser)
+    add_strategy_arguments(parser)  # planned rows: `BatchJob.session_config` says when rows plan together
+    add_model_arguments(parser)
+    add_device_argument(parser)
+    add_sampling_arguments(parser, temperature=DEFAULTS.temperature)
+    parser.set_defaults(run=run)
+
+
+def _add_ray_arguments(parser: argparse.ArgumentParser) -> None:
+    """The Ray Data flags: the cluster, its workers and what each reserves, the block size."""
     ray = parser.add_argument_group("Ray (docs/batch.md)")
     ray.add_argument(
         "--ray",
@@ -133,11 +143,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         default=None,
         help="records per block handed to an actor (default 4 x --max-batch)",
     )
-    add_strategy_arguments(parser)  # planned rows: `BatchJob.session_config` says when rows plan together
-    add_model_arguments(parser)
-    add_device_argument(parser)
-    add_sampling_arguments(parser, temperature=DEFAULTS.temperature)
-    parser.set_defaults(run=run)
 
 
 def say(line: str) -> None:
