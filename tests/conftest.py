@@ -22,10 +22,12 @@ import hashlib
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -498,3 +500,22 @@ def assert_implements(instance: Any, protocol: type) -> None:
             known = {p.name for p in wanted}
             extra = [p for n, p in got.items() if n not in known and p.kind not in variadic]
             assert all(p.default is not inspect.Parameter.empty for p in extra), f"{where} requires more"
+
+
+# --- signals -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def sigint_not_ignored() -> Iterator[None]:
+    """Children start with Ctrl-C's default action even when this process ignores SIGINT.
+
+    A command started in the background by a non-interactive shell (`make test &`, `nohup`) ignores
+    SIGINT, and an ignored signal stays ignored across exec: Python then installs no KeyboardInterrupt
+    handler and the children below never see the interrupt (a test that ran the whole quick grid and
+    failed). A handled signal is reset to its default by exec, so this process handles it meanwhile.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -87,23 +87,28 @@ class _ProgramInterrupts:
     RESEND_SECONDS = 0.05
 
     def __init__(self) -> None:
-        self._previous_hook = sys.unraisablehook
-        sys.unraisablehook = self._unraisable
         self._finished = False
+        self._previous_hook = sys.unraisablehook
+        # The interrupt is raised again by an alarm, not by a thread: the hook must not block (a thread's
+        # start waits for it), or a signal arriving meanwhile would be reported from inside the hook.
+        self._can_resend = hasattr(signal, "setitimer")
+        if self._can_resend:
+            signal.signal(signal.SIGALRM, _interrupt_again)
+            sys.unraisablehook = self._unraisable
 
     def _unraisable(self, unraisable: Any) -> None:
         if self._finished or not isinstance(unraisable.exc_value, KeyboardInterrupt):
             self._previous_hook(unraisable)
-            return
-        resend = threading.Timer(self.RESEND_SECONDS, _send_interrupt)
-        resend.daemon = True
-        resend.start()
+        else:  # swallowed by a C callback: raise it again shortly, once the C call may have returned
+            signal.setitimer(signal.ITIMER_REAL, self.RESEND_SECONDS)
 
     def finish(self) -> None:
         """From now on Ctrl-C ends the process by its default action (standard streams flushed first)."""
         if self._finished:
             return
         self._finished = True
+        if self._can_resend:
+            signal.setitimer(signal.ITIMER_REAL, 0)
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError, AttributeError):
                 stream.flush()
@@ -112,9 +117,9 @@ class _ProgramInterrupts:
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _send_interrupt() -> None:
-    with contextlib.suppress(OSError):
-        os.kill(os.getpid(), signal.SIGINT)
+def _interrupt_again(signum: int, frame: Any) -> None:
+    """SIGALRM's handler while the program runs: the Ctrl-C a C callback swallowed, raised again."""
+    raise KeyboardInterrupt
 
 
 def _report(name: str, error: Exception, debug: bool) -> int:
