@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NO_TOKEN",
+    "__version__",
     "DecodeConfig",
     "Drafter",
     "LanguageModel",
@@ -64,7 +65,30 @@ __all__ = [
 ]
 
 
+def package_version() -> str:
+    """This package's version: the installed distribution's (package metadata), else, for a source tree
+    that was never installed, its pyproject.toml's; "0+unknown" when neither can be read."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("exactspec")
+    except PackageNotFoundError:
+        pass
+    import tomllib
+    from pathlib import Path
+
+    try:
+        with open(Path(__file__).resolve().parent.parent / "pyproject.toml", "rb") as handle:
+            project = tomllib.load(handle).get("project", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        return "0+unknown"
+    return str(project.get("version", "0+unknown")) if project.get("name") == "exactspec" else "0+unknown"
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":  # read once, on first use (metadata reading is not free at import)
+        globals()[name] = package_version()
+        return globals()[name]
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'exactspec' has no attribute {name!r}")
@@ -74,4 +98,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+    return sorted({*globals(), *__all__})

@@ -19,22 +19,67 @@ so that the suite runs every case once (tests/checking/test_grid.py checks the s
 from __future__ import annotations
 
 import hashlib
+import os
 import random
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
 
+from exactspec.artefacts.cache import CACHE_ENV
 from exactspec.artefacts.default_pair import PartedModel
 
 if TYPE_CHECKING:  # the grid (and scipy) load when a test module asks for its cases
     from exactspec.checking.grid import ExactCase
 
 torch.set_num_threads(1)
+
+# --- a temporary exactspec cache: the suite never reads or writes the user's ---------------------------
+
+USER_CACHE = os.environ.get(CACHE_ENV)
+"""$EXACTSPEC_CACHE as the suite found it (None: unset): what the opt-in slow tests use."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Point $EXACTSPEC_CACHE at a fresh temporary folder for the whole run (in-process code, doctests and
+    the commands tests start, which inherit the environment): measured costs, backend choices and
+    converted models of the tiny test models go there, never into the user's cache."""
+    folder = tempfile.mkdtemp(prefix="exactspec-test-cache-")
+    config.stash[_CACHE_KEY] = folder
+    os.environ[CACHE_ENV] = folder
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = config.stash.get(_CACHE_KEY, None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+        if USER_CACHE is None:
+            os.environ.pop(CACHE_ENV, None)
+        else:
+            os.environ[CACHE_ENV] = USER_CACHE
+
+
+_CACHE_KEY = pytest.StashKey[str]()
+
+
+@pytest.fixture(autouse=True)
+def slow_tests_use_the_user_cache(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The opt-in slow tests (`-m slow`) run the built-in pair, which lives in the user's cache (fetching
+    and converting it again would take minutes): they, and only they, see the user's $EXACTSPEC_CACHE."""
+    if request.node.get_closest_marker("slow") is None:
+        return
+    if USER_CACHE is None:
+        monkeypatch.delenv(CACHE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(CACHE_ENV, USER_CACHE)
 
 MERGES = [("d", "e"), ("de", "f"), ("Ġ", "f"), ("r", "e"), ("re", "t")]
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -414,3 +459,63 @@ def grid_cases(owner: str) -> list[ExactCase]:
     if owner not in GRID_OWNERS:
         raise ValueError(f"unknown grid owner {owner!r}; one of {sorted(GRID_OWNERS)}")
     return [case for case in exact_grid() if grid_owner(case) == owner]
+
+
+# --- protocols (what `isinstance` against a runtime-checkable protocol does not check) ------------
+
+
+def assert_implements(instance: Any, protocol: type) -> None:
+    """`instance` can stand wherever `protocol` is expected: every public member of the protocol (and of
+    the protocols it extends) is there, and each method takes the protocol's parameters by the same
+    names, kinds and positional order, optional where the protocol's are, with nothing else required.
+
+    `isinstance(instance, protocol)` on a runtime-checkable protocol checks only that the names exist.
+    """
+    import inspect
+
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    for base in protocol.__mro__:
+        if not getattr(base, "_is_protocol", False) or base.__module__ == "typing":
+            continue
+        for name in {*vars(base), *getattr(base, "__annotations__", {})}:
+            if name.startswith("_"):
+                continue
+            where = f"{type(instance).__name__}.{name} ({base.__name__})"
+            assert hasattr(instance, name), f"{where} is missing"
+            expected = inspect.getattr_static(base, name, None)
+            if not inspect.isfunction(expected):
+                continue  # an attribute or a property: being there is the contract
+            wanted = list(inspect.signature(expected).parameters.values())[1:]  # without self
+            got = inspect.signature(getattr(instance, name)).parameters
+            for parameter in wanted:
+                assert parameter.name in got, f"{where} takes no {parameter.name!r}"
+                assert got[parameter.name].kind == parameter.kind, f"{where}: {parameter.name!r} kind"
+                if parameter.default is not inspect.Parameter.empty:
+                    assert got[parameter.name].default is not inspect.Parameter.empty, (
+                        f"{where}: {parameter.name!r} must stay optional"
+                    )
+            names = [p.name for p in wanted if p.kind in positional]
+            assert [p.name for p in got.values() if p.kind in positional][: len(names)] == names, where
+            known = {p.name for p in wanted}
+            extra = [p for n, p in got.items() if n not in known and p.kind not in variadic]
+            assert all(p.default is not inspect.Parameter.empty for p in extra), f"{where} requires more"
+
+
+# --- signals -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def sigint_not_ignored() -> Iterator[None]:
+    """Children start with Ctrl-C's default action even when this process ignores SIGINT.
+
+    A command started in the background by a non-interactive shell (`make test &`, `nohup`) ignores
+    SIGINT, and an ignored signal stays ignored across exec: Python then installs no KeyboardInterrupt
+    handler and the children below never see the interrupt (a test that ran the whole quick grid and
+    failed). A handled signal is reset to its default by exec, so this process handles it meanwhile.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

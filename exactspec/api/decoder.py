@@ -21,8 +21,7 @@ from typing import Any
 
 import exactspec.api.arguments as arguments
 from exactspec.api.session import Choice, RequestError, RequestRules, Session, SessionConfig, TextRequest
-from exactspec.decoding.builder import build_engine
-from exactspec.decoding.engine import FinishReason, SpeculativeEngine
+from exactspec.decoding.engine import FinishReason
 from exactspec.decoding.strategy import DrafterName, Strategy, VerifierName
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.errors import InvalidArgument
@@ -122,20 +121,21 @@ class SpeculativeDecoder:
     @classmethod
     def from_pretrained(
         cls,
-        target: str | os.PathLike[str] = "default-target",
-        draft: str | os.PathLike[str] | None = "default-draft",
+        target: str | os.PathLike[str] = DEFAULTS.target,
+        draft: str | os.PathLike[str] | None = DEFAULTS.draft,
         *,
-        dtype: Any = "auto",
+        dtype: Any = DEFAULTS.dtype,
         cache_dir: str | os.PathLike[str] | None = None,
         progress: bool = True,
-        device: Any = "cpu",
-        weights: str = "auto",
+        device: Any = DEFAULTS.device,
+        weights: str = DEFAULTS.weights,
         backend: str = DEFAULTS.backend,
     ) -> SpeculativeDecoder:
         """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair).
 
-        `device`: "cpu", "cuda" or "auto" (CUDA when available). `weights`: "auto" (int4 on the CPU, bf16 on
-        CUDA), "bf16" (dense), "int4" or "int8" (packed CPU kernels; see `ModelPair.from_pretrained`).
+        `device`: "cpu", "cuda" or "auto" (the default, as on the command line: CUDA when available).
+        `weights`: "auto" (int4 on the CPU, bf16 on CUDA), "bf16" (dense), "int4" or "int8" (packed CPU
+        kernels; see `ModelPair.from_pretrained`).
         `backend`: a registered backend (`exactspec.models.backends.registry`): "auto" (default: the
         fastest measured on this machine, `pair.backend_choice` says why), "hf" or "llamacpp".
         """
@@ -185,19 +185,6 @@ class SpeculativeDecoder:
         except RequestError as error:
             raise InvalidArgument(str(error)) from None
 
-    def engine(self, gamma: int, strategy: Strategy | None = None) -> SpeculativeEngine:
-        """An engine for one call (`exactspec.decoding.builder.build_engine`; costs cached on the pair)."""
-        strategy = strategy or Strategy()
-        if gamma > 0 and strategy.needs_draft_model and self.draft is None:
-            raise InvalidArgument(
-                f"speculative decoding with drafter {strategy.drafter!r} (gamma > 0) needs a draft model; "
-                "load one, use drafter='ngram' (prompt lookup) or gamma=0"
-            )
-        # Production rounds: the verifier's per-round input checks are off (the transforms check the logits).
-        return build_engine(
-            self.target, self.draft, strategy, gamma, costs=self.pair.cost_model, validate=False
-        )
-
     def stream(
         self,
         prompts: Prompt | Sequence[Prompt],
@@ -209,7 +196,7 @@ class SpeculativeDecoder:
         stop: str | Sequence[str] | None = (),
         chat: bool = False,
         drafter: DrafterName = DEFAULTS.drafter,
-        verifier: VerifierName = "token",
+        verifier: VerifierName = DEFAULTS.verifier,
         adaptive_gamma: bool = DEFAULTS.adaptive_gamma,
     ) -> Iterator[StreamEvent]:
         """Yield text as the target accepts it (one event per row per round that emitted something).
@@ -247,15 +234,16 @@ class SpeculativeDecoder:
         stop: str | Sequence[str] | None = (),
         chat: bool = False,
         drafter: DrafterName = DEFAULTS.drafter,
-        verifier: VerifierName = "token",
+        verifier: VerifierName = DEFAULTS.verifier,
         adaptive_gamma: bool = DEFAULTS.adaptive_gamma,
     ) -> GenerationOutput:
         """Generate for one prompt or a batch; rows are independent (own seed seed + row, own stops).
 
         Args:
             prompts: a str, a sequence of int token ids, or a list of those (a batch).
-            gamma: draft tokens per round (0 = plain decoding); None = `DEFAULTS.gamma` of the pair's
-                weights (4 dense, 2 packed int4), or 0 when there is no drafter.
+            gamma: draft tokens per round (0 = plain decoding); None = `Strategy.default_gamma` of the
+                pair's weights (with adaptive gamma the cap: 8 for a drafter that runs no model, 4 for
+                the draft model; fixed: 4 dense, 2 packed int4), or 0 when nothing can draft.
             stop: one stop string (a str, used whole) or a sequence of them.
             seed: any integer (int, numpy or torch integer).
             settings: a `SamplingSettings` (default: `SamplingSettings()`).
@@ -286,9 +274,9 @@ class SpeculativeDecoder:
         seed: Any,
         stop: Any,
         chat: Any,
-        drafter: Any = DEFAULTS.drafter,
-        verifier: Any = "token",
-        adaptive_gamma: Any = False,
+        drafter: Any,
+        verifier: Any,
+        adaptive_gamma: Any,
     ) -> _Call:
         """Every argument checked and normalised, before the lock is taken or a model runs."""
         try:

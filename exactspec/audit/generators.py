@@ -355,9 +355,9 @@ ONE_ROW_KINDS = frozenset({"hf-assisted", "llamacpp-lookup", "llamacpp-plain"})
 """Peers that sample one sequence per call (batch size 1 only)."""
 TRANSFORMERS_KINDS = frozenset({"hf-assisted", "hf-sample"})
 LLAMACPP_KINDS = frozenset({"llamacpp-lookup", "llamacpp-plain"})
-DEFAULT_STRATEGY = Strategy(drafter="model")
-"""What the exactspec generator runs when given no strategy: the draft model, token verification; its
-reports keep the short generator name."""
+DEFAULT_STRATEGY = Strategy(drafter="model", adaptive_gamma=False)
+"""What the exactspec generator runs when given no strategy: the draft model, token verification, a
+fixed gamma; its reports keep the short generator name."""
 
 
 def unavailable(kind: str, pair: ModelPair) -> str | None:

@@ -39,11 +39,12 @@ from dataclasses import dataclass
 
 import torch
 
+from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.provenance import Provenance
 from exactspec.foundations.records import JsonRecord
 from exactspec.models.base import LanguageModel
 
-DEFAULT_GAMMA = 4
+DEFAULT_GAMMA = DEFAULTS.check_gamma
 DEFAULT_BLOCKS = 3
 DEFAULT_TEMPERATURES = (1.0, 0.7)
 

@@ -43,6 +43,7 @@ from exactspec.decoding.round_times import RoundShape
 from exactspec.decoding.strategy import VERIFIERS, Strategy
 from exactspec.drafters.registry import drafter_kinds
 from exactspec.foundations.costs import BatchCosts, CostModel
+from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.sampler import SeededSampler
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.base import LanguageModel
@@ -52,9 +53,11 @@ if TYPE_CHECKING:  # transformers loads only when an adapter case runs (keeps `v
     from exactspec.models.hf import HFLanguageModel
     from exactspec.models.llamacpp import LlamaCppModel
 
-MODEL = Strategy(drafter="model")
-"""The draft model with token verification: what the model-pair cases check (not the user default)."""
-BLOCK = Strategy(drafter="model", verifier="block")
+MODEL = Strategy(drafter="model", adaptive_gamma=False)
+"""The draft model with token verification and a fixed gamma: what the model-pair cases check (not the
+user default)."""
+BLOCK = Strategy(drafter="model", verifier="block", adaptive_gamma=False)
+NGRAM = Strategy(drafter="ngram", adaptive_gamma=False)
 
 EXACT_TOLERANCE = 1e-12
 """The exact check fails when a TV distance exceeds this (float64 rounding is ~1e-16)."""
@@ -319,7 +322,7 @@ def llamacpp_cases() -> list[LlamaCppCase]:
         ("T=0, gamma=5", 4, 5, 6, SamplingSettings(temperature=0.0), ((1,), (3, 2, 1)), 1.0, MODEL),
         ("gamma=2, n=4, rollbacks", 4, 2, 4, SamplingSettings(min_p=0.5), ((1,), (2, 1)), 2.0, MODEL),
         ("block, gamma=3", 4, 3, 3, SamplingSettings(min_p=0.5), ((1,), (2, 1)), 2.0, BLOCK),
-        ("ngram, gamma=3", 4, 3, 3, SamplingSettings(), ((1, 2, 1), (2,)), 1.0, Strategy(drafter="ngram")),
+        ("ngram, gamma=3", 4, 3, 3, SamplingSettings(), ((1, 2, 1), (2,)), 1.0, NGRAM),
     ]
     cases = [
         LlamaCppCase(
@@ -827,10 +830,10 @@ class StatisticalSetup:
 
     vocab_size: int = 1000
     length: int = 2
-    gamma: int = 4
+    gamma: int = DEFAULTS.check_gamma
     samples: int = 20_000
     batch_size: int = 500
-    seed: int = 0
+    seed: int = DEFAULTS.seed
     settings: SamplingSettings = field(default_factory=SamplingSettings)
     sharpness: float = 3.0
 

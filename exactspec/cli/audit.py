@@ -34,6 +34,7 @@ from exactspec.cli.common import (
     strategy,
     utf8_text,
 )
+from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.pair import ModelPair
 
@@ -44,7 +45,7 @@ programming language is" gives 4)."""
 
 PAIR_SAMPLES = 400
 PAIR_LENGTH = 2
-PAIR_GAMMA = 4
+PAIR_GAMMA = DEFAULTS.check_gamma
 PAIR_BATCH_SIZE = 64
 OUT_DIR = "audit-out"
 
@@ -104,7 +105,9 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt text (model pair mode)")
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument(
+        "--seed", type=int, default=DEFAULTS.seed, help=f"random seed (default {DEFAULTS.seed})"
+    )
     parser.add_argument(
         "--significance",
         type=finite_float,

@@ -31,6 +31,7 @@ from exactspec.cli.common import (
     strategy,
 )
 from exactspec.decoding.engine import MAX_GAMMA
+from exactspec.foundations.defaults import DEFAULTS
 
 if TYPE_CHECKING:
     from exactspec.api.decoder import SpeculativeDecoder
@@ -136,7 +137,12 @@ def _add_measurement_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="skip the HF plain generate reference (always skipped by --quick)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="random seed; prompt i uses seed + i (default 0)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=DEFAULTS.seed,
+        help=f"random seed; prompt i uses seed + i (default {DEFAULTS.seed})",
+    )
     parser.add_argument(
         "--repeats",
         type=positive_int,

@@ -35,7 +35,7 @@ __all__ = [
     "UsageError",
 ]
 
-DEFAULT_DRAFT_SPEC = "default-draft"
+DEFAULT_DRAFT_SPEC = DEFAULTS.draft
 """--draft's default: the built-in draft model (`exactspec.models.loading.DEFAULT_SPECS`)."""
 
 
@@ -149,7 +149,9 @@ def lacks_transformers_modules(pair: Any, part: str, say: Callable[[str], None])
     return True
 
 
-def add_sampling_arguments(parser: argparse.ArgumentParser, temperature: float = 1.0) -> None:
+def add_sampling_arguments(
+    parser: argparse.ArgumentParser, temperature: float = DEFAULTS.temperature
+) -> None:
     """The sampling flags shared by every command that samples; `temperature` is the command's default."""
     group = parser.add_argument_group("sampling (define p and q; Hugging Face semantics)")
     group.add_argument(
@@ -328,7 +330,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--target",
         type=non_empty,
-        default="default-target",
+        default=DEFAULTS.target,
         help="hub id, model folder or GGUF file (default: built-in Qwen2.5-Coder-1.5B-Instruct Q4_K_M)",
     )
     group.add_argument(
@@ -339,11 +341,11 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "built-in Qwen2.5-Coder-0.5B-Instruct Q4_K_M)",
     )
     group.add_argument(
-        "--dtype", default="auto", help="weight dtype: auto (fastest measured), float32, bfloat16"
+        "--dtype", default=DEFAULTS.dtype, help="weight dtype: auto (fastest measured), float32, bfloat16"
     )
     group.add_argument(
         "--weights",
-        default="auto",
+        default=DEFAULTS.weights,
         choices=WEIGHT_CHOICES,
         help="linear-layer weights: auto (default: int4 on the CPU, where it is fastest, bf16 on CUDA), "
         "bf16 (dense, in --dtype: the dequantized GGUF), int4 (packed 4-bit, group 32, re-quantized), "
@@ -391,8 +393,8 @@ def add_device_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device",
         choices=("auto", "cpu", "cuda"),
-        default="auto",
-        help="where the models run: auto = cuda when available, else cpu (default auto); "
+        default=DEFAULTS.device,
+        help=f"where the models run: auto = cuda when available, else cpu (default {DEFAULTS.device}); "
         "--dtype auto is bfloat16 on both",
     )
 

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Sequence
 from typing import Any
@@ -30,29 +32,94 @@ DEBUG_ENV = "EXACTSPEC_DEBUG"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv or os.environ.get(DEBUG_ENV, "").strip() not in ("", "0")
-    name = "exactspec"
+    """Run the command line `argv` (None: this process's own arguments); the exit code (module docstring).
+
+    Run as the program (`argv` None, on the main thread: `python -m exactspec`, the `exactspec` script),
+    it also looks after Ctrl-C for the whole process (`_ProgramInterrupts`).
+    """
+    program = argv is None and threading.current_thread() is threading.main_thread()
+    interrupts = _ProgramInterrupts() if program else None
+    name, debug = "exactspec", False
     try:
-        parser = build_parser()
         try:
-            args = parser.parse_args(argv)
-        except SystemExit as exit_:  # argparse: --help (0) or a usage error (2), already printed
-            return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
-        if not getattr(args, "command", None):
-            parser.print_help()
-            return EXIT_USAGE
-        name = f"exactspec {args.command}"
-        args.argv = ["exactspec", *argv]  # the command line as given, for the outputs' provenance
-        return args.run(args)
-    except KeyboardInterrupt:
+            argv = list(sys.argv[1:] if argv is None else argv)
+            debug = "--debug" in argv or os.environ.get(DEBUG_ENV, "").strip() not in ("", "0")
+            parser = build_parser()
+            try:
+                args = parser.parse_args(argv)
+            except SystemExit as exit_:  # argparse: --help (0) or a usage error (2), already printed
+                return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
+            if not getattr(args, "command", None):
+                parser.print_help()
+                return EXIT_USAGE
+            name = f"exactspec {args.command}"
+            args.argv = ["exactspec", *argv]  # the command line as given, for the outputs' provenance
+            return args.run(args)
+        except BrokenPipeError:
+            _quiet_stdout()
+            return EXIT_BROKEN_PIPE
+        except Exception as error:
+            return _report(name, error, debug)
+    except KeyboardInterrupt:  # anywhere above, the error report included
+        if interrupts is not None:
+            interrupts.finish()  # a second Ctrl-C while this line is written ends the process at once
         _say(f"{name}: interrupted")
         return EXIT_INTERRUPTED
-    except BrokenPipeError:
-        _quiet_stdout()
-        return EXIT_BROKEN_PIPE
-    except Exception as error:
-        return _report(name, error, debug)
+    finally:
+        if interrupts is not None:
+            interrupts.finish()
+
+
+class _ProgramInterrupts:
+    """Ctrl-C for the whole life of the program, installed when `main` runs as the program.
+
+    - A KeyboardInterrupt raised inside a C library's callback into Python is swallowed by ctypes, which
+      prints "Exception ignored on calling ctypes callback function" with a traceback and lets the C call
+      go on: llama.cpp calls its Python log callback hundreds of times while a model loads, and Python
+      runs the Ctrl-C handler at the first Python code it meets, that callback. Such a swallowed
+      interrupt is kept quiet and the signal is sent again shortly, until it lands in the command's own
+      code once the C call has returned, and the command stops as from any other Ctrl-C.
+    - Once the command has returned or is interrupted (`finish`), Ctrl-C has its default action: a
+      second Ctrl-C while the one line is written or while the interpreter shuts down (finalisers,
+      joining threads) ends the process at once, without a traceback.
+    """
+
+    RESEND_SECONDS = 0.05
+
+    def __init__(self) -> None:
+        self._finished = False
+        self._previous_hook = sys.unraisablehook
+        # The interrupt is raised again by an alarm, not by a thread: the hook must not block (a thread's
+        # start waits for it), or a signal arriving meanwhile would be reported from inside the hook.
+        self._can_resend = hasattr(signal, "setitimer")
+        if self._can_resend:
+            signal.signal(signal.SIGALRM, _interrupt_again)
+            sys.unraisablehook = self._unraisable
+
+    def _unraisable(self, unraisable: Any) -> None:
+        if self._finished or not isinstance(unraisable.exc_value, KeyboardInterrupt):
+            self._previous_hook(unraisable)
+        else:  # swallowed by a C callback: raise it again shortly, once the C call may have returned
+            signal.setitimer(signal.ITIMER_REAL, self.RESEND_SECONDS)
+
+    def finish(self) -> None:
+        """From now on Ctrl-C ends the process by its default action (standard streams flushed first)."""
+        if self._finished:
+            return
+        self._finished = True
+        if self._can_resend:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                stream.flush()
+        with contextlib.suppress(OSError, ValueError):
+            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where it is ignored
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _interrupt_again(signum: int, frame: Any) -> None:
+    """SIGALRM's handler while the program runs: the Ctrl-C a C callback swallowed, raised again."""
+    raise KeyboardInterrupt
 
 
 def _report(name: str, error: Exception, debug: bool) -> int:
@@ -126,6 +193,7 @@ def _quiet_stdout() -> None:
 def build_parser() -> Any:
     import argparse
 
+    import exactspec
     from exactspec.cli import audit, batch, bench, generate, numerics, serve, verify
 
     parser = argparse.ArgumentParser(
@@ -134,6 +202,7 @@ def build_parser() -> Any:
         "Exit codes: 0 success, 1 failure, 2 usage error, 130 interrupted, 141 output closed early.",
     )
     parser.add_argument("--debug", action="store_true", help="show full tracebacks (also $EXACTSPEC_DEBUG=1)")
+    parser.add_argument("--version", action="version", version=f"exactspec {exactspec.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in (verify, generate, batch, bench, audit, numerics, serve):
         command.add_parser(commands)

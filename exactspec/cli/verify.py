@@ -17,6 +17,7 @@ from exactspec.cli.common import (
     positive_int,
     sampling_settings,
 )
+from exactspec.foundations.defaults import DEFAULTS
 
 MAX_VOCAB = 20_000
 """Largest --vocab: the toy models keep a [V] float64 row per history and the engine a q tensor of
@@ -49,11 +50,18 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     stat.add_argument(
         "--length", type=int, default=2, help=f"tokens per sampled sequence, 1..{MAX_LENGTH} (default 2)"
     )
-    stat.add_argument("--gamma", type=gamma_argument, default=4, help="draft tokens per round (default 4)")
+    stat.add_argument(
+        "--gamma",
+        type=gamma_argument,
+        default=DEFAULTS.check_gamma,
+        help=f"draft tokens per round (default {DEFAULTS.check_gamma})",
+    )
     stat.add_argument(
         "--samples", type=positive_int, default=20_000, help="number of sequences (default 20000)"
     )
-    stat.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    stat.add_argument(
+        "--seed", type=int, default=DEFAULTS.seed, help=f"random seed (default {DEFAULTS.seed})"
+    )
     stat.add_argument(
         "--significance", type=finite_float, default=1e-3, help="fail below this p-value, in (0, 1) (1e-3)"
     )

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.settings import SamplingSettings
 
 FinishReason = Literal["eos", "length", "stop", "cancelled", "error"]
@@ -35,10 +36,14 @@ usually a typo; it also bounds the [B, gamma, V] q tensor."""
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """How a generation runs: draft length, length limit and sampling settings."""
+    """How a generation runs: draft length, length limit and sampling settings.
 
-    gamma: int = 4
-    max_new_tokens: int = 128
+    The engine knows no weights, so its default draft length is the dense one (`DEFAULTS.dense_gamma`);
+    the length limit is `DEFAULTS.max_tokens`.
+    """
+
+    gamma: int = DEFAULTS.dense_gamma
+    max_new_tokens: int = DEFAULTS.max_tokens
     settings: SamplingSettings = field(default_factory=SamplingSettings)
 
     def __post_init__(self) -> None:
@@ -128,7 +133,7 @@ class Request:
 
     prompt: Sequence[int]
     settings: SamplingSettings = field(default_factory=SamplingSettings)
-    max_new_tokens: int = 128
+    max_new_tokens: int = DEFAULTS.max_tokens
     gamma: int | None = None
     seed: int | None = None
     stop: StopCondition | None = None

@@ -54,11 +54,15 @@ CostSource = CostModel | Callable[[int], CostModel]
 
 @dataclass(frozen=True)
 class Strategy:
-    """The choices: which drafter (and its options), which verifier, fixed or adaptive gamma."""
+    """The choices: which drafter (and its options), which verifier, fixed or adaptive gamma.
+
+    `Strategy()` is what every entry point runs when nothing is chosen (`DEFAULTS`: the suffix drafter,
+    token verification, planned gamma); a fixed gamma is `adaptive_gamma=False`.
+    """
 
     drafter: DrafterName = DEFAULTS.drafter
     verifier: VerifierName = DEFAULTS.verifier
-    adaptive_gamma: bool = False
+    adaptive_gamma: bool = DEFAULTS.adaptive_gamma
     drafter_options: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:

@@ -1,4 +1,4 @@
-"""Every default a user meets, in one place: the Python API, `generate`, `serve` and `batch` read them here.
+"""Every default a user meets, in one place: the Python API, every command and the server read them here.
 
 A value a request or a flag does not give comes from `DEFAULTS`; `--help`, the README and
 docs/python-api.md print these values (tests/cli/test_help_defaults.py checks that what `--help`
@@ -28,9 +28,11 @@ class Defaults:
         generate_temperature: 0.0 (greedy) for `exactspec generate` only: a command line run to read
             one answer, as transformers' `generate` and llama.cpp's examples default to greedy; pass
             `--temperature` to sample.
-        max_tokens: the length limit of a request that names none (cut to what the context leaves).
-        seed: the seed of the Python API and `generate` (reproducible by default); a server request
-            without a seed gets a fresh random stream, as OpenAI's API does.
+        max_tokens: the length limit of a request that names none (cut to what the context leaves), and
+            of the engine's own `DecodeConfig`.
+        seed: the seed of the Python API and of every command that samples (`generate`, `batch`,
+            `verify`, `bench`, `audit`): reproducible by default; a server request without a seed gets a
+            fresh random stream, as OpenAI's API does.
     Speculation:
         drafter: "suffix" (`drafters.suffix`): drafts read from the prompt, the output so far and earlier
             requests' outputs, which cost no model pass. On the CPUs we measured, scoring k tokens costs
@@ -56,7 +58,14 @@ class Defaults:
             v(4) = 1.6 one-token steps and 5 for 2.9 (docs/bench/packed-costs), so gamma 2 had the best
             worst case over the coding prompts (docs/bench/packed-int4); dense weights: gamma 4, the
             best median of the default pair's quick bench (bfloat16, 2 cores, commit ea5796b).
+        check_gamma: the fixed draft length of the checks that run the draft model (`verify`'s statistical
+            mode, `audit`, `numerics`): at least every fixed default above, so that the draft positions
+            a default run uses are all checked.
     Models:
+        target, draft: the built-in pair (`exactspec.models.loading.DEFAULT_SPECS`).
+        dtype, weights, device: "auto" each: the device is CUDA when torch sees a GPU, else the CPU
+            (`exactspec.models.device`), and dtype and weights are that device's measured best (int4
+            weights on the CPU, bf16 on CUDA). The Python API and every command alike.
         backend: "auto": the installed backend whose plain one-token step is fastest for the pair on
             this machine, measured on first use and cached (`exactspec.models.backends.auto`).
     Serving and batching:
@@ -77,6 +86,12 @@ class Defaults:
     free_adaptive_gamma_cap: int = 8
     int4_gamma: int = 2
     dense_gamma: int = 4
+    check_gamma: int = 4
+    target: str = "default-target"
+    draft: str = "default-draft"
+    dtype: str = "auto"
+    weights: str = "auto"
+    device: str = "auto"
     backend: str = "auto"
     max_batch: int = 8
     max_waiting: int = 64

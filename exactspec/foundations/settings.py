@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.errors import InvalidArgument
 
 
@@ -37,7 +38,7 @@ class SamplingSettings:
         logit_bias: token id -> additive bias on its logit (applied first).
     """
 
-    temperature: float = 1.0
+    temperature: float = DEFAULTS.temperature
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0

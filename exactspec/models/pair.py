@@ -103,14 +103,14 @@ class ModelPair:
     @classmethod
     def from_pretrained(
         cls,
-        target: str | os.PathLike[str] = "default-target",
-        draft: str | os.PathLike[str] | None = "default-draft",
+        target: str | os.PathLike[str] = DEFAULTS.target,
+        draft: str | os.PathLike[str] | None = DEFAULTS.draft,
         *,
-        dtype: Any = "auto",
+        dtype: Any = DEFAULTS.dtype,
         cache_dir: str | os.PathLike[str] | None = None,
         progress: bool = True,
-        device: Any = "cpu",
-        weights: str = "auto",
+        device: Any = DEFAULTS.device,
+        weights: str = DEFAULTS.weights,
         backend: str = DEFAULTS.backend,
         threads: int | None = None,
     ) -> ModelPair:

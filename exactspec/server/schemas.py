@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.errors import InvalidArgument
 from exactspec.foundations.settings import SamplingSettings
 
@@ -107,7 +108,7 @@ class SamplingFields(BaseModel):
                 raise InvalidArgument(message, param="logit_bias") from None
         top_k = self.top_k or 0
         return SamplingSettings(
-            temperature=1.0 if self.temperature is None else self.temperature,
+            temperature=DEFAULTS.temperature if self.temperature is None else self.temperature,
             top_k=0 if top_k < 0 else top_k,
             top_p=1.0 if self.top_p is None else self.top_p,
             min_p=self.min_p or 0.0,

@@ -26,3 +26,17 @@ def test_a_folder_the_caller_gives_wins(tmp_path: Path, monkeypatch: pytest.Monk
     assert cache_root("~/given") == tmp_path / "home" / "given"
     assert cache_root(tmp_path / "given") == tmp_path / "given"
     assert cache_root(None) == tmp_path / "explicit"
+
+
+def test_the_suite_measures_into_a_temporary_cache_never_the_user_s(tmp_path: Path) -> None:
+    """tests/conftest.py points $EXACTSPEC_CACHE at a temporary folder for the run (slow tests aside)."""
+    import tempfile
+
+    from conftest import USER_CACHE
+
+    from exactspec.artefacts.measurements import FOLDER, stored_path
+
+    root = default_cache_dir()
+    assert root.parent == Path(tempfile.gettempdir()) and root.name.startswith("exactspec-test-cache-")
+    assert root != Path.home() / ".cache" / "exactspec" and str(root) != USER_CACHE
+    assert stored_path("kind", {"key": 1}, None).parent == root / FOLDER

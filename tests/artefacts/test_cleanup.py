@@ -96,10 +96,14 @@ def test_only_the_folder_itself_is_cleaned(tmp_path: Path) -> None:
 
 
 def test_a_folder_that_cannot_be_listed_is_left_alone(tmp_path: Path) -> None:
-    remove_stale_temporaries(tmp_path / "missing")  # no error: cleaning is a courtesy
-    blocker = tmp_path / "file"
-    blocker.write_text("")
+    missing = tmp_path / "missing"
+    remove_stale_temporaries(missing)  # no error: cleaning is a courtesy
+    assert not missing.exists()  # and nothing is made in its place
+    # A file where the folder should be, named like a stale leftover itself: not listed, not removed.
+    blocker = tmp_path / f".float32.tmp-{dead_pid()}-abc"
+    blocker.write_text("kept")
     remove_stale_temporaries(blocker)
+    assert blocker.read_text() == "kept"
 
 
 def test_the_names_made_are_the_names_cleaned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

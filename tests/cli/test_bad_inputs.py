@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -348,22 +347,6 @@ def _wait_until_torch_is_loading(pid: int, timeout: float = 60.0) -> None:
         except OSError:  # the process ended
             return
         time.sleep(0.005)
-
-
-@pytest.fixture
-def sigint_not_ignored() -> Iterator[None]:
-    """Children start with Ctrl-C's default action even when this process ignores SIGINT.
-
-    A command started in the background by a non-interactive shell (`make test &`, `nohup`) ignores
-    SIGINT, and an ignored signal stays ignored across exec: Python then installs no KeyboardInterrupt
-    handler and the children below never see the interrupt (a test that ran the whole quick grid and
-    failed). A handled signal is reset to its default by exec, so this process handles it meanwhile.
-    """
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def test_ctrl_c_during_start_up_and_during_a_run(sigint_not_ignored: None) -> None:

@@ -63,7 +63,7 @@ SMALL_GRID = [
         2,
         2,
         SamplingSettings(temperature=1.7),
-        strategy=Strategy("model", verifier="block"),
+        strategy=Strategy("model", verifier="block", adaptive_gamma=False),
     ),
     ExactCase("V=5 n=3 (not quick)", 5, 2, 3),
 ]

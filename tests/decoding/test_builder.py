@@ -31,7 +31,7 @@ COSTS = CostModel(draft_cost=0.4, verify_costs=(1.0, 1.0, 1.05, 1.1, 1.2))
 )
 @pytest.mark.parametrize(("verifier", "function"), [("token", verify), ("block", verify_block)])
 def test_components(drafter: str, kind: type, verifier: str, function: object) -> None:
-    parts = build_components(TARGET, DRAFT, Strategy(drafter, verifier), gamma=3)
+    parts = build_components(TARGET, DRAFT, Strategy(drafter, verifier, adaptive_gamma=False), gamma=3)
     assert isinstance(parts.drafter, kind) and parts.verifier is function and parts.gamma_policy is None
 
 
@@ -41,10 +41,15 @@ def test_gamma_zero_is_plain_whatever_the_strategy() -> None:
 
 
 def test_draft_model_needed_except_for_prompt_lookup() -> None:
-    assert build_components(TARGET, None, Strategy("ngram"), gamma=2).drafter is not None
+    lookup = Strategy("ngram", adaptive_gamma=False)
+    assert isinstance(build_components(TARGET, None, lookup, gamma=2).drafter, NgramDrafter)
+    # Without a draft model it really drafts: the prompt's repeats give a match in the first round.
+    engine = build_engine(TARGET, None, lookup, 2)
+    engine.generate([[1, 2, 1, 2, 1, 2]], DecodeConfig(gamma=2, max_new_tokens=6), SeededSampler(0))
+    assert engine.metrics.proposed_tokens > 0
     for drafter in ("model", "hybrid"):
         with pytest.raises(ValueError, match="needs a draft model"):
-            build_components(TARGET, None, Strategy(drafter), gamma=2)
+            build_components(TARGET, None, Strategy(drafter, adaptive_gamma=False), gamma=2)
 
 
 def test_adaptive_gamma_takes_given_or_lazily_measured_costs() -> None:
@@ -110,7 +115,7 @@ def test_every_strategy_the_builder_ships_samples_exactly_the_target(
 
 
 def test_the_builder_times_the_draft_model_outside_the_proposal() -> None:
-    engine = build_engine(TARGET, DRAFT, Strategy("model"), 3)
+    engine = build_engine(TARGET, DRAFT, Strategy("model", adaptive_gamma=False), 3)
     assert isinstance(engine.drafter, ModelDrafter) and isinstance(engine.drafter.model, TimedModel)
     assert engine.drafter.model.model is DRAFT  # wrapped, not copied
     engine.generate([[1, 2]], DecodeConfig(gamma=3, max_new_tokens=6), SeededSampler(0))
@@ -118,13 +123,13 @@ def test_the_builder_times_the_draft_model_outside_the_proposal() -> None:
     assert 0 < metrics.draft_forward_seconds <= metrics.draft_seconds
     assert 0 < metrics.target_forward_seconds <= metrics.total_seconds
     # prompt lookup runs no draft model: nothing to time
-    lookup = build_engine(TARGET, DRAFT, Strategy("ngram"), 3)
+    lookup = build_engine(TARGET, DRAFT, Strategy("ngram", adaptive_gamma=False), 3)
     assert lookup.draft_stopwatch is None and lookup.drafter.lengths is None
 
 
 def test_build_scheduler_caps_drafts_at_max_gamma_and_defaults_rows_to_gamma() -> None:
     scheduler = build_scheduler(
-        TARGET, DRAFT, Strategy("model"), gamma=2, max_gamma=5, sampler=SeededSampler(0)
+        TARGET, DRAFT, Strategy("model", adaptive_gamma=False), gamma=2, max_gamma=5, sampler=SeededSampler(0)
     )
     default = scheduler.submit(Request([1], max_new_tokens=8, seed=0))
     longer = scheduler.submit(Request([2], max_new_tokens=8, gamma=5, seed=1))
@@ -132,4 +137,4 @@ def test_build_scheduler_caps_drafts_at_max_gamma_and_defaults_rows_to_gamma() -
     assert default.state.gamma == 2 and longer.state.gamma == 5
     assert default.proposed <= 2 * default.rounds and longer.proposed > 2 * longer.rounds - 2
     with pytest.raises(ValueError, match="below the default gamma"):
-        build_scheduler(TARGET, DRAFT, Strategy("model"), gamma=3, max_gamma=2)
+        build_scheduler(TARGET, DRAFT, Strategy("model", adaptive_gamma=False), gamma=3, max_gamma=2)

@@ -48,7 +48,7 @@ def test_the_shipped_drafters_are_registered_by_their_own_modules() -> None:
 
 
 def test_a_registered_drafter_reaches_strategy_builder_cli_and_strategies(echo: DrafterKind) -> None:
-    strategy = Strategy(drafter=echo.name, drafter_options={"order": "3"})
+    strategy = Strategy(drafter=echo.name, adaptive_gamma=False, drafter_options={"order": "3"})
     assert strategy.options == {"order": 3} and not strategy.needs_draft_model
     assert strategy.name == "echo[order=3]" and Strategy.from_name(strategy.name) == strategy
     assert Strategy.from_name("echo-adaptive").adaptive_gamma

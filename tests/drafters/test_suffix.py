@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 import torch
+from conftest import assert_implements
 
 from exactspec.checking.exact import check_speculative
 from exactspec.checking.grid import EXACT_TOLERANCE
@@ -298,4 +299,4 @@ def test_suffix_drafts_are_exact(earlier: tuple[int, ...], prompt: tuple[int, ..
 
 
 def test_the_drafter_is_a_drafter() -> None:
-    assert isinstance(SuffixDrafter(EOS), Drafter)
+    assert_implements(SuffixDrafter(EOS), Drafter)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import assert_implements
 from scipy import stats
 
 from exactspec.foundations import sampler as sampler_module
@@ -11,7 +12,7 @@ from exactspec.foundations.sampler import Sampler, SeededSampler, _inverse_cdf_o
 
 
 def test_seeded_sampler_implements_the_protocol() -> None:
-    assert isinstance(SeededSampler(0), Sampler)
+    assert_implements(SeededSampler(0), Sampler)
     assert SeededSampler(0, num_rows=3).num_rows == 3
     assert SeededSampler(seeds=[5, 9]).num_rows == 2
 

@@ -29,7 +29,7 @@ from exactspec.decoding.scheduler import Request, Scheduler  # noqa: E402
 from exactspec.drafters.model import ModelDrafter  # noqa: E402
 from exactspec.foundations.sampler import SeededSampler  # noqa: E402
 from exactspec.foundations.settings import SamplingSettings  # noqa: E402
-from exactspec.models.base import LanguageModel, ModelWrapper  # noqa: E402
+from exactspec.models.base import ModelWrapper  # noqa: E402
 from exactspec.models.hf import HFLanguageModel  # noqa: E402
 
 VOCAB = 64
@@ -397,7 +397,6 @@ def test_every_call_leaves_each_rows_cache_equal_to_a_fresh_one(max_hole_fractio
     engine = SpeculativeEngine(target, ModelDrafter(draft, VOCAB))
     config = DecodeConfig(gamma=3, max_new_tokens=10, settings=SAMPLED)
     states = engine.generate(PROMPTS, config, SeededSampler(seeds=[5, 6, 7]))
-    assert isinstance(target, LanguageModel)
     assert engine.metrics.proposed_tokens > engine.metrics.accepted_tokens > 0  # there were rejections
     assert target.checked >= len(PROMPTS) and draft.checked >= len(PROMPTS)
     assert all(state.finish_reason is not None for state in states)

@@ -223,7 +223,9 @@ def test_errors_have_openai_shape_and_the_server_keeps_serving(
     missing = httpx.post(server[0] + "/v1/completions", json={"model": MODEL})
     assert missing.status_code == 400 and missing.json()["error"]["param"] == "prompt"
     assert httpx.get(server[0] + "/v1/nothing").status_code == 404
-    assert complete(model=MODEL, prompt="still", max_tokens=3, temperature=0).choices[0].text is not None
+    # After every refused request the server still serves: a whole completion, to its length limit.
+    still = complete(model=MODEL, prompt="still", max_tokens=3, temperature=0, logit_bias=NO_EOS)
+    assert still.choices[0].finish_reason == "length" and still.usage.completion_tokens == 3
 
 
 def test_the_openapi_schema_documents_the_error_responses_the_routes_return(
@@ -322,7 +324,9 @@ def test_a_full_queue_answers_429_and_capacity_comes_back() -> None:
             assert time.monotonic() < deadline
             time.sleep(0.05)
         assert pair.target.cached_rows == [] and pair.draft.cached_rows == []
-        assert client.completions.create(model=MODEL, prompt="b", max_tokens=2).choices[0].text is not None
+        # Capacity came back: the next request runs to its length limit.
+        again = client.completions.create(model=MODEL, prompt="b", max_tokens=2, logit_bias=NO_EOS)
+        assert again.choices[0].finish_reason == "length" and again.usage.completion_tokens == 2
 
 
 def test_32_concurrent_streams_with_mixed_settings_each_equal_their_run_alone(
@@ -371,7 +375,7 @@ def test_32_concurrent_streams_with_mixed_settings_each_equal_their_run_alone(
 def test_a_prompt_lookup_server_without_a_draft_model_equals_plain_greedy_decoding() -> None:
 
     prompt = "def fib(n): return fib(n - 1) + fib(n - 2)\ndef fib(n):"
-    with live_server(strategy=Strategy(drafter="ngram")) as (base, pair):
+    with live_server(strategy=Strategy(drafter="ngram", adaptive_gamma=False)) as (base, pair):
         pair_without_draft = ModelPair.from_models(pair.target_model, None, tokenizer=pair.tokenizer)
         client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=60)
         response = client.completions.create(

@@ -200,7 +200,9 @@ def _check_block(case: ExactCase) -> float:
 
 
 # V = 4, gamma = 2, n = 3, seed 2: enough paths with 0 < w_i < 1 that a wrong weight shows.
-TEETH_CASE = ExactCase("teeth", 4, 2, 3, seed=2, strategy=Strategy("model", verifier="block"))
+TEETH_CASE = ExactCase(
+    "teeth", 4, 2, 3, seed=2, strategy=Strategy("model", verifier="block", adaptive_gamma=False)
+)
 
 
 def test_teeth_stop_probability_from_the_previous_weight(monkeypatch: pytest.MonkeyPatch) -> None:

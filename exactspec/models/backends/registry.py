@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from exactspec.foundations.defaults import DEFAULTS
+
 if TYPE_CHECKING:
     from exactspec.models.base import LanguageModel
 
@@ -39,11 +41,11 @@ class LoadSpec:
         cache_dir, progress: where fetched and converted files go; progress bars on or off.
     """
 
-    target: str | os.PathLike[str] = "default-target"
-    draft: str | os.PathLike[str] | None = "default-draft"
-    dtype: Any = "auto"
-    weights: str = "auto"
-    device: Any = "cpu"
+    target: str | os.PathLike[str] = DEFAULTS.target
+    draft: str | os.PathLike[str] | None = DEFAULTS.draft
+    dtype: Any = DEFAULTS.dtype
+    weights: str = DEFAULTS.weights
+    device: Any = DEFAULTS.device
     threads: int | None = None
     cache_dir: str | os.PathLike[str] | None = None
     progress: bool = True

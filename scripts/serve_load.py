@@ -16,9 +16,9 @@ auto, the suffix drafter, adaptive gamma planned per round up to --gamma, --pref
 --fixed-gamma as in serve.
 
     # the built-in pair, started in this process (what docs/bench/serve/ was made with):
-    python scripts/load_test.py --out docs/bench/serve
+    python scripts/serve_load.py --out docs/bench/serve
     # or drive a server that is already running:
-    python scripts/load_test.py --url http://127.0.0.1:8000 --out load-out
+    python scripts/serve_load.py --url http://127.0.0.1:8000 --out load-out
 
 With `--peer llamacpp`, a third mode drives llama-cpp-python's own OpenAI server (`python -m
 llama_cpp.server`, the `llamacpp` extra's [server] part) on the same GGUF target with the same threads
@@ -358,7 +358,7 @@ def plot(levels: dict[str, list[dict]], path: Path) -> None:
 
 def write(out: Path, levels: dict[str, list[dict]], args: argparse.Namespace, argv, seconds: float) -> None:
     conditions = {
-        "command": " ".join(["python scripts/load_test.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(["python scripts/serve_load.py", *(argv if argv is not None else sys.argv[1:])]),
         "target": args.target,
         "draft": args.draft,
         "dtype": args.dtype,
