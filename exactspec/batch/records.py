@@ -310,8 +310,8 @@ def _settings(fields: dict[str, Any], default: SamplingSettings) -> SamplingSett
     values["logit_bias"] = _logit_bias(values["logit_bias"])
     try:
         return SamplingSettings(**values)
-    except ValueError as error:
-        raise _FieldError(str(error).split(" ")[0].split("[")[0], str(error)) from None
+    except InvalidArgument as error:  # it names the field it refused
+        raise _FieldError(error.param or "settings", str(error)) from None
 
 
 def _logit_bias(bias: Any) -> dict[int, float]:

@@ -10,7 +10,7 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -37,6 +37,10 @@ from exactspec.cli.common import (
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.pair import ModelPair
+
+if TYPE_CHECKING:
+    from exactspec.audit.report import AuditSetup
+    from exactspec.foundations.provenance import Provenance
 
 DEFAULT_PROMPT = "# A list of popular Python libraries:\n-"
 """An open prompt: its first tokens are spread over many library names, which gives the test many buckets
@@ -173,19 +177,7 @@ def run(args: argparse.Namespace) -> int:
     chosen = backend_name(args)
     settings, settings_given = _given_sampling_settings(args)
     kinds = _kinds(args)
-    if args.tiny:
-        from exactspec.audit.tiny import TINY_PAIRS
-
-        if chosen not in TINY_PAIRS:
-            raise UsageError(
-                f"--tiny has no tiny models for --backend {chosen}; it has them for {', '.join(TINY_PAIRS)}"
-            )
-    else:
-        if args.draft.lower() == "none":
-            raise UsageError("the audit needs a draft model (--draft)")
-        check_model_arguments(args)
-        if not utf8_text("--prompt", args.prompt).strip():
-            raise UsageError("--prompt is empty; give some text")
+    _check_models(args, chosen)
     # Created and test-written before the first sample, so the results cannot be lost at the end.
     output_folder("--out", args.out)
     progress = not args.no_progress
@@ -194,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
     prompt_text = None
     reference = None  # default: the pair's own
     if args.tiny:
-        from exactspec.audit.tiny import TINY_PROMPT
+        from exactspec.audit.tiny import TINY_PAIRS, TINY_PROMPT
 
         # Tiny models are thousands of small tensor ops: one thread is fastest (see tests/conftest.py).
         torch.set_num_threads(1)
@@ -256,6 +248,39 @@ def run(args: argparse.Namespace) -> int:
         strategy=speculation,
     )
     seconds = round(time.perf_counter() - started, 1)
+    return _write_reports(args, results, setup, provenance, seconds, decode, stem)
+
+
+def _check_models(args: argparse.Namespace, backend: str) -> None:
+    """A UsageError, before any model loads, for models the audit cannot run: no tiny pair for `backend`
+    (--tiny), else no draft model, bad model flags or an empty --prompt."""
+    if args.tiny:
+        from exactspec.audit.tiny import TINY_PAIRS
+
+        if backend not in TINY_PAIRS:
+            raise UsageError(
+                f"--tiny has no tiny models for --backend {backend}; it has them for {', '.join(TINY_PAIRS)}"
+            )
+    else:
+        if args.draft.lower() == "none":
+            raise UsageError("the audit needs a draft model (--draft)")
+        check_model_arguments(args)
+        if not utf8_text("--prompt", args.prompt).strip():
+            raise UsageError("--prompt is empty; give some text")
+
+
+def _write_reports(
+    args: argparse.Namespace,
+    results: list[Any],
+    setup: AuditSetup,
+    provenance: Provenance,
+    seconds: float,
+    decode: Callable[[Any], str] | None,
+    stem: str,
+) -> int:
+    """Write the audit's JSON and Markdown reports to --out, say the verdict, and return the exit code."""
+    from exactspec.audit import report
+
     audit_report = report.build_report(
         results, args.significance, setup, provenance=provenance, seconds=seconds, decode=decode
     )
@@ -263,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
     verdict = "FAIL" if audit_report.failed else "PASS"
     print(
         f"audit {verdict}: {audit_report.passed} of {len(results)} passed at significance "
-        f"{args.significance:g} (N = {samples} samples each, {seconds:.0f} s); "
+        f"{args.significance:g} (N = {setup.samples} samples each, {seconds:.0f} s); "
         f"reports: {json_path}, {md_path}"
     )
     return EXIT_FAILED if audit_report.failed else EXIT_OK

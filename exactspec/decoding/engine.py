@@ -35,16 +35,13 @@ from exactspec.decoding.records import (
 )
 from exactspec.decoding.round_times import RoundShape, RoundTimer
 from exactspec.decoding.scheduler import Scheduler
+from exactspec.decoding.target_pass import chain_probabilities, tree_probabilities
 from exactspec.drafters.base import Drafter, Proposal
 from exactspec.foundations.metrics import DecodeMetrics, Stopwatch
 from exactspec.foundations.rows import RowLifecycle, RowStart
 from exactspec.foundations.sampler import Sampler
 from exactspec.foundations.settings import SamplingSettings
-from exactspec.foundations.transforms import probabilities_per_row
-from exactspec.foundations.trees import heights as tree_heights
-from exactspec.foundations.trees import place_histories
 from exactspec.models.base import LanguageModel
-from exactspec.models.tree import tree_logits
 from exactspec.verifiers.base import Verifier, VerifyResult
 from exactspec.verifiers.token import verify
 from exactspec.verifiers.tree import TreeVerifyResult, verify_tree
@@ -320,7 +317,9 @@ class SpeculativeEngine:
         positions: list[int],
     ) -> VerifyResult:
         """2.2 - 2.5 for a draft block: one target pass over each history plus its block, the verifier."""
-        p = self._target_probabilities(histories, proposal, settings, rows)  # 2.2
+        p = chain_probabilities(
+            self.target, histories, proposal, settings, rows, self.target_stopwatch, self.metrics
+        )  # 2.2: [A, gamma + 1, V]
         clock = time.perf_counter()
         result = self.verifier(
             proposal.tokens,
@@ -351,38 +350,9 @@ class SpeculativeEngine:
 
         The engine's verifier (token or block) is for chains; a tree is always walked by `verify_tree`.
         """
-        assert proposal.parents is not None
-        deepest = tree_heights(proposal.parents, proposal.lengths)[
-            :, 0
-        ]  # [A] the root's height: the deepest node
-        if (deepest > torch.tensor(max_draft, device=deepest.device)).any():
-            raise ValueError(
-                f"the drafter proposed trees {deepest.tolist()} deep for rows allowed {max_draft} tokens: "
-                "every root-to-node path must fit the row's max_tokens"
-            )
-        clock = time.perf_counter()
-        with self.target_stopwatch.timing():
-            logits = tree_logits(
-                self.target, histories, proposal.tokens, proposal.parents, proposal.lengths, rows
-            )  # [A, N + 1, V]
-        self.metrics.target_forward_seconds += self.target_stopwatch.take()
-        places = logits.shape[1]
-        # Each place's true history, for the repetition penalty (built only when it is on).
-        place_history = None
-        if any(row_settings.repetition_penalty != 1.0 for row_settings in settings):
-            tokens, parents, lengths = (
-                t.tolist() for t in (proposal.tokens, proposal.parents, proposal.lengths)
-            )
-            place_history = [
-                history
-                for b, row_history in enumerate(histories)
-                for history in place_histories(row_history, tokens[b], parents[b], lengths[b], places - 1)
-            ]
-        flat = logits.reshape(-1, logits.shape[-1])  # [A * (N + 1), V]
-        flat_settings = [row_settings for row_settings in settings for _ in range(places)]
-        p = probabilities_per_row(flat, flat_settings, place_history).reshape(logits.shape)  # [A, N + 1, V]
-        self.metrics.target_seconds += time.perf_counter() - clock
-        self.metrics.target_calls += 1
+        p = tree_probabilities(
+            self.target, histories, proposal, max_draft, settings, rows, self.target_stopwatch, self.metrics
+        )  # [A, N + 1, V]
         clock = time.perf_counter()
         result = self.tree_verifier(
             proposal.tokens,
@@ -430,46 +400,6 @@ class SpeculativeEngine:
         # A deterministic proposal (prompt lookup) ran no draft model.
         self.metrics.draft_calls += 0 if proposal.deterministic else int(proposal.lengths.max())
         return proposal
-
-    def _target_probabilities(
-        self,
-        histories: list[list[int]],
-        proposal: Proposal,
-        settings: list[SamplingSettings],
-        rows: list[int],
-    ) -> torch.Tensor:
-        """p [A, gamma + 1, V]: one target forward over each history plus its whole draft block.
-
-        Rows that proposed fewer than gamma tokens are filled up with their own
-        draft padding so that one call scores the same number of positions for
-        every row; the positions past a row's draft length are never read by
-        the verifier, and causality keeps them from touching the ones that are.
-        """
-        clock = time.perf_counter()
-        width = proposal.tokens.shape[1]
-        # Each row's history list is extended by its draft block in place for the pass and cut back after
-        # (no copy of a history per round: docs/architecture.md, row lifecycle).
-        for history, draft in zip(histories, proposal.tokens.tolist(), strict=True):
-            history.extend(draft)
-        try:
-            with self.target_stopwatch.timing():
-                logits = self.target.logits(histories, width + 1, rows=rows)  # [A, gamma + 1, V]
-            self.metrics.target_forward_seconds += self.target_stopwatch.take()
-            # The repetition penalty needs each position's real history; build it only when it is on.
-            position_histories = None
-            if any(row_settings.repetition_penalty != 1.0 for row_settings in settings):
-                position_histories = [
-                    sequence[: len(sequence) - width + i] for sequence in histories for i in range(width + 1)
-                ]
-            flat = logits.reshape(-1, logits.shape[-1])  # [A * (gamma + 1), V]
-            flat_settings = [row_settings for row_settings in settings for _ in range(width + 1)]
-            p = probabilities_per_row(flat, flat_settings, position_histories).reshape(logits.shape)
-        finally:
-            for history in histories:
-                del history[len(history) - width :]
-        self.metrics.target_seconds += time.perf_counter() - clock
-        self.metrics.target_calls += 1
-        return p
 
     def _record(
         self, drafted: torch.Tensor, num_accepted: torch.Tensor, num_emitted: torch.Tensor

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import exactspec.decoding.engine as engine_module
+import exactspec.decoding.target_pass as target_pass
 from exactspec.checking.exact import check_speculative
 from exactspec.checking.toy import FixedTreeDrafter, random_tabular_model, rotating_tree
 from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine
@@ -91,12 +91,12 @@ def test_teeth_the_repetition_penalty_needs_each_nodes_own_history(monkeypatch: 
         return check_speculative(lambda: SpeculativeEngine(target, drafter), [[1, 2]], config).total_variation
 
     assert check() <= 1e-12
-    original = engine_module.place_histories
+    original = target_pass.place_histories
 
     def roots_only(history, tokens, parents, length, num_nodes):
         return [list(history)] * len(original(history, tokens, parents, length, num_nodes))
 
-    monkeypatch.setattr(engine_module, "place_histories", roots_only)
+    monkeypatch.setattr(target_pass, "place_histories", roots_only)
     assert check() > 1e-4
 
 

@@ -1,0 +1,108 @@
+"""The target's side of a round (docs/algorithm.md 2.2): p for every drafted position of every row from one
+target pass, over each history plus its draft block (`chain_probabilities`) or over each row's tree of
+candidates (`tree_probabilities`).
+
+Both add to the round's metrics: the pass itself (`target_forward_seconds`, read from the target's
+stopwatch), the pass with the sampling transforms (`target_seconds`), and one target call.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from exactspec.drafters.base import Proposal
+from exactspec.foundations.metrics import DecodeMetrics, Stopwatch
+from exactspec.foundations.settings import SamplingSettings
+from exactspec.foundations.transforms import probabilities_per_row
+from exactspec.foundations.trees import heights as tree_heights
+from exactspec.foundations.trees import place_histories
+from exactspec.models.base import LanguageModel
+from exactspec.models.tree import tree_logits
+
+
+def chain_probabilities(
+    target: LanguageModel,
+    histories: list[list[int]],
+    proposal: Proposal,
+    settings: list[SamplingSettings],
+    rows: list[int],
+    stopwatch: Stopwatch,
+    metrics: DecodeMetrics,
+) -> torch.Tensor:
+    """p [A, gamma + 1, V]: one target forward over each history plus its whole draft block.
+
+    Rows that proposed fewer than gamma tokens are filled up with their own
+    draft padding so that one call scores the same number of positions for
+    every row; the positions past a row's draft length are never read by
+    the verifier, and causality keeps them from touching the ones that are.
+    """
+    clock = time.perf_counter()
+    width = proposal.tokens.shape[1]
+    # Each row's history list is extended by its draft block in place for the pass and cut back after
+    # (no copy of a history per round: docs/architecture.md, row lifecycle).
+    for history, draft in zip(histories, proposal.tokens.tolist(), strict=True):
+        history.extend(draft)
+    try:
+        with stopwatch.timing():
+            logits = target.logits(histories, width + 1, rows=rows)  # [A, gamma + 1, V]
+        metrics.target_forward_seconds += stopwatch.take()
+        # The repetition penalty needs each position's real history; build it only when it is on.
+        position_histories = None
+        if any(row_settings.repetition_penalty != 1.0 for row_settings in settings):
+            position_histories = [
+                sequence[: len(sequence) - width + i] for sequence in histories for i in range(width + 1)
+            ]
+        flat = logits.reshape(-1, logits.shape[-1])  # [A * (gamma + 1), V]
+        flat_settings = [row_settings for row_settings in settings for _ in range(width + 1)]
+        p = probabilities_per_row(flat, flat_settings, position_histories).reshape(logits.shape)
+    finally:
+        for history in histories:
+            del history[len(history) - width :]
+    metrics.target_seconds += time.perf_counter() - clock
+    metrics.target_calls += 1
+    return p
+
+
+def tree_probabilities(
+    target: LanguageModel,
+    histories: list[list[int]],
+    proposal: Proposal,
+    max_draft: list[int],
+    settings: list[SamplingSettings],
+    rows: list[int],
+    stopwatch: Stopwatch,
+    metrics: DecodeMetrics,
+) -> torch.Tensor:
+    """p [A, N + 1, V] at the root and after every node of each row's tree of deterministic candidates, from
+    one target pass (`models.tree.tree_logits`); raises when a tree is deeper than its row may draft."""
+    assert proposal.parents is not None
+    deepest = tree_heights(proposal.parents, proposal.lengths)[:, 0]  # [A] the root's height: the deepest
+    if (deepest > torch.tensor(max_draft, device=deepest.device)).any():
+        raise ValueError(
+            f"the drafter proposed trees {deepest.tolist()} deep for rows allowed {max_draft} tokens: "
+            "every root-to-node path must fit the row's max_tokens"
+        )
+    clock = time.perf_counter()
+    with stopwatch.timing():
+        logits = tree_logits(
+            target, histories, proposal.tokens, proposal.parents, proposal.lengths, rows
+        )  # [A, N + 1, V]
+    metrics.target_forward_seconds += stopwatch.take()
+    places = logits.shape[1]
+    # Each place's true history, for the repetition penalty (built only when it is on).
+    place_history = None
+    if any(row_settings.repetition_penalty != 1.0 for row_settings in settings):
+        tokens, parents, lengths = (t.tolist() for t in (proposal.tokens, proposal.parents, proposal.lengths))
+        place_history = [
+            history
+            for b, row_history in enumerate(histories)
+            for history in place_histories(row_history, tokens[b], parents[b], lengths[b], places - 1)
+        ]
+    flat = logits.reshape(-1, logits.shape[-1])  # [A * (N + 1), V]
+    flat_settings = [row_settings for row_settings in settings for _ in range(places)]
+    p = probabilities_per_row(flat, flat_settings, place_history).reshape(logits.shape)  # [A, N + 1, V]
+    metrics.target_seconds += time.perf_counter() - clock
+    metrics.target_calls += 1
+    return p
