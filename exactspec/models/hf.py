@@ -12,18 +12,15 @@ import copy
 import inspect
 import itertools
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 from exactspec.foundations.rows import RowStart
-from exactspec.foundations.trees import check_tree
 from exactspec.models.attention import NAME as GROUPED_ATTENTION
 from exactspec.models.attention import use_grouped_attention
-from exactspec.models.base import common_prefix_length, logits_inputs
-from exactspec.models.tree import path_tree_logits
+from exactspec.models.rows_cache import PendingTree, RowCacheModel, TreeBatch, keep_length
 from exactspec.models.two_rows import use_two_row_linears
 
 # Token written into padding slots. Its value never matters: padding slots are
@@ -36,27 +33,7 @@ a 4D mask as it is; sdpa and the grouped attention take it boolean, eager additi
 implementation (flash attention) score trees path by path."""
 
 
-class _Trees(NamedTuple):
-    """The trees of one tree call, per requested row: node tokens and parents, in `width` node slots."""
-
-    tokens: list[list[int]]
-    parents: list[list[int]]
-    width: int  # N, the node slots every row's feed ends with
-
-    def select(self, index: list[int]) -> _Trees:
-        return _Trees([self.tokens[j] for j in index], [self.parents[j] for j in index], self.width)
-
-
-class _PendingTree(NamedTuple):
-    """A row's tree from its last (tree) call: the nodes' K/V sit in `slots`, which are holes until the row's
-    next call says which path its history took (`HFLanguageModel._resolve_tree`)."""
-
-    tokens: list[int]
-    parents: list[int]
-    slots: torch.Tensor  # [n] int64, the cache slot of each node
-
-
-class HFLanguageModel:
+class HFLanguageModel(RowCacheModel):
     """A `transformers` causal LM as a `LanguageModel`, with one KV cache row per row id.
 
     Cache layout. The cache is one `DynamicCache` whose batch index b holds one
@@ -203,7 +180,7 @@ class HFLanguageModel:
         self._slots: list[torch.Tensor] = []  # per batch index, [n_b] int64 slot of each real token
         self._valid = torch.zeros(0, 0, dtype=torch.bool)  # [B, S] True where a slot holds a real token
         # Per batch index, the tree of its last call if that was a tree call (its nodes still holes).
-        self._trees: list[_PendingTree | None] = []
+        self._trees: list[PendingTree[torch.Tensor] | None] = []  # place: [n] int64 slot of each node
         self._released: set[int] = set()  # row ids released but still in the cache (`release_rows`)
 
     def cached_kv(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -216,39 +193,19 @@ class HFLanguageModel:
         slots = self._slots[b].to(self._device)  # [n]
         return [(keys[b][:, slots], values[b][:, slots]) for keys, values, *_ in self._cache]
 
-    def logits(
-        self,
-        histories: Sequence[Sequence[int]],
-        num_positions: int = 1,
-        rows: Sequence[int] | None = None,
-    ) -> torch.Tensor:
-        """[B, k, V] logits at the last k = `num_positions` positions (see `LanguageModel.logits`).
+    def _fits_trees(self, rows: list[int], trees: TreeBatch) -> bool:
+        """A tree pass needs an attention that takes an explicit 4D mask (`TREE_MASK_ATTENTION`)."""
+        return self._model.config._attn_implementation in TREE_MASK_ATTENTION
 
-        float64 for a float64 model (what lets `exactspec verify` enumerate the adapter
-        exactly), float32 otherwise (bfloat16 and float16 models too).
-        """
-        k = num_positions
-        history_lists, row_ids = logits_inputs(histories, k, rows, self._vocab_size)
-        with torch.inference_mode():
-            try:
-                return self._logits(history_lists, k, row_ids)
-            except BaseException:
-                # A failure half-way (e.g. out of memory) leaves the bookkeeping out of step
-                # with the cache; start again from scratch next time rather than trust it.
-                self.clear_cache()
-                raise
+    def _score(self, history_lists: list[list[int]], k: int, row_ids: list[int]) -> torch.Tensor:
+        """[B, k, V] logits (`RowCacheModel.logits`): float64 for a float64 model (what lets `exactspec
+        verify` enumerate the adapter exactly), float32 otherwise (bfloat16 and float16 models too)."""
+        return self._logits(history_lists, k, row_ids)
 
-    def tree_logits(
-        self,
-        histories: Sequence[Sequence[int]],
-        tokens: torch.Tensor,
-        parents: torch.Tensor,
-        lengths: torch.Tensor,
-        rows: Sequence[int] | None = None,
+    def _score_trees(
+        self, history_lists: list[list[int]], row_ids: list[int], trees: TreeBatch
     ) -> torch.Tensor:
-        """[B, N + 1, V] logits after each history (entry 0) and after each tree node (entry n + 1), in one
-        forward (see `exactspec.models.tree.tree_logits` for the arguments; padding nodes' entries are
-        meaningless).
+        """[B, N + 1, V] logits after each history and after each tree node, in one forward.
 
         Row b is fed the part of its history its cache lacks (at least the last token: the root's
         logits), then N node slots: node n at position len(history) + depth(n) - 1, attending to the
@@ -265,29 +222,12 @@ class HFLanguageModel:
 
         A next history [a b c x q] keeps x's slot (y and z become holes) and feeds q.
         """
-        history_lists, row_ids = logits_inputs(histories, 1, rows, self._vocab_size)
-        check_tree(tokens, parents, lengths, self._vocab_size)
-        if tokens.shape[0] != len(history_lists):
-            raise ValueError(f"got {len(history_lists)} histories for {tokens.shape[0]} trees")
-        if self._model.config._attn_implementation not in TREE_MASK_ATTENTION:
-            return path_tree_logits(self, history_lists, tokens, parents, lengths, row_ids)
-        sizes = lengths.tolist()
-        trees = _Trees(
-            [row[:n] for row, n in zip(tokens.tolist(), sizes, strict=True)],
-            [row[:n] for row, n in zip(parents.tolist(), sizes, strict=True)],
-            tokens.shape[1],
-        )
-        with torch.inference_mode():
-            try:
-                return self._logits(history_lists, 1, row_ids, trees)
-            except BaseException:
-                self.clear_cache()  # as in `logits`: bookkeeping out of step with the cache
-                raise
+        return self._logits(history_lists, 1, row_ids, trees)
 
     # ---------------------------------------------------------------- internals
 
     def _logits(
-        self, history_lists: list[list[int]], k: int, row_ids: list[int], trees: _Trees | None = None
+        self, history_lists: list[list[int]], k: int, row_ids: list[int], trees: TreeBatch | None = None
     ) -> torch.Tensor:
         self._drop_released()
         requested = set(row_ids)
@@ -331,7 +271,7 @@ class HFLanguageModel:
         return state
 
     def _logits_of(
-        self, history_lists: list[list[int]], k: int, row_ids: list[int], trees: _Trees | None = None
+        self, history_lists: list[list[int]], k: int, row_ids: list[int], trees: TreeBatch | None = None
     ) -> torch.Tensor:
         """`_logits` for a call that names every cached row (and maybe new ones)."""
         joining = [j for j, r in enumerate(row_ids) if r not in self._row_ids]
@@ -415,7 +355,7 @@ class HFLanguageModel:
         return layers, [s + extra for s in slots], torch.cat([holes, valid], dim=1)
 
     def _logits_together(
-        self, history_lists: list[list[int]], k: int, row_ids: list[int], trees: _Trees | None = None
+        self, history_lists: list[list[int]], k: int, row_ids: list[int], trees: TreeBatch | None = None
     ) -> torch.Tensor:
         """One forward over the cache's batch: requested rows fed their new tokens (then their trees' nodes,
         for a tree call: [B, N + 1, V] out), the others nothing."""
@@ -432,7 +372,7 @@ class HFLanguageModel:
         # Keep the longest cached prefix, but always feed at least k tokens to a requested row: the
         # logits of cached positions were not stored, so they are recomputed.
         keeps = [
-            min(common_prefix_length(cached, history), len(history) - k) if b in requested else len(cached)
+            keep_length(cached, history, k) if b in requested else len(cached)
             for b, (cached, history) in enumerate(zip(self._tokens, targets, strict=True))
         ]
         for b, keep in enumerate(keeps):
@@ -536,19 +476,10 @@ class HFLanguageModel:
             return
         self._trees[b] = None
         base = self._tokens[b]
-        if history[: len(base)] != base:
-            return
-        pairs = zip(pending.tokens, pending.parents, strict=True)
-        child = {(parent, token): n for n, (token, parent) in enumerate(pairs)}
-        path: list[int] = []
-        for token in history[len(base) :]:
-            node = child.get((path[-1] if path else -1, token))
-            if node is None:
-                break
-            path.append(node)
+        path = pending.path(base, history)
         if not path:
             return
-        slots = pending.slots[path]  # [P], increasing: a parent is listed (and slotted) before its children
+        slots = pending.place[path]  # [P], increasing: a parent is listed (and slotted) before its children
         self._valid[b, slots] = True
         self._slots[b] = torch.cat([self._slots[b], slots])
         self._tokens[b] = base + [pending.tokens[n] for n in path]
@@ -559,7 +490,7 @@ class HFLanguageModel:
         needed = max(
             (
                 int(s[-1]) + 1
-                for s in [*self._slots, *(t.slots for t in self._trees if t is not None)]
+                for s in [*self._slots, *(t.place for t in self._trees if t is not None)]
                 if len(s)
             ),
             default=0,
@@ -715,7 +646,7 @@ class HFLanguageModel:
             self._slots[b] = torch.cat([self._slots[b], torch.arange(tree_start - f, tree_start)])
             tokens = trees[b][0]
             if tokens:
-                self._trees[b] = _PendingTree(
+                self._trees[b] = PendingTree(
                     tokens, trees[b][1], torch.arange(tree_start, tree_start + len(tokens))
                 )
         self._valid = torch.cat(
@@ -737,9 +668,11 @@ class HFLanguageModel:
         )
 
 
-def _shifted(trees: list[_PendingTree | None], extra: int) -> list[_PendingTree | None]:
+def _shifted(
+    trees: list[PendingTree[torch.Tensor] | None], extra: int
+) -> list[PendingTree[torch.Tensor] | None]:
     """Pending trees after `extra` holes were put in front of their rows' slots."""
-    return [None if tree is None else tree._replace(slots=tree.slots + extra) for tree in trees]
+    return [None if tree is None else tree.moved(tree.place + extra) for tree in trees]
 
 
 def module_copy(model: torch.nn.Module) -> torch.nn.Module:

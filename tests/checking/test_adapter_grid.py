@@ -274,7 +274,7 @@ def first_nodes_kept(monkeypatch: pytest.MonkeyPatch) -> None:
         kept = len(self._slots[b]) - before
         if pending is not None and kept:
             self._valid[b, self._slots[b][before:]] = False
-            self._slots[b] = torch.cat([self._slots[b][:before], pending.slots[:kept]])
+            self._slots[b] = torch.cat([self._slots[b][:before], pending.place[:kept]])
             self._valid[b, self._slots[b]] = True
 
     monkeypatch.setattr(HFLanguageModel, "_resolve_tree", by_index)
