@@ -7,25 +7,21 @@ draft, every sampling transform, and a batch whose rows have different
 histories; then the same for block verification, the prompt-lookup and hybrid
 drafters (including rounds where the lookup finds no match) and adaptive
 gamma (`round_two_grid`), and trees of deterministic candidates verified by tree
-verification (`tree_cases`, on toy tables and on the HF adapter; llama.cpp's are in
-`llamacpp_cases`). The adapter cases (`adapter_cases`) run the same enumeration through the
-real Hugging Face adapter (`HFLanguageModel` over tiny
-float64 Qwen2 and Llama models): KV cache rows, rollback, holes, compaction
-and position ids are inside the proof. The llama.cpp cases (`llamacpp_cases`, when llama-cpp-python
-is installed) run it through `LlamaCppModel` over the same tiny Llama weights written as float32
-GGUF files (`tiny_gguf`), to the float32 tolerance `LLAMACPP_TOLERANCE`.
+verification (`tree_cases`). Then every registered backend's own cases (`backend_cases`: the cells
+its registration lists, `Backend.tiny`): the same enumeration through the backend's real adapters over
+tiny random transformers models (`tiny_hf`), so KV cache rows, rollback, holes, compaction and
+position ids are inside the proof; the target's distribution comes from no-cache full forwards of the
+same float64 weights, to the backend's tolerance. A backend that cannot run here is skipped, and
+`exactspec verify` says why (`skipped_backends`).
 """
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
 from tqdm import tqdm
 
 from exactspec.checking.exact import EngineFactory, check_speculative
@@ -45,26 +41,18 @@ from exactspec.drafters.registry import drafter_kinds
 from exactspec.foundations.costs import BatchCosts, CostModel
 from exactspec.foundations.sampler import SeededSampler
 from exactspec.foundations.settings import SamplingSettings
+from exactspec.models.backends.registry import FLOAT64_TOLERANCE, GridCell, backend, backends
 from exactspec.models.base import LanguageModel
 
-if TYPE_CHECKING:  # transformers loads only when an adapter case runs (keeps `verify` start-up light)
+if TYPE_CHECKING:  # transformers loads only when a backend case runs (keeps `verify` start-up light)
     from exactspec.checking.tiny_hf import TinyHFSpec
-    from exactspec.models.hf import HFLanguageModel
-    from exactspec.models.llamacpp import LlamaCppModel
 
 MODEL = Strategy(drafter="model")
 """The draft model with token verification: what the model-pair cases check (not the user default)."""
 BLOCK = Strategy(drafter="model", verifier="block")
 
-EXACT_TOLERANCE = 1e-12
+EXACT_TOLERANCE = FLOAT64_TOLERANCE
 """The exact check fails when a TV distance exceeds this (float64 rounding is ~1e-16)."""
-
-LLAMACPP_TOLERANCE = 1e-5
-"""The llama.cpp cases' bound on the TV distance. Their p is float32 (llama.cpp computes in float32 from
-float32 weights) while the reference is the float64 HF model the GGUF was written from: logits
-differ by about 1e-6 (float32 rounding of weights and sums; tests/models/test_llamacpp.py measures
-it), which moves a distribution over a handful of sequences by a TV of the same order. An adapter
-bug (a stale cell, a wrong position, a lost rollback) moves it by 1e-2 or more."""
 
 
 QUICK_MAX_VOCAB = 4
@@ -95,7 +83,7 @@ class ExactCase:
     # (`batch_costs`: what `exactspec serve` runs) instead of row by row.
     planned: bool = False
     # The TV distance this case may reach and still pass: float64 rounding for every case whose
-    # probabilities are float64; float32 cases (llama.cpp) say theirs.
+    # probabilities are float64; a backend computing in float32 says its own (`TinyModels.tolerance`).
     tolerance: float = EXACT_TOLERANCE
     # Requests the engine decodes (greedily, before the enumerated run) so that a drafter that learns
     # across requests (the suffix drafter's shared tree) drafts from what it learned.
@@ -190,20 +178,44 @@ class TreeCase(ExactCase):
 
 
 @dataclass(frozen=True)
-class AdapterCase(ExactCase):
-    """An exact-grid cell whose models are `HFLanguageModel`s over a tiny float64 HF pair.
+class BackendCase(ExactCase):
+    """An exact-grid cell whose models are a registered backend's adapters over a tiny random pair
+    (`Backend.tiny`, one `GridCell` of its registration).
 
-    The engine drives the real adapter (target and draft, each with its KV cache
-    rows, rollback, holes and compaction); the target's distribution is computed
-    from no-cache full forwards of the same weights (`FullForwardModel`), so an
-    adapter bug shows as a TV distance instead of cancelling out.
-    `max_hole_fraction=0` compacts the cache whenever it has holes.
+    The engine drives the real adapters (target and draft, each with its cache rows, rollback and
+    whatever else the backend keeps); the target's distribution is computed from no-cache full
+    forwards of the same float64 weights (`FullForwardModel`), an independent implementation of the
+    same function, so an adapter bug shows as a TV distance instead of cancelling out.
     """
 
+    backend: str = ""
     family: str = "qwen2"
-    max_hole_fraction: float = 0.5
+    options: tuple[tuple[str, object], ...] = ()  # the backend's adapter options (HF: max_hole_fraction)
     eos_token_id: int = 0
     draft_logit_scale: float = 1.0
+
+    @classmethod
+    def from_cell(cls, name: str, cell: GridCell) -> BackendCase:
+        """The case of `cell` of backend `name` (a tree case when the cell has tree widths)."""
+        tiny = backend(name).tiny
+        assert tiny is not None
+        fields = dict(
+            vocab_size=cell.vocab_size,
+            gamma=cell.gamma,
+            max_new_tokens=cell.max_new_tokens,
+            settings=cell.settings,
+            prompts=cell.prompts,
+            seed=cell.seed,
+            strategy=Strategy(drafter=cell.drafter, verifier=cell.verifier),
+            tolerance=tiny.tolerance,
+            backend=name,
+            family=cell.family or tiny.family,
+            options=cell.options,
+            draft_logit_scale=cell.draft_logit_scale,
+        )
+        if cell.tree_widths:
+            return BackendTreeCase(cell.name, widths=cell.tree_widths, **fields)  # type: ignore[arg-type]
+        return cls(cell.name, **fields)  # type: ignore[arg-type]
 
     def spec(self) -> TinyHFSpec:
         from exactspec.checking.tiny_hf import TinyHFSpec
@@ -216,141 +228,53 @@ class AdapterCase(ExactCase):
             seed=self.seed,
         )
 
-    def models(self) -> tuple[HFLanguageModel, HFLanguageModel]:  # type: ignore[override]
+    def option(self, name: str, default: object = None) -> object:
+        """The adapter option `name` of this case (`options`), else `default`."""
+        return dict(self.options).get(name, default)
+
+    def models(self) -> tuple[LanguageModel, LanguageModel]:  # type: ignore[override]
         from exactspec.checking.tiny_hf import tiny_hf_pair
-        from exactspec.models.hf import HFLanguageModel
 
+        tiny = backend(self.backend).tiny
+        assert tiny is not None
         target, draft = tiny_hf_pair(self.spec())
-        eos = {self.eos_token_id}
-        return (
-            HFLanguageModel(target, eos_token_ids=eos, max_hole_fraction=self.max_hole_fraction),
-            HFLanguageModel(draft, eos_token_ids=eos, max_hole_fraction=self.max_hole_fraction),
-        )
-
-    def reference(self, target: LanguageModel) -> LanguageModel:
-        from exactspec.checking.tiny_hf import FullForwardModel
-        from exactspec.models.hf import HFLanguageModel
-
-        assert isinstance(target, HFLanguageModel)
-        return FullForwardModel(target.module, target.eos_token_ids, target.vocab_size)
-
-
-@dataclass(frozen=True)
-class AdapterTreeCase(AdapterCase, TreeCase):
-    """A tree case (`TreeCase`'s drafter and engine) whose target is the HF adapter (`AdapterCase`'s
-    models and reference): a tree round scores every node of each row in the adapter, then the next
-    round keeps the accepted path and rolls the other branches back."""
-
-
-@dataclass(frozen=True)
-class LlamaCppCase(AdapterCase):
-    """An exact-grid cell whose models are `LlamaCppModel`s over tiny float32 GGUF files.
-
-    The GGUF files hold the weights of the tiny HF Llama pair of the same spec (`tiny_gguf`); the
-    engine drives llama.cpp (one sequence per row, block passes, rollback by `llama_memory_seq_rm`,
-    rows leaving), and the target's distribution comes from no-cache full forwards of the float64
-    HF module, an independent implementation of the same function. p is float32 here, so the case
-    passes to `LLAMACPP_TOLERANCE`, not to float64 rounding.
-    """
-
-    family: str = "llama"
-    tolerance: float = LLAMACPP_TOLERANCE
-
-    def models(self) -> tuple[LlamaCppModel, LlamaCppModel]:  # type: ignore[override]
-        from exactspec.checking.tiny_gguf import tiny_gguf_pair
-        from exactspec.models.llamacpp import LlamaCppModel
-
-        target_path, draft_path, _, _ = tiny_gguf_pair(self.spec(), tiny_gguf_folder())
-        eos = {self.eos_token_id}
-        # float32 KV cells and no flash attention: llama.cpp's default float16 cache and its CPU flash
-        # attention (which rounds through float16) each put the logits about 2e-3 off.
-        # float64 logits: llama.cpp's float32 values widened exactly, for the float64 enumeration.
-        options = {"eos_token_ids": eos, "threads": 1, "context": 256, "max_rows": 4, "dtype": torch.float64}
-        return (
-            LlamaCppModel(target_path, kv_type="f32", flash_attention=False, **options),
-            LlamaCppModel(draft_path, kv_type="f32", flash_attention=False, **options),
-        )
+        return tiny.adapters(target, draft, self.eos_token_id, dict(self.options))
 
     def reference(self, target: LanguageModel) -> LanguageModel:
         from exactspec.checking.tiny_hf import FullForwardModel, tiny_hf_pair
 
-        hf_target, _ = tiny_hf_pair(self.spec())
-        return FullForwardModel(hf_target, target.eos_token_ids, target.vocab_size)
+        module, _ = tiny_hf_pair(self.spec())
+        return FullForwardModel(module, target.eos_token_ids, target.vocab_size)
 
 
 @dataclass(frozen=True)
-class LlamaCppTreeCase(LlamaCppCase, TreeCase):
-    """A tree case whose target is `LlamaCppModel` (`LlamaCppCase`'s models, reference and float32
-    tolerance): each tree is one decode with a branch sequence per leaf, the next call keeps the path.
+class BackendTreeCase(BackendCase, TreeCase):
+    """A tree case (`TreeCase`'s drafter and engine) whose target is a backend's adapter (`BackendCase`'s
+    models, reference and tolerance): a tree round scores every node of each row in the adapter, then
+    the next round keeps the accepted path and rolls the other branches back.
 
-    `LlamaCppCase` comes first so that its field defaults (the tolerance) win; `engine_factory` is
-    `TreeCase`'s (neither adapter case defines one)."""
-
-
-def tiny_gguf_folder() -> Path:
-    """Where the grid writes its tiny GGUF files (the same spec always gives the same file)."""
-    return Path(tempfile.gettempdir()) / "exactspec-tiny-gguf"
+    `BackendCase` comes first so that its field defaults win; `engine_factory` is `TreeCase`'s."""
 
 
-def llamacpp_available() -> bool:
-    """Whether the llama.cpp cases can run (llama-cpp-python imports)."""
-    from exactspec.models.llamacpp import available
+def skipped_backends() -> dict[str, str]:
+    """The registered backends with exactness cases that cannot run here, and why (`verify` says so)."""
+    return {
+        name: why
+        for name, registered in backends().items()
+        if registered.tiny is not None and (why := registered.unavailable()) is not None
+    }
 
-    return available()
 
-
-LLAMACPP_SKIP_REASON = "llama.cpp cases skipped: llama-cpp-python is not installed (the `llamacpp` extra)"
-
-
-def llamacpp_cases() -> list[LlamaCppCase]:
-    """The grid cells that run through llama.cpp (`LlamaCppModel`), on tiny float32 GGUF Llama pairs.
-
-    Batches of 2 rows with prompts of different lengths: rejections roll a sequence back while the
-    other row keeps its cells, a finished row leaves; the same settings as the HF adapter cases.
-    """
-    all_transforms = SamplingSettings(
-        temperature=0.8, top_k=3, top_p=0.95, min_p=0.4, repetition_penalty=1.3, logit_bias={1: 0.5}
-    )
-    # (name, V, gamma, n, settings, prompts, draft_logit_scale, strategy)
-    cells = [
-        ("gamma=1", 3, 1, 2, SamplingSettings(), ((1,), (2, 1, 1)), 1.0, MODEL),
-        ("gamma=3", 4, 3, 3, SamplingSettings(min_p=0.5), ((1,), (2, 1, 1)), 1.0, MODEL),
-        ("gamma=2, all transforms", 4, 2, 3, all_transforms, ((2, 3), (1,)), 1.0, MODEL),
-        ("T=0, gamma=5", 4, 5, 6, SamplingSettings(temperature=0.0), ((1,), (3, 2, 1)), 1.0, MODEL),
-        ("gamma=2, n=4, rollbacks", 4, 2, 4, SamplingSettings(min_p=0.5), ((1,), (2, 1)), 2.0, MODEL),
-        ("block, gamma=3", 4, 3, 3, SamplingSettings(min_p=0.5), ((1,), (2, 1)), 2.0, BLOCK),
-        ("ngram, gamma=3", 4, 3, 3, SamplingSettings(), ((1, 2, 1), (2,)), 1.0, Strategy(drafter="ngram")),
-    ]
-    cases = [
-        LlamaCppCase(
-            f"llama.cpp float32: batch of 2, {name}",
-            vocab,
-            gamma,
-            n,
-            settings,
-            prompts=prompts,
-            draft_logit_scale=draft_scale,
-            strategy=strategy,
-        )
-        for name, vocab, gamma, n, settings, prompts, draft_scale, strategy in cells
-    ]
-    # Trees of candidates (`tree_cases`): branch sequences in one decode, the kept path copied back.
-    for name, widths, tree_settings in (
-        ("tree 2 x 2", (2, 2), SamplingSettings(min_p=0.6)),
-        ("tree 3-1, all transforms", (3, 1), all_transforms),
-    ):
-        cases.append(
-            LlamaCppTreeCase(
-                f"llama.cpp float32: batch of 2, {name}",
-                4,
-                2,
-                4 if widths == (2, 2) else 3,
-                tree_settings,
-                prompts=((1,), (2, 3)),
-                widths=widths,
-                seed=3,
-            )
-        )
+def backend_cases(name: str | None = None) -> list[BackendCase]:
+    """Every registered backend's exactness cases (or backend `name`'s), by rank; a backend that cannot
+    run here has none (`skipped_backends`)."""
+    cases: list[BackendCase] = []
+    for registered_name, registered in backends().items():
+        if name is not None and registered_name != name:
+            continue
+        if registered.tiny is None or registered.unavailable() is not None:
+            continue
+        cases += [BackendCase.from_cell(registered_name, cell) for cell in registered.tiny.cells()]
     return cases
 
 
@@ -432,10 +356,10 @@ def exact_grid() -> list[ExactCase]:
             prompts=((2, 2), (1,)),
         )
     )
-    llamacpp = llamacpp_cases() if llamacpp_available() else []  # `verify` prints LLAMACPP_SKIP_REASON
     extra = registered_drafter_cases()
     trees = tree_cases() + suffix_tree_cases()
-    return cases + round_two_grid() + extra + trees + scheduler_cases() + adapter_cases() + llamacpp
+    # Every backend's own cases last (`verify` says which backends are skipped: `skipped_backends`).
+    return cases + round_two_grid() + extra + trees + scheduler_cases() + backend_cases()
 
 
 DRAFTERS_WITH_OWN_CASES = frozenset({"model", "ngram", "hybrid"})
@@ -529,30 +453,6 @@ def tree_cases() -> list[TreeCase]:
         TreeCase(f"tree {name}", vocab, gamma, n, widths=widths, seed=3, **fields)
         for name, vocab, gamma, n, widths, fields in cells
     ]
-    # The HF adapter as the target: several branches per row in the cache, the accepted one kept.
-    # Kept to tens of paths by min-p: each path replays the whole decode through the adapter.
-    all_transforms = SamplingSettings(temperature=0.8, top_k=3, min_p=0.4, repetition_penalty=1.3)
-    narrow = SamplingSettings(min_p=0.5)
-    adapter = [
-        ("qwen2", "2 x 2", 4, 2, 4, (2, 2), narrow, 0.5),
-        ("llama", "3-1, compaction", 4, 2, 4, (3, 1), SamplingSettings(min_p=0.6), 0.0),
-        ("llama", "2-1, all transforms", 4, 2, 3, (2, 1), all_transforms, 0.5),
-    ]
-    for family, name, vocab, gamma, n, widths, settings, hole_fraction in adapter:
-        cases.append(
-            AdapterTreeCase(
-                f"tree adapter {family} float64: batch of 2, {name}",
-                vocab,
-                gamma,
-                n,
-                settings,
-                prompts=((1,), (2, 3)),
-                widths=widths,
-                seed=3,
-                family=family,
-                max_hole_fraction=hole_fraction,
-            )
-        )
     return cases
 
 
@@ -679,64 +579,6 @@ def round_two_grid() -> list[ExactCase]:
             drafter, adaptive = options.pop("drafter", "model"), options.pop("adaptive", False)
             strategy = Strategy(drafter, verifier, adaptive)
             cases.append(ExactCase(name.format(verifier), vocab, gamma, n, strategy=strategy, **options))
-    return cases
-
-
-def adapter_cases() -> list[AdapterCase]:
-    """The grid cells that run through `HFLanguageModel` (tiny float64 Qwen2 and Llama pairs).
-
-    Batches of 2 rows with prompts of different lengths: the shorter row is
-    left-padded, a rejection in one row leaves holes while the other row keeps
-    its slots, and a finished row leaves the batch. With max_hole_fraction=0
-    every hole is compacted away before the next pass. Rejections (and so
-    rollbacks) happen in every case, and the cases named "holes" and
-    "compaction" really make holes inside the cache and compact it
-    (`tests/checking/test_adapter_grid.py` counts these events and shows that
-    adapter mutants are caught). Each case is small (seconds): the enumeration replays the
-    whole decode, forward passes included, once per random path, so the gamma=5
-    cases use min-p and a draft sharper than the target to keep the number of
-    paths small.
-    """
-    all_transforms = SamplingSettings(
-        temperature=0.8, top_k=3, top_p=0.95, min_p=0.4, repetition_penalty=1.3, logit_bias={1: 0.5}
-    )
-    # (name, V, gamma, n, settings, prompts, max_hole_fraction, draft_logit_scale)
-    both = [
-        ("gamma=1", 3, 1, 2, SamplingSettings(), ((1,), (2, 1, 1)), 0.5, 1.0),
-        ("gamma=3, compaction", 4, 3, 3, SamplingSettings(min_p=0.5), ((1,), (2, 1, 1)), 0.0, 1.0),
-        ("gamma=2, all transforms, compaction", 4, 2, 3, all_transforms, ((2, 3), (1,)), 0.0, 1.0),
-        ("T=0, gamma=5", 4, 5, 6, SamplingSettings(temperature=0.0), ((1,), (3, 2, 1)), 0.5, 1.0),
-    ]
-    # Longer generations (both rows stay active after a rejection, so holes sit inside the cache),
-    # kept small by min-p and a sharper draft. "holes" / "compaction" in a name: the case makes holes
-    # inside the cache / compacts it (tests/checking/test_adapter_grid.py checks both).
-    longer = {
-        "qwen2": [
-            ("gamma=2, n=4, holes", 4, 2, 4, SamplingSettings(min_p=0.5), ((3,), (2, 1)), 0.5, 2.0),
-            ("gamma=5", 3, 5, 6, SamplingSettings(min_p=0.4), ((1,), (2, 1)), 0.5, 2.0),
-        ],
-        "llama": [
-            ("gamma=2, n=4, holes", 4, 2, 4, SamplingSettings(min_p=0.5), ((1,), (2, 1)), 0.5, 2.0),
-            ("gamma=2, n=4, compaction", 4, 2, 4, SamplingSettings(min_p=0.5), ((1,), (2, 1)), 0.0, 2.0),
-            ("gamma=5, holes", 4, 5, 6, SamplingSettings(min_p=0.6), ((3,), (2, 1)), 0.5, 2.0),
-        ],
-    }
-    cases: list[AdapterCase] = []
-    for family, extra in longer.items():
-        for name, vocab, gamma, n, settings, prompts, hole_fraction, draft_scale in both + extra:
-            cases.append(
-                AdapterCase(
-                    f"adapter {family} float64: batch of 2, {name}",
-                    vocab,
-                    gamma,
-                    n,
-                    settings,
-                    prompts=prompts,
-                    family=family,
-                    max_hole_fraction=hole_fraction,
-                    draft_logit_scale=draft_scale,
-                )
-            )
     return cases
 
 

@@ -171,11 +171,12 @@ def run(args: argparse.Namespace) -> int:
     settings, settings_given = _given_sampling_settings(args)
     kinds = _kinds(args)
     if args.tiny:
-        from exactspec.audit.tiny import TINY_PAIRS
+        from exactspec.audit.tiny import tiny_backends
 
-        if chosen not in TINY_PAIRS:
+        if chosen not in tiny_backends():
             raise UsageError(
-                f"--tiny has no tiny models for --backend {chosen}; it has them for {', '.join(TINY_PAIRS)}"
+                f"--tiny has no tiny models for --backend {chosen} here; it has them for "
+                f"{', '.join(tiny_backends())}"
             )
     else:
         if args.draft.lower() == "none":
@@ -191,11 +192,11 @@ def run(args: argparse.Namespace) -> int:
     prompt_text = None
     reference = None  # default: the pair's own
     if args.tiny:
-        from exactspec.audit.tiny import TINY_PROMPT
+        from exactspec.audit.tiny import TINY_PROMPT, tiny_audit_pair
 
         # Tiny models are thousands of small tensor ops: one thread is fastest (see tests/conftest.py).
         torch.set_num_threads(1)
-        tiny = TINY_PAIRS[chosen]()
+        tiny = tiny_audit_pair(chosen)
         pair, title, models, reference = tiny.pair, tiny.title, tiny.models, tiny.reference
         prompt = list(TINY_PROMPT)
         length = args.length or TINY_LENGTH

@@ -8,9 +8,7 @@ invalid (bookkeeping), never by recomputing the prompt.
 
 from __future__ import annotations
 
-import copy
 import inspect
-import itertools
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -20,6 +18,7 @@ from transformers.cache_utils import DynamicLayer
 from exactspec.foundations.rows import RowStart
 from exactspec.models.attention import NAME as GROUPED_ATTENTION
 from exactspec.models.attention import use_grouped_attention
+from exactspec.models.hf_modules import model_eos_ids, module_copy, output_rows
 from exactspec.models.rows_cache import PendingTree, RowCacheModel, TreeBatch, keep_length
 from exactspec.models.two_rows import use_two_row_linears
 
@@ -673,32 +672,3 @@ def _shifted(
 ) -> list[PendingTree[torch.Tensor] | None]:
     """Pending trees after `extra` holes were put in front of their rows' slots."""
     return [None if tree is None else tree.moved(tree.place + extra) for tree in trees]
-
-
-def module_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A structural copy of `model`: new module objects (and config), the very same parameter and buffer
-    tensors. Switching the copy's classes, attention or config leaves `model` untouched; no weight is
-    duplicated (tied weights stay tied, since the memo maps each tensor to itself)."""
-    shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
-    return copy.deepcopy(model, shared)
-
-
-
-def output_rows(model: PreTrainedModel) -> int:
-    """Rows of the model's logits: the output layer's size, else the config's vocab_size."""
-    head = model.get_output_embeddings()
-    weight = getattr(head, "weight", None)
-    if weight is not None:
-        return int(weight.shape[0])
-    return int(model.config.get_text_config().vocab_size)
-
-
-def model_eos_ids(model: PreTrainedModel) -> frozenset[int]:
-    """EOS ids named by the model's generation config and config (may be empty)."""
-    ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), model.config.get_text_config()):
-        value = getattr(source, "eos_token_id", None)
-        if value is None:
-            continue
-        ids.update([value] if isinstance(value, int) else value)
-    return frozenset(int(t) for t in ids)
