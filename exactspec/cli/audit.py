@@ -30,6 +30,7 @@ from exactspec.cli.common import (
     gamma_argument,
     output_folder,
     positive_int,
+    report_lines,
     sampling_settings,
     strategy,
     utf8_text,
@@ -318,6 +319,7 @@ def _load_pair(args: argparse.Namespace, backend: str, progress: bool) -> tuple[
         progress=progress,
         weights=args.weights,
         backend=backend,
+        report=report_lines(progress),
         threads=args.threads,
     )
     print(f"exactspec audit: {pair.describe_backend()}", file=sys.stderr, flush=True)

@@ -29,6 +29,7 @@ from exactspec.cli.common import (
     command_provenance,
     output_folder,
     positive_int,
+    report_lines,
     strategy,
 )
 from exactspec.decoding.engine import MAX_GAMMA
@@ -245,6 +246,7 @@ def run(args: argparse.Namespace) -> int:
     pair = ModelPair.from_pretrained(
         args.target,
         args.draft,
+        report=report_lines(progress),
         dtype=args.dtype,
         cache_dir=args.cache_dir,
         progress=progress,

@@ -114,6 +114,7 @@ class ModelPair:
         weights: str = "auto",
         backend: str = DEFAULTS.backend,
         threads: int | None = None,
+        report: Callable[[str], None] | None = None,
     ) -> ModelPair:
         """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair).
 
@@ -128,7 +129,8 @@ class ModelPair:
         (default) is "int4" on the CPU and "bf16" on CUDA (`exactspec.models.device.auto_weights`);
         "bf16" keeps the dense weights in `dtype`; "int4", "int4-g128", "int4-gguf", "int8" pack both
         models' linear layers for torch's CPU kernels (`exactspec.models.packed`). `threads`: CPU
-        threads of a backend that takes them (llama.cpp).
+        threads of a backend that takes them (llama.cpp). `report`: where a backend's lines for the user
+        go (what `--backend auto` measured and chose); None: nowhere (the library never prints).
         """
         from exactspec.models.backends.registry import LoadSpec
         from exactspec.models.backends.registry import backend as backend_named
@@ -140,7 +142,7 @@ class ModelPair:
         why_not = chosen.unavailable()
         if why_not is not None:
             raise InvalidArgument(f"--backend {backend} cannot run here: {why_not}")
-        spec = LoadSpec(target, draft, dtype, weights, device, threads, cache_dir, progress)
+        spec = LoadSpec(target, draft, dtype, weights, device, threads, cache_dir, progress, report)
         return chosen.load(spec)
 
     @property

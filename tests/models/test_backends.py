@@ -153,12 +153,14 @@ def test_auto_measures_the_candidates_once_runs_the_fastest_and_says_why(
     candidates = [("slow-test", "slow-test", "auto"), ("quick-test", "quick-test", "auto")]
     monkeypatch.setattr(auto, "_candidates", lambda spec: candidates)
     try:
-        pair = ModelPair.from_pretrained("t", "d", backend="auto", cache_dir=tmp_path)
+        said: list[str] = []
+        pair = ModelPair.from_pretrained("t", "d", backend="auto", cache_dir=tmp_path, report=said.append)
         assert pair.backend == "quick-test" and loads == ["slow-test", "quick-test", "quick-test"]
         choice = pair.backend_choice
         assert [t.label for t in choice.timings] == ["slow-test", "quick-test"]
         assert choice.reason.startswith("fastest plain step measured on this machine: quick-test")
-        assert "measuring slow-test, quick-test once on this machine" in capsys.readouterr().err
+        assert "--backend auto: measuring slow-test, quick-test once on this machine" in said
+        assert capsys.readouterr().err == ""  # the library printed nothing itself
         # The second run reads the choice from the cache: only the winner is loaded.
         again = ModelPair.from_pretrained("t", "d", backend="auto", cache_dir=tmp_path)
         assert again.backend == "quick-test" and loads[3:] == ["quick-test"]

@@ -19,7 +19,6 @@ missing extra) or cannot load the models is left out, said once.
 from __future__ import annotations
 
 import gc
-import sys
 import time
 from dataclasses import dataclass, replace
 
@@ -66,8 +65,9 @@ class BackendChoice(JsonRecord):
 
 
 def _say(spec: LoadSpec, line: str) -> None:
-    if spec.progress:
-        print(f"[exactspec] {line}", file=sys.stderr, flush=True)
+    """One line for the user through the caller's `report` callback (the library prints nothing)."""
+    if spec.report is not None:
+        spec.report(line)
 
 
 def _candidates(spec: LoadSpec) -> list[tuple[str, str, str]]:

@@ -50,6 +50,8 @@ class LoadSpec:
             reads them: `Backend.options`).
         threads: CPU threads for a backend that takes them (None: its default).
         cache_dir, progress: where fetched and converted files go; progress bars on or off.
+        report: where a backend's lines for the user go (what `--backend auto` measured and chose);
+            None: nowhere (the library never prints; the CLI passes a printer).
     """
 
     target: str | os.PathLike[str] = "default-target"
@@ -60,6 +62,7 @@ class LoadSpec:
     threads: int | None = None
     cache_dir: str | os.PathLike[str] | None = None
     progress: bool = True
+    report: Callable[[str], None] | None = None
 
 
 @dataclass(frozen=True)
