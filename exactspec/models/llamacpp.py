@@ -31,17 +31,16 @@ history to float32 rounding, not always bit for bit (tests/models/test_llamacpp.
 tolerance measured). The logits are copied once, from llama.cpp's output buffer into the
 [B, k, V] float32 tensor that is returned.
 
-Install: the optional extra `llamacpp` (llama-cpp-python, built from source; `INSTALL_HINT`).
+Install: the optional extra `llamacpp` (llama-cpp-python, built from source; `INSTALL_HINT`). Loading the
+library, checking that it is installed and checking a tokenizer against a GGUF vocabulary are
+`models.llamacpp_lib` (exported here too).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import importlib.util
-import logging
 import os
-import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -51,15 +50,13 @@ import torch
 
 from exactspec.foundations.rows import RowStart
 from exactspec.foundations.trees import leaf_paths
+from exactspec.models.llamacpp_lib import INSTALL_HINT as INSTALL_HINT
+from exactspec.models.llamacpp_lib import KV_TYPES, llama_cpp
+from exactspec.models.llamacpp_lib import LlamaCppUnavailable as LlamaCppUnavailable
+from exactspec.models.llamacpp_lib import available as available
+from exactspec.models.llamacpp_lib import check_vocabulary as check_vocabulary
 from exactspec.models.rows_cache import PendingTree, RowCacheModel, TreeBatch, keep_length
 from exactspec.models.tree import path_tree_logits
-
-INSTALL_HINT = (
-    'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON" pip install "exactspec[llamacpp]" on a CPU with '
-    'avx512f, else CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" '
-    "(llama-cpp-python==0.3.36, built from source, 12 to 40 minutes on 2 cores; scripts/setup.sh picks "
-    "the flags; a native -march=native build segfaults on its first decode on some CPUs)"
-)
 
 DEFAULT_THREADS = 2
 DEFAULT_CONTEXT = 8192
@@ -80,44 +77,6 @@ class _Branches(NamedTuple):
 
     leaves: list[list[int]]  # root-to-leaf paths (node indices), one per branch
     sequences: list[int]  # the sequence id of each leaf's branch
-
-
-KV_TYPES = {"f16": 1, "f32": 0}
-"""KV cache element types (ggml type ids): f16 is llama.cpp's default; f32 for float32 references."""
-
-_backend_lock = threading.Lock()
-_backend_ready = False
-
-
-class LlamaCppUnavailable(ImportError):
-    """llama-cpp-python is not installed; the message says how to install it."""
-
-
-def available() -> bool:
-    """True when llama-cpp-python can be imported."""
-    return importlib.util.find_spec("llama_cpp") is not None
-
-
-def _llama_cpp() -> Any:
-    """The `llama_cpp` module, its backend initialised once per process and its log quiet."""
-    global _backend_ready
-    try:
-        import llama_cpp
-        from llama_cpp import _logger
-    except ImportError as error:
-        raise LlamaCppUnavailable(
-            f"the llama.cpp backend needs llama-cpp-python, which is not installed: {INSTALL_HINT}"
-        ) from error
-    with _backend_lock:
-        if not _backend_ready:
-            # llama.cpp logs every load at INFO to stderr otherwise, and the built-in pair's vocabulary
-            # draws a harmless ERROR line ("control-looking token ... not control-type") at each load;
-            # what fails is reported by the exceptions raised here instead.
-            _logger.set_verbose(False)
-            _logger.logger.setLevel(logging.CRITICAL)
-            llama_cpp.llama_backend_init()
-            _backend_ready = True
-    return llama_cpp
 
 
 class LlamaCppModel(RowCacheModel):
@@ -160,7 +119,7 @@ class LlamaCppModel(RowCacheModel):
             dtype: of the returned logits: float32 (what llama.cpp computes), or float64 (the same
                 float32 values widened, exactly: `exactspec verify` enumerates in float64).
         """
-        lib = _llama_cpp()
+        lib = llama_cpp()
         self._lib = lib
         self.path = Path(path)
         if not self.path.is_file():
@@ -531,27 +490,3 @@ class LlamaCppModel(RowCacheModel):
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown: the library may be gone already
             self.close()
-
-
-def check_vocabulary(tokenizer: Any, model: LlamaCppModel) -> None:
-    """Raise ValueError unless every id of `tokenizer`'s vocabulary names the same token in the GGUF.
-
-    The engine tokenizes with the tokenizer exactspec loads for the spec (models.loading) and the
-    llama.cpp model scores ids: an id that means another token to the GGUF would score the wrong text.
-    """
-    vocab = tokenizer.get_vocab()  # token -> id
-    if len(vocab) > model.vocab_size:
-        raise ValueError(
-            f"the tokenizer has {len(vocab)} tokens, the GGUF model {model.path.name} only {model.vocab_size}"
-        )
-    for token, index in sorted(vocab.items(), key=lambda item: item[1]):
-        if index >= model.vocab_size:
-            raise ValueError(
-                f"the tokenizer's id {index} ({token!r}) is outside {model.path.name}'s vocabulary"
-            )
-        gguf_token = model.token_text(index)
-        if gguf_token != token:
-            raise ValueError(
-                f"the tokenizer and the GGUF vocabulary of {model.path.name} disagree on id {index}: "
-                f"tokenizer {token!r}, GGUF {gguf_token!r}; load the tokenizer from the same model"
-            )
