@@ -69,13 +69,18 @@ class CacheSlots:
         if not keep:
             self.clear_cache()
             return state
-        self._cache.batch_select_indices(torch.tensor(keep, device=self._device))
+        self._keep_only(keep)
+        return state
+
+    def _keep_only(self, keep: list[int]) -> None:
+        """Keep only the batch indices `keep` (in that order) of the cache and the bookkeeping."""
+        if self._cache is not None:
+            self._cache.batch_select_indices(torch.tensor(keep, device=self._device))
         self._row_ids = [self._row_ids[b] for b in keep]
         self._tokens = [self._tokens[b] for b in keep]
         self._slots = [self._slots[b] for b in keep]
         self._valid = self._valid[keep]
         self._trees = [self._trees[b] for b in keep]
-        return state
 
     def _take_state(self) -> tuple:
         """This adapter's cache and bookkeeping, leaving it empty."""
@@ -180,13 +185,7 @@ class CacheSlots:
         if not keep:
             self.clear_cache()
             return
-        if self._cache is not None:
-            self._cache.batch_select_indices(torch.tensor(keep, device=self._device))
-        self._row_ids = [self._row_ids[b] for b in keep]
-        self._tokens = [self._tokens[b] for b in keep]
-        self._slots = [self._slots[b] for b in keep]
-        self._valid = self._valid[keep]
-        self._trees = [self._trees[b] for b in keep]
+        self._keep_only(keep)
         self._crop_trailing_holes()
 
     @property
