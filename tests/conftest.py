@@ -309,7 +309,7 @@ def tiny_llamacpp_backend(monkeypatch: pytest.MonkeyPatch, tiny_gguf_files: tupl
         return pair
 
     real = registry.backend("llamacpp")
-    monkeypatch.setitem(registry._BACKENDS, "llamacpp", replace(real, load=load))
+    monkeypatch.setitem(registry.BACKENDS._records, "llamacpp", replace(real, load=load))
     return real
 
 
@@ -403,8 +403,8 @@ def tree_rounds(
 
 GRID_OWNERS = {
     "llamacpp": "checking/test_llamacpp_grid.py",
-    "adapter tree": "checking/test_adapter_grid.py",
-    "adapter": "checking/test_adapter_grid.py",
+    "hf tree": "checking/test_adapter_grid.py",
+    "hf": "checking/test_adapter_grid.py",
     "tree": "verifiers/test_tree.py",
     "suffix trees": "verifiers/test_tree.py",
     "planner": "decoding/test_planner.py",
@@ -427,14 +427,11 @@ def grid_owner(case: ExactCase) -> str | None:
     `exactspec verify --quick` runs (`ExactCase.quick`), which tests/cli/test_cli.py used to run
     through the command line.
     """
-    from exactspec.checking.grid import AdapterCase, AdapterTreeCase, LlamaCppCase, TreeCase
+    from exactspec.checking.grid import BackendCase, BackendTreeCase, TreeCase
 
-    if isinstance(case, LlamaCppCase):
-        return "llamacpp"
-    if isinstance(case, AdapterTreeCase):
-        return "adapter tree"
-    if isinstance(case, AdapterCase):
-        return "adapter"
+    if isinstance(case, BackendCase):  # a backend's own cases: its trees apart where a module owns them
+        tree_owner = f"{case.backend} tree"
+        return tree_owner if isinstance(case, BackendTreeCase) and tree_owner in GRID_OWNERS else case.backend
     if isinstance(case, TreeCase):
         return "tree"
     if case.name.startswith("suffix trees"):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,6 +130,7 @@ class SpeculativeDecoder:
         device: Any = DEFAULTS.device,
         weights: str = DEFAULTS.weights,
         backend: str = DEFAULTS.backend,
+        report: Callable[[str], None] | None = None,
     ) -> SpeculativeDecoder:
         """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair).
 
@@ -137,7 +138,8 @@ class SpeculativeDecoder:
         `weights`: "auto" (int4 on the CPU, bf16 on CUDA), "bf16" (dense), "int4" or "int8" (packed CPU
         kernels; see `ModelPair.from_pretrained`).
         `backend`: a registered backend (`exactspec.models.backends.registry`): "auto" (default: the
-        fastest measured on this machine, `pair.backend_choice` says why), "hf" or "llamacpp".
+        fastest measured on this machine, `pair.backend_choice` says why) or any registered one. `report`:
+        where a backend's lines for the user go (`ModelPair.from_pretrained`).
         """
         return cls.from_pair(
             ModelPair.from_pretrained(
@@ -149,6 +151,7 @@ class SpeculativeDecoder:
                 device=device,
                 weights=weights,
                 backend=backend,
+                report=report,
             )
         )
 

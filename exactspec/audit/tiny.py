@@ -1,7 +1,9 @@
-"""Tiny random model pairs small enough to audit in seconds: one per backend that has them (`TINY_PAIRS`).
+"""Tiny random model pairs small enough to audit in seconds: one per backend that has them
+(`tiny_audit_pair`: the backend's registration says how it runs tiny models, `Backend.tiny`).
 
-"hf": real `transformers` models (`tiny_pair`, below); "llamacpp": tiny float32 GGUF files run by
-llama.cpp (`tiny_llamacpp_audit_pair`, the GGUF form of a tiny Llama model: `checking.tiny_gguf`).
+The models are random transformers models (`tiny_pair`, below) that each backend turns into its own
+pair (transformers runs them as they are; a GGUF backend writes them as GGUF files first); a backend
+may ask for another architecture or size (`TinyModels.audit_spec`).
 
 A random Qwen2 model with the usual 0.02 initialisation is close to uniform over
 its vocabulary, which makes a weak test: every sampler looks right on a flat
@@ -15,12 +17,12 @@ tiny-model builder, `exactspec.checking.tiny_hf`, in float32.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from transformers import PreTrainedModel
 
 from exactspec.checking.tiny_hf import TinyHFSpec, tiny_hf_pair
+from exactspec.models.backends.registry import backend, backends
 from exactspec.models.base import LanguageModel
 from exactspec.models.pair import ModelPair
 
@@ -82,20 +84,6 @@ def tiny_pair(spec: TinyPairSpec = TinyPairSpec()) -> tuple[PreTrainedModel, Pre
     return tiny_hf_pair(spec.builder_spec())
 
 
-TINY_GGUF_SPEC = TinyHFSpec(
-    family="llama",
-    vocab_size=16,
-    hidden_size=32,
-    layers=2,
-    init_std=0.2,
-    logit_scale=1.5,
-    draft_noise=0.05,
-    seed=5,
-)
-"""The llama.cpp tiny pair: after `TINY_PROMPT` the target's next token has about 2 nats of entropy and the
-draft's acceptance min(p, q) summed is 0.75, so rounds keep several draft tokens and reject others."""
-
-
 @dataclass(frozen=True)
 class TinyAuditPair:
     """A tiny pair to audit, with what the report says it is; `reference`: the model of the exact
@@ -107,38 +95,21 @@ class TinyAuditPair:
     reference: LanguageModel | None = None
 
 
-def tiny_hf_audit_pair() -> TinyAuditPair:
-    """`tiny_pair` (random Qwen2 models) as a transformers pair."""
-    spec = TinyPairSpec()
-    target_model, draft_model = tiny_pair(spec)
-    pair = ModelPair.from_models(target_model, draft_model, eos_token_ids={spec.eos_token_id})
-    return TinyAuditPair(pair, "tiny random Qwen2 models", f"{spec}")
+def tiny_backends() -> list[str]:
+    """The backends `audit --tiny` can run, by rank: those with tiny models that run here, and those
+    that choose among the others (`Backend.chooses`: "auto" runs the first of them)."""
+    found = [b.name for b in backends().values() if b.tiny is not None and b.unavailable() is None]
+    return [b.name for b in backends().values() if b.name in found or (b.chooses and found)]
 
 
-def tiny_llamacpp_audit_pair() -> TinyAuditPair:
-    """`TINY_GGUF_SPEC` as float32 GGUF files run by llama.cpp (one thread, its own KV type and attention),
-    written once under the temporary folder the verify grid uses.
-
-    The reference is a second llama.cpp context over the target's file with the pair's settings (one
-    thread: on tiny models llama.cpp's threads wait on each other far longer than they compute).
-    """
-    from exactspec.checking.grid import tiny_gguf_folder
-    from exactspec.checking.tiny_gguf import TINY_LLAMACPP_OPTIONS, tiny_llamacpp_pair
-    from exactspec.models.llamacpp import LlamaCppModel
-
-    pair, target, draft = tiny_llamacpp_pair(TINY_GGUF_SPEC, tiny_gguf_folder())
-    options = {**TINY_LLAMACPP_OPTIONS, "eos_token_ids": pair.eos_token_ids}
-    return TinyAuditPair(
-        pair,
-        "tiny random Llama models (GGUF, llama.cpp)",
-        f"{TINY_GGUF_SPEC}: {target.name}, {draft.name}",
-        reference=LlamaCppModel(target, **options),
-    )
-
-
-TINY_PAIRS: dict[str, Callable[[], TinyAuditPair]] = {
-    "auto": tiny_hf_audit_pair,  # nothing to measure on tiny models: transformers', as before "auto"
-    "hf": tiny_hf_audit_pair,
-    "llamacpp": tiny_llamacpp_audit_pair,
-}
-"""`audit --tiny`'s pair for each backend (by registered name) that has tiny models."""
+def tiny_audit_pair(name: str) -> TinyAuditPair:
+    """The tiny pair of backend `name` (one of `tiny_backends()`): `TinyPairSpec`'s random models, with the
+    fields the backend changes (`TinyModels.audit_spec`), as the backend runs them."""
+    chosen = backend(name)
+    if chosen.tiny is None:  # a backend that chooses: nothing to measure on tiny models, the first one's
+        chosen = backend(next(n for n in tiny_backends() if backend(n).tiny is not None))
+    assert chosen.tiny is not None
+    spec = replace(TinyPairSpec().builder_spec(), **dict(chosen.tiny.audit_spec))
+    target, draft = tiny_hf_pair(spec)
+    tiny = chosen.tiny.pair(target, draft, spec.eos_token_id)
+    return TinyAuditPair(tiny.pair, tiny.title, f"{spec}", tiny.reference)

@@ -56,10 +56,11 @@ from exactspec.bench.records import (
 )
 from exactspec.bench.result import BenchResult
 from exactspec.bench.runs import LearnedDrafters, run_engine, run_hf, run_llamacpp
-from exactspec.bench.timing import engine_module
 from exactspec.foundations.provenance import Provenance
 from exactspec.foundations.records import field_values
 from exactspec.foundations.settings import SamplingSettings
+from exactspec.models.backends.registry import backend
+from exactspec.models.base import LanguageModel
 from exactspec.models.pair import ModelPair
 from exactspec.peers import hf as hf_peer
 from exactspec.peers import llamacpp as llamacpp_peer
@@ -102,29 +103,11 @@ def _load_average() -> tuple[float, ...] | None:
     return tuple(os.getloadavg()) if hasattr(os, "getloadavg") else None
 
 
-def describe_model(model: Any) -> ModelRecord:
-    """What a transformers module is; for a backend's model with none (llama.cpp), what it says of itself."""
-    from exactspec.models.packed import weight_count
-
-    if not hasattr(model, "parameters") or not callable(model.parameters):
-        return ModelRecord(
-            class_name=type(model).__name__,
-            parameters=int(getattr(model, "parameters", 0) or 0),
-            dtype="float32",  # llama.cpp's CPU kernels compute in float32 from the file's weights
-            weights=f"gguf ({getattr(model, 'description', 'unknown')})",
-            vocab_size=model.vocab_size,
-            layers=getattr(model, "layers", None),
-            hidden_size=getattr(model, "hidden_size", None),
-        )
-    return ModelRecord(
-        class_name=type(model).__name__,
-        parameters=weight_count(model),
-        dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
-        weights=getattr(model, "exactspec_weights", "dense"),  # set by models.packed.pack_model
-        vocab_size=hf_peer.config_vocab(model),
-        layers=getattr(model.config, "num_hidden_layers", None),
-        hidden_size=getattr(model.config, "hidden_size", None),
-    )
+def describe_model(pair: ModelPair, model: LanguageModel) -> ModelRecord:
+    """What `model` (the pair's target or draft adapter) is, as the backend that loaded the pair describes
+    it (`Backend.describe`: for transformers the adapter's own module, packed when --weights says; for
+    llama.cpp what the GGUF file says of itself)."""
+    return ModelRecord(**dataclasses.asdict(backend(pair.backend).describe(model)))
 
 
 def run_bench(
@@ -176,8 +159,8 @@ def run_bench(
             # What our engine runs (the adapters' own modules, packed when --weights says; a backend's
             # own models where it has no transformers modules); the transformers peers run the stock
             # modules, dense.
-            target=describe_model(engine_module(pair.target) or pair.target_model or pair.target),
-            draft=describe_model(engine_module(pair.draft) or pair.draft_model or pair.draft),
+            target=describe_model(pair, pair.target),
+            draft=describe_model(pair, pair.draft),
         ),
         prompts=tuple(
             PromptRecord(name=p.name, category=p.category, tokens=len(p.ids), chat=p.chat, text=p.text)

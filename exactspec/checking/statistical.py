@@ -8,18 +8,28 @@ large enough is its own bucket (found by a pruned search of the target's
 tree, *before* looking at the samples, so the buckets do not depend on the
 data), and one "other" bucket holds the rest, whose exact mass is one minus
 theirs.
+
+`run_statistical` is `exactspec verify --statistical`: a toy pair with a vocabulary too large to
+enumerate, sampled through the shipped builder's engine and G-tested against the target.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from scipy import stats
+from tqdm import tqdm
 
+from exactspec.checking.toy import TabularModel, random_tabular_model
+from exactspec.decoding.builder import build_engine
+from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine
+from exactspec.decoding.strategy import Strategy
+from exactspec.foundations.defaults import DEFAULTS
+from exactspec.foundations.sampler import SeededSampler
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.foundations.transforms import probabilities
 from exactspec.models.base import LanguageModel
@@ -211,3 +221,53 @@ def sequence_probability(
     histories = [history[: len(prompt) + i] for i in range(len(sequence))]
     p = probabilities(logits.to(torch.float64), settings, histories)  # [n, V]
     return float(torch.prod(p[torch.arange(len(sequence)), torch.tensor(sequence)]))
+
+
+@dataclass(frozen=True)
+class StatisticalSetup:
+    """The statistical mode: a random toy pair with a vocabulary too large to enumerate."""
+
+    vocab_size: int = 1000
+    length: int = 2
+    gamma: int = DEFAULTS.check_gamma
+    samples: int = 20_000
+    batch_size: int = 500
+    seed: int = DEFAULTS.seed
+    settings: SamplingSettings = field(default_factory=SamplingSettings)
+    sharpness: float = 3.0
+
+
+def run_statistical(
+    setup: StatisticalSetup,
+    progress: bool = True,
+    engine_factory: Callable[[TabularModel, TabularModel], SpeculativeEngine] | None = None,
+) -> GoodnessOfFit:
+    """Sample `setup.samples` sequences of `setup.length` tokens and G-test them against the target."""
+    vocab = setup.vocab_size
+    target = random_tabular_model(vocab, seed=10 * setup.seed + 1, sharpness=setup.sharpness)
+    draft = random_tabular_model(
+        vocab, seed=10 * setup.seed + 2, sharpness=setup.sharpness, zero_ids=range(0, vocab, 7)
+    )
+    if engine_factory is None:
+        fixed_model = Strategy(drafter="model", adaptive_gamma=False)
+        engine = build_engine(target, draft, fixed_model, setup.gamma, validate=True)
+    else:
+        engine = engine_factory(target, draft)
+    prompt = [1, 2]
+    config = DecodeConfig(gamma=setup.gamma, max_new_tokens=setup.length, settings=setup.settings)
+    samples: list[tuple[int, ...]] = []
+    with tqdm(total=setup.samples, desc="sampling", unit="seq", disable=not progress) as bar:
+        while len(samples) < setup.samples:
+            rows = min(setup.batch_size, setup.samples - len(samples))
+            # Fresh, distinct seeds per batch so no two samples share a random stream.
+            sampler = SeededSampler(seeds=[setup.seed * 10**9 + len(samples) + r for r in range(rows)])
+            states = engine.generate([prompt] * rows, config, sampler)
+            samples.extend(tuple(state.generated) for state in states)
+            bar.update(rows)
+    buckets = likely_sequences(target, prompt, setup.settings, setup.length, 5.0 / setup.samples)
+    impossible = [
+        s
+        for s in set(samples)
+        if s not in buckets and sequence_probability(target, prompt, setup.settings, s) == 0.0
+    ]
+    return goodness_of_fit(samples, buckets, impossible, seed=setup.seed)

@@ -1,164 +1,33 @@
-"""Tiny random GGUF models (llama architecture, float32), so the llama.cpp adapter can be checked exactly.
+"""Tiny random GGUF models (llama architecture, float32), so a GGUF backend can be checked exactly.
 
-Each file is the GGUF form of a tiny Hugging Face Llama model (`tiny_hf`): the same weights in
-float32, laid out as llama.cpp's llama architecture reads them. So one spec gives two
-independent implementations of one function: llama.cpp over the GGUF file, and transformers over
-the float64 module (`FullForwardModel`, the reference of the `verify` grid). They differ only by
-float32 rounding (the file's weights, llama.cpp's float32 arithmetic), never by an adapter's
-bookkeeping.
-
-Layout, as llama.cpp's convert_hf_to_gguf.py writes a Llama checkpoint: tensors keep the HF
-[out, in] shapes (ggml reads them as ne = [in, out]); the q and k projections are permuted from
-HF's rotate-half rotary layout to llama.cpp's interleaved one (`_permute`). The vocabulary is a
-SentencePiece-style ("llama") list of short made-up tokens, EOS marked as a control token.
+Each file is the GGUF form of a tiny Hugging Face Llama model (`tiny_hf`), written by
+`models.gguf_writer` (which says how); the float64 module of the same spec is the reference.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-import torch
 from transformers import PreTrainedModel
 
 from exactspec.checking.tiny_hf import TinyHFSpec, tiny_hf_pair
-from exactspec.models.pair import ModelPair
+from exactspec.models.gguf_writer import CONTEXT_LENGTH, gguf_file, token_texts, write_gguf
 
-CONTEXT_LENGTH = 256
-"""Positions the tiny models declare (llama.cpp's context is capped by it only if asked)."""
-
-
-def _permute(weight: np.ndarray, heads: int) -> np.ndarray:
-    """Rows of a q or k projection ([heads * head_dim, in]) from HF's rotary layout to llama.cpp's.
-
-    HF rotates dimension i with i + head_dim / 2 (rotate-half); llama.cpp's llama architecture
-    rotates 2i with 2i + 1. Per head, the rows [x0 .. x(h/2-1), y0 .. y(h/2-1)] become
-    [x0 y0 x1 y1 ...] (what convert_hf_to_gguf.py's LlamaModel.permute does).
-    """
-    out_features = weight.shape[0]
-    return (
-        weight.reshape(heads, 2, out_features // heads // 2, *weight.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(weight.shape)
-    )
-
-
-def token_texts(vocab_size: int, eos_token_id: int) -> list[str]:
-    """The made-up vocabulary: EOS is "</s>", the others "t1", "t2", ... by id."""
-    return ["</s>" if i == eos_token_id else f"t{i}" for i in range(vocab_size)]
-
-
-def write_gguf(model: PreTrainedModel, path: str | os.PathLike[str], eos_token_id: int) -> Path:
-    """Write a Hugging Face Llama model as a float32 llama-architecture GGUF file; returns the path."""
-    import gguf
-
-    config = model.config
-    if config.model_type != "llama":
-        raise ValueError(f"only llama models are written as GGUF here, got {config.model_type!r}")
-    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    head_dim = config.hidden_size // heads
-    rope = getattr(config, "rope_parameters", None) or {}
-    path = Path(path)
-    writer = gguf.GGUFWriter(os.fspath(path), "llama")
-    writer.add_context_length(CONTEXT_LENGTH)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
-    writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
-    writer.add_rope_freq_base(float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))))
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_vocab_size(config.vocab_size)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(token_texts(config.vocab_size, eos_token_id))
-    writer.add_token_scores([0.0] * config.vocab_size)
-    normal, control = gguf.TokenType.NORMAL, gguf.TokenType.CONTROL
-    writer.add_token_types([control if i == eos_token_id else normal for i in range(config.vocab_size)])
-    writer.add_eos_token_id(eos_token_id)
-    writer.add_bos_token_id(eos_token_id)
-    writer.add_add_bos_token(False)
-
-    def put(name: str, tensor: torch.Tensor) -> None:
-        writer.add_tensor(name, tensor.detach().to(torch.float32).numpy().copy())
-
-    state = model.state_dict()
-    put("token_embd.weight", state["model.embed_tokens.weight"])  # [V, H]
-    put("output_norm.weight", state["model.norm.weight"])  # [H]
-    put("output.weight", state["lm_head.weight"])  # [V, H]
-    for layer in range(config.num_hidden_layers):
-        hf, blk = f"model.layers.{layer}.", f"blk.{layer}."
-        q = state[hf + "self_attn.q_proj.weight"].to(torch.float32).numpy()  # [heads * D, H]
-        k = state[hf + "self_attn.k_proj.weight"].to(torch.float32).numpy()  # [kv_heads * D, H]
-        writer.add_tensor(blk + "attn_q.weight", np.ascontiguousarray(_permute(q, heads)))
-        writer.add_tensor(blk + "attn_k.weight", np.ascontiguousarray(_permute(k, kv_heads)))
-        put(blk + "attn_v.weight", state[hf + "self_attn.v_proj.weight"])  # [kv_heads * D, H]
-        put(blk + "attn_output.weight", state[hf + "self_attn.o_proj.weight"])  # [H, heads * D]
-        put(blk + "attn_norm.weight", state[hf + "input_layernorm.weight"])  # [H]
-        put(blk + "ffn_norm.weight", state[hf + "post_attention_layernorm.weight"])  # [H]
-        put(blk + "ffn_gate.weight", state[hf + "mlp.gate_proj.weight"])  # [I, H]
-        put(blk + "ffn_up.weight", state[hf + "mlp.up_proj.weight"])  # [I, H]
-        put(blk + "ffn_down.weight", state[hf + "mlp.down_proj.weight"])  # [H, I]
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+__all__ = ["CONTEXT_LENGTH", "tiny_gguf_pair", "token_texts", "write_gguf"]
 
 
 def tiny_gguf_pair(
     spec: TinyHFSpec, folder: str | os.PathLike[str]
 ) -> tuple[Path, Path, PreTrainedModel, PreTrainedModel]:
     """(target GGUF, draft GGUF, target HF module, draft HF module) for a llama-family `spec`, written
-    into `folder` under names that say the spec (a file already there is reused: same spec, same file)."""
+    into `folder` (a file already there is reused: same weights, same file)."""
     if spec.family != "llama":
         raise ValueError(f"tiny GGUF pairs are llama models; spec.family is {spec.family!r}")
     target, draft = tiny_hf_pair(spec)
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    stem = (
-        f"tiny-llama-V{spec.vocab_size}-H{spec.hidden_size}-L{spec.layers}-eos{spec.eos_token_id}"
-        f"-std{spec.init_std:g}-ls{spec.logit_scale:g}-n{spec.draft_noise:g}-d{spec.draft_logit_scale:g}"
-        f"-s{spec.seed}"
+    return (
+        gguf_file(target, spec.eos_token_id, folder),
+        gguf_file(draft, spec.eos_token_id, folder),
+        target,
+        draft,
     )
-    paths = []
-    for role, model in (("target", target), ("draft", draft)):
-        path = folder / f"{stem}-{role}.gguf"
-        if not path.exists():
-            partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-            write_gguf(model, partial, spec.eos_token_id)
-            os.replace(partial, path)  # whole files only: a reader never sees a half-written one
-        paths.append(path)
-    return paths[0], paths[1], target, draft
-
-
-TINY_LLAMACPP_OPTIONS = {"threads": 1, "context": CONTEXT_LENGTH}
-"""How a tiny pair's `LlamaCppModel`s are opened: one thread (on tiny models llama.cpp's threads wait on each
-other far longer than they compute) and the models' own context."""
-
-
-def tiny_llamacpp_pair(
-    spec: TinyHFSpec, folder: str | os.PathLike[str], **options: Any
-) -> tuple[ModelPair, Path, Path]:
-    """(pair, target GGUF, draft GGUF): the tiny GGUF pair of `spec` (`tiny_gguf_pair`) loaded as the
-    llama.cpp backend loads a pair (a `LlamaCppModel` each, the pair's backend "llamacpp"), without a
-    tokenizer (the made-up vocabulary has none: prompts are token ids). `options`: `LlamaCppModel`
-    keyword arguments (default one thread and a 256-cell context, llama.cpp's own KV type and
-    attention, as a pair runs)."""
-    from exactspec.models.llamacpp import LlamaCppModel
-
-    target_path, draft_path, _, _ = tiny_gguf_pair(spec, folder)
-    options = {**TINY_LLAMACPP_OPTIONS, "eos_token_ids": {spec.eos_token_id}, **options}
-    pair = ModelPair(
-        None,
-        LlamaCppModel(target_path, **options),
-        None,
-        LlamaCppModel(draft_path, **options),
-        None,
-        weights="gguf",
-        backend="llamacpp",
-    )
-    return pair, target_path, draft_path

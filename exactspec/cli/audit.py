@@ -30,6 +30,7 @@ from exactspec.cli.common import (
     gamma_argument,
     output_folder,
     positive_int,
+    report_lines,
     sampling_settings,
     strategy,
     utf8_text,
@@ -186,11 +187,11 @@ def run(args: argparse.Namespace) -> int:
     prompt_text = None
     reference = None  # default: the pair's own
     if args.tiny:
-        from exactspec.audit.tiny import TINY_PAIRS, TINY_PROMPT
+        from exactspec.audit.tiny import TINY_PROMPT, tiny_audit_pair
 
         # Tiny models are thousands of small tensor ops: one thread is fastest (see tests/conftest.py).
         torch.set_num_threads(1)
-        tiny = TINY_PAIRS[chosen]()
+        tiny = tiny_audit_pair(chosen)
         pair, title, models, reference = tiny.pair, tiny.title, tiny.models, tiny.reference
         prompt = list(TINY_PROMPT)
         length = args.length or TINY_LENGTH
@@ -255,11 +256,12 @@ def _check_models(args: argparse.Namespace, backend: str) -> None:
     """A UsageError, before any model loads, for models the audit cannot run: no tiny pair for `backend`
     (--tiny), else no draft model, bad model flags or an empty --prompt."""
     if args.tiny:
-        from exactspec.audit.tiny import TINY_PAIRS
+        from exactspec.audit.tiny import tiny_backends
 
-        if backend not in TINY_PAIRS:
+        if backend not in tiny_backends():
             raise UsageError(
-                f"--tiny has no tiny models for --backend {backend}; it has them for {', '.join(TINY_PAIRS)}"
+                f"--tiny has no tiny models for --backend {backend} here; it has them for "
+                f"{', '.join(tiny_backends())}"
             )
     else:
         if args.draft.lower() == "none":
@@ -345,6 +347,7 @@ def _load_pair(args: argparse.Namespace, backend: str, progress: bool) -> tuple[
         progress=progress,
         weights=args.weights,
         backend=backend,
+        report=report_lines(progress),
         threads=args.threads,
     )
     print(f"exactspec audit: {pair.describe_backend()}", file=sys.stderr, flush=True)

@@ -28,6 +28,7 @@ from exactspec.cli.common import (
     command_provenance,
     output_folder,
     positive_int,
+    report_lines,
     strategy,
 )
 from exactspec.decoding.engine import MAX_GAMMA
@@ -345,6 +346,7 @@ def _load_pair(
     pair = ModelPair.from_pretrained(
         args.target,
         args.draft,
+        report=report_lines(progress),
         dtype=args.dtype,
         cache_dir=args.cache_dir,
         progress=progress,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -124,6 +125,14 @@ def output_folder(flag: str, folder: str) -> Path:
             f"{flag} {folder} cannot be used as the report folder ({reason}); give a writable folder"
         ) from None
     return path
+
+
+def report_lines(progress: bool) -> Callable[[str], None] | None:
+    """Where the library's lines for the user go on the command line (`ModelPair.from_pretrained`'s
+    `report`): stderr, "[exactspec] " first, unless --no-progress."""
+    if not progress:
+        return None
+    return lambda line: print(f"[exactspec] {line}", file=sys.stderr, flush=True)
 
 
 def backend_name(args: argparse.Namespace) -> str:

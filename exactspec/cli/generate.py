@@ -18,6 +18,7 @@ from exactspec.cli.common import (
     gamma_argument,
     non_empty,
     positive_int,
+    report_lines,
     sampling_settings,
     strategy,
     utf8_text,
@@ -137,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         weights=args.weights,
         backend=args.backend,
+        report=report_lines(progress),
     )
     load_seconds = time.perf_counter() - started
     gamma = args.gamma

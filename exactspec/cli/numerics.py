@@ -122,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         weights=args.weights,
         backend=chosen,
         threads=args.threads,
+        report=say,
     )
     weights = pair.weights
     say(pair.describe_backend())  # "auto" resolved to what runs, and why

@@ -15,6 +15,7 @@ from exactspec.cli.common import (
     finite_float,
     gamma_argument,
     positive_int,
+    report_lines,
     strategy,
 )
 from exactspec.decoding.strategy import Strategy
@@ -123,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         cache_dir=args.cache_dir,
         progress=not args.no_progress,
+        report=report_lines(not args.no_progress),
         device=args.device,
         weights=args.weights,
         backend=args.backend,

@@ -116,8 +116,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK if result.passes(args.significance) else EXIT_FAILED
 
     cases = grid.exact_grid()
-    if not grid.llamacpp_available():
-        print(grid.LLAMACPP_SKIP_REASON)
+    for name, why in grid.skipped_backends().items():
+        print(f"{name} backend cases skipped: {why}")
     if args.quick:
         cases = [case for case in cases if case.quick]
     width = max(38, *(len(case.name) for case in cases))

@@ -15,12 +15,11 @@ file is found.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from exactspec.foundations.registry import Registry
 
 if TYPE_CHECKING:
     from exactspec.drafters.base import Drafter
@@ -112,32 +111,20 @@ class DrafterKind:
         return values
 
 
-_KINDS: dict[str, DrafterKind] = {}
-_DISCOVERED = False
+DRAFTERS: Registry[DrafterKind] = Registry("drafter", __name__.rpartition(".")[0])
+"""Every drafter, found by importing each module of this folder once (`foundations.registry`)."""
 
 
 def register(kind: DrafterKind) -> DrafterKind:
     """Add a drafter (its module calls this at import); a name registered twice is an error."""
-    if kind.name in _KINDS and _KINDS[kind.name] is not kind:
-        raise ValueError(f"a drafter named {kind.name!r} is registered already")
-    _KINDS[kind.name] = kind
-    return kind
+    return DRAFTERS.register(kind)
 
 
 def drafter_kinds() -> dict[str, DrafterKind]:
     """Every registered drafter by name, by rank (each module of this package imported once)."""
-    global _DISCOVERED
-    if not _DISCOVERED:
-        package = __name__.rpartition(".")[0]  # this folder: every drafter module lives beside this one
-        for module in pkgutil.iter_modules([str(Path(__file__).parent)]):
-            importlib.import_module(f"{package}.{module.name}")
-        _DISCOVERED = True
-    return {kind.name: kind for kind in sorted(_KINDS.values(), key=lambda kind: (kind.rank, kind.name))}
+    return DRAFTERS.all()
 
 
 def drafter_kind(name: str) -> DrafterKind:
     """The drafter registered as `name`; ValueError naming the known ones."""
-    kinds = drafter_kinds()
-    if name not in kinds:
-        raise ValueError(f"drafter must be one of {', '.join(kinds)}; got {name!r}")
-    return kinds[name]
+    return DRAFTERS.get(name)

@@ -8,22 +8,18 @@ invalid (bookkeeping), never by recomputing the prompt.
 
 from __future__ import annotations
 
-import copy
 import inspect
-import itertools
-from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from collections.abc import Iterable
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
-from exactspec.foundations.rows import RowStart
-from exactspec.foundations.trees import check_tree
 from exactspec.models.attention import NAME as GROUPED_ATTENTION
 from exactspec.models.attention import use_grouped_attention
-from exactspec.models.base import common_prefix_length, logits_inputs
-from exactspec.models.tree import path_tree_logits
+from exactspec.models.hf_modules import model_eos_ids, module_copy, output_rows
+from exactspec.models.hf_slots import CacheSlots
+from exactspec.models.rows_cache import PendingTree, RowCacheModel, TreeBatch, keep_length
 from exactspec.models.two_rows import use_two_row_linears
 
 # Token written into padding slots. Its value never matters: padding slots are
@@ -36,27 +32,7 @@ a 4D mask as it is; sdpa and the grouped attention take it boolean, eager additi
 implementation (flash attention) score trees path by path."""
 
 
-class _Trees(NamedTuple):
-    """The trees of one tree call, per requested row: node tokens and parents, in `width` node slots."""
-
-    tokens: list[list[int]]
-    parents: list[list[int]]
-    width: int  # N, the node slots every row's feed ends with
-
-    def select(self, index: list[int]) -> _Trees:
-        return _Trees([self.tokens[j] for j in index], [self.parents[j] for j in index], self.width)
-
-
-class _PendingTree(NamedTuple):
-    """A row's tree from its last (tree) call: the nodes' K/V sit in `slots`, which are holes until the row's
-    next call says which path its history took (`HFLanguageModel._resolve_tree`)."""
-
-    tokens: list[int]
-    parents: list[int]
-    slots: torch.Tensor  # [n] int64, the cache slot of each node
-
-
-class HFLanguageModel:
+class HFLanguageModel(CacheSlots, RowCacheModel):
     """A `transformers` causal LM as a `LanguageModel`, with one KV cache row per row id.
 
     Cache layout. The cache is one `DynamicCache` whose batch index b holds one
@@ -195,60 +171,19 @@ class HFLanguageModel:
     def eos_token_ids(self) -> frozenset[int]:
         return self._eos_token_ids
 
-    def clear_cache(self) -> None:
-        """Drop every cached row (the next call prefills from scratch)."""
-        self._cache: DynamicCache | None = None  # None exactly when the cache has no slots
-        self._row_ids: list[int] = []  # row id of each batch index of the cache
-        self._tokens: list[list[int]] = []  # per batch index, the real tokens held (in order)
-        self._slots: list[torch.Tensor] = []  # per batch index, [n_b] int64 slot of each real token
-        self._valid = torch.zeros(0, 0, dtype=torch.bool)  # [B, S] True where a slot holds a real token
-        # Per batch index, the tree of its last call if that was a tree call (its nodes still holes).
-        self._trees: list[_PendingTree | None] = []
-        self._released: set[int] = set()  # row ids released but still in the cache (`release_rows`)
+    def _fits_trees(self, rows: list[int], trees: TreeBatch) -> bool:
+        """A tree pass needs an attention that takes an explicit 4D mask (`TREE_MASK_ATTENTION`)."""
+        return self._model.config._attn_implementation in TREE_MASK_ATTENTION
 
-    def cached_kv(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer, (keys, values) of the real tokens of `row`, each [H_kv, n, D] (tests, debugging)."""
-        if row not in self._row_ids or row in self._released:
-            raise KeyError(f"row {row} is not cached")
-        b = self._row_ids.index(row)
-        if self._cache is None:
-            return []
-        slots = self._slots[b].to(self._device)  # [n]
-        return [(keys[b][:, slots], values[b][:, slots]) for keys, values, *_ in self._cache]
+    def _score(self, history_lists: list[list[int]], k: int, row_ids: list[int]) -> torch.Tensor:
+        """[B, k, V] logits (`RowCacheModel.logits`): float64 for a float64 model (what lets `exactspec
+        verify` enumerate the adapter exactly), float32 otherwise (bfloat16 and float16 models too)."""
+        return self._logits(history_lists, k, row_ids)
 
-    def logits(
-        self,
-        histories: Sequence[Sequence[int]],
-        num_positions: int = 1,
-        rows: Sequence[int] | None = None,
+    def _score_trees(
+        self, history_lists: list[list[int]], row_ids: list[int], trees: TreeBatch
     ) -> torch.Tensor:
-        """[B, k, V] logits at the last k = `num_positions` positions (see `LanguageModel.logits`).
-
-        float64 for a float64 model (what lets `exactspec verify` enumerate the adapter
-        exactly), float32 otherwise (bfloat16 and float16 models too).
-        """
-        k = num_positions
-        history_lists, row_ids = logits_inputs(histories, k, rows, self._vocab_size)
-        with torch.inference_mode():
-            try:
-                return self._logits(history_lists, k, row_ids)
-            except BaseException:
-                # A failure half-way (e.g. out of memory) leaves the bookkeeping out of step
-                # with the cache; start again from scratch next time rather than trust it.
-                self.clear_cache()
-                raise
-
-    def tree_logits(
-        self,
-        histories: Sequence[Sequence[int]],
-        tokens: torch.Tensor,
-        parents: torch.Tensor,
-        lengths: torch.Tensor,
-        rows: Sequence[int] | None = None,
-    ) -> torch.Tensor:
-        """[B, N + 1, V] logits after each history (entry 0) and after each tree node (entry n + 1), in one
-        forward (see `exactspec.models.tree.tree_logits` for the arguments; padding nodes' entries are
-        meaningless).
+        """[B, N + 1, V] logits after each history and after each tree node, in one forward.
 
         Row b is fed the part of its history its cache lacks (at least the last token: the root's
         logits), then N node slots: node n at position len(history) + depth(n) - 1, attending to the
@@ -265,29 +200,12 @@ class HFLanguageModel:
 
         A next history [a b c x q] keeps x's slot (y and z become holes) and feeds q.
         """
-        history_lists, row_ids = logits_inputs(histories, 1, rows, self._vocab_size)
-        check_tree(tokens, parents, lengths, self._vocab_size)
-        if tokens.shape[0] != len(history_lists):
-            raise ValueError(f"got {len(history_lists)} histories for {tokens.shape[0]} trees")
-        if self._model.config._attn_implementation not in TREE_MASK_ATTENTION:
-            return path_tree_logits(self, history_lists, tokens, parents, lengths, row_ids)
-        sizes = lengths.tolist()
-        trees = _Trees(
-            [row[:n] for row, n in zip(tokens.tolist(), sizes, strict=True)],
-            [row[:n] for row, n in zip(parents.tolist(), sizes, strict=True)],
-            tokens.shape[1],
-        )
-        with torch.inference_mode():
-            try:
-                return self._logits(history_lists, 1, row_ids, trees)
-            except BaseException:
-                self.clear_cache()  # as in `logits`: bookkeeping out of step with the cache
-                raise
+        return self._logits(history_lists, 1, row_ids, trees)
 
     # ---------------------------------------------------------------- internals
 
     def _logits(
-        self, history_lists: list[list[int]], k: int, row_ids: list[int], trees: _Trees | None = None
+        self, history_lists: list[list[int]], k: int, row_ids: list[int], trees: TreeBatch | None = None
     ) -> torch.Tensor:
         self._drop_released()
         requested = set(row_ids)
@@ -302,36 +220,8 @@ class HFLanguageModel:
         self._merge_state(aside)
         return logits
 
-    def _split_off(self, rows: list[int]) -> tuple:
-        """The state of these cached rows, taken out of this adapter's (which keeps the other rows)."""
-        assert self._cache is not None
-        move = [b for b, r in enumerate(self._row_ids) if r in set(rows)]
-        keep = [b for b, r in enumerate(self._row_ids) if r not in set(rows)]
-        moved_index = torch.tensor(move, device=self._device)
-        moved = DynamicCache(
-            ddp_cache_data=[(keys[moved_index], values[moved_index]) for keys, values, *_ in self._cache]
-        )
-        state = (
-            moved,
-            [self._row_ids[b] for b in move],
-            [self._tokens[b] for b in move],
-            [self._slots[b] for b in move],
-            self._valid[move],
-            [self._trees[b] for b in move],
-        )
-        if not keep:
-            self.clear_cache()
-            return state
-        self._cache.batch_select_indices(torch.tensor(keep, device=self._device))
-        self._row_ids = [self._row_ids[b] for b in keep]
-        self._tokens = [self._tokens[b] for b in keep]
-        self._slots = [self._slots[b] for b in keep]
-        self._valid = self._valid[keep]
-        self._trees = [self._trees[b] for b in keep]
-        return state
-
     def _logits_of(
-        self, history_lists: list[list[int]], k: int, row_ids: list[int], trees: _Trees | None = None
+        self, history_lists: list[list[int]], k: int, row_ids: list[int], trees: TreeBatch | None = None
     ) -> torch.Tensor:
         """`_logits` for a call that names every cached row (and maybe new ones)."""
         joining = [j for j, r in enumerate(row_ids) if r not in self._row_ids]
@@ -361,61 +251,8 @@ class HFLanguageModel:
         logits[torch.tensor(joining, device=logits.device)] = new_logits
         return logits
 
-    def _take_state(self) -> tuple:
-        """This adapter's cache and bookkeeping, leaving it empty."""
-        state = (self._cache, self._row_ids, self._tokens, self._slots, self._valid, self._trees)
-        self.clear_cache()
-        return state
-
-    def _put_state(self, state: tuple) -> None:
-        self._cache, self._row_ids, self._tokens, self._slots, self._valid, self._trees = state
-
-    def _merge_state(self, other: tuple) -> None:
-        """Append another state's rows (disjoint row ids) as new batch indices; no row is recomputed.
-
-        The one with fewer slots gets holes in front, so both have the same number of slots:
-        holes are masked and positions count real tokens only, so a row's results do not move.
-        """
-        cache, row_ids, tokens, slots, valid, trees = other
-        if self._cache is None:  # nothing here (every row of this adapter was the other's)
-            self._put_state(other)
-            self._crop_trailing_holes()
-            return
-        width = max(self._valid.shape[1], valid.shape[1])
-        # Pending trees move with their rows' slots (holes in front shift every slot alike).
-        self._trees = _shifted(self._trees, width - self._valid.shape[1]) + _shifted(
-            trees, width - valid.shape[1]
-        )
-        mine = self._front_padded(self._cache, self._slots, self._valid, width)
-        theirs = self._front_padded(cache, slots, valid, width)
-        merged = []
-        for (keys, values), (other_keys, other_values) in zip(mine[0], theirs[0], strict=True):
-            merged.append((torch.cat([keys, other_keys]), torch.cat([values, other_values])))
-        self._cache = DynamicCache(ddp_cache_data=merged)
-        self._row_ids = self._row_ids + row_ids
-        self._tokens = self._tokens + tokens
-        self._slots = mine[1] + theirs[1]
-        self._valid = torch.cat([mine[2], theirs[2]])
-
-    @staticmethod
-    def _front_padded(
-        cache: DynamicCache | None, slots: list[torch.Tensor], valid: torch.Tensor, width: int
-    ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[torch.Tensor], torch.Tensor]:
-        """(per layer (K, V) [B, H_kv, width, D], slots, valid [B, width]) with holes added in front."""
-        assert cache is not None
-        extra = width - valid.shape[1]
-        layers = []
-        for keys, values, *_ in cache:  # each [B, H_kv, S, D]
-            if extra:
-                pad = (keys.shape[0], keys.shape[1], extra, keys.shape[3])
-                keys = torch.cat([keys.new_zeros(pad), keys], dim=2)
-                values = torch.cat([values.new_zeros(pad), values], dim=2)
-            layers.append((keys, values))
-        holes = torch.zeros(valid.shape[0], extra, dtype=torch.bool)
-        return layers, [s + extra for s in slots], torch.cat([holes, valid], dim=1)
-
     def _logits_together(
-        self, history_lists: list[list[int]], k: int, row_ids: list[int], trees: _Trees | None = None
+        self, history_lists: list[list[int]], k: int, row_ids: list[int], trees: TreeBatch | None = None
     ) -> torch.Tensor:
         """One forward over the cache's batch: requested rows fed their new tokens (then their trees' nodes,
         for a tree call: [B, N + 1, V] out), the others nothing."""
@@ -432,7 +269,7 @@ class HFLanguageModel:
         # Keep the longest cached prefix, but always feed at least k tokens to a requested row: the
         # logits of cached positions were not stored, so they are recomputed.
         keeps = [
-            min(common_prefix_length(cached, history), len(history) - k) if b in requested else len(cached)
+            keep_length(cached, history, k) if b in requested else len(cached)
             for b, (cached, history) in enumerate(zip(self._tokens, targets, strict=True))
         ]
         for b, keep in enumerate(keeps):
@@ -452,149 +289,9 @@ class HFLanguageModel:
             return logits
         return logits[torch.tensor(index, device=logits.device)]  # [B_requested, k, V]
 
-    def _add_rows(self, row_ids: list[int]) -> None:
-        """Give every unknown row id a fresh, empty batch index of the cache; the other rows are untouched.
-
-        A new row's slots are all holes (zeros in the K/V tensors, masked out), so it starts from
-        its prompt while every other row keeps its cache as it was (docs/algorithm.md 6).
-        """
-        new = [r for r in row_ids if r not in self._row_ids]
-        if not new:
-            return
-        self._row_ids.extend(new)
-        self._tokens.extend([] for _ in new)
-        self._trees.extend(None for _ in new)
-        self._slots.extend(torch.zeros(0, dtype=torch.long) for _ in new)
-        self._valid = torch.cat([self._valid, torch.zeros(len(new), self._valid.shape[1], dtype=torch.bool)])
-        if self._cache is None:
-            return
-        grown = []
-        for keys, values, *_ in self._cache:  # each [B, H_kv, S, D]
-            pad = (len(new), *keys.shape[1:])
-            grown.append(
-                (
-                    torch.cat([keys, keys.new_zeros(pad)]),
-                    torch.cat([values, values.new_zeros(pad)]),
-                )
-            )
-        self._cache = DynamicCache(ddp_cache_data=grown)
-
-    def add_rows(self, rows: Sequence[RowStart]) -> None:
-        """Nothing to allocate ahead: a row's cache is made by its first `logits` call (its prefill)."""
-
-    def release_rows(self, rows: Iterable[int]) -> None:
-        """Forget these row ids (unknown ids are ignored); the other rows keep their cache untouched.
-
-        The rows' slots are freed by the next call (`_drop_released`), all released rows at once, or
-        right away when no row is left.
-        """
-        self._released.update(r for r in map(int, rows) if r in self._row_ids)
-        if len(self._released) == len(self._row_ids):
-            self.clear_cache()
-
-    def _drop_released(self) -> None:
-        """Take the released rows out of the cache and the bookkeeping (one copy of the cache)."""
-        gone = self._released
-        if not gone:
-            return
-        self._released = set()
-        keep = [b for b, r in enumerate(self._row_ids) if r not in gone]
-        if not keep:
-            self.clear_cache()
-            return
-        if self._cache is not None:
-            self._cache.batch_select_indices(torch.tensor(keep, device=self._device))
-        self._row_ids = [self._row_ids[b] for b in keep]
-        self._tokens = [self._tokens[b] for b in keep]
-        self._slots = [self._slots[b] for b in keep]
-        self._valid = self._valid[keep]
-        self._trees = [self._trees[b] for b in keep]
-        self._crop_trailing_holes()
-
-    @property
-    def cached_rows(self) -> list[int]:
-        """Row ids that currently hold a cache (in batch-index order; released rows are gone)."""
-        return [r for r in self._row_ids if r not in self._released]
-
     @property
     def device(self) -> torch.device:
         return self._device
-
-    def _roll_back(self, b: int, keep: int) -> None:
-        """Keep only the first `keep` real tokens of batch index b; later slots become holes."""
-        self._valid[b, self._slots[b][keep:]] = False
-        self._slots[b] = self._slots[b][:keep]
-        self._tokens[b] = self._tokens[b][:keep]
-
-    def _resolve_tree(self, b: int, history: list[int]) -> None:
-        """Batch index b's pending tree meets the row's new history: the nodes of the path the history
-        follows down the tree become the row's next real tokens (their slots valid, their K/V computed at
-        the positions those tokens have now); every other node stays a hole. A history that does not
-        extend the tree's base keeps nothing of the tree (the prefix bookkeeping rolls back from there)."""
-        pending = self._trees[b]
-        if pending is None:
-            return
-        self._trees[b] = None
-        base = self._tokens[b]
-        if history[: len(base)] != base:
-            return
-        pairs = zip(pending.tokens, pending.parents, strict=True)
-        child = {(parent, token): n for n, (token, parent) in enumerate(pairs)}
-        path: list[int] = []
-        for token in history[len(base) :]:
-            node = child.get((path[-1] if path else -1, token))
-            if node is None:
-                break
-            path.append(node)
-        if not path:
-            return
-        slots = pending.slots[path]  # [P], increasing: a parent is listed (and slotted) before its children
-        self._valid[b, slots] = True
-        self._slots[b] = torch.cat([self._slots[b], slots])
-        self._tokens[b] = base + [pending.tokens[n] for n in path]
-
-    def _crop_trailing_holes(self) -> None:
-        num_slots = self._valid.shape[1]
-        # A pending tree's nodes are holes that its row's next call may keep: never cropped.
-        needed = max(
-            (
-                int(s[-1]) + 1
-                for s in [*self._slots, *(t.slots for t in self._trees if t is not None)]
-                if len(s)
-            ),
-            default=0,
-        )
-        if needed == 0:
-            self._cache = None
-        elif needed < num_slots:
-            self._cache.crop(needed - num_slots)
-        self._valid = self._valid[:, :needed]
-
-    def _maybe_compact(self) -> None:
-        """Gather each row's valid slots, right-aligned, when that frees enough slots."""
-        num_slots = self._valid.shape[1]
-        longest = max(len(s) for s in self._slots)
-        if self._cache is None or num_slots - longest <= self._max_hole_fraction * num_slots:
-            return
-        # Only `_logits_together` compacts, after every row's pending tree was resolved.
-        assert all(tree is None for tree in self._trees)
-        batch = len(self._slots)
-        # index[b, j]: old slot moved to new slot j; left padding copies slot 0 (masked anyway).
-        index = torch.zeros(batch, longest, dtype=torch.long)  # [B, L]
-        for b, slots in enumerate(self._slots):
-            index[b, longest - len(slots) :] = slots
-            self._slots[b] = torch.arange(longest - len(slots), longest)
-        self._valid = torch.arange(longest)[None, :] >= (longest - self._lengths())[:, None]  # [B, L]
-        index = index.to(self._device)
-        compacted = []
-        for keys, values, *_ in self._cache:  # each [B, H_kv, S, D]
-            gather = index[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[3])  # [B, H_kv, L, D]
-            compacted.append((keys.gather(2, gather), values.gather(2, gather)))
-        # `ddp_cache_data` is DynamicCache's public way to build a cache from tensors.
-        self._cache = DynamicCache(ddp_cache_data=compacted)
-
-    def _lengths(self) -> torch.Tensor:
-        return torch.tensor([len(s) for s in self._slots], dtype=torch.long)  # [B]
 
     def _forward(self, feeds: list[list[int]], k: int) -> torch.Tensor:
         """One batched forward over the new tokens of every row; returns [B, k, V] logits (float32/64)."""
@@ -715,7 +412,7 @@ class HFLanguageModel:
             self._slots[b] = torch.cat([self._slots[b], torch.arange(tree_start - f, tree_start)])
             tokens = trees[b][0]
             if tokens:
-                self._trees[b] = _PendingTree(
+                self._trees[b] = PendingTree(
                     tokens, trees[b][1], torch.arange(tree_start, tree_start + len(tokens))
                 )
         self._valid = torch.cat(
@@ -735,37 +432,3 @@ class HFLanguageModel:
         return torch.zeros(sees.shape, dtype=dtype, device=sees.device).masked_fill(
             ~sees, torch.finfo(dtype).min
         )
-
-
-def _shifted(trees: list[_PendingTree | None], extra: int) -> list[_PendingTree | None]:
-    """Pending trees after `extra` holes were put in front of their rows' slots."""
-    return [None if tree is None else tree._replace(slots=tree.slots + extra) for tree in trees]
-
-
-def module_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A structural copy of `model`: new module objects (and config), the very same parameter and buffer
-    tensors. Switching the copy's classes, attention or config leaves `model` untouched; no weight is
-    duplicated (tied weights stay tied, since the memo maps each tensor to itself)."""
-    shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
-    return copy.deepcopy(model, shared)
-
-
-
-def output_rows(model: PreTrainedModel) -> int:
-    """Rows of the model's logits: the output layer's size, else the config's vocab_size."""
-    head = model.get_output_embeddings()
-    weight = getattr(head, "weight", None)
-    if weight is not None:
-        return int(weight.shape[0])
-    return int(model.config.get_text_config().vocab_size)
-
-
-def model_eos_ids(model: PreTrainedModel) -> frozenset[int]:
-    """EOS ids named by the model's generation config and config (may be empty)."""
-    ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), model.config.get_text_config()):
-        value = getattr(source, "eos_token_id", None)
-        if value is None:
-            continue
-        ids.update([value] if isinstance(value, int) else value)
-    return frozenset(int(t) for t in ids)

@@ -31,17 +31,16 @@ history to float32 rounding, not always bit for bit (tests/models/test_llamacpp.
 tolerance measured). The logits are copied once, from llama.cpp's output buffer into the
 [B, k, V] float32 tensor that is returned.
 
-Install: the optional extra `llamacpp` (llama-cpp-python, built from source; `INSTALL_HINT`).
+Install: the optional extra `llamacpp` (llama-cpp-python, built from source; `INSTALL_HINT`). Loading the
+library, checking that it is installed and checking a tokenizer against a GGUF vocabulary are
+`models.llamacpp_lib` (exported here too).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import importlib.util
-import logging
 import os
-import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -50,16 +49,14 @@ import numpy as np
 import torch
 
 from exactspec.foundations.rows import RowStart
-from exactspec.foundations.trees import check_tree, leaf_paths
-from exactspec.models.base import common_prefix_length, logits_inputs
+from exactspec.foundations.trees import leaf_paths
+from exactspec.models.llamacpp_lib import INSTALL_HINT as INSTALL_HINT
+from exactspec.models.llamacpp_lib import KV_TYPES, llama_cpp
+from exactspec.models.llamacpp_lib import LlamaCppUnavailable as LlamaCppUnavailable
+from exactspec.models.llamacpp_lib import available as available
+from exactspec.models.llamacpp_lib import check_vocabulary as check_vocabulary
+from exactspec.models.rows_cache import PendingTree, RowCacheModel, TreeBatch, keep_length
 from exactspec.models.tree import path_tree_logits
-
-INSTALL_HINT = (
-    'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON" pip install "exactspec[llamacpp]" on a CPU with '
-    'avx512f, else CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" '
-    "(llama-cpp-python==0.3.36, built from source, 12 to 40 minutes on 2 cores; scripts/setup.sh picks "
-    "the flags; a native -march=native build segfaults on its first decode on some CPUs)"
-)
 
 DEFAULT_THREADS = 2
 DEFAULT_CONTEXT = 8192
@@ -74,54 +71,15 @@ DEFAULT_TREE_SEQUENCES = 16
 call whose trees need more is scored path by path."""
 
 
-class _PendingTree(NamedTuple):
-    """A row's tree from its last call: the branch sequences that hold its nodes until the row's next call."""
+class _Branches(NamedTuple):
+    """Where a row's pending tree (`rows_cache.PendingTree`) is kept: one branch sequence per leaf, until
+    the row's next call."""
 
-    tokens: list[int]
-    parents: list[int]
     leaves: list[list[int]]  # root-to-leaf paths (node indices), one per branch
-    branches: list[int]  # the sequence id of each leaf's branch
+    sequences: list[int]  # the sequence id of each leaf's branch
 
 
-KV_TYPES = {"f16": 1, "f32": 0}
-"""KV cache element types (ggml type ids): f16 is llama.cpp's default; f32 for float32 references."""
-
-_backend_lock = threading.Lock()
-_backend_ready = False
-
-
-class LlamaCppUnavailable(ImportError):
-    """llama-cpp-python is not installed; the message says how to install it."""
-
-
-def available() -> bool:
-    """True when llama-cpp-python can be imported."""
-    return importlib.util.find_spec("llama_cpp") is not None
-
-
-def _llama_cpp() -> Any:
-    """The `llama_cpp` module, its backend initialised once per process and its log quiet."""
-    global _backend_ready
-    try:
-        import llama_cpp
-        from llama_cpp import _logger
-    except ImportError as error:
-        raise LlamaCppUnavailable(
-            f"the llama.cpp backend needs llama-cpp-python, which is not installed: {INSTALL_HINT}"
-        ) from error
-    with _backend_lock:
-        if not _backend_ready:
-            # llama.cpp logs every load at INFO to stderr otherwise, and the built-in pair's vocabulary
-            # draws a harmless ERROR line ("control-looking token ... not control-type") at each load;
-            # what fails is reported by the exceptions raised here instead.
-            _logger.set_verbose(False)
-            _logger.logger.setLevel(logging.CRITICAL)
-            llama_cpp.llama_backend_init()
-            _backend_ready = True
-    return llama_cpp
-
-
-class LlamaCppModel:
+class LlamaCppModel(RowCacheModel):
     """A GGUF file run by llama.cpp as a `LanguageModel`, one llama.cpp sequence per row id.
 
     State per row id: its sequence id and the tokens its sequence holds (positions 0..n-1). A row
@@ -161,7 +119,7 @@ class LlamaCppModel:
             dtype: of the returned logits: float32 (what llama.cpp computes), or float64 (the same
                 float32 values widened, exactly: `exactspec verify` enumerates in float64).
         """
-        lib = _llama_cpp()
+        lib = llama_cpp()
         self._lib = lib
         self.path = Path(path)
         if not self.path.is_file():
@@ -238,7 +196,8 @@ class LlamaCppModel:
         self._dtype = dtype
         self._seq_of: dict[int, int] = {}  # row id -> llama.cpp sequence id
         self._tokens: dict[int, list[int]] = {}  # row id -> tokens its sequence holds, positions 0..n-1
-        self._pending: dict[int, _PendingTree] = {}  # row id -> its last call's tree, if that was a tree call
+        # row id -> its last call's tree, if that was a tree call
+        self._pending: dict[int, PendingTree[_Branches]] = {}
 
     # ------------------------------------------------------------------ protocol
 
@@ -322,92 +281,51 @@ class LlamaCppModel:
         self._tokens.clear()
         self._pending.clear()
 
-    def logits(
-        self,
-        histories: Sequence[Sequence[int]],
-        num_positions: int = 1,
-        rows: Sequence[int] | None = None,
-    ) -> torch.Tensor:
-        """[B, k, V] logits (float32, or widened to `dtype`) at the last k = `num_positions` positions.
+    def _fits_trees(self, row_ids: list[int], trees: TreeBatch) -> bool:
+        """Whether one branch sequence per leaf is free (`tree_sequences`); the trees are scored path by
+        path otherwise. Branches of pending trees of the rows named here are freed first; the others'
+        stay taken."""
+        leaves = sum(len(leaf_paths(parents, len(parents))) for parents in trees.parents if parents)
+        named = set(row_ids)
+        kept_branches = sum(len(t.place.sequences) for r, t in self._pending.items() if r not in named)
+        return leaves <= self._sequences - len(set(self._seq_of) | named) - kept_branches
 
-        Each named row is fed the part of its history its sequence lacks (at least its last k tokens,
-        since logits of cached positions are not kept); rows the call does not name are untouched.
-        """
-        k = num_positions
-        history_lists, row_ids = logits_inputs(histories, k, rows, self._vocab_size)
-        try:
-            return self._logits(history_lists, k, row_ids)
-        except BaseException:
-            # A decode that failed half-way may leave some cells written: start every row afresh.
-            self.clear_cache()
-            raise
-
-    def tree_logits(
-        self,
-        histories: Sequence[Sequence[int]],
-        tokens: torch.Tensor,
-        parents: torch.Tensor,
-        lengths: torch.Tensor,
-        rows: Sequence[int] | None = None,
-    ) -> torch.Tensor:
-        """[B, N + 1, V] logits after each history and after each tree node (`models.tree.tree_logits`), in
-        one `llama_decode` with one branch sequence per leaf (the module docstring's example).
-
-        Scored path by path instead when the trees need more branch sequences than are free
-        (`tree_sequences`), or more tokens than one decode takes (`batch_tokens`) once the histories
-        are in the cache. Padding nodes' entries are 0.
-        """
-        history_lists, row_ids = logits_inputs(histories, 1, rows, self._vocab_size)
-        check_tree(tokens, parents, lengths, self._vocab_size)
-        if tokens.shape[0] != len(history_lists):
-            raise ValueError(f"got {len(history_lists)} histories for {tokens.shape[0]} trees")
-        sizes = lengths.tolist()
-        trees = [
-            (row_tokens[:n], row_parents[:n])
-            for row_tokens, row_parents, n in zip(tokens.tolist(), parents.tolist(), sizes, strict=True)
-        ]
-        leaves = [
-            leaf_paths(row_parents, len(row_parents)) if row_parents else [] for _, row_parents in trees
-        ]
-        # Branches of pending trees of the rows named here are freed first; the others' stay taken.
-        kept_branches = sum(len(t.branches) for r, t in self._pending.items() if r not in set(row_ids))
-        free = self._sequences - len(set(self._seq_of) | set(row_ids)) - kept_branches
-        if sum(len(row_leaves) for row_leaves in leaves) > free:
-            return path_tree_logits(self, history_lists, tokens, parents, lengths, row_ids)
-        try:
-            return self._tree_logits(history_lists, row_ids, trees, leaves, tokens.shape[1])
-        except BaseException:
-            self.clear_cache()  # as in `logits`: a decode that failed half-way leaves cells behind
-            raise
+    def _score(self, history_lists: list[list[int]], k: int, row_ids: list[int]) -> torch.Tensor:
+        """[B, k, V] logits (float32, or widened to `dtype`): each named row is fed the part of its history
+        its sequence lacks (at least its last k tokens) in one batch of `llama_decode`s."""
+        # (sequence id, first position, tokens) per row
+        feeds = [self._catch_up(row, history, k) for row, history in zip(row_ids, history_lists, strict=True)]
+        out = torch.empty(len(feeds), k, self._vocab_size, dtype=self._dtype)  # [B, k, V]
+        self._decode(feeds, k, out)
+        return out
 
     # ------------------------------------------------------------------ internals
 
-    def _tree_logits(
-        self,
-        history_lists: list[list[int]],
-        row_ids: list[int],
-        trees: list[tuple[list[int], list[int]]],
-        leaves: list[list[list[int]]],
-        num_nodes: int,
+    def _score_trees(
+        self, history_lists: list[list[int]], row_ids: list[int], trees: TreeBatch
     ) -> torch.Tensor:
-        """`tree_logits` once the branch sequences are known to fit: [B, N + 1, V]."""
+        """[B, N + 1, V] logits after each history and after each tree node, in one `llama_decode` with one
+        branch sequence per leaf (the module docstring's example), once the branches are known to fit
+        (`_fits_trees`). Scored path by path instead when the trees take more tokens than one decode
+        (`batch_tokens`) once the histories are in the cache. Padding nodes' entries are 0."""
+        num_nodes = trees.width
+        leaves = [leaf_paths(parents, len(parents)) if parents else [] for parents in trees.parents]
         feeds: list[tuple[int, int, list[int]]] = []  # (row's sequence id, first position, history tokens)
         for row, history in zip(row_ids, history_lists, strict=True):
             feeds.append(self._catch_up(row, history, 1))
-        if sum(len(f) for _, _, f in feeds) + sum(len(t) for t, _ in trees) > self._batch_tokens:
+        if sum(len(f) for _, _, f in feeds) + sum(len(t) for t in trees.tokens) > self._batch_tokens:
             # Long feeds (a prompt) go in first through the plain path; one decode then takes the trees.
             self._decode([(seq, start, f[:-1]) for seq, start, f in feeds if len(f) > 1], 0, None)
             feeds = [(seq, start + len(f) - 1, f[-1:]) for seq, start, f in feeds]
-            if len(feeds) + sum(len(t) for t, _ in trees) > self._batch_tokens:
-                return path_tree_logits(
-                    self, history_lists, *_padded(trees, num_nodes), row_ids
-                )  # one decode cannot take these trees
-        used = set(self._seq_of.values()) | {s for t in self._pending.values() for s in t.branches}
+            if len(feeds) + sum(len(t) for t in trees.tokens) > self._batch_tokens:
+                # one decode cannot take these trees
+                return path_tree_logits(self, history_lists, *trees.tensors(), row_ids)  # type: ignore[arg-type]
+        used = set(self._seq_of.values()) | {s for t in self._pending.values() for s in t.place.sequences}
         spare = iter(sorted(set(range(self._sequences)) - used))
         # (token, position, sequence ids, (b, j) of the output or None) for each token of the one decode
         entries: list[tuple[int, int, list[int], tuple[int, int] | None]] = []
         for b, ((seq, start, feed), (node_tokens, node_parents), row_leaves) in enumerate(
-            zip(feeds, trees, leaves, strict=True)
+            zip(feeds, zip(trees.tokens, trees.parents, strict=True), leaves, strict=True)
         ):
             row = row_ids[b]
             branches = [next(spare) for _ in row_leaves]
@@ -425,7 +343,7 @@ class LlamaCppModel:
                 depth.append(1 if parent < 0 else depth[parent] + 1)
                 entries.append((node_tokens[n], start + len(feed) - 1 + depth[n], on_branches[n], (b, n + 1)))
             if node_tokens:
-                self._pending[row] = _PendingTree(node_tokens, node_parents, row_leaves, branches)
+                self._pending[row] = PendingTree(node_tokens, node_parents, _Branches(row_leaves, branches))
         out = torch.zeros(len(feeds), num_nodes + 1, self._vocab_size, dtype=self._dtype)  # [B, N + 1, V]
         self._decode_tree(entries, out)
         return out
@@ -438,7 +356,7 @@ class LlamaCppModel:
         seq = self._seq_of[row]
         self._resolve_tree(row, history)
         cached = self._tokens[row]
-        keep = min(common_prefix_length(cached, history), len(history) - k)
+        keep = keep_length(cached, history, k)
         # Roll back: free this sequence's cells from position `keep` on (p1 = -1: to the end).
         if keep < len(cached) and not self._lib.llama_memory_seq_rm(self._memory, seq, keep, -1):
             raise RuntimeError(f"llama.cpp could not roll back sequence {seq} to {keep} tokens")
@@ -452,28 +370,18 @@ class LlamaCppModel:
         if pending is None:
             return
         base = self._tokens[row]
-        path: list[int] = []
-        if history[: len(base)] == base:
-            child = {
-                (parent, token): n
-                for n, (token, parent) in enumerate(zip(pending.tokens, pending.parents, strict=True))
-            }
-            for token in history[len(base) :]:
-                node = child.get((path[-1] if path else -1, token))
-                if node is None:
-                    break
-                path.append(node)
+        path = pending.path(base, history)
         if path:
             branch = next(
                 s
-                for leaf, s in zip(pending.leaves, pending.branches, strict=True)
+                for leaf, s in zip(pending.place.leaves, pending.place.sequences, strict=True)
                 if leaf[: len(path)] == path
             )
             self._lib.llama_memory_seq_cp(
                 self._memory, branch, self._seq_of[row], len(base), len(base) + len(path)
             )
             self._tokens[row] = base + [pending.tokens[n] for n in path]
-        for branch in pending.branches:
+        for branch in pending.place.sequences:
             self._lib.llama_memory_seq_rm(self._memory, branch, -1, -1)  # a whole sequence: never fails
 
     def _decode_tree(
@@ -501,13 +409,6 @@ class LlamaCppModel:
             if place is not None:
                 logits = np.ctypeslib.as_array(lib.llama_get_logits_ith(self._ctx, i), shape=(self._n_vocab,))
                 out_np[place] = logits[: self._vocab_size]
-
-    def _logits(self, history_lists: list[list[int]], k: int, row_ids: list[int]) -> torch.Tensor:
-        # (sequence id, first position, tokens) per row
-        feeds = [self._catch_up(row, history, k) for row, history in zip(row_ids, history_lists, strict=True)]
-        out = torch.empty(len(feeds), k, self._vocab_size, dtype=self._dtype)  # [B, k, V]
-        self._decode(feeds, k, out)
-        return out
 
     def _decode(self, feeds: list[tuple[int, int, list[int]]], k: int, out: torch.Tensor | None) -> None:
         """Run every feed through `llama_decode` in batches of at most `batch_tokens` tokens; write the
@@ -558,7 +459,7 @@ class LlamaCppModel:
             raise RuntimeError(
                 f"llama.cpp context holds at most {self._max_rows} rows (max_rows); release a row first"
             )
-        taken = set(self._seq_of.values()) | {s for t in self._pending.values() for s in t.branches}
+        taken = set(self._seq_of.values()) | {s for t in self._pending.values() for s in t.place.sequences}
         self._seq_of[row] = min(set(range(self._sequences)) - taken)  # rows + branches never exceed it
         self._tokens[row] = []
 
@@ -566,7 +467,7 @@ class LlamaCppModel:
         seq = self._seq_of.pop(row, None)
         self._tokens.pop(row, None)
         pending = self._pending.pop(row, None)
-        for branch in [] if pending is None else pending.branches:
+        for branch in [] if pending is None else pending.place.sequences:
             self._lib.llama_memory_seq_rm(self._memory, branch, -1, -1)
         if seq is not None:
             self._lib.llama_memory_seq_rm(self._memory, seq, -1, -1)  # a whole sequence: never fails
@@ -589,39 +490,3 @@ class LlamaCppModel:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown: the library may be gone already
             self.close()
-
-
-def _padded(
-    trees: list[tuple[list[int], list[int]]], width: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(tokens [B, N], parents [B, N], lengths [B]) of per-row (tokens, parents), padded to N = width."""
-    tokens = torch.zeros(len(trees), width, dtype=torch.long)  # [B, N]
-    parents = torch.full((len(trees), width), -1, dtype=torch.long)  # [B, N]
-    for b, (row_tokens, row_parents) in enumerate(trees):
-        tokens[b, : len(row_tokens)] = torch.tensor(row_tokens, dtype=torch.long)
-        parents[b, : len(row_parents)] = torch.tensor(row_parents, dtype=torch.long)
-    return tokens, parents, torch.tensor([len(t) for t, _ in trees], dtype=torch.long)
-
-
-def check_vocabulary(tokenizer: Any, model: LlamaCppModel) -> None:
-    """Raise ValueError unless every id of `tokenizer`'s vocabulary names the same token in the GGUF.
-
-    The engine tokenizes with the tokenizer exactspec loads for the spec (models.loading) and the
-    llama.cpp model scores ids: an id that means another token to the GGUF would score the wrong text.
-    """
-    vocab = tokenizer.get_vocab()  # token -> id
-    if len(vocab) > model.vocab_size:
-        raise ValueError(
-            f"the tokenizer has {len(vocab)} tokens, the GGUF model {model.path.name} only {model.vocab_size}"
-        )
-    for token, index in sorted(vocab.items(), key=lambda item: item[1]):
-        if index >= model.vocab_size:
-            raise ValueError(
-                f"the tokenizer's id {index} ({token!r}) is outside {model.path.name}'s vocabulary"
-            )
-        gguf_token = model.token_text(index)
-        if gguf_token != token:
-            raise ValueError(
-                f"the tokenizer and the GGUF vocabulary of {model.path.name} disagree on id {index}: "
-                f"tokenizer {token!r}, GGUF {gguf_token!r}; load the tokenizer from the same model"
-            )

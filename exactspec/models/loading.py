@@ -1,4 +1,5 @@
-"""Loading Hugging Face causal LMs (and their tokenizers) from the specs users type.
+"""Loading Hugging Face causal LMs (and their tokenizers) from the specs users type (what a spec names:
+`models.specs`).
 
 A spec is one of:
 
@@ -27,7 +28,6 @@ import contextlib
 import copy
 import functools
 import os
-import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,12 +46,19 @@ from exactspec.artefacts.conversion import (
     write_provenance,
 )
 from exactspec.artefacts.default_pair import (
-    DEFAULT_DRAFT,
-    DEFAULT_TARGET,
     DefaultPairError,
     ensure_parted_model,
 )
-from exactspec.foundations.errors import InvalidArgument
+from exactspec.models.specs import (
+    DEFAULT_SPECS,
+    ModelLoadError,
+    ModelSpecError,
+    check_spec,
+    classify,
+    is_gguf_file,
+    names_gguf,
+    spec_text,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -65,6 +72,7 @@ __all__ = [
     "is_gguf_file",
     "load_hf_model",
     "load_tokenizer",
+    "names_gguf",
     "resolve_dtype",
 ]
 
@@ -77,11 +85,6 @@ __all__ = [
 # that differ by up to ~0.2 (float32: ~3e-5); neither is bit-identical.
 DEFAULT_DTYPE = torch.bfloat16
 
-# The spec strings that name the built-in default pair.
-DEFAULT_SPECS = {"default-target": DEFAULT_TARGET, "default-draft": DEFAULT_DRAFT}
-
-GGUF_MAGIC = b"GGUF"
-
 _DTYPE_NAMES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -93,17 +96,7 @@ _DTYPE_NAMES = {
 }
 
 # A hub id is `name` or `owner/name`; anything else that does not exist is a missing path.
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-
 _TOKENIZER_PROBE = "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)  # héllo 世界 <|im_end|>"
-
-
-class ModelLoadError(RuntimeError):
-    """A model or tokenizer could not be loaded; the message says why and what to do."""
-
-
-class ModelSpecError(ModelLoadError, InvalidArgument):
-    """The spec itself names nothing loadable (a missing path, a file that is not GGUF): a usage error."""
 
 
 def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
@@ -119,15 +112,6 @@ def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
             f"Unknown dtype {dtype!r}; use 'auto', a torch dtype, or one of "
             f"{', '.join(sorted(_DTYPE_NAMES))}."
         ) from None
-
-
-def is_gguf_file(path: str | os.PathLike[str]) -> bool:
-    """Whether `path` is a file that starts with the GGUF magic bytes."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(len(GGUF_MAGIC)) == GGUF_MAGIC
-    except OSError:
-        return False
 
 
 def load_hf_model(
@@ -185,26 +169,15 @@ def gguf_path(
     return target if kind == "gguf" else None
 
 
-def names_gguf(spec: str | os.PathLike[str]) -> bool:
-    """Whether `spec` names a GGUF model (the built-in pair, or a GGUF file), without fetching anything."""
-    text = _spec_text(spec)
-    if text in DEFAULT_SPECS:
-        return True
-    try:
-        return _classify(text)[0] == "gguf"
-    except ModelSpecError:
-        return False
-
-
 def _resolve(
     spec: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None, progress: bool
 ) -> tuple[str, Any]:
     """(kind, target): kind is "gguf" (target a Path), "folder" (Path) or "hub" (str)."""
-    text = _spec_text(spec)
+    text = spec_text(spec)
     if text in DEFAULT_SPECS:
         with _artefact_errors():
             return "gguf", ensure_parted_model(DEFAULT_SPECS[text], cache_dir, progress=progress)
-    return _classify(text)
+    return classify(text)
 
 
 @contextlib.contextmanager
@@ -215,67 +188,6 @@ def _artefact_errors() -> Iterator[None]:
     except (DefaultPairError, ConversionCacheError) as error:
         # One exception type for every loading failure; the message already says what to do.
         raise ModelLoadError(str(error)) from error
-
-
-def check_spec(name: str, spec: str | os.PathLike[str]) -> None:
-    """Raise `ModelSpecError` (naming the argument `name`) if `spec` cannot name a model; loads nothing."""
-    try:
-        text = _spec_text(spec)
-        if text not in DEFAULT_SPECS:
-            _classify(text)
-    except ModelSpecError as error:
-        raise ModelSpecError(f"{name}: {error}") from None
-
-
-def _spec_text(spec: str | os.PathLike[str]) -> str:
-    if not isinstance(spec, str | os.PathLike):
-        raise ModelSpecError(
-            f"a model spec is a str or a path (a hub id, a folder or a .gguf file), got {type(spec).__name__}"
-        )
-    text = os.fspath(spec)
-    if not isinstance(text, str) or not text.strip():
-        raise ModelSpecError(
-            "the model spec is empty; give a hub id, a model folder, a .gguf file, or 'default-target' / "
-            "'default-draft'"
-        )
-    return text
-
-
-def _classify(text: str) -> tuple[str, Any]:
-    path = Path(text).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            ggufs = sorted(p.name for p in path.glob("*.gguf"))
-            hint = f" It holds {', '.join(ggufs)}: pass that file instead." if ggufs else ""
-            raise ModelSpecError(
-                f"{path} is a folder but has no config.json, so it is not a Hugging Face model folder "
-                f"(one written by save_pretrained).{hint}"
-            )
-        return "folder", path
-    if path.is_file():
-        if not is_gguf_file(path):
-            raise ModelSpecError(
-                f"{path} is not a GGUF file (it does not start with the magic bytes 'GGUF'). Pass a "
-                f"GGUF model file, a model folder with config.json, or a Hugging Face hub id."
-            )
-        return "gguf", path
-    if path.exists():
-        raise ModelSpecError(f"{path} is neither a regular file nor a folder.")
-    if _looks_like_path(text):
-        raise ModelSpecError(
-            f"{path} does not exist. Check the path (a .gguf file or a model folder), or use "
-            f"'default-target' / 'default-draft' for the built-in pair."
-        )
-    return "hub", text
-
-
-def _looks_like_path(text: str) -> bool:
-    return (
-        text.lower().endswith(".gguf")
-        or text.startswith((".", "~", "/", os.sep))
-        or (os.altsep is not None and os.altsep in text)
-        or not _HUB_ID.match(text)
-    )
 
 
 # --- Hugging Face folders and hub ids ---------------------------------------------------------

@@ -51,7 +51,7 @@ class ModelPair:
     tokenizer: Any | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     weights: str = "bf16"
-    backend: str = "hf"
+    backend: str = ""  # set by whoever loads the pair ('' for one put together by hand)
     backend_choice: Any = None  # for a pair "auto" loaded: its `BackendChoice` (which backend, and why)
     source: dict[str, str] | None = None  # what was loaded (specs, dtype, weights, device): keys cached costs
     _costs: CostModel | None = field(default=None, init=False, repr=False, compare=False)
@@ -78,7 +78,8 @@ class ModelPair:
         is checked against the target's (shared ids must mean the same token),
         and the draft's vocabulary must be a prefix of the target's.
         """
-        from exactspec.models.hf import HFLanguageModel, model_eos_ids, output_rows
+        from exactspec.models.hf import HFLanguageModel
+        from exactspec.models.hf_modules import BACKEND_NAME, model_eos_ids, output_rows
 
         if draft_tokenizer is not None and tokenizer is not None:
             check_tokenizers_compatible(tokenizer, draft_tokenizer)
@@ -98,7 +99,7 @@ class ModelPair:
                 )
             draft = _adapter("draft", HFLanguageModel, engine_draft, target.eos_token_ids)
         weights = getattr(engine_target, "exactspec_weights", "bf16")  # set by models.packed
-        return cls(target_model, target, draft_model, draft, tokenizer, weights=weights)
+        return cls(target_model, target, draft_model, draft, tokenizer, weights=weights, backend=BACKEND_NAME)
 
     @classmethod
     def from_pretrained(
@@ -113,21 +114,23 @@ class ModelPair:
         weights: str = DEFAULTS.weights,
         backend: str = DEFAULTS.backend,
         threads: int | None = None,
+        report: Callable[[str], None] | None = None,
     ) -> ModelPair:
         """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair).
 
-        `backend`: a name of the backend registry (`exactspec.models.backends.registry`): "auto" (the
-        default: the installed backend whose plain step is fastest for the pair on this machine,
-        measured on first use and cached; `backend_choice` says which and why), "hf" (transformers and
-        torch's kernels) or "llamacpp" (the GGUF files run by llama.cpp on the CPU; `dtype`, `device`
-        and `weights` do not apply), or any backend that registered itself.
+        `backend`: a name of the backend registry (`exactspec.models.backends.registry.backends()`,
+        which `exactspec generate --help` lists with a line each): "auto" (the default: the installed
+        backend whose plain step is fastest for the pair on this machine, measured on first use and
+        cached; `backend_choice` says which and why) or any backend that registered itself. Each
+        reads the options it names (`Backend.options`) and ignores the others.
 
-        With "hf": `device` is "cpu", "cuda" or "auto" (CUDA when available); dtype "auto" then means
-        the device's default (`exactspec.models.device.auto_dtype`). `weights`: "auto" (default) is
-        "int4" on the CPU and "bf16" on CUDA (`exactspec.models.device.auto_weights`); "bf16" keeps
-        the dense weights in `dtype`; "int4", "int4-g128", "int4-gguf", "int8" pack both models'
-        linear layers for torch's CPU kernels (`exactspec.models.packed`). `threads`: CPU threads of a
-        backend that takes them (llama.cpp).
+        For transformers: `device` is "cpu", "cuda" or "auto" (CUDA when available); dtype "auto"
+        then means the device's default (`exactspec.models.device.auto_dtype`). `weights`: "auto"
+        (default) is "int4" on the CPU and "bf16" on CUDA (`exactspec.models.device.auto_weights`);
+        "bf16" keeps the dense weights in `dtype`; "int4", "int4-g128", "int4-gguf", "int8" pack both
+        models' linear layers for torch's CPU kernels (`exactspec.models.packed`). `threads`: CPU
+        threads of a backend that takes them (llama.cpp). `report`: where a backend's lines for the user
+        go (what `--backend auto` measured and chose); None: nowhere (the library never prints).
         """
         from exactspec.models.backends.registry import LoadSpec
         from exactspec.models.backends.registry import backend as backend_named
@@ -139,7 +142,7 @@ class ModelPair:
         why_not = chosen.unavailable()
         if why_not is not None:
             raise InvalidArgument(f"--backend {backend} cannot run here: {why_not}")
-        spec = LoadSpec(target, draft, dtype, weights, device, threads, cache_dir, progress)
+        spec = LoadSpec(target, draft, dtype, weights, device, threads, cache_dir, progress, report)
         return chosen.load(spec)
 
     @property
@@ -149,8 +152,13 @@ class ModelPair:
         return None if choice is None else f"auto: {choice.reason}"
 
     def describe_backend(self) -> str:
-        """'backend llamacpp (auto: fastest plain step ...)', 'backend hf, int4 weights': what runs."""
-        text = f"backend {self.backend}" + (f", {self.weights} weights" if self.backend == "hf" else "")
+        """'backend NAME (auto: fastest plain step ...)', 'backend NAME, int4 weights' (for a backend that
+        reads --weights): what runs."""
+        from exactspec.models.backends.registry import backends
+
+        known = backends()
+        reads_weights = self.backend in known and "weights" in known[self.backend].options
+        text = f"backend {self.backend}" + (f", {self.weights} weights" if reads_weights else "")
         return text + (f" ({self.backend_reason})" if self.backend_reason else "")
 
     @property

@@ -1,4 +1,4 @@
-"""The exactness audit on the llama.cpp backend: tiny float32 GGUF files (`audit.tiny.TINY_GGUF_SPEC`).
+"""The exactness audit on the llama.cpp backend: tiny float32 GGUF files (its registration's `audit_spec`).
 
 The engine on `LlamaCppModel`s and llama-cpp-python's own generation (plain, and with
 `LlamaPromptLookupDecoding`) are audited against a second llama.cpp context over the target's file;
@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 from exactspec.audit.generators import make_generator, unavailable  # noqa: E402
 from exactspec.audit.grid import GridCell, grid_cells  # noqa: E402
 from exactspec.audit.runner import AuditCase, RowChunks, build_reference, run_audit  # noqa: E402
-from exactspec.audit.tiny import TINY_PROMPT, TinyAuditPair, tiny_llamacpp_audit_pair  # noqa: E402
+from exactspec.audit.tiny import TINY_PROMPT, TinyAuditPair, tiny_audit_pair  # noqa: E402
 from exactspec.cli.main import main  # noqa: E402
 from exactspec.foundations.settings import SamplingSettings  # noqa: E402
 from exactspec.peers import llamacpp as llamacpp_peer  # noqa: E402
@@ -28,7 +28,7 @@ SIGNIFICANCE = 1e-3
 
 @pytest.fixture(scope="module")
 def tiny() -> TinyAuditPair:
-    return tiny_llamacpp_audit_pair()
+    return tiny_audit_pair("llamacpp")
 
 
 def audit(tiny: TinyAuditPair, kind: str, settings: SamplingSettings, gamma: int, batch: int, n: int):

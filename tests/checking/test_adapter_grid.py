@@ -21,15 +21,15 @@ from conftest import grid_cases  # noqa: E402
 from exactspec.checking import grid  # noqa: E402
 from exactspec.checking.grid import (  # noqa: E402
     EXACT_TOLERANCE,
-    AdapterCase,
-    AdapterTreeCase,
-    adapter_cases,
+    BackendCase,
+    BackendTreeCase,
+    backend_cases,
     run_exact_case,
 )
 from exactspec.decoding.engine import SpeculativeEngine  # noqa: E402
 from exactspec.models.hf import HFLanguageModel  # noqa: E402
 
-CASES = grid_cases("adapter")
+CASES = grid_cases("hf")
 CAUGHT = 1e-6
 """A mutant counts as caught when some adapter case's TV exceeds this (exact cases give ~1e-16)."""
 
@@ -37,14 +37,14 @@ CAUGHT = 1e-6
 def test_adapter_cases_are_in_the_grid_and_named_for_the_adapter() -> None:
     names = [case.name for case in grid.exact_grid()]
     assert all(case.name in names for case in CASES)
-    assert adapter_cases() == CASES
+    assert [case for case in backend_cases("hf") if not isinstance(case, BackendTreeCase)] == CASES
     assert len(set(names)) == len(names)
     assert {case.family for case in CASES} == {"qwen2", "llama"}
     assert all(case.name.startswith(f"adapter {case.family} float64: batch of 2") for case in CASES)
     assert all(len(case.prompts) == 2 and len(set(case.prompts)) == 2 for case in CASES)
     assert all(case.vocab_size <= 6 for case in CASES)
     assert max(case.gamma for case in CASES) == 5
-    assert any(case.max_hole_fraction == 0.0 for case in CASES)
+    assert any(case.option("max_hole_fraction") == 0.0 for case in CASES)
     assert all(any("holes" in c.name for c in CASES if c.family == family) for family in ("qwen2", "llama"))
     assert any(case.settings.repetition_penalty != 1.0 and case.settings.top_k for case in CASES)
     assert set(names) >= OPT_IN
@@ -126,24 +126,24 @@ OPT_IN = {
     ids=lambda case: case.name,
 )
 def test_adapter_case_is_exact_and_reaches_rollback(
-    case: AdapterCase, monkeypatch: pytest.MonkeyPatch
+    case: BackendCase, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     events = Events(monkeypatch)
     result = run_exact_case(case)
     assert result.total_variation <= EXACT_TOLERANCE, result.total_variation
     assert events.rejections > 0 and events.rollbacks > 0
     if "compaction" in case.name:
-        assert case.max_hole_fraction == 0.0 and events.compactions > 0
+        assert case.option("max_hole_fraction") == 0.0 and events.compactions > 0
     if "holes" in case.name:
         assert events.holes > 0
 
 
-TREE_CASES = grid_cases("adapter tree")
+TREE_CASES = grid_cases("hf tree")
 
 
 @pytest.mark.parametrize("case", TREE_CASES, ids=lambda case: case.name)
 def test_adapter_tree_case_is_exact_and_keeps_the_accepted_path(
-    case: AdapterTreeCase, monkeypatch: pytest.MonkeyPatch
+    case: BackendTreeCase, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Trees on the adapter: each row's tree is scored in one pass into its cache, the next round keeps
     the accepted path's slots and leaves the other nodes as holes."""
@@ -152,7 +152,7 @@ def test_adapter_tree_case_is_exact_and_keeps_the_accepted_path(
     assert result.total_variation <= EXACT_TOLERANCE, result.total_variation
     assert events.rejections > 0 and events.tree_nodes_kept > 0 and events.tree_nodes_dropped > 0
     if "compaction" in case.name:
-        assert case.max_hole_fraction == 0.0 and events.compactions > 0
+        assert case.option("max_hole_fraction") == 0.0 and events.compactions > 0
 
 
 # ---------------------------------------------------------------- mutants
@@ -274,7 +274,7 @@ def first_nodes_kept(monkeypatch: pytest.MonkeyPatch) -> None:
         kept = len(self._slots[b]) - before
         if pending is not None and kept:
             self._valid[b, self._slots[b][before:]] = False
-            self._slots[b] = torch.cat([self._slots[b][:before], pending.slots[:kept]])
+            self._slots[b] = torch.cat([self._slots[b][:before], pending.place[:kept]])
             self._valid[b, self._slots[b]] = True
 
     monkeypatch.setattr(HFLanguageModel, "_resolve_tree", by_index)

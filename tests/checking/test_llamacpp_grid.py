@@ -12,7 +12,8 @@ pytest.importorskip("transformers")
 
 from conftest import grid_cases  # noqa: E402
 
-from exactspec.checking.grid import LLAMACPP_TOLERANCE, llamacpp_cases, run_exact_case  # noqa: E402
+from exactspec.checking.grid import backend_cases, run_exact_case  # noqa: E402
+from exactspec.models.backends.llamacpp import TOLERANCE  # noqa: E402
 from exactspec.models.llamacpp import LlamaCppModel  # noqa: E402
 
 CASES = grid_cases("llamacpp")
@@ -21,14 +22,14 @@ CASES = grid_cases("llamacpp")
 def test_llamacpp_cases_are_in_the_grid_with_their_tolerance() -> None:
     names = [case.name for case in grid.exact_grid()]
     assert all(case.name in names for case in CASES)
-    assert llamacpp_cases() == CASES
-    assert all(case.tolerance == LLAMACPP_TOLERANCE for case in CASES)
+    assert backend_cases("llamacpp") == CASES
+    assert all(case.tolerance == TOLERANCE for case in CASES)
     target, draft = CASES[0].models()
     assert isinstance(target, LlamaCppModel) and isinstance(draft, LlamaCppModel)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
-def test_llamacpp_case_passes(case: grid.LlamaCppCase) -> None:
+def test_llamacpp_case_passes(case: grid.BackendCase) -> None:
     result = run_exact_case(case)
     print(f"{case.name}: TV {result.total_variation:.3g} over {result.paths} paths")
     assert result.passed, result.total_variation
@@ -62,7 +63,7 @@ def test_tree_cases_run_the_native_tree_pass(monkeypatch: pytest.MonkeyPatch) ->
         decode_tree(model, entries, out)
 
     monkeypatch.setattr(LlamaCppModel, "_decode_tree", counting)
-    case = next(case for case in CASES if isinstance(case, grid.LlamaCppTreeCase))
+    case = next(case for case in CASES if isinstance(case, grid.BackendTreeCase))
     assert run_exact_case(case).passed and decodes
 
 
@@ -82,5 +83,5 @@ def test_tree_nodes_seeing_their_siblings_are_caught(monkeypatch: pytest.MonkeyP
         decode_tree(model, moved, out)
 
     monkeypatch.setattr(LlamaCppModel, "_decode_tree", shared)
-    trees = [case for case in CASES if isinstance(case, grid.LlamaCppTreeCase)]
+    trees = [case for case in CASES if isinstance(case, grid.BackendTreeCase)]
     assert max(run_exact_case(case).total_variation for case in trees) > 1e-3

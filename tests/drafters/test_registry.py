@@ -37,7 +37,7 @@ ECHO = DrafterKind(
 def echo() -> Iterator[DrafterKind]:
     registry.register(ECHO)
     yield ECHO
-    registry._KINDS.pop(ECHO.name)
+    registry.DRAFTERS.unregister(ECHO.name)
 
 
 def test_the_shipped_drafters_are_registered_by_their_own_modules() -> None:

@@ -1,20 +1,37 @@
-"""The backend registry: a backend registered once is loadable by name and offered by the CLI."""
+"""The backend registry: a backend registered once is loadable by name, offered by the CLI, measured by
+auto, described by the bench, audited by `audit --tiny` and enumerated by the verify grid, with no
+other file naming it."""
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import TOKENIZER_EOS_ID, TOKENIZER_VOCAB, tiny_causal_lm, tiny_tokenizer
 
+from exactspec.bench.runner import describe_model
+from exactspec.checking.grid import exact_grid, run_exact_case
 from exactspec.checking.toy import random_tabular_model
 from exactspec.cli.main import build_parser, main
 from exactspec.foundations.errors import InvalidArgument
 from exactspec.models.backends import auto, registry
-from exactspec.models.backends.registry import Backend, LoadSpec, backend, backends
+from exactspec.models.backends.registry import (
+    Backend,
+    Candidate,
+    GridCell,
+    LoadSpec,
+    ModelFacts,
+    TinyModels,
+    TinyPair,
+    backend,
+    backends,
+)
 from exactspec.models.base import LanguageModel, ModelWrapper
+from exactspec.models.hf import HFLanguageModel
 from exactspec.models.pair import ModelPair
 
 VOCAB = len(TOKENIZER_VOCAB)
@@ -29,14 +46,54 @@ def _load(spec: LoadSpec) -> ModelPair:
     return pair
 
 
-TOY = Backend("toy-test", "a backend registered by a test", load=_load, reference=lambda pair: pair.target)
+class ToyAdapter(ModelWrapper):
+    """The toy backend's adapter: the HF adapter behind a wrapper that counts its passes."""
+
+    passes = 0
+
+    def logits(self, histories, num_positions=1, rows=None):  # type: ignore[no-untyped-def]
+        ToyAdapter.passes += 1
+        return self.model.logits(histories, num_positions, rows)
+
+
+def _tiny_adapters(target: Any, draft: Any, eos: int, options: Mapping[str, Any]) -> tuple[Any, Any]:
+    return ToyAdapter(HFLanguageModel(target, eos_token_ids={eos})), ToyAdapter(
+        HFLanguageModel(draft, eos_token_ids={eos})
+    )
+
+
+def _tiny_pair(target: Any, draft: Any, eos: int) -> TinyPair:
+    target_adapter, draft_adapter = _tiny_adapters(target, draft, eos, {})
+    pair = ModelPair(target, target_adapter, draft, draft_adapter, backend="toy-test")
+    return TinyPair(pair, "tiny toy-backend models", reference=HFLanguageModel(target, eos_token_ids={eos}))
+
+
+def _describe(model: LanguageModel) -> ModelFacts:
+    return ModelFacts("ToyAdapter", 1234, "float64", "toy weights", model.vocab_size, layers=2)
+
+
+TOY = Backend(
+    "toy-test",
+    "a backend registered by a test",
+    load=_load,
+    reference=lambda pair: pair.target,
+    describe=_describe,
+    candidates=lambda spec: [Candidate("toy-test fast")],
+    tiny=TinyModels(
+        family="qwen2",
+        adapters=_tiny_adapters,
+        cells=lambda: [GridCell("toy-test float64: batch of 2, gamma=2", 3, 2, 2, prompts=((1,), (2, 1)))],
+        tolerance=1e-12,
+        pair=_tiny_pair,
+    ),
+)
 
 
 @pytest.fixture
 def toy() -> Iterator[Backend]:
     registry.register(TOY)
     yield TOY
-    registry._BACKENDS.pop(TOY.name)
+    registry.BACKENDS.unregister(TOY.name)
 
 
 def test_the_shipped_backends_register_themselves() -> None:
@@ -63,7 +120,7 @@ def test_a_backend_that_cannot_run_here_says_why_before_loading(capsys: pytest.C
         assert main(["generate", "x", "--backend", "absent-test", "--no-progress"]) == 2
         assert "cannot run here: install it" in capsys.readouterr().err
     finally:
-        registry._BACKENDS.pop("absent-test")
+        registry.BACKENDS.unregister("absent-test")
 
 
 class Slow(ModelWrapper):
@@ -96,20 +153,68 @@ def test_auto_measures_the_candidates_once_runs_the_fastest_and_says_why(
     candidates = [("slow-test", "slow-test", "auto"), ("quick-test", "quick-test", "auto")]
     monkeypatch.setattr(auto, "_candidates", lambda spec: candidates)
     try:
-        pair = ModelPair.from_pretrained("t", "d", backend="auto", cache_dir=tmp_path)
+        said: list[str] = []
+        pair = ModelPair.from_pretrained("t", "d", backend="auto", cache_dir=tmp_path, report=said.append)
         assert pair.backend == "quick-test" and loads == ["slow-test", "quick-test", "quick-test"]
         choice = pair.backend_choice
         assert [t.label for t in choice.timings] == ["slow-test", "quick-test"]
         assert choice.reason.startswith("fastest plain step measured on this machine: quick-test")
-        assert "measuring slow-test, quick-test once on this machine" in capsys.readouterr().err
+        assert "--backend auto: measuring slow-test, quick-test once on this machine" in said
+        assert capsys.readouterr().err == ""  # the library printed nothing itself
         # The second run reads the choice from the cache: only the winner is loaded.
         again = ModelPair.from_pretrained("t", "d", backend="auto", cache_dir=tmp_path)
         assert again.backend == "quick-test" and loads[3:] == ["quick-test"]
         assert again.backend_choice == choice
     finally:
         for name in ("slow-test", "quick-test"):
-            registry._BACKENDS.pop(name)
+            registry.BACKENDS.unregister(name)
 
 
 def test_auto_on_explicit_torch_weights_is_the_hf_backend() -> None:
     assert auto._candidates(LoadSpec(weights="int8")) == [("hf int8", "hf", "int8")]
+
+
+def test_a_backend_registered_here_alone_reaches_every_part_that_asks_the_registry(
+    toy: Backend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The toy backend is named in this test only: the CLI offers it, auto measures it, the bench
+    describes its models as it says, `audit --tiny` audits its tiny pair and the verify grid enumerates
+    its cells through its adapters."""
+    # The CLI's choices, with its summary in --help.
+    assert build_parser().parse_args(["serve", "--backend", toy.name]).backend == toy.name
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["generate", "--help"])
+    assert "toy-test: a backend registered by a test" in " ".join(capsys.readouterr().out.split())
+    # Auto's candidates, as the backend says to measure it.
+    assert ("toy-test fast", toy.name, "auto") in auto._candidates(LoadSpec())
+    # The bench's description of a loaded model.
+    pair = ModelPair.from_pretrained("some-target", None, backend=toy.name)
+    record = describe_model(pair, pair.target)
+    assert (record.class_name, record.parameters, record.weights) == ("ToyAdapter", 1234, "toy weights")
+    # The verify grid: its cell, through its adapters, exact.
+    cases = [case for case in exact_grid() if case.name.startswith("toy-test")]
+    assert [case.name for case in cases] == ["toy-test float64: batch of 2, gamma=2"]
+    before = ToyAdapter.passes
+    result = run_exact_case(cases[0])
+    assert result.passed and result.paths > 1 and ToyAdapter.passes > before
+    # audit --tiny on it: its tiny pair, through its adapters.
+    before = ToyAdapter.passes
+    out = tmp_path / "audit"
+    argv = ["audit", "--tiny", "--backend", toy.name, "--generator", "exactspec", "--gamma", "2"]
+    argv += ["--batch-size", "4", "--samples", "200", "--temperature", "1", "--no-progress"]
+    argv += ["--out", str(out)]
+    assert main(argv) == 0, capsys.readouterr()
+    assert ToyAdapter.passes > before
+    written = json.loads((out / "tiny.json").read_text())
+    assert written["results"][0]["verdict"] == "pass"
+    assert "tiny toy-backend models" in (out / "tiny.md").read_text()
+
+
+def test_a_backend_without_tiny_models_is_refused_by_audit_tiny(capsys: pytest.CaptureFixture[str]) -> None:
+    plain = Backend("plain-test", "x", _load, lambda pair: pair.target)
+    registry.register(plain)
+    try:
+        assert main(["audit", "--tiny", "--backend", "plain-test", "--no-progress"]) == 2
+        assert "--tiny has no tiny models for --backend plain-test" in capsys.readouterr().err
+    finally:
+        registry.BACKENDS.unregister("plain-test")

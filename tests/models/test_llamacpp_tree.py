@@ -132,7 +132,7 @@ def test_released_rows_free_their_branches(target_path: Path) -> None:
     model.release_rows([0])
     model.logits([[3]], 1, rows=[5])  # a new row takes a sequence id the branches had held
     got = model.tree_logits([[3, 1]], *tree_batch([([4, 5, 6], [-1, -1, -1])]), rows=[5])
-    assert model._pending[5].branches and got.shape == (1, 4, SPEC.vocab_size)
+    assert model._pending[5].place.sequences and got.shape == (1, 4, SPEC.vocab_size)
 
 
 def test_a_batch_too_small_for_its_sequences_is_refused(target_path: Path) -> None:

@@ -214,8 +214,7 @@ def test_flash_attention_models_are_scored_path_by_path(monkeypatch: pytest.Monk
     model = HFLanguageModel(float64_module("qwen2", "sdpa"))
     calls = []
     monkeypatch.setattr(model.module.config, "_attn_implementation", "flash_attention_2")
-    monkeypatch.setattr(
-        "exactspec.models.hf.path_tree_logits", lambda *args: calls.append(args) or torch.zeros(1, 2, VOCAB)
-    )
+    fallback = "exactspec.models.rows_cache.path_tree_logits"
+    monkeypatch.setattr(fallback, lambda *args: calls.append(args) or torch.zeros(1, 2, VOCAB))
     model.tree_logits([[1]], torch.tensor([[2]]), torch.tensor([[-1]]), torch.tensor([1]))
     assert len(calls) == 1

@@ -10,15 +10,15 @@ machine's CPU and flags, cores, torch and llama-cpp-python versions and threads)
 Later runs read the choice from the cache and load only the winner. One run uses one backend and one
 set of weights for every target pass: a row's rounds never mix two targets.
 
-On CUDA, or when `--weights` names a torch weight format, the choice is the "hf" backend (there is
-nothing to measure against). When llama-cpp-python is missing, "auto" says so once and chooses among
-the torch candidates.
+Each backend says what to measure of it (`Backend.candidates`: the transformers backend measures packed
+int4 and dense bfloat16 weights). On another device than the CPU, or when `--weights` names a weight
+format, only the backends that read that option are candidates. A backend that cannot run here (a
+missing extra) or cannot load the models is left out, said once.
 """
 
 from __future__ import annotations
 
 import gc
-import sys
 import time
 from dataclasses import dataclass, replace
 
@@ -36,7 +36,7 @@ _TOLD: set[str] = set()  # what this process has already said once
 class BackendTiming(JsonRecord):
     """One candidate's measurement: its plain one-token step, c and v(k)."""
 
-    label: str  # "llamacpp", "hf int4", ...
+    label: str  # `Candidate.label`
     backend: str
     weights: str
     step_seconds: float
@@ -56,7 +56,7 @@ class BackendChoice(JsonRecord):
 
     @property
     def reason(self) -> str:
-        """'fastest plain step measured on this machine: llamacpp 31.2 ms, hf int4 58.0 ms, ...'."""
+        """'fastest plain step measured on this machine: <label> 31.2 ms, <label> 58.0 ms, ...'."""
         if len(self.timings) < 2:
             return "the only candidate here"
         fastest_first = sorted(self.timings, key=lambda t: t.step_seconds)
@@ -65,21 +65,27 @@ class BackendChoice(JsonRecord):
 
 
 def _say(spec: LoadSpec, line: str) -> None:
-    if spec.progress:
-        print(f"[exactspec] {line}", file=sys.stderr, flush=True)
+    """One line for the user through the caller's `report` callback (the library prints nothing)."""
+    if spec.report is not None:
+        spec.report(line)
 
 
 def _candidates(spec: LoadSpec) -> list[tuple[str, str, str]]:
-    """(label, backend, weights) to measure, in the order they are tried."""
+    """(label, backend, weights) to measure, in the order they are tried: each registered backend's
+    `Backend.auto_candidates`, leaving out in silence one that does not read an option the spec sets
+    (a device other than the CPU, a weight format), and with one line one that cannot run here or
+    cannot load these models."""
     from exactspec.models.device import resolve_device
 
-    if resolve_device(spec.device).type != "cpu":
-        return [("hf bf16", "hf", "bf16")]
-    if str(spec.weights).lower() != "auto":
-        return [(f"hf {spec.weights}", "hf", str(spec.weights))]
+    on_cpu = resolve_device(spec.device).type == "cpu"
+    named_weights = str(spec.weights).lower() != "auto"
     found = []
     for name, candidate in backends().items():
-        if name == "auto":
+        if candidate is BACKEND:
+            continue
+        if (not on_cpu and "device" not in candidate.options) or (
+            named_weights and "weights" not in candidate.options
+        ):
             continue
         why_not = candidate.unavailable() or candidate.accepts(spec)
         if why_not is not None:
@@ -87,10 +93,7 @@ def _candidates(spec: LoadSpec) -> list[tuple[str, str, str]]:
                 _TOLD.add(name)
                 _say(spec, f"--backend auto: {name} left out ({why_not})")
             continue
-        if name == "hf":
-            found += [("hf int4", "hf", "int4"), ("hf bf16", "hf", "bf16")]
-        else:
-            found.append((name, name, "auto"))
+        found += [(c.label, name, c.weights) for c in candidate.auto_candidates(spec)]
     return found
 
 
@@ -178,5 +181,6 @@ BACKEND = register(
         reference=reference,
         options=frozenset({"dtype", "weights", "device", "threads"}),
         rank=-1,
+        chooses=True,
     )
 )

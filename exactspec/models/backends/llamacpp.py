@@ -7,14 +7,27 @@ transformers module (`target_model` is None: the transformers peers do not run o
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
+import torch
+
 from exactspec.foundations.errors import InvalidArgument
-from exactspec.models.backends.registry import Backend, LoadSpec, register
+from exactspec.foundations.settings import SamplingSettings
+from exactspec.models.backends.registry import (
+    Backend,
+    GridCell,
+    LoadSpec,
+    ModelFacts,
+    TinyModels,
+    TinyPair,
+    register,
+)
 from exactspec.models.base import LanguageModel
 from exactspec.models.pair import ModelPair
 from exactspec.models.tokenizers import check_tokenizers_compatible, end_of_generation_ids
+
+NAME = "llamacpp"
 
 
 def load(spec: LoadSpec, **options: Any) -> ModelPair:
@@ -52,9 +65,9 @@ def load(spec: LoadSpec, **options: Any) -> ModelPair:
         draft_adapter = adapter("draft", draft_path, draft_tokenizer, eos)
         if draft_adapter.vocab_size > target_adapter.vocab_size:
             raise InvalidArgument("the draft vocabulary must be a prefix of the target's")
-    pair = ModelPair(None, target_adapter, None, draft_adapter, tokenizer, weights="gguf", backend="llamacpp")
+    pair = ModelPair(None, target_adapter, None, draft_adapter, tokenizer, weights="gguf", backend=NAME)
     pair.source = {
-        "backend": "llamacpp",
+        "backend": NAME,
         "target": str(spec.target),
         "draft": str(spec.draft),
         **{key: str(value) for key, value in options.items()},
@@ -86,9 +99,149 @@ def accepts(spec: LoadSpec) -> str | None:
     return f"it runs GGUF files, and {', '.join(others)} is not one" if others else None
 
 
+def describe(model: LanguageModel) -> ModelFacts:
+    """What the GGUF file says of itself (llama.cpp's CPU kernels compute in float32 from its weights)."""
+    return ModelFacts(
+        class_name=type(model).__name__,
+        parameters=int(getattr(model, "parameters", 0) or 0),
+        dtype="float32",
+        weights=f"gguf ({getattr(model, 'description', 'unknown')})",
+        vocab_size=model.vocab_size,
+        layers=getattr(model, "layers", None),
+        hidden_size=getattr(model, "hidden_size", None),
+    )
+
+
+# ---------------------------------------------------------------- tiny models (verify, audit --tiny, tests)
+
+TOLERANCE = 1e-5
+"""The TV bound of the llama.cpp grid cases. Their p is float32 (llama.cpp computes in float32 from
+float32 weights) while the reference is the float64 HF model the GGUF was written from: logits
+differ by about 1e-6 (float32 rounding of weights and sums; tests/models/test_llamacpp.py measures
+it), which moves a distribution over a handful of sequences by a TV of the same order. An adapter
+bug (a stale cell, a wrong position, a lost rollback) moves it by 1e-2 or more."""
+
+TINY_OPTIONS = {"threads": 1, "context": 256}
+"""How a tiny pair's `LlamaCppModel`s are opened: one thread (on tiny models llama.cpp's threads wait on each
+other far longer than they compute) and the tiny models' own context (`models.gguf_writer.CONTEXT_LENGTH`)."""
+
+
+def tiny_adapters(target: Any, draft: Any, eos: int, options: Mapping[str, Any]) -> tuple[Any, Any]:
+    """The grid's adapters: the tiny float64 modules written as float32 GGUF files, run with float32 KV
+    cells and no flash attention (llama.cpp's default float16 cache and its CPU flash attention, which
+    rounds through float16, each put the logits about 2e-3 off), float64 logits (llama.cpp's float32
+    values widened exactly, for the float64 enumeration)."""
+    from exactspec.models.gguf_writer import gguf_file
+    from exactspec.models.llamacpp import LlamaCppModel
+
+    settings = {"eos_token_ids": {eos}, "threads": 1, "context": 256, "max_rows": 4, "dtype": torch.float64}
+    settings.update(kv_type="f32", flash_attention=False, **options)
+    return LlamaCppModel(gguf_file(target, eos), **settings), LlamaCppModel(gguf_file(draft, eos), **settings)
+
+
+def tiny_pair(target: Any, draft: Any, eos: int) -> TinyPair:
+    """The tiny modules as float32 GGUF files loaded as `load` loads a pair (llama.cpp's own KV type and
+    attention, one thread), without a tokenizer (prompts are token ids); the reference is a second
+    context over the target's file with the same settings."""
+    from exactspec.models.gguf_writer import gguf_file
+    from exactspec.models.llamacpp import LlamaCppModel
+
+    options = {**TINY_OPTIONS, "eos_token_ids": {eos}}
+    target_path = gguf_file(target, eos)
+    pair = ModelPair(
+        None,
+        LlamaCppModel(target_path, **options),
+        None,
+        LlamaCppModel(gguf_file(draft, eos), **options),
+        None,
+        weights="gguf",
+        backend=NAME,
+    )
+    return TinyPair(pair, "tiny random Llama models (GGUF, llama.cpp)", LlamaCppModel(target_path, **options))
+
+
+def grid_cells() -> list[GridCell]:
+    """The grid cells that run through llama.cpp, on tiny float32 GGUF Llama pairs.
+
+    Batches of 2 rows with prompts of different lengths: rejections roll a sequence back while the
+    other row keeps its cells, a finished row leaves; the same settings as the HF adapter cases; then
+    trees (branch sequences in one decode, the kept path copied back).
+    """
+    all_transforms = SamplingSettings(
+        temperature=0.8, top_k=3, top_p=0.95, min_p=0.4, repetition_penalty=1.3, logit_bias={1: 0.5}
+    )
+    narrow, greedy = SamplingSettings(min_p=0.5), SamplingSettings(temperature=0.0)
+    # (name, V, gamma, n, settings, prompts, draft_logit_scale, drafter, verifier)
+    chains = [
+        ("gamma=1", 3, 1, 2, SamplingSettings(), ((1,), (2, 1, 1)), 1.0, "model", "token"),
+        ("gamma=3", 4, 3, 3, narrow, ((1,), (2, 1, 1)), 1.0, "model", "token"),
+        ("gamma=2, all transforms", 4, 2, 3, all_transforms, ((2, 3), (1,)), 1.0, "model", "token"),
+        ("T=0, gamma=5", 4, 5, 6, greedy, ((1,), (3, 2, 1)), 1.0, "model", "token"),
+        ("gamma=2, n=4, rollbacks", 4, 2, 4, narrow, ((1,), (2, 1)), 2.0, "model", "token"),
+        ("block, gamma=3", 4, 3, 3, narrow, ((1,), (2, 1)), 2.0, "model", "block"),
+        ("ngram, gamma=3", 4, 3, 3, SamplingSettings(), ((1, 2, 1), (2,)), 1.0, "ngram", "token"),
+    ]
+    cells = [
+        GridCell(
+            f"llama.cpp float32: batch of 2, {name}",
+            vocab,
+            gamma,
+            n,
+            settings,
+            prompts,
+            draft_logit_scale=scale,
+            drafter=drafter,
+            verifier=verifier,
+        )
+        for name, vocab, gamma, n, settings, prompts, scale, drafter, verifier in chains
+    ]
+    for name, widths, n, settings in (
+        ("tree 2 x 2", (2, 2), 4, SamplingSettings(min_p=0.6)),
+        ("tree 3-1, all transforms", (3, 1), 3, all_transforms),
+    ):
+        cells.append(
+            GridCell(
+                f"llama.cpp float32: batch of 2, {name}",
+                4,
+                2,
+                n,
+                settings,
+                ((1,), (2, 3)),
+                tree_widths=widths,
+                seed=3,
+            )
+        )
+    return cells
+
+
+TINY = TinyModels(
+    family="llama",
+    adapters=tiny_adapters,
+    cells=grid_cells,
+    tolerance=TOLERANCE,
+    pair=tiny_pair,
+    # After the audit's prompt the target's next token has about 2 nats of entropy and the draft's
+    # acceptance min(p, q) summed is 0.75, so rounds keep several draft tokens and reject others.
+    audit_spec=(
+        ("family", "llama"),
+        ("vocab_size", 16),
+        ("eos_token_id", 0),
+        ("init_std", 0.2),
+        ("logit_scale", 1.5),
+        ("draft_noise", 0.05),
+        ("seed", 5),
+        ("dtype", "float64"),
+        ("pad_token_id", None),
+        ("eos_like", None),
+        ("eos_weight", 1.0),
+        ("context", 64),
+    ),
+)
+
+
 BACKEND = register(
     Backend(
-        name="llamacpp",
+        name=NAME,
         summary="the GGUF files run by llama.cpp on the CPU (the llamacpp extra; --dtype and --weights do "
         "not apply)",
         load=load,
@@ -97,5 +250,7 @@ BACKEND = register(
         accepts=accepts,
         options=frozenset({"threads"}),
         rank=1,
+        describe=describe,
+        tiny=TINY,
     )
 )

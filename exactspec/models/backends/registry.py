@@ -1,10 +1,16 @@
-"""The backend registry: one name map from `--backend NAME` to how a pair is loaded (STYLE.md 14).
+"""The backend registry: one name map from `--backend NAME` to everything the rest of exactspec knows
+about a backend (STYLE.md 14 and 18).
 
-A backend is one file in `exactspec/models/backends/` that registers a `Backend`: its name, whether it
-can run on this machine (and, if not, how to install what it needs), how it loads a target/draft
-pair and what it reports about a loaded pair. `ModelPair.from_pretrained(backend=...)`, the CLI's
-`--backend` choices and `--backend auto`'s candidates read `backends()`, so a new backend touches no
-other file. `backends()` imports every module of that folder once, which is how a new file is found.
+A backend is its adapter (a `LanguageModel`, usually a `models.rows_cache.RowCacheModel`) plus one file
+in `exactspec/models/backends/` that registers a `Backend`: its name, whether it can run on this machine
+(and, if not, how to install what it needs), which models it accepts, how it loads a pair, its
+reference model, how a loaded model describes itself (`describe`: the bench, reports, `--json`), the
+candidates `--backend auto` measures for it (`candidates`), and how it runs tiny random models
+(`tiny`: its exactness cases in `exactspec verify`, its pair for `audit --tiny` and the tests).
+`ModelPair.from_pretrained(backend=...)`, the CLI's `--backend` choices, `--backend auto`, the bench,
+the audit and the verify grid read `backends()`, so a new backend touches no other file
+(docs/architecture.md, "Adding a backend"). `backends()` imports every module of that folder once,
+which is how a new file is found.
 
 >>> list(backends())[:3]
 ['auto', 'hf', 'llamacpp']
@@ -12,21 +18,26 @@ other file. `backends()` imports every module of that folder once, which is how 
 
 from __future__ import annotations
 
-import importlib
 import os
-import pkgutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from exactspec.foundations.defaults import DEFAULTS
+from exactspec.foundations.registry import Registry
+from exactspec.foundations.settings import SamplingSettings
 
 if TYPE_CHECKING:
     from exactspec.models.base import LanguageModel
 
 Pair = Any
 """A `exactspec.models.pair.ModelPair` (named loosely: the pair module imports this registry)."""
+
+Module = Any
+"""A transformers causal LM module (the tiny random models the checking layer builds)."""
+
+FLOAT64_TOLERANCE = 1e-12
+"""The TV distance an exactness case with float64 probabilities may reach (float64 rounding is ~1e-16)."""
 
 
 @dataclass(frozen=True)
@@ -36,9 +47,12 @@ class LoadSpec:
 
     Attributes:
         target, draft: the models (draft None: no draft model).
-        dtype, weights, device: torch's dtype, the weight format and the device (the "hf" backend).
+        dtype, weights, device: torch's dtype, the weight format and the device (for a backend that
+            reads them: `Backend.options`).
         threads: CPU threads for a backend that takes them (None: its default).
         cache_dir, progress: where fetched and converted files go; progress bars on or off.
+        report: where a backend's lines for the user go (what `--backend auto` measured and chose);
+            None: nowhere (the library never prints; the CLI passes a printer).
     """
 
     target: str | os.PathLike[str] = DEFAULTS.target
@@ -49,6 +63,130 @@ class LoadSpec:
     threads: int | None = None
     cache_dir: str | os.PathLike[str] | None = None
     progress: bool = True
+    report: Callable[[str], None] | None = None
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What a loaded model is, as its backend describes it (`Backend.describe`): the bench's and the
+    reports' model record.
+
+    Attributes:
+        class_name: the class that runs it (a transformers class, `LlamaCppModel`, ...).
+        parameters: its weights, as the backend counts them (0: unknown).
+        dtype: what its arithmetic runs in ("bfloat16", "float32", ...).
+        weights: the weight format ("dense", "int4", "gguf (qwen2 1.5B Q4_K - Medium)", ...).
+        vocab_size, layers, hidden_size: its shape (None where the backend cannot say).
+    """
+
+    class_name: str
+    parameters: int
+    dtype: str
+    weights: str
+    vocab_size: int | None
+    layers: int | None = None
+    hidden_size: int | None = None
+
+
+def describe_any(model: LanguageModel) -> ModelFacts:
+    """What any `LanguageModel` says of itself (a backend that registers no `describe`): its class, its
+    vocabulary and what it exposes as `parameters`, `dtype`, `weights`, `layers` and `hidden_size`."""
+    return ModelFacts(
+        class_name=type(model).__name__,
+        parameters=int(getattr(model, "parameters", 0) or 0),
+        dtype=str(getattr(model, "dtype", "unknown")).removeprefix("torch."),
+        weights=str(getattr(model, "weights", "unknown")),
+        vocab_size=model.vocab_size,
+        layers=getattr(model, "layers", None),
+        hidden_size=getattr(model, "hidden_size", None),
+    )
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way `--backend auto` can load a pair with a backend: measured, and chosen when fastest.
+
+    Attributes:
+        label: how reports name it (the backend's name, or its name and a weight format).
+        weights: the `LoadSpec.weights` it loads with ("auto": the backend's own choice).
+    """
+
+    label: str
+    weights: str = "auto"
+
+
+@dataclass(frozen=True)
+class GridCell:
+    """One exactness case of a backend in `exactspec verify`: the engine decodes through the backend's
+    adapters over tiny random models (`TinyModels.adapters`), and the exact distribution of what it
+    emits is compared with the target's, computed from no-cache forwards of the same float64 weights.
+    Plain data: the checking layer builds the weights, the engine and the reference.
+
+    Attributes:
+        name: the case's name in the grid (unique across the grid: say the backend).
+        vocab_size, gamma, max_new_tokens, settings, prompts: the decode (`checking.grid.ExactCase`).
+        family: the tiny models' architecture (default the backend's `TinyModels.family`).
+        draft_logit_scale: a sharper draft (fewer paths to enumerate; `checking.tiny_hf.TinyHFSpec`).
+        drafter, verifier: the strategy (the draft model and token verification by default).
+        tree_widths: not empty: the drafter proposes trees with these widths by depth instead
+            (`checking.toy.rotating_tree`), scored by the backend's tree pass.
+        options: keyword arguments for `TinyModels.adapters` (HF: max_hole_fraction).
+        seed: seeds the tiny weights (and the trees).
+    """
+
+    name: str
+    vocab_size: int
+    gamma: int
+    max_new_tokens: int
+    settings: SamplingSettings = field(default_factory=SamplingSettings)
+    prompts: tuple[tuple[int, ...], ...] = ((1,),)
+    family: str | None = None
+    draft_logit_scale: float = 1.0
+    drafter: str = "model"
+    verifier: str = "token"
+    tree_widths: tuple[int, ...] = ()
+    options: tuple[tuple[str, Any], ...] = ()
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class TinyPair:
+    """A backend's pair over tiny random models (`audit --tiny`, tests) and what the report says it is.
+
+    Attributes:
+        pair: the `ModelPair`, loaded as the backend loads a pair (its `backend` is the backend's name).
+        title: one line for the report ("tiny random Qwen2 models").
+        reference: the model of the exact probabilities when it is not `pair.reference`.
+    """
+
+    pair: Pair
+    title: str
+    reference: LanguageModel | None = None
+
+
+@dataclass(frozen=True)
+class TinyModels:
+    """How a backend runs tiny random transformers models (built by `checking.tiny_hf`), so that the
+    verify grid, `audit --tiny` and the tests reach it without naming it.
+
+    Attributes:
+        family: the architecture of its tiny models ("qwen2", "llama": what it can run).
+        adapters: (target module, draft module, EOS id, options) -> (target, draft) adapters over
+            those float64 weights, logits in float64 (or float32 values widened exactly).
+        cells: its exactness cases (`GridCell`).
+        tolerance: the TV distance its cases may reach: float64 rounding (1e-12) for float64 logits,
+            more where the backend computes in float32 (and says why).
+        pair: (target module, draft module, EOS id) -> its `TinyPair` over those float32 weights.
+        audit_spec: `checking.tiny_hf.TinyHFSpec` fields its `audit --tiny` models change from the
+            audit's own (`audit.tiny.TinyPairSpec`), e.g. another family or vocabulary.
+    """
+
+    family: str
+    adapters: Callable[[Module, Module, int, Mapping[str, Any]], tuple[LanguageModel, LanguageModel]]
+    cells: Callable[[], Sequence[GridCell]]
+    tolerance: float
+    pair: Callable[[Module, Module, int], TinyPair]
+    audit_spec: tuple[tuple[str, Any], ...] = ()
 
 
 def _runs_here() -> str | None:
@@ -68,8 +206,15 @@ class Backend:
             fetching anything; `--backend auto` leaves out a backend that cannot).
         reference: pair -> a second model over the pair's target weights with a cache of its own (exact
             probabilities beside a running engine: the audit).
-        options: the shared model options it reads ("dtype", "weights", "device", "threads").
+        options: the shared model options it reads ("dtype", "weights", "device", "threads"); `--backend
+            auto` leaves it out when a spec sets one it does not read (a device other than the CPU,
+            a weight format).
         rank: where it is listed; lower first.
+        describe: a loaded adapter -> what it is (`ModelFacts`; default `describe_any`).
+        candidates: LoadSpec -> the ways `--backend auto` measures it (default: one, under its name).
+        tiny: how it runs tiny random models (None: no exactness cases and no `audit --tiny` pair).
+        chooses: it loads one of the other backends ("auto"): `audit --tiny` then runs the first
+            backend, by rank, that has tiny models.
     """
 
     name: str
@@ -80,34 +225,30 @@ class Backend:
     accepts: Callable[[LoadSpec], str | None] = lambda spec: None
     options: frozenset[str] = field(default_factory=frozenset)
     rank: int = 100
+    describe: Callable[[LanguageModel], ModelFacts] = describe_any
+    candidates: Callable[[LoadSpec], Sequence[Candidate]] | None = None
+    tiny: TinyModels | None = None
+    chooses: bool = False
+
+    def auto_candidates(self, spec: LoadSpec) -> list[Candidate]:
+        """The ways `--backend auto` measures this backend for `spec` (`candidates`, default its name)."""
+        return [Candidate(self.name)] if self.candidates is None else list(self.candidates(spec))
 
 
-_BACKENDS: dict[str, Backend] = {}
-_DISCOVERED = False
+BACKENDS: Registry[Backend] = Registry("backend", __name__.rpartition(".")[0])
+"""Every backend, found by importing each module of this folder once (`foundations.registry`)."""
 
 
 def register(backend: Backend) -> Backend:
     """Add a backend (its module calls this at import); a name registered twice is an error."""
-    if backend.name in _BACKENDS and _BACKENDS[backend.name] is not backend:
-        raise ValueError(f"a backend named {backend.name!r} is registered already")
-    _BACKENDS[backend.name] = backend
-    return backend
+    return BACKENDS.register(backend)
 
 
 def backends() -> dict[str, Backend]:
     """Every registered backend by name, by rank (each module of this folder imported once)."""
-    global _DISCOVERED
-    if not _DISCOVERED:
-        package = __name__.rpartition(".")[0]  # this folder: every backend module lives beside this one
-        for module in pkgutil.iter_modules([str(Path(__file__).parent)]):
-            importlib.import_module(f"{package}.{module.name}")
-        _DISCOVERED = True
-    return {b.name: b for b in sorted(_BACKENDS.values(), key=lambda b: (b.rank, b.name))}
+    return BACKENDS.all()
 
 
 def backend(name: str) -> Backend:
     """The backend registered as `name`; ValueError naming the known ones."""
-    known = backends()
-    if name not in known:
-        raise ValueError(f"backend must be one of {', '.join(known)}; got {name!r}")
-    return known[name]
+    return BACKENDS.get(name)
