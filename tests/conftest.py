@@ -70,16 +70,18 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 _CACHE_KEY = pytest.StashKey[str]()
 
 
-@pytest.fixture(autouse=True)
-def slow_tests_use_the_user_cache(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The opt-in slow tests (`-m slow`) run the built-in pair, which lives in the user's cache (fetching
-    and converting it again would take minutes): they, and only they, see the user's $EXACTSPEC_CACHE."""
-    if request.node.get_closest_marker("slow") is None:
-        return
-    if USER_CACHE is None:
-        monkeypatch.delenv(CACHE_ENV, raising=False)
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Each test's cache, set before any of its fixtures is made (a module-scoped one included): the
+    temporary one, or for the opt-in slow tests (`-m slow`) the user's, where the built-in pair they run
+    lives (fetching and converting it again would take minutes)."""
+    if item.get_closest_marker("slow") is None:
+        os.environ[CACHE_ENV] = item.config.stash[_CACHE_KEY]
+    elif USER_CACHE is None:
+        os.environ.pop(CACHE_ENV, None)
     else:
-        monkeypatch.setenv(CACHE_ENV, USER_CACHE)
+        os.environ[CACHE_ENV] = USER_CACHE
+
 
 MERGES = [("d", "e"), ("de", "f"), ("Ġ", "f"), ("r", "e"), ("re", "t")]
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

@@ -45,6 +45,7 @@ from exactspec.foundations.errors import InvalidArgument
 from exactspec.foundations.metrics import DecodeMetrics
 from exactspec.foundations.sampler import Sampler
 from exactspec.foundations.settings import SamplingSettings
+from exactspec.models.base import LanguageModel
 from exactspec.models.pair import ModelPair
 
 __all__ = [
@@ -129,7 +130,8 @@ class TextRequest:
 
 
 class Choice:
-    """One row of a submission: its handle in the scheduler, its tokens and its text so far."""
+    """One row of a submission: its handle in the scheduler, its tokens and its text so far (no text
+    without a tokenizer: a session over token ids alone)."""
 
     def __init__(
         self, index: int, request_index: int, prompt_tokens: int, stop: StopStrings | None, tokenizer: Any
@@ -138,7 +140,7 @@ class Choice:
         self.request_index = request_index  # which of the submission's requests it belongs to
         self.prompt_tokens = prompt_tokens
         self.stop = stop
-        self.stream = TextStream(tokenizer, stop)
+        self.stream = TextStream(tokenizer, stop) if tokenizer is not None else None
         self.handle: RowHandle | None = None
         self.tokens: list[int] = []
         self.text = ""
@@ -157,6 +159,8 @@ class Choice:
         if event.finish_reason is not None:
             self.finish_reason = event.finish_reason
             self.error = event.error
+        if self.stream is None:
+            return ""
         delta = self.stream.update(self.tokens, final=event.finish_reason is not None)
         self.text += delta
         return delta
@@ -221,9 +225,8 @@ class RequestRules:
     ) -> None:
         """`gamma`: a request's draft length when it names none; `has_drafter`: requests may ask for
         gamma > 0; `default_max_tokens`: the length limit of a request that names none; `length_name`:
-        what the caller calls the length limit (the Python API's `max_new_tokens`), for messages."""
-        if pair.tokenizer is None:
-            raise ValueError("a session needs the pair's tokenizer; load the pair with one")
+        what the caller calls the length limit (the Python API's `max_new_tokens`), for messages.
+        Without the pair's tokenizer, prompts are token ids (text, messages and stop strings need it)."""
         self.tokenizer = pair.tokenizer
         self.vocab_size = pair.target.vocab_size
         self.context_length = pair.context_length
@@ -241,6 +244,8 @@ class RequestRules:
         except ValueError as error:
             raise RequestError(f"settings: {error}", param="logit_bias") from None
         ids = self.encode(request, index)
+        if request.stop:
+            self._need_tokenizer("stop")
         gamma = self.request_gamma(request)
         param = "messages" if request.messages is not None else "prompt"
         return ids, gamma, self.max_tokens(request, len(ids), gamma, param)
@@ -251,8 +256,10 @@ class RequestRules:
         if request.messages is not None:
             if request.prompt is not None:
                 raise RequestError("give a prompt or messages, not both", param="messages")
+            self._need_tokenizer("messages")
             ids = self._encode_messages(request.messages)
         elif isinstance(request.prompt, str):
+            self._need_tokenizer("prompt")
             if not request.prompt.strip():
                 raise RequestError(f"prompt {index} is empty; give some text", param="prompt")
             if request.chat:
@@ -272,6 +279,11 @@ class RequestRules:
                 param="prompt",
             )
         return ids
+
+    def _need_tokenizer(self, param: str) -> None:
+        if self.tokenizer is None:
+            message = f"{param} needs the pair's tokenizer, which this pair lacks; give the prompt as ids"
+            raise RequestError(message, param=param)
 
     def _need_chat_template(self) -> None:
         if not getattr(self.tokenizer, "chat_template", None):
@@ -347,15 +359,17 @@ class Session:
         batch_costs: BatchCosts | None = None,
         raise_round_errors: bool = False,
         progress: Callable[[str], None] | None = None,
+        models: tuple[LanguageModel, LanguageModel | None] | None = None,
     ) -> None:
         """`sampler`: the random source (default a fresh `SeededSampler`; every row with a seed gets its
         own stream from it). `batch_costs`: the measured pass costs a planning session uses (default
         `ModelPair.batch_costs`, measured once per pair and machine; `progress` hears what it does).
         `raise_round_errors`: a failed round raises out of `run_until_idle` (a direct caller) instead
-        of ending its rows with an "error" event only (a server)."""
+        of ending its rows with an "error" event only (a server). `models`: the (target, draft) the
+        rounds run when not the pair's own, wrappers over them that log or time each call (the bench);
+        what the session decides (gamma, planning, request checks) and the costs it plans with still
+        come from the pair."""
         config = config or SessionConfig()
-        if pair.tokenizer is None:
-            raise ValueError("a session needs the pair's tokenizer; load the pair with one")
         strategy = config.strategy
         self.pair = pair
         self.tokenizer = pair.tokenizer
@@ -377,9 +391,10 @@ class Session:
         lookup_costs = strategy.adaptive_gamma and not strategy.needs_draft_model
         self.max_gamma = self.gamma if lookup_costs else (MAX_GAMMA if self.can_draft else 0)
         self.rules = RequestRules(pair, self.gamma, self.max_gamma > 0, config.max_tokens)
+        target, draft = models if models is not None else (pair.target, pair.draft)
         self.scheduler: Scheduler = build_scheduler(
-            pair.target,
-            pair.draft,
+            target,
+            draft,
             strategy,
             self.gamma,
             pair.cost_model,

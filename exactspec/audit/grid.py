@@ -10,6 +10,7 @@ from tqdm import tqdm
 from exactspec.audit.generators import ONE_ROW_KINDS, SPECULATIVE_KINDS, make_generator
 from exactspec.audit.runner import AuditCase, AuditResult, Reference, build_reference, run_audit
 from exactspec.decoding.strategy import Strategy
+from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.base import LanguageModel
 from exactspec.models.pair import ModelPair
@@ -83,7 +84,7 @@ def run_cells(
     prompt: Sequence[int],
     length: int,
     samples: int,
-    seed: int = 0,
+    seed: int = DEFAULTS.seed,
     max_new_tokens: int | None = None,
     progress: bool = True,
     on_result: Callable[[AuditResult], None] | None = None,

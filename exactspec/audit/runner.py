@@ -34,6 +34,7 @@ from exactspec.checking.statistical import (
     goodness_of_fit,
     likely_sequences,
 )
+from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.foundations.transforms import probabilities
 from exactspec.models.base import LanguageModel, ModelWrapper
@@ -62,7 +63,7 @@ class AuditCase:
     length: int
     settings: SamplingSettings
     samples: int
-    seed: int = 0
+    seed: int = DEFAULTS.seed
     max_new_tokens: int | None = None
 
     def __post_init__(self) -> None:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from exactspec.api.session import TextRequest
+from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.errors import InvalidArgument
 from exactspec.foundations.settings import SamplingSettings
 
@@ -75,7 +76,7 @@ class JobDefaults:
     """What a record that leaves a field out gets: the command's flags (their defaults are `DEFAULTS`)."""
 
     settings: SamplingSettings = field(default_factory=SamplingSettings)
-    seed: int = 0
+    seed: int = DEFAULTS.seed
     max_tokens: int | None = None  # None: the session's length limit
     stop: tuple[str, ...] = ()
     gamma: int | None = None  # None: the session's

@@ -129,7 +129,8 @@ class ExpectedAccepted(JsonRecord):
 
 @dataclass(frozen=True)
 class PolicyCosts(JsonRecord):
-    """The c and v(1..gamma + 1) adaptive gamma optimised with (`ModelPair.cost_model`)."""
+    """The c and v(1..gamma + 1) adaptive gamma optimised with: one row's of the pass costs the rounds
+    were planned from (`ModelPair.batch_costs`, as `generate` plans), else `ModelPair.cost_model`."""
 
     c: float
     v: tuple[float, ...]

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from exactspec.api.session import Choice, Session, SessionConfig, TextRequest
 from exactspec.bench.records import (
     AssistedRounds,
     ExpectedAccepted,
@@ -22,12 +23,11 @@ from exactspec.bench.records import (
     RunMetrics,
 )
 from exactspec.bench.timing import ForwardTimer, RoundStreamer, engine_module, steady_state
-from exactspec.decoding.builder import build_engine
-from exactspec.decoding.engine import DecodeConfig
+from exactspec.decoding.records import RowEvent
 from exactspec.decoding.strategy import Strategy
 from exactspec.drafters.base import Drafter
+from exactspec.foundations.costs import BatchCosts
 from exactspec.foundations.records import field_values
-from exactspec.foundations.sampler import SeededSampler
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.base import LanguageModel, ModelWrapper
 from exactspec.models.pair import ModelPair
@@ -213,45 +213,56 @@ def run_engine(
 ) -> Measurement:
     """One generation through our engine (gamma = 0 is plain decoding), from empty caches.
 
-    `strategy` picks drafter, verifier and gamma policy (`exactspec.decoding.builder.build_engine`,
-    the builder `generate` uses); adaptive gamma takes the pair's cached measured costs, so
-    the measurement (once per pair) happens before the timed part of the first such run.
-    `learned`: the drafters that carry what they learned from one run to the next (`LearnedDrafters`).
+    It runs as `exactspec generate` runs it: one request in a `Session` over the pair (the one place that
+    wires a strategy to its engine: adaptive gamma plans each round from the pair's measured pass costs
+    and round times, measured once per pair before the timed part of the first such run), the seed the
+    request's, no per-round input checks in the verifier. The session's rounds run through `LoggedModel`
+    wrappers (every pass noted), without EOS when `ignore_eos`. `learned`: the drafters that carry what
+    they learned from one run to the next (`LearnedDrafters`).
     """
+    strategy = strategy or Strategy()
     log = PassLog()
     target: LanguageModel = LoggedModel(NoEos(pair.target) if ignore_eos else pair.target, log, "target")
     draft: LanguageModel | None = None
     if pair.draft is not None:
         draft = LoggedModel(NoEos(pair.draft) if ignore_eos else pair.draft, log, "draft")
-    # As `generate` runs it: no per-round input checks in the verifier.
-    engine = build_engine(target, draft, strategy or Strategy(), gamma, costs=pair.cost_model, validate=False)
+    # One request joins an idle session at once: no waiting queue, no prefill chunks (as `generate`).
+    config = SessionConfig(strategy, gamma, max_batch=1, max_waiting=0, prefill_chunk=None)
+    session = Session(pair, config, raise_round_errors=True, models=(target, draft))
+    engine = session.scheduler.engine
     if learned is not None:
-        learned.use(engine, strategy or Strategy(), gamma, settings)
+        learned.use(engine, strategy, gamma, settings)
     recorder = ExpectationRecorder(engine.verifier, engine.tree_verifier)
     engine.verifier = recorder
     engine.tree_verifier = recorder.verify_tree
     pair.clear_caches()
-    config = DecodeConfig(gamma=gamma, max_new_tokens=max_new_tokens, settings=settings)
-    sampler = SeededSampler(seed=seed)
+    request = TextRequest(list(ids), settings=settings, max_tokens=max_new_tokens, seed=seed)
     events: list[tuple[float, int]] = []
     tokens: list[int] = []
     finish_reason = None
+
+    def on_event(choice: Choice, event: RowEvent) -> None:
+        nonlocal finish_reason
+        # The recorder's scoring is not the method's work: its time comes off every clock.
+        events.append((time.perf_counter() - recorder.seconds, len(event.tokens)))
+        log.end_round()
+        tokens.extend(event.tokens)
+        finish_reason = event.finish_reason or finish_reason
+
     with (
         ForwardTimer(engine_module(pair.target)) as target_timer,
         ForwardTimer(engine_module(pair.draft)) as draft_timer,
     ):
         started = time.perf_counter()
-        for event in engine.stream([list(ids)], config, sampler):
-            # The recorder's scoring is not the method's work: its time comes off every clock.
-            events.append((time.perf_counter() - recorder.seconds, len(event.tokens)))
-            log.end_round()
-            tokens.extend(event.tokens)
-            finish_reason = event.finish_reason or finish_reason
+        session.submit(request, on_event)
+        session.run_until_idle()
         wall = time.perf_counter() - started - recorder.seconds
-    metrics = engine.metrics
+    metrics = session.metrics
     metrics.verify_seconds -= recorder.seconds
     metrics.total_seconds -= recorder.seconds
     costs = getattr(engine.gamma_policy, "costs", None)  # what adaptive gamma optimised with
+    if isinstance(costs, BatchCosts):  # a planned round: one row's c and v(k) of the costs it plans from
+        costs = costs.single_row()
     # Forward hooks where the backend runs transformers modules; else each adapter call is the pass.
     hooked = engine_module(pair.target) is not None
     target_forwards = tuple(target_timer.calls) if hooked else tuple(log.target_calls)

@@ -24,7 +24,7 @@ from exactspec.foundations.transforms import probabilities
 from exactspec.models.base import LanguageModel
 
 EngineFactory = Callable[[], SpeculativeEngine]
-"""Builds a fresh engine (e.g. `lambda: build_engine(target, draft, strategy, gamma)`). The enumeration
+"""Builds a fresh engine (e.g. a lambda over `exactspec.decoding.builder.build_engine`). The enumeration
 builds one per random path, so that state learned on one path (a gamma policy's counts) never leaks
 into another: every path runs the same rule from the same start."""
 

@@ -38,10 +38,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     it also looks after Ctrl-C for the whole process (`_ProgramInterrupts`).
     """
     program = argv is None and threading.current_thread() is threading.main_thread()
-    interrupts = _ProgramInterrupts() if program else None
+    interrupts: _ProgramInterrupts | None = None
     name, debug = "exactspec", False
     try:
         try:
+            interrupts = _ProgramInterrupts() if program else None
             argv = list(sys.argv[1:] if argv is None else argv)
             debug = "--debug" in argv or os.environ.get(DEBUG_ENV, "").strip() not in ("", "0")
             parser = build_parser()

@@ -7,7 +7,8 @@ pair of `LanguageModel`s handed in (Hugging Face, llama.cpp, toy tables).
 
 >>> from exactspec.checking.toy import random_tabular_model
 >>> target = random_tabular_model(5, seed=1)
->>> parts = build_components(target, None, Strategy(drafter="ngram", verifier="block"), gamma=4)
+>>> fixed = Strategy(drafter="ngram", verifier="block", adaptive_gamma=False)
+>>> parts = build_components(target, None, fixed, gamma=4)
 >>> type(parts.drafter).__name__, parts.verifier.__name__, parts.gamma_policy
 ('NgramDrafter', 'verify_block', None)
 """

@@ -89,7 +89,7 @@ class SpeculativeEngine:
         validate: the verifier checks its inputs every round (shapes, ids, finite normalised p
             and q: passes over [B, gamma + 1, V] and host syncs). The engine builds p and q itself
             from logits that the transforms check, so serving entry points turn it off
-            (`exactspec.decoding.builder.build_engine(validate=False)`); tests and `exactspec verify`
+            (`exactspec.decoding.builder.build_engine` with validate=False); tests and `exactspec verify`
             keep it on. Off changes no token.
         draft_stopwatch: adds up the draft model's forward time (`exactspec.models.timed.TimedModel`
             around the drafter's model shares it); the engine reads it after each draft step into

@@ -62,7 +62,9 @@ class Defaults:
             mode, `audit`, `numerics`): at least every fixed default above, so that the draft positions
             a default run uses are all checked.
     Models:
-        target, draft: the built-in pair (`exactspec.models.loading.DEFAULT_SPECS`).
+        target, draft: the built-in pair (`exactspec.models.loading.DEFAULT_SPECS`). A command loads the
+            draft only when its drafter runs a model; `SpeculativeDecoder.from_pretrained` loads it, for
+            the later calls that ask for the draft model.
         dtype, weights, device: "auto" each: the device is CUDA when torch sees a GPU, else the CPU
             (`exactspec.models.device`), and dtype and weights are that device's measured best (int4
             weights on the CPU, bf16 on CUDA). The Python API and every command alike.

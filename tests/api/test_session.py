@@ -116,3 +116,26 @@ def test_a_session_without_a_drafter_refuses_gamma_and_decodes_plainly() -> None
         plain.submit(TextRequest("x", gamma=2))
     [choice] = plain.generate([TextRequest("x", max_tokens=3, seed=0)]).choices
     assert len(choice.tokens) <= 3 and choice.finish_reason in ("eos", "length")
+
+
+def test_a_pair_without_a_tokenizer_takes_token_ids_and_names_what_needs_one() -> None:
+    """The bench's tiny pairs have no tokenizer: their sessions decode token ids as any other does."""
+    pair = _pair()
+    bare = ModelPair.from_models(pair.target_model, pair.draft_model)
+    config = SessionConfig(strategy=Strategy(adaptive_gamma=False), gamma=2, prefill_chunk=None)
+    session = Session(bare, config, sampler=SeededSampler(7), raise_round_errors=True)
+    ids = list(tiny_tokenizer()("def f(x):")["input_ids"])
+    [choice] = session.generate([TextRequest(ids, settings=SAMPLE, max_tokens=6, seed=3)]).choices
+    [alike] = _session(strategy=Strategy(adaptive_gamma=False)).generate(
+        [TextRequest(ids, settings=SAMPLE, max_tokens=6, seed=3)]
+    ).choices
+    assert choice.tokens == alike.tokens and len(choice.tokens) == 6 and choice.text == ""
+    messages = [{"role": "user", "content": "x"}]
+    for request, param in [
+        (TextRequest("def f(x):"), "prompt"),
+        (TextRequest(messages=messages), "messages"),
+        (TextRequest(ids, stop=["\n"]), "stop"),
+    ]:
+        with pytest.raises(RequestError, match="needs the pair's tokenizer") as refused:
+            session.submit(request)
+        assert refused.value.param == param

@@ -40,3 +40,22 @@ def test_the_suite_measures_into_a_temporary_cache_never_the_user_s(tmp_path: Pa
     assert root.parent == Path(tempfile.gettempdir()) and root.name.startswith("exactspec-test-cache-")
     assert root != Path.home() / ".cache" / "exactspec" and str(root) != USER_CACHE
     assert stored_path("kind", {"key": 1}, None).parent == root / FOLDER
+
+
+def test_the_opt_in_slow_tests_see_the_user_s_cache(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """They run the built-in pair, which lives there; set before their fixtures (module-scoped too)."""
+    import os
+
+    from conftest import USER_CACHE, pytest_runtest_setup
+
+    temporary = os.environ[CACHE_ENV]
+    monkeypatch.setenv(CACHE_ENV, temporary)  # put back as it was when the test ends
+    slow = pytest.mark.slow.mark
+    monkeypatch.setattr(request.node, "get_closest_marker", lambda name: slow if name == "slow" else None)
+    pytest_runtest_setup(request.node)
+    assert os.environ.get(CACHE_ENV) == USER_CACHE
+    monkeypatch.setattr(request.node, "get_closest_marker", lambda name: None)
+    pytest_runtest_setup(request.node)
+    assert os.environ[CACHE_ENV] == temporary

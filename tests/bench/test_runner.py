@@ -210,7 +210,8 @@ def test_bench_runs_every_engine_method_and_named_settings(tmp_path: Path) -> No
     assert all(r.same_tokens_as_plain for r in greedy)  # every method is greedy decoding at T=0
     lookup = [r for r in runs if r.method == "ngram"]
     assert lookup and all(r.metrics is not None and r.metrics.draft_calls == 0 for r in lookup)
-    assert pair._costs is not None and pair._costs.max_gamma >= 3  # adaptive measured the pair once
+    # Adaptive runs plan as `generate` does: from the pair's pass costs by shape, measured once.
+    assert pair._batch_costs is not None and pair._batch_costs.widths[-1] >= 3 + 1
     adaptive = [r for r in runs if r.method == "adaptive"]
     assert adaptive and all(r.gamma_policy_costs and len(r.gamma_policy_costs.v) == 4 for r in adaptive)
 

@@ -113,7 +113,7 @@ def test_bench_skips_the_column_with_a_message_when_the_package_is_absent(
     assert said and "llama.cpp column skipped" in said[0] and "GGML_AVX512=ON" in said[0]
 
 
-@pytest.mark.slow  # the built-in draft from the user's cache (`slow_tests_use_the_user_cache`)
+@pytest.mark.slow  # the built-in draft, from the user's cache (tests/conftest.py)
 def test_real_llamacpp_decodes_the_default_draft_greedily() -> None:
     pytest.importorskip("llama_cpp")
     from exactspec.artefacts.cache import default_cache_dir
