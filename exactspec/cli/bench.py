@@ -32,6 +32,7 @@ from exactspec.cli.common import (
     strategy,
 )
 from exactspec.decoding.engine import MAX_GAMMA
+from exactspec.foundations.settings import TEMPERATURE_MAX
 
 DEFAULT_OUT = "bench-out"
 DEFAULT_LOOKUP_TOKENS = 2
@@ -399,6 +400,6 @@ def _float_list(text: str) -> list[float]:
         values = [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if any(not math.isfinite(v) or v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected finite numbers >= 0, got {text!r}")
+    if any(not math.isfinite(v) or not 0 <= v <= TEMPERATURE_MAX for v in values):
+        raise argparse.ArgumentTypeError(f"expected finite numbers in [0, {TEMPERATURE_MAX:g}], got {text!r}")
     return values
