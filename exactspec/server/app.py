@@ -54,7 +54,13 @@ from exactspec.decoding.strategy import Strategy
 from exactspec.foundations.costs import BatchCosts
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.models.pair import ModelPair
-from exactspec.server.schemas import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, SamplingFields
+from exactspec.server.schemas import (
+    ERROR_RESPONSES,
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingFields,
+    served_schema,
+)
 
 DEFAULT_MODEL_NAME = "exactspec"
 
@@ -369,7 +375,8 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
                 operation.get("responses", {}).pop("422", None)
         for unused in ("HTTPValidationError", "ValidationError"):
             schema.get("components", {}).get("schemas", {}).pop(unused, None)
-        app.openapi_schema = schema
+        service = app.state.service
+        app.openapi_schema = served_schema(schema, service.model_name, service.pair.target.vocab_size)
     return app.openapi_schema
 
 
