@@ -78,7 +78,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--temperatures",
         type=_float_list,
         default=None,
-        help=f"comma-separated temperatures, 0 = greedy (default {','.join(map(str, DEFAULT_TEMPERATURES))})",
+        help=f"comma-separated temperatures in [0, {TEMPERATURE_MAX:g}], 0 = greedy "
+        f"(default {','.join(map(str, DEFAULT_TEMPERATURES))})",
     )
     parser.add_argument(
         "--settings",

@@ -164,7 +164,8 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, temperature: float =
         "--temperature",
         type=finite_float,
         default=temperature,
-        help=f"in [0, {TEMPERATURE_MAX:g}]; 0 = greedy (default {temperature:g})",
+        help=f"in [0, {TEMPERATURE_MAX:g}]; 0 = greedy, as is a positive T too small to divide by "
+        f"(default {temperature:g})",
     )
     group.add_argument(
         "--top-k", type=non_negative_int, default=0, help="keep the k most likely tokens (0 = off)"
