@@ -15,7 +15,7 @@ TEMPERATURE_MAX = 100.0
 """Highest temperature. Already at T = 100, logits spread over 20 nats differ by 0.2 nats: near-uniform
 noise over the allowed tokens; higher values only add floating-point trouble (T beyond float32's range
 turns a banned token's -inf / T into NaN). Any T in (0, TEMPERATURE_MAX] is served: where scores / T
-would overflow, the row takes its greedy limit (`exactspec.foundations.overflow`)."""
+would overflow, the row takes its T -> 0 limit, the greedy row (`exactspec.foundations.overflow`)."""
 REPETITION_PENALTY_MIN = 0.01
 """Lowest repetition penalty (< 1 favours repeated tokens; 0.01 multiplies a positive logit by 100)."""
 REPETITION_PENALTY_MAX = 100.0
@@ -37,7 +37,8 @@ class SamplingSettings:
     Attributes:
         temperature: 0 means greedy (one-hot on the argmax, ties broken by the
             lowest id); otherwise logits are divided by it. In [0, TEMPERATURE_MAX];
-            a positive T so small that scores / T overflows gives the greedy row.
+            a positive T so small that scores / T overflows gives the row's T -> 0
+            limit (the greedy row; ids tied at the max share it equally).
         top_k: keep the k highest logits (ties with the k-th are kept, as in
             Hugging Face); 0 disables.
         top_p: nucleus sampling, Hugging Face's rule: sort ascending, remove the
