@@ -166,7 +166,7 @@ def stop_server(process: subprocess.Popen) -> None:
     if process.poll() is None:
         process.send_signal(signal.SIGINT)
         try:
-            process.wait(15)
+            process.wait(10)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(30)
