@@ -33,6 +33,7 @@ from exactspec.cli.common import (
 )
 from exactspec.decoding.engine import MAX_GAMMA
 from exactspec.foundations.defaults import DEFAULTS
+from exactspec.foundations.settings import TEMPERATURE_MAX
 
 if TYPE_CHECKING:
     from exactspec.api.decoder import SpeculativeDecoder
@@ -95,7 +96,8 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "--temperatures",
         type=_float_list,
         default=None,
-        help=f"comma-separated temperatures, 0 = greedy (default {','.join(map(str, DEFAULT_TEMPERATURES))})",
+        help=f"comma-separated temperatures in [0, {TEMPERATURE_MAX:g}], 0 = greedy "
+        f"(default {','.join(map(str, DEFAULT_TEMPERATURES))})",
     )
     parser.add_argument(
         "--settings",
@@ -465,6 +467,6 @@ def _float_list(text: str) -> list[float]:
         values = [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if any(not math.isfinite(v) or v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected finite numbers >= 0, got {text!r}")
+    if any(not math.isfinite(v) or not 0 <= v <= TEMPERATURE_MAX for v in values):
+        raise argparse.ArgumentTypeError(f"expected finite numbers in [0, {TEMPERATURE_MAX:g}], got {text!r}")
     return values

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from exactspec.api.arguments import FLOAT32_MAX
 from exactspec.cli import EXIT_BROKEN_PIPE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from exactspec.decoding.engine import MAX_GAMMA
 from exactspec.decoding.strategy import VERIFIERS, Strategy
@@ -23,7 +22,13 @@ from exactspec.drafters.registry import drafter_kinds
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.errors import InvalidArgument
 from exactspec.foundations.provenance import Provenance
-from exactspec.foundations.settings import SamplingSettings
+from exactspec.foundations.settings import (
+    LOGIT_BIAS_MAX,
+    REPETITION_PENALTY_MAX,
+    REPETITION_PENALTY_MIN,
+    TEMPERATURE_MAX,
+    SamplingSettings,
+)
 from exactspec.models.backends.registry import backends
 from exactspec.models.packed import WEIGHT_CHOICES
 
@@ -161,27 +166,41 @@ def lacks_transformers_modules(pair: Any, part: str, say: Callable[[str], None])
 def add_sampling_arguments(
     parser: argparse.ArgumentParser, temperature: float = DEFAULTS.temperature
 ) -> None:
-    """The sampling flags shared by every command that samples; `temperature` is the command's default."""
+    """The sampling flags shared by every command that samples; `temperature` is the command's default.
+
+    Each flag's range (`exactspec.foundations.settings`) is in its help; a value outside it is exit 2
+    naming the flag, before any model loads (`sampling_settings`)."""
     group = parser.add_argument_group("sampling (define p and q; Hugging Face semantics)")
     group.add_argument(
-        "--temperature", type=finite_float, default=temperature, help=f"0 = greedy (default {temperature:g})"
+        "--temperature",
+        type=finite_float,
+        default=temperature,
+        help=f"in [0, {TEMPERATURE_MAX:g}]; 0 = greedy, as is a positive T too small to divide by "
+        f"(default {temperature:g})",
     )
     group.add_argument(
         "--top-k", type=non_negative_int, default=0, help="keep the k most likely tokens (0 = off)"
     )
     group.add_argument("--top-p", type=finite_float, default=1.0, help="nucleus mass in (0, 1] (1 = off)")
     group.add_argument(
-        "--min-p", type=finite_float, default=0.0, help="drop tokens below min_p * max prob (0 = off)"
+        "--min-p",
+        type=finite_float,
+        default=0.0,
+        help="drop tokens below min_p * max prob, in [0, 1] (0 = off)",
     )
     group.add_argument(
-        "--repetition-penalty", type=finite_float, default=1.0, help="HF repetition penalty (1 = off)"
+        "--repetition-penalty",
+        type=finite_float,
+        default=1.0,
+        help=f"HF repetition penalty, in [{REPETITION_PENALTY_MIN:g}, {REPETITION_PENALTY_MAX:g}] (1 = off)",
     )
     group.add_argument(
         "--logit-bias",
         action="append",
         default=[],
         metavar="ID=BIAS",
-        help="add BIAS to token ID's logit (repeatable; -inf bans the token)",
+        help=f"add BIAS, in [-{LOGIT_BIAS_MAX:g}, {LOGIT_BIAS_MAX:g}], to token ID's logit (repeatable; "
+        "-inf bans the token)",
     )
 
 
@@ -198,10 +217,10 @@ def sampling_settings(args: argparse.Namespace) -> SamplingSettings:
             raise UsageError(f"--logit-bias takes ID=BIAS, e.g. 42=-1.5; got {item!r}")
         if token_id < 0:
             raise UsageError(f"--logit-bias {item!r}: the token ID must be >= 0")
-        if math.isnan(number) or (number != -math.inf and abs(number) > FLOAT32_MAX):
+        if math.isnan(number) or (number != -math.inf and abs(number) > LOGIT_BIAS_MAX):
             raise UsageError(
-                f"--logit-bias {item!r}: BIAS must be a finite number within float32 range "
-                f"(|BIAS| <= {FLOAT32_MAX:.3g}), or -inf to ban the token"
+                f"--logit-bias {item!r}: BIAS must be a number in [-{LOGIT_BIAS_MAX:g}, {LOGIT_BIAS_MAX:g}], "
+                "or -inf to ban the token"
             )
         if token_id in bias:
             raise UsageError(f"--logit-bias gives token {token_id} twice; give each ID once")

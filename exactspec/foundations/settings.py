@@ -10,6 +10,23 @@ from types import MappingProxyType
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.errors import InvalidArgument
 
+# The documented ranges of the settings (docs/cli.md, docs/serving.md): the CLI's flags, the server's
+# schema and `SamplingSettings` itself all enforce these, so a value outside them is refused before
+# any model runs. They follow what users of OpenAI, vLLM and llama.cpp already send: OpenAI's
+# logit-bias range, and bounds wide enough for every temperature and penalty seen in practice.
+TEMPERATURE_MAX = 100.0
+"""Highest temperature. Already at T = 100, logits spread over 20 nats differ by 0.2 nats: near-uniform
+noise over the allowed tokens; higher values only add floating-point trouble (T beyond float32's range
+turns a banned token's -inf / T into NaN). Any T in (0, TEMPERATURE_MAX] is served: where scores / T
+would overflow, the row takes its T -> 0 limit, the greedy row (`exactspec.foundations.overflow`)."""
+REPETITION_PENALTY_MIN = 0.01
+"""Lowest repetition penalty (< 1 favours repeated tokens; 0.01 multiplies a positive logit by 100)."""
+REPETITION_PENALTY_MAX = 100.0
+"""Highest repetition penalty (100 divides a positive logit by 100: a repeated token is all but banned)."""
+LOGIT_BIAS_MAX = 100.0
+"""Largest |logit bias|, OpenAI's: -100 all but bans a token and +100 all but forces it. -inf is also
+accepted in Python and on the CLI, where it bans the token outright."""
+
 
 @dataclass(frozen=True)
 class SamplingSettings:
@@ -22,7 +39,9 @@ class SamplingSettings:
 
     Attributes:
         temperature: 0 means greedy (one-hot on the argmax, ties broken by the
-            lowest id); otherwise logits are divided by it.
+            lowest id); otherwise logits are divided by it. In [0, TEMPERATURE_MAX];
+            a positive T so small that scores / T overflows gives the row's T -> 0
+            limit (the greedy row; ids tied at the max share it equally).
         top_k: keep the k highest logits (ties with the k-th are kept, as in
             Hugging Face); 0 disables.
         top_p: nucleus sampling, Hugging Face's rule: sort ascending, remove the
@@ -34,8 +53,10 @@ class SamplingSettings:
             probability; 0.0 disables.
         repetition_penalty: Hugging Face's penalty on every token already in the
             row's history (prompt included): a positive logit is divided by it,
-            a negative one multiplied; 1.0 disables.
-        logit_bias: token id -> additive bias on its logit (applied first).
+            a negative one multiplied; 1.0 disables. In [REPETITION_PENALTY_MIN,
+            REPETITION_PENALTY_MAX].
+        logit_bias: token id -> additive bias on its logit (applied first), each
+            in [-LOGIT_BIAS_MAX, LOGIT_BIAS_MAX], or -inf to ban the token.
     """
 
     temperature: float = DEFAULTS.temperature
@@ -47,9 +68,10 @@ class SamplingSettings:
 
     def __post_init__(self) -> None:
         _require_finite("temperature", self.temperature)
-        if self.temperature < 0:
+        if not 0.0 <= self.temperature <= TEMPERATURE_MAX:
             raise InvalidArgument(
-                f"temperature must be >= 0 (0 is greedy), got {self.temperature}", param="temperature"
+                f"temperature must be in [0, {TEMPERATURE_MAX:g}] (0 is greedy), got {self.temperature}",
+                param="temperature",
             )
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
             raise InvalidArgument(
@@ -64,9 +86,10 @@ class SamplingSettings:
         if not 0.0 <= self.min_p <= 1.0:
             raise InvalidArgument(f"min_p must be in [0, 1] (0 disables it), got {self.min_p}", param="min_p")
         _require_finite("repetition_penalty", self.repetition_penalty)
-        if self.repetition_penalty <= 0:
+        if not REPETITION_PENALTY_MIN <= self.repetition_penalty <= REPETITION_PENALTY_MAX:
             raise InvalidArgument(
-                f"repetition_penalty must be > 0 (1 disables it), got {self.repetition_penalty}",
+                f"repetition_penalty must be in [{REPETITION_PENALTY_MIN:g}, {REPETITION_PENALTY_MAX:g}] "
+                f"(1 disables it), got {self.repetition_penalty}",
                 param="repetition_penalty",
             )
         bias: dict[int, float] = {}
@@ -75,15 +98,15 @@ class SamplingSettings:
                 raise InvalidArgument(
                     f"logit_bias keys must be token ids (integers >= 0), got {token!r}", param="logit_bias"
                 )
-            if not isinstance(value, int | float) or math.isnan(value):
+            if not isinstance(value, int | float) or (isinstance(value, float) and math.isnan(value)):
+                raise InvalidArgument(f"logit_bias[{token}] must be a number, got {value!r}", param="logit_bias")
+            if value != -math.inf and not -LOGIT_BIAS_MAX <= value <= LOGIT_BIAS_MAX:
+                # +inf would make every other token impossible (and NaN next to a second +inf), and a
+                # finite bias past float32's range is +inf in the logits; -inf stays allowed: it bans
+                # the token.
                 raise InvalidArgument(
-                    f"logit_bias[{token}] must be a number, got {value!r}", param="logit_bias"
-                )
-            if value == math.inf:
-                # +inf would make every other token impossible (and NaN next to a second +inf);
-                # -inf stays allowed: it bans the token.
-                raise InvalidArgument(
-                    f"logit_bias[{token}] must not be +inf (use a large finite bias; -inf bans a token)",
+                    f"logit_bias[{token}] must be in [-{LOGIT_BIAS_MAX:g}, {LOGIT_BIAS_MAX:g}] (or -inf to "
+                    f"ban the token), got {value!r}",
                     param="logit_bias",
                 )
             bias[token] = float(value)
@@ -132,7 +155,10 @@ class SamplingSettings:
 
 
 def _require_finite(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    # An int is finite however large (math.isfinite would raise OverflowError past float's range).
+    if isinstance(value, int) and not isinstance(value, bool):
+        return
+    if not isinstance(value, float) or not math.isfinite(value):
         raise InvalidArgument(f"{name} must be a finite number, got {value!r}", param=name)
 
 

@@ -31,6 +31,7 @@ from itertools import chain
 import numpy as np
 import torch
 
+from exactspec.foundations.overflow import divide_by_temperature, penalise
 from exactspec.foundations.settings import SamplingSettings
 
 # Rows whose finite scores (after top-k) number at most 1/_TOPK_SHARE of the vocabulary get their sorted
@@ -89,15 +90,15 @@ def probabilities(
         if histories is None or len(histories) != num_rows:
             raise ValueError("the repetition penalty needs one history per row of logits")
         scores = _apply_repetition_penalty(scores, histories, settings.repetition_penalty)
-    if validate:
-        _check_rows(scores)
+    row_max = _check_rows(scores) if validate else None
 
     if settings.greedy:
         # torch.argmax returns the first maximal index: ties go to the lowest id.
         best = scores.argmax(dim=-1)  # [N]
         return torch.nn.functional.one_hot(best, vocab_size).to(scores.dtype)
 
-    scores = scores / settings.temperature
+    # Rows where scores / T would overflow take the greedy limit (`overflow.divide_by_temperature`).
+    scores = divide_by_temperature(scores, settings.temperature, row_max)
     # The rows were checked finite above, which the compact route needs (topk ranks NaN first).
     compact = (
         _top_k_top_p_compact(scores, settings.top_k, settings.top_p) if settings.top_k and validate else None
@@ -114,7 +115,8 @@ def probabilities(
     return torch.softmax(scores, dim=-1)
 
 
-def _check_rows(scores: torch.Tensor) -> None:
+def _check_rows(scores: torch.Tensor) -> torch.Tensor:
+    """[N, V] scores -> their [N] row maxima, after checking every row is valid."""
     # One reduction checks every row: amax propagates NaN, is +inf if any entry is, and is -inf
     # only when the whole row is (no token possible).
     row_max = scores.amax(dim=-1)  # [N]
@@ -122,6 +124,7 @@ def _check_rows(scores: torch.Tensor) -> None:
         raise ValueError("logits contain NaN or +inf; the model produced invalid scores")
     if torch.isneginf(row_max).any():
         raise ValueError("a row of logits is -inf everywhere: no token is possible")
+    return row_max
 
 
 def _apply_repetition_penalty(
@@ -142,8 +145,8 @@ def _apply_repetition_penalty(
     rows = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))  # [total]
     tokens, rows = tokens.to(scores.device), rows.to(scores.device)
     seen = scores[rows, tokens]  # [total]
-    # The same elementwise operations as the reference's torch.where over [N, V]: bit-identical values.
-    penalised = torch.where(seen < 0, seen * penalty, seen / penalty)
+    # The same elementwise operations as the reference's `penalise` over [N, V]: bit-identical values.
+    penalised = penalise(seen, penalty)
     scores = scores.clone()
     scores[rows, tokens] = penalised
     return scores
@@ -370,20 +373,14 @@ def _probabilities_reference(
         if histories is None or len(histories) != num_rows:
             raise ValueError("the repetition penalty needs one history per row of logits")
         scores = _repetition_penalty_reference(scores, histories, settings.repetition_penalty)
-    # One reduction checks every row: amax propagates NaN, is +inf if any entry is, and is -inf
-    # only when the whole row is (no token possible).
-    row_max = scores.amax(dim=-1)  # [N]
-    if (torch.isnan(row_max) | torch.isposinf(row_max)).any():
-        raise ValueError("logits contain NaN or +inf; the model produced invalid scores")
-    if torch.isneginf(row_max).any():
-        raise ValueError("a row of logits is -inf everywhere: no token is possible")
+    row_max = _check_rows(scores)
 
     if settings.greedy:
         # torch.argmax returns the first maximal index: ties go to the lowest id.
         best = scores.argmax(dim=-1)  # [N]
         return torch.nn.functional.one_hot(best, vocab_size).to(scores.dtype)
 
-    scores = scores / settings.temperature
+    scores = divide_by_temperature(scores, settings.temperature, row_max)
     if settings.top_k:
         scores = _top_k(scores, settings.top_k)
     if settings.top_p < 1.0:
@@ -464,8 +461,7 @@ def _repetition_penalty_reference(
         seen[
             torch.tensor(row_index, device=scores.device), torch.tensor(token_index, device=scores.device)
         ] = True
-    penalised = torch.where(scores < 0, scores * penalty, scores / penalty)
-    return torch.where(seen, penalised, scores)
+    return torch.where(seen, penalise(scores, penalty), scores)
 
 
 def _top_k(scores: torch.Tensor, top_k: int) -> torch.Tensor:

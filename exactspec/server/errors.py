@@ -17,6 +17,8 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from exactspec.server.schemas import served_schema
+
 
 class ApiError(Exception):
     """An error answered in OpenAI's shape."""
@@ -82,5 +84,6 @@ def openapi_schema(app: FastAPI) -> dict[str, Any]:
                 operation.get("responses", {}).pop("422", None)
         for unused in ("HTTPValidationError", "ValidationError"):
             schema.get("components", {}).get("schemas", {}).pop(unused, None)
-        app.openapi_schema = schema
+        service = app.state.service
+        app.openapi_schema = served_schema(schema, service.model_name, service.pair.target.vocab_size)
     return app.openapi_schema

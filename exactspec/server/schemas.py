@@ -5,20 +5,58 @@ and `repetition_penalty` are vLLM's extra fields (with vLLM's meaning: top_k = -
 `gamma` is exactspec's own (draft tokens per round for this request; 0 = plain decoding).
 Fields exactspec cannot honour exactly (logprobs, penalties other than repetition, tools) are
 refused with a 400 rather than silently ignored.
+
+Every numeric field carries its documented range (`exactspec.foundations.settings`) as
+`minimum`/`maximum`/`exclusiveMinimum` in the OpenAPI schema, so clients and schema-driven fuzzers see
+what the server accepts; a value outside it is a 400 naming the field. `served_schema` adds what pydantic
+cannot know before the app is built: the one model name served, and the streaming media type.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import copy
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
+from exactspec.decoding.records import MAX_GAMMA
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.errors import InvalidArgument
-from exactspec.foundations.settings import SamplingSettings
+from exactspec.foundations.settings import (
+    LOGIT_BIAS_MAX,
+    REPETITION_PENALTY_MAX,
+    REPETITION_PENALTY_MIN,
+    TEMPERATURE_MAX,
+    SamplingSettings,
+)
 
 MAX_CHOICES = 16
 """Most choices (rows) one request may ask for with `n`."""
+
+
+def off_only(*values: Any, default: Any = None) -> Any:
+    """A field accepted only at its "off" values: the schema's `enum` says so; the server's own check
+    (`SamplingFields.unsupported`) refuses anything else with a 400 that says what to use instead."""
+    return Field(default=default, json_schema_extra={"enum": list(values)})
+
+
+# What the prompt must hold, in the schema only: the server checks it itself (`Session`'s request rules,
+# whose 400s name the prompt and the bad ids), so validation and its messages stay where they are.
+# `served_schema` adds the served vocabulary's last id as the token ids' maximum.
+PROMPT_TEXT_SCHEMA: dict[str, Any] = {"type": "string", "pattern": r"\S"}
+TOKEN_IDS_SCHEMA: dict[str, Any] = {
+    "type": "array",
+    "minItems": 1,
+    "items": {"type": "integer", "minimum": 0},
+}
+PromptText = Annotated[str, WithJsonSchema(PROMPT_TEXT_SCHEMA)]
+TokenIds = Annotated[list[int], WithJsonSchema(TOKEN_IDS_SCHEMA)]
+PromptTexts = Annotated[
+    list[str], WithJsonSchema({"type": "array", "minItems": 1, "items": PROMPT_TEXT_SCHEMA})
+]
+TokenIdLists = Annotated[
+    list[list[int]], WithJsonSchema({"type": "array", "minItems": 1, "items": TOKEN_IDS_SCHEMA})
+]
 
 
 class StreamOptions(BaseModel):
@@ -49,31 +87,37 @@ class SamplingFields(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    model: str
+    model: str = Field(description="The served model's name (GET /v1/models); any other is a 404")
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0)
+    temperature: float | None = Field(default=None, ge=0.0, le=TEMPERATURE_MAX)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-LOGIT_BIAS_MAX, le=LOGIT_BIAS_MAX)]] | None = Field(
+        default=None, json_schema_extra={"propertyNames": {"pattern": "^[0-9]+$"}}
+    )
     user: str | None = None
     # vLLM's extra sampling fields
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    repetition_penalty: float | None = Field(
+        default=None, ge=REPETITION_PENALTY_MIN, le=REPETITION_PENALTY_MAX
+    )
     # exactspec's own: draft tokens per round for this request (0 = plain decoding)
-    gamma: int | None = Field(default=None, ge=0)
+    gamma: int | None = Field(default=None, ge=0, le=MAX_GAMMA)
     # accepted only at their "off" values
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logprobs: Any = None
-    top_logprobs: int | None = None
-    tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
+    presence_penalty: float | None = off_only(None, 0)
+    frequency_penalty: float | None = off_only(None, 0)
+    logprobs: Any = off_only(None, False, 0)
+    top_logprobs: int | None = off_only(None, 0)
+    tools: list[Any] | None = Field(default=None, json_schema_extra={"maxItems": 0})
+    response_format: dict[str, Any] | None = Field(
+        default=None, json_schema_extra={"properties": {"type": {"enum": ["text"]}}}
+    )
 
     def unsupported(self) -> tuple[str, str] | None:
         """(field, message) for the first field set to something exactspec does not do, else None."""
@@ -118,10 +162,10 @@ class SamplingFields(BaseModel):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    echo: bool = False
-    best_of: int | None = None
-    suffix: str | None = None
+    prompt: PromptText | PromptTexts | TokenIds | TokenIdLists
+    echo: bool = off_only(False, default=False)
+    best_of: int | None = off_only(None, 1)  # n is accepted too
+    suffix: str | None = off_only(None, "")
 
     def prompts(self) -> list[str | list[int]]:
         """The prompts as text or token-id lists (OpenAI accepts either, one or many)."""
@@ -172,3 +216,60 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     500: {"model": ErrorResponse, "description": "A failure of the server's own"},
 }
 """What the generation routes answer besides 200, as OpenAPI `responses` (the schema clients see)."""
+
+
+REQUEST_SCHEMAS = ("CompletionRequest", "ChatCompletionRequest")
+"""The OpenAPI components of the generation routes' request bodies."""
+STREAMING_ROUTES = ("/v1/completions", "/v1/chat/completions")
+"""Routes that answer `"stream": true` with server-sent events."""
+
+
+def served_schema(schema: dict[str, Any], model_name: str, vocab_size: int) -> dict[str, Any]:
+    """FastAPI's OpenAPI schema, completed with what only the built app knows, in place; returns it.
+
+    - `model` is an enum of the one served name: a client (or a schema-driven fuzzer) that follows the
+      schema reaches generation instead of the 404 that any other name gets (the 404 stays documented).
+    - Token ids in a prompt lie in 0..vocab_size - 1.
+    - The generation routes' 200 answers are JSON, or `text/event-stream` when the body asks to stream.
+    - GET /metrics answers Prometheus text, not JSON.
+    """
+    components = schema.get("components", {}).get("schemas", {})
+    for name in REQUEST_SCHEMAS:
+        model = components.get(name, {}).get("properties", {}).get("model")
+        if model is not None:
+            model["enum"] = [model_name]
+    completion = components.get("CompletionRequest", {}).get("properties", {})
+    if "prompt" in completion:
+        # A copy: pydantic may hand out the module's own schema dicts, which other apps share.
+        completion["prompt"] = copy.deepcopy(completion["prompt"])
+        for ids in _token_id_schemas(completion["prompt"]):
+            ids["maximum"] = vocab_size - 1
+    paths = schema.get("paths", {})
+    for route in STREAMING_ROUTES:
+        ok = paths.get(route, {}).get("post", {}).get("responses", {}).get("200")
+        if ok is not None:
+            ok.setdefault("content", {})["text/event-stream"] = {
+                "schema": {"type": "string", "description": "`data: {chunk}` events, then `data: [DONE]`"}
+            }
+    metrics_ok = paths.get("/metrics", {}).get("get", {}).get("responses", {}).get("200")
+    if metrics_ok is not None:
+        metrics_ok["content"] = {"text/plain": {"schema": {"type": "string"}}}
+    return schema
+
+
+def _token_id_schemas(prompt: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The schemas of single token ids inside the prompt's schema (lists of ids, lists of those)."""
+    found: list[dict[str, Any]] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "integer":
+                found.append(node)
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(prompt)
+    return found
