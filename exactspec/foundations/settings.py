@@ -99,7 +99,9 @@ class SamplingSettings:
                     f"logit_bias keys must be token ids (integers >= 0), got {token!r}", param="logit_bias"
                 )
             if not isinstance(value, int | float) or (isinstance(value, float) and math.isnan(value)):
-                raise InvalidArgument(f"logit_bias[{token}] must be a number, got {value!r}", param="logit_bias")
+                raise InvalidArgument(
+                    f"logit_bias[{token}] must be a number, got {value!r}", param="logit_bias"
+                )
             if value != -math.inf and not -LOGIT_BIAS_MAX <= value <= LOGIT_BIAS_MAX:
                 # +inf would make every other token impossible (and NaN next to a second +inf), and a
                 # finite bias past float32's range is +inf in the logits; -inf stays allowed: it bans
