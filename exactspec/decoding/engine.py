@@ -137,7 +137,10 @@ class SpeculativeEngine:
             return
         with self.target_stopwatch.timing():
             self.target.logits([list(tokens)], 1, rows=[row])
-        self.metrics.prefill_seconds += self.target_stopwatch.take()
+        seconds = self.target_stopwatch.take()
+        self.metrics.prefill_seconds += seconds
+        if self.gamma_policy is not None:
+            self.gamma_policy.prefilled(seconds)  # the step's cost includes it (`decoding.planner`)
 
     def _row_roles(self) -> list[RowLifecycle]:
         return [role for role in (self.target, self.drafter, self.gamma_policy) if role is not None]
@@ -478,6 +481,7 @@ class SpeculativeEngine:
         proposed = drafted.tolist()
         accepted = num_accepted.tolist()
         self.metrics.rounds += 1
+        self.metrics.plain_rounds += 0 if any(proposed) else 1
         self.metrics.row_rounds += len(proposed)
         self.metrics.proposed_tokens += sum(proposed)
         self.metrics.accepted_tokens += sum(accepted)

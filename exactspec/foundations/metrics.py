@@ -73,6 +73,7 @@ class DecodeMetrics:
     proposed_tokens: int = 0
     accepted_tokens: int = 0
     row_rounds: int = 0  # rows summed over rounds: a round of 3 rows counts 3
+    plain_rounds: int = 0  # rounds in which no row drafted
     proposed_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
     target_calls: int = 0
@@ -170,6 +171,8 @@ class DecodeMetrics:
     def as_dict(self) -> dict[str, object]:
         return {
             "rounds": self.rounds,
+            "plain_rounds": self.plain_rounds,
+            "row_rounds": self.row_rounds,
             "emitted_tokens": self.emitted_tokens,
             "proposed_tokens": self.proposed_tokens,
             "accepted_tokens": self.accepted_tokens,
