@@ -280,8 +280,9 @@ def table(levels: dict[str, list[dict]]) -> str:
         "| speculative / plain | llama_cpp.server tokens/s total | speculative / llama_cpp.server "
         "| TTFT p50 spec / plain (s) | TTFT p95 spec / plain (s) "
         "| inter-token p95 while a request joins, spec / plain (s) | acceptance | tokens/round "
-        "| predicted / measured round time, median error |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|",
+        "| predicted / measured round time, median error "
+        "| spec tokens / drafted per row-round | spec plain rounds |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|",
     ]
     keys = sorted({(level["max_tokens"], level["concurrency"]) for rows in levels.values() for level in rows})
     by = {mode: {(lv["max_tokens"], lv["concurrency"]): lv for lv in rows} for mode, rows in levels.items()}
@@ -313,9 +314,18 @@ def table(levels: dict[str, list[dict]]) -> str:
             f"{pair('inter_token_p95_while_joining', key)} | "
             f"{'' if accept is None else f'{accept:.2f}'} | "
             f"{'' if per_round is None else f'{per_round:.2f}'} | "
-            f"{'' if error is None else f'{error:.1%}'} |"
+            f"{'' if error is None else f'{error:.1%}'} | {_per_round_cells(spec)} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _per_round_cells(level: dict | None) -> str:
+    """'tokens / drafted | plain share' of a level's rounds (blank where the server gave no counts)."""
+    level = level or {}
+    tokens, drafted = level.get("tokens_per_row_round"), level.get("drafted_per_row_round")
+    share = level.get("plain_round_share")
+    first = "" if tokens is None or drafted is None else f"{tokens:.2f} / {drafted:.2f}"
+    return f"{first} | {'' if share is None else f'{share:.0%}'}"
 
 
 def plot(levels: dict[str, list[dict]], path: Path) -> None:
@@ -436,9 +446,12 @@ def main(argv: list[str] | None = None) -> int:
                 peer = mode == "llamacpp-server"
                 target = peer_base if peer else base
                 errors_before = _round_times(base) if not peer else None
+                counts_before = _round_counts(base) if not peer else None
                 level = asyncio.run(run_level(target, concurrency, requests, gamma, max_tokens, peer))
                 if mode == "speculative" and errors_before is not None:
                     level["round_time_error"] = _round_times(base)
+                if counts_before is not None:
+                    level.update(_rounds_of_level(counts_before, _round_counts(base)))
                 level["max_tokens"] = max_tokens
                 levels.setdefault(mode, []).append(level)
                 report(mode, level)
@@ -458,6 +471,34 @@ def _round_times(base: str) -> float | None:
         return httpx.get(base + "/health", timeout=10).json().get("round_time_error")
     except (httpx.HTTPError, ValueError):
         return None
+
+
+ROUND_COUNTS = ("rounds", "plain_rounds", "row_rounds", "emitted_tokens", "proposed_tokens")
+
+
+def _round_counts(base: str) -> dict[str, int] | None:
+    """The server's round counts since it started (its /health), or None if it does not give them."""
+    import httpx
+
+    try:
+        health = httpx.get(base + "/health", timeout=10).json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    return {key: health[key] for key in ROUND_COUNTS} if all(key in health for key in ROUND_COUNTS) else None
+
+
+def _rounds_of_level(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, float | None]:
+    """A level's rounds from the counts around it: tokens and drafted tokens per row-round (each row of a
+    round counted once), and the share of rounds in which no row drafted."""
+    if before is None or after is None:
+        return {"tokens_per_row_round": None, "drafted_per_row_round": None, "plain_round_share": None}
+    delta = {key: after[key] - before[key] for key in ROUND_COUNTS}
+    row_rounds, rounds = delta["row_rounds"], delta["rounds"]
+    return {
+        "tokens_per_row_round": delta["emitted_tokens"] / row_rounds if row_rounds else None,
+        "drafted_per_row_round": delta["proposed_tokens"] / row_rounds if row_rounds else None,
+        "plain_round_share": delta["plain_rounds"] / rounds if rounds else None,
+    }
 
 
 def report(mode: str, level: dict) -> None:

@@ -223,10 +223,16 @@ def run_engine(
     draft: LanguageModel | None = None
     if pair.draft is not None:
         draft = LoggedModel(NoEos(pair.draft) if ignore_eos else pair.draft, log, "draft")
-    # As `generate` runs it: no per-round input checks in the verifier.
-    engine = build_engine(target, draft, strategy or Strategy(), gamma, costs=pair.cost_model, validate=False)
+    # As `generate` runs it: no per-round input checks in the verifier; an adaptive method plans from the
+    # pair's measured pass costs and its rounds' times, as a one-prompt `generate` does (Session, max_batch
+    # 1), which also records the planner's predicted round times (RunMetrics.round_time_error).
+    chosen = strategy or Strategy()
+    batch_costs = pair.batch_costs(gamma, 1) if chosen.adaptive_gamma and gamma > 0 else None
+    engine = build_engine(
+        target, draft, chosen, gamma, costs=pair.cost_model, validate=False, batch_costs=batch_costs
+    )
     if learned is not None:
-        learned.use(engine, strategy or Strategy(), gamma, settings)
+        learned.use(engine, chosen, gamma, settings)
     recorder = ExpectationRecorder(engine.verifier, engine.tree_verifier)
     engine.verifier = recorder
     engine.tree_verifier = recorder.verify_tree

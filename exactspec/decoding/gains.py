@@ -56,7 +56,7 @@ class _Rates:
 class RowGains:
     """Each row's realized gain of drafting over plain rounds, and whether it is stopped (module doc)."""
 
-    def __init__(self, *, memory: float = 0.8, min_rounds: float = 3.0, probe_every: int = 16) -> None:
+    def __init__(self, *, memory: float = 0.8, min_rounds: float = 2.0, probe_every: int = 16) -> None:
         """memory: weight of a round one round older (0.8: about the last five rounds of each kind);
         min_rounds: decayed drafting rounds a row needs before its gain can stop it; probe_every: a
         stopped row is planned again every this many rounds (`is_probe_round`)."""

@@ -208,9 +208,13 @@ def test_bench_runs_every_engine_method_and_named_settings(tmp_path: Path) -> No
     assert all(r.same_tokens_as_plain for r in greedy)  # every method is greedy decoding at T=0
     lookup = [r for r in runs if r.method == "ngram"]
     assert lookup and all(r.metrics is not None and r.metrics.draft_calls == 0 for r in lookup)
-    assert pair._costs is not None and pair._costs.max_gamma >= 3  # adaptive measured the pair once
+    # adaptive measured the pair's pass costs once (what `generate` plans with)
+    assert pair._batch_costs is not None and pair._batch_costs.widths[-1] >= 4
     adaptive = [r for r in runs if r.method == "adaptive"]
     assert adaptive and all(r.gamma_policy_costs and len(r.gamma_policy_costs.v) == 4 for r in adaptive)
+    # Planned as `generate` plans: every round's predicted time recorded, its error reported.
+    assert all(r.metrics and r.metrics.predicted_rounds == r.metrics.rounds > 0 for r in adaptive)
+    assert all(r.metrics and r.metrics.round_time_error is not None for r in adaptive)
 
     paths = write_outputs(result, tmp_path / "out")
     data = json.loads(paths["json"].read_text())
