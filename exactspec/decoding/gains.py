@@ -80,9 +80,9 @@ class RowGains:
             self._rows.pop(row, None)
 
     def is_probe_round(self, round_index: int) -> bool:
-        """Whether round `round_index` (0, 1, ... of the planner) is a probe round: the last of each
-        `probe_every` rounds. A function of the round's number only."""
-        return round_index % self.probe_every == self.probe_every - 1
+        """Whether round `round_index` (0, 1, ... of the planner) is a probe round: the first of each
+        `probe_every` rounds (so a planner's first round looks at once). A function of the number only."""
+        return round_index % self.probe_every == 0
 
     def observe(self, row: int, *, drafted: bool, tokens: int, plain_equivalents: float) -> None:
         """One of the row's rounds: whether it drafted, the tokens it emitted, and the round's measured

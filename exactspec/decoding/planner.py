@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from exactspec.decoding.gains import RowGains
 from exactspec.decoding.gamma import AdaptiveGamma, LookupGamma, RoundRow
@@ -84,6 +85,15 @@ POOL_MEMORY = 0.98
 
 BATCH_PRIOR_STRENGTH = 1.0
 """Weight, in rounds, of the pooled rate in the acceptance of a row that shares a round."""
+
+
+class Offer(NamedTuple):
+    """What a plan may give one row: acceptance rates a_1..a_K to weigh its draft tokens by, the most tokens
+    it may get, and whether this is a probe (a held-back row looked at again, `CostAwareGamma.offer`)."""
+
+    rates: list[float]
+    most: int
+    probe: bool = False
 
 
 class CostAwareGamma:
@@ -139,6 +149,7 @@ class CostAwareGamma:
         self._seen: dict[int, int] = {}  # row -> tokens of its history the draft model has seen
         self._planned: dict[int, tuple[int, int]] = {}  # row -> (length, draft) of this round's plan
         self._round: dict[int, tuple[bool, int]] = {}  # row -> (drafted, tokens) of the round being run
+        self._probing: set[int] = set()  # rows offered a probe draft in this round
 
     @property
     def max_gamma(self) -> int:
@@ -176,16 +187,17 @@ class CostAwareGamma:
         cuts it to the plan's cap for the row."""
         if self.lengths is None:
             raise ValueError("length_for is for free drafters: build the planner with match_orders")
-        return self.lengths.length_for(row, order)
+        depth = self.lengths.length_for(row, order)
+        # A probe looks again where the row's old estimates say no: at least one token (cut to the cap).
+        return max(depth, 1) if row in self._probing else depth
 
     def pooled_rate(self) -> float:
         """rho: acceptance of every row's drafting rounds so far (decayed), under a Beta(1, 1) prior."""
         kept, reached = self._pooled
         return (kept + 1.0) / (reached + 2.0)
 
-    def offered_rates(self, row: int, alone: bool, probe: bool) -> tuple[list[float], int] | None:
-        """The acceptance rates a_1..a_K the plan weighs for this row's draft tokens and the most tokens it
-        is offered (None: it is offered none this round); the module docstring's rules."""
+    def offer(self, row: int, alone: bool, probe: bool) -> Offer | None:
+        """What the plan may give this row (None: no draft tokens this round): the module docstring."""
         held_back = self.gains.stopped(row)
         if not alone and not held_back:
             own, pooled = self.rates.evidence(row), self._pooled[1]
@@ -194,10 +206,11 @@ class CostAwareGamma:
             if not probe:
                 return None
             prior = self.rates.prior_accepted / (self.rates.prior_accepted + self.rates.prior_rejected)
-            return [prior] * self.max_gamma, PROBE_TOKENS
+            return Offer([prior] * self.max_gamma, PROBE_TOKENS, probe=True)
         if alone:
-            return self.rates.position_rates(row), self.max_gamma
-        return self.rates.rates_under(row, self.pooled_rate(), self.batch_prior_strength), self.max_gamma
+            return Offer(self.rates.position_rates(row), self.max_gamma)
+        shared = self.rates.rates_under(row, self.pooled_rate(), self.batch_prior_strength)
+        return Offer(shared, self.max_gamma)
 
     def plan(self, rows: Sequence[RoundRow]) -> list[int]:
         if not rows:
@@ -208,13 +221,15 @@ class CostAwareGamma:
         fixed = [r.limit if r.fixed else 0 for r in rows]
         # Marginal expected tokens of each offered row's j-th draft token, j = 1..its limit.
         marginals: list[tuple[float, int, int]] = []  # (m_{b,j}, b, j)
+        self._probing.clear()
         for b, r in enumerate(rows):
-            offer = None if r.fixed else self.offered_rates(r.row, len(rows) == 1, probe)
+            offer = None if r.fixed else self.offer(r.row, len(rows) == 1, probe)
             if offer is None:
                 continue
-            rates, most = offer
+            if offer.probe:
+                self._probing.add(r.row)
             reach = 1.0
-            for j, rate in enumerate(rates[: min(r.limit, most, self.max_gamma)]):
+            for j, rate in enumerate(offer.rates[: min(r.limit, offer.most, self.max_gamma)]):
                 reach *= rate
                 marginals.append((reach, b, j + 1))
         marginals.sort(key=lambda item: (-item[0], item[1], item[2]))

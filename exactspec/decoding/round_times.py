@@ -12,9 +12,11 @@ prediction for a round of shape s = (rows, width, draft steps) is
 
 where ratio(s) is the running mean of measured / seeded over the rounds of that shape (each round's
 weight 1/n until n reaches `1 / (1 - memory)`, then `1 - memory`: the last ten or so rounds), and for a
-shape not seen yet the same mean over every round. A cost model that is wrong by a factor converges to
-the measured times within a few dozen rounds; one that is wrong by a fixed overhead converges shape by
-shape for the shapes that run, and the shapes that have not run inherit the average ratio.
+shape not seen yet the same mean over the rounds of as many rows (a batch size's overheads are shared by
+its shapes), or over every round when no round of as many rows ran yet. A cost model that is wrong by a
+factor converges to the measured times within a few dozen rounds; one that is wrong by a fixed overhead
+converges shape by shape for the shapes that run, and the shapes that have not run inherit the average
+ratio of their batch size.
 
 Exactness is untouched: what is learned is timing, known before the next round's draws, so every
 draft length chosen from it is a rule of docs/algorithm.md 5.
@@ -72,6 +74,7 @@ class RoundTimes:
         self.costs = costs
         self.memory = memory
         self._ratios: dict[RoundShape, tuple[float, int]] = {}  # shape -> (mean measured / seeded, rounds)
+        self._by_rows: dict[int, tuple[float, int]] = {}  # rows -> the same over every shape of that many
         self._overall = (1.0, 0)
         self._predictions: collections.deque[tuple[float, float]] = collections.deque(maxlen=PREDICTIONS_KEPT)
 
@@ -81,8 +84,11 @@ class RoundTimes:
         return seconds + shape.draft_steps * self.costs.draft_seconds(shape.rows, 1)
 
     def ratio(self, shape: RoundShape) -> float:
-        """measured / seeded for rounds of this shape (of every shape, if none of it ran yet)."""
+        """measured / seeded for rounds of this shape (of as many rows, else of every shape, if none ran)."""
         mean, rounds = self._ratios.get(shape, (0.0, 0))
+        if rounds:
+            return mean
+        mean, rounds = self._by_rows.get(shape.rows, (0.0, 0))
         return mean if rounds else self._overall[0]
 
     def predict(self, shape: RoundShape) -> float:
@@ -96,6 +102,7 @@ class RoundTimes:
         self._predictions.append((self.predict(shape), seconds))
         ratio = seconds / self.seeded(shape)
         self._ratios[shape] = self._updated(self._ratios.get(shape, (0.0, 0)), ratio)
+        self._by_rows[shape.rows] = self._updated(self._by_rows.get(shape.rows, (0.0, 0)), ratio)
         self._overall = self._updated(self._overall if self._overall[1] else (0.0, 0), ratio)
 
     def _updated(self, mean_rounds: tuple[float, int], ratio: float) -> tuple[float, int]:

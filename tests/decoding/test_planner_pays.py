@@ -73,6 +73,7 @@ def test_costs_that_pay_and_high_acceptance_draft_in_a_full_batch() -> None:
 def test_the_prior_alone_never_makes_a_batch_draft() -> None:
     policy = planner(WIDE, 4)
     rows = [RoundRow(r, 3, length=30) for r in range(4)]
+    policy.rounds_planned = 1  # past the first round, a probe round
     assert policy.plan(rows) == [0] * 4  # no row has evidence: even free width is not spent on the prior
     assert policy.plan([rows[0]])[0] > 0  # alone, the prior decides
     policy.record(0, 3, 3)  # one round of evidence, pooled over the session
@@ -82,9 +83,13 @@ def test_the_prior_alone_never_makes_a_batch_draft() -> None:
 def test_a_probe_round_offers_held_back_rows_a_short_draft_at_the_prior() -> None:
     policy = planner(WIDE, 4)
     rows = [RoundRow(r, 3, length=30) for r in range(4)]
+    assert policy.plan(rows) == [PROBE_TOKENS] * 4 and policy.last_plan_probe  # the first round probes
+    policy.release_rows(range(4))  # the probe's evidence goes with its rows
+    policy._pooled = (0.0, 0.0)
+    policy.add_rows([RowStart(r) for r in range(4)])
     plans = [policy.plan(rows) for _ in range(policy.gains.probe_every)]
     assert all(plan == [0] * 4 for plan in plans[:-1])
-    assert policy.last_plan_probe and plans[-1] == [PROBE_TOKENS] * 4  # the schedule's last round
+    assert policy.last_plan_probe and plans[-1] == [PROBE_TOKENS] * 4  # and every probe_every-th after it
     # On a CPU the same probe does not pay in a batch, so it does not run.
     cpu = planner(CPU, 4)
     assert all(cpu.plan(rows) == [0] * 4 for _ in range(cpu.gains.probe_every))
@@ -97,7 +102,7 @@ def test_a_row_whose_realized_gain_is_below_one_stops_and_is_probed_on_schedule(
     for _ in range(4):  # but its drafting rounds gave fewer tokens per second than its plain rounds
         policy.gains.observe(0, drafted=True, tokens=2, plain_equivalents=3.0)
     assert policy.gains.gain(0) < 1.0 and policy.gains.stopped(0)
-    until_probe = policy.gains.probe_every - 1 - policy.rounds_planned % policy.gains.probe_every
+    until_probe = -policy.rounds_planned % policy.gains.probe_every  # plans before the next probe round
     stopped = [policy.plan([RoundRow(0, 3, length=30)])[0] for _ in range(until_probe)]
     assert stopped == [0] * until_probe
     (probe,) = policy.plan([RoundRow(0, 3, length=30)])
