@@ -501,13 +501,23 @@ def _rounds_of_level(before: dict[str, int] | None, after: dict[str, int] | None
     }
 
 
+def _rounds_line(level: dict) -> str:
+    """', rounds: T tokens / D drafted per row-round, P plain' when the server gave its round counts."""
+    if level.get("tokens_per_row_round") is None or level.get("plain_round_share") is None:
+        return ""
+    return (
+        f", rounds: {level['tokens_per_row_round']:.2f} tokens / {level['drafted_per_row_round']:.2f} "
+        f"drafted per row-round, {level['plain_round_share']:.0%} plain"
+    )
+
+
 def report(mode: str, level: dict) -> None:
     concurrency = level["concurrency"]
     print(
         f"{mode:>11} n={level['max_tokens']:<4} c={concurrency:<3} ttft p50 {level['ttft_p50']:.2f}s "
         f"p95 {level['ttft_p95']:.2f}s, {level['tokens_per_second_total']:.2f} tokens/s total, "
         f"{level['tokens_per_second_per_request_p50']:.2f} per request "
-        f"({level['wall_seconds']:.0f} s)",
+        f"({level['wall_seconds']:.0f} s){_rounds_line(level)}",
         file=sys.stderr,
         flush=True,
     )

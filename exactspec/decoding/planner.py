@@ -44,9 +44,9 @@ full batch draft, and drafting that does not pay stops):
   without either is not offered tokens;
 - a row whose realized gain is below 1 (`decoding.gains.RowGains`: tokens per second of its drafting
   rounds against its plain rounds) is not offered tokens;
-- in a probe round (every `probe_every`-th plan, `RowGains.is_probe_round`) the rows held back by the
-  two rules above are offered up to PROBE_TOKENS tokens each at the prior's rates: whether they draft
-  is still the costs' decision, so a probe happens only where it could pay.
+- in a probe round (the first plan and every `probe_every`-th after it, `RowGains.is_probe_round`) the
+  rows held back by the two rules above are offered up to PROBE_TOKENS tokens each at the prior's
+  rates: whether they draft is still the costs' decision, so a probe happens only where it could pay.
 
 A free drafter (suffix, prompt lookup: `match_orders` given) runs no model: its rounds have no draft
 steps, and within the cap planned here each row's depth is cut further by its match length
