@@ -30,9 +30,13 @@ spread over CATCH_UP_ROUNDS rounds, see `_cost`). For every cap G = 0..the large
 
 and the best drafts found over every G is the plan (a cap G keeps one well-accepted row from
 widening every row's block). Rows whose request fixed its gamma draft exactly that. No draft at
-all is a plain round (value B / T(B, 1)). The cost also holds P, the seconds the scheduler spent in
-the same step on joining rows' prompt chunks (`prefilled`): the step's tokens per second is
-E / (P + cost).
+all is a plain round (value B / T(B, 1)). The cost also holds P, the seconds a step spends on joining
+rows' prompt chunks besides its round (`prefilled`: the scheduler runs them before the round), as a
+running mean over the steps (weight 1 - PREFILL_MEMORY per step, steps without prefill included): the
+tokens per second that count are the whole serving loop's, E / (P + cost). Why the mean and not this
+step's own chunk: a step's prefill is paid whatever its round drafts, so what it changes is the rate
+a draft token has to beat (tokens per second over all steps), not this step's trade; a step that
+charged its own chunk would draft exactly when a prompt joins.
 
 Which rows are offered draft tokens, and from which acceptance (issue 37: a prior must not make a
 full batch draft, and drafting that does not pay stops):
@@ -82,6 +86,9 @@ position, little enough to keep the probe cheap."""
 
 POOL_MEMORY = 0.98
 """Weight of the session's pooled acceptance evidence one drafting row-round older (about the last 50)."""
+
+PREFILL_MEMORY = 0.9
+"""Weight of the mean prefill seconds per step one step older (about the last ten steps)."""
 
 BATCH_PRIOR_STRENGTH = 1.0
 """Weight, in rounds, of the pooled rate in the acceptance of a row that shares a round."""
@@ -145,6 +152,7 @@ class CostAwareGamma:
         self.rounds_planned = 0
         self.last_plan_probe = False  # whether the last plan was a probe round
         self._prefill_seconds = 0.0  # prompt chunks run since the last plan
+        self.prefill_per_step = 0.0  # P: mean prefill seconds per step (PREFILL_MEMORY)
         self._pooled = (0.0, 0.0)  # (kept, reached) of every row's drafting rounds, decayed
         self._seen: dict[int, int] = {}  # row -> tokens of its history the draft model has seen
         self._planned: dict[int, tuple[int, int]] = {}  # row -> (length, draft) of this round's plan
@@ -217,7 +225,10 @@ class CostAwareGamma:
             return []
         probe = self.last_plan_probe = self.gains.is_probe_round(self.rounds_planned)
         self.rounds_planned += 1
-        prefill, self._prefill_seconds = self._prefill_seconds, 0.0
+        step_prefill, self._prefill_seconds = self._prefill_seconds, 0.0
+        prefill = self.prefill_per_step = (
+            PREFILL_MEMORY * self.prefill_per_step + (1.0 - PREFILL_MEMORY) * step_prefill
+        )
         fixed = [r.limit if r.fixed else 0 for r in rows]
         # Marginal expected tokens of each offered row's j-th draft token, j = 1..its limit.
         marginals: list[tuple[float, int, int]] = []  # (m_{b,j}, b, j)
@@ -257,7 +268,7 @@ class CostAwareGamma:
         return best
 
     def prefilled(self, seconds: float) -> None:
-        """Prompt chunks of joining rows ran `seconds` in this step: the next plan counts them."""
+        """Prompt chunks of joining rows ran `seconds` in this step: the next plan adds them to the mean."""
         if seconds > 0.0:
             self._prefill_seconds += seconds
 
