@@ -225,6 +225,7 @@ class CostAwareGamma:
             return []
         probe = self.last_plan_probe = self.gains.is_probe_round(self.rounds_planned)
         self.rounds_planned += 1
+        self._round.clear()  # a round that was not timed (it fed a prompt) teaches no gains
         step_prefill, self._prefill_seconds = self._prefill_seconds, 0.0
         prefill = self.prefill_per_step = (
             PREFILL_MEMORY * self.prefill_per_step + (1.0 - PREFILL_MEMORY) * step_prefill

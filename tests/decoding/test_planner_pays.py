@@ -170,5 +170,6 @@ def test_free_drafters_are_planned_for_the_batch_and_their_rounds_timed() -> Non
     scheduler.run_until_idle()
     assert all(h.finish_reason in ("eos", "length") for h in handles)
     metrics = scheduler.metrics
-    assert len(metrics.round_times) == metrics.rounds and metrics.plain_rounds <= metrics.rounds
+    # Every round is timed but the first, which fed both prompts (no round shape predicts that).
+    assert len(metrics.round_times) == metrics.rounds - 1 and metrics.plain_rounds <= metrics.rounds
     assert policy.rates._rows == {} and policy.gains._rows == {}  # every row released its statistics
