@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from exactspec.foundations.defaults import DEFAULTS
+from exactspec.foundations.metrics import ROUND_COUNTS, round_shares
 
 SETTINGS_MIX: list[dict[str, Any]] = [
     {"temperature": 0.0},
@@ -280,8 +281,7 @@ def table(levels: dict[str, list[dict]]) -> str:
         "| speculative / plain | llama_cpp.server tokens/s total | speculative / llama_cpp.server "
         "| TTFT p50 spec / plain (s) | TTFT p95 spec / plain (s) "
         "| inter-token p95 while a request joins, spec / plain (s) | acceptance | tokens/round "
-        "| predicted / measured round time, median error "
-        "| spec tokens / drafted per row-round | spec plain rounds |",
+        "| predicted / measured round time, median error | tokens / drafted per row-round | plain rounds |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|",
     ]
     keys = sorted({(level["max_tokens"], level["concurrency"]) for rows in levels.values() for level in rows})
@@ -320,10 +320,9 @@ def table(levels: dict[str, list[dict]]) -> str:
 
 
 def _per_round_cells(level: dict | None) -> str:
-    """'tokens / drafted | plain share' of a level's rounds (blank where the server gave no counts)."""
-    level = level or {}
-    tokens, drafted = level.get("tokens_per_row_round"), level.get("drafted_per_row_round")
-    share = level.get("plain_round_share")
+    """'tokens / drafted | plain share' of a level's rounds (`round_shares`; blank where none was given)."""
+    names = ("tokens_per_row_round", "drafted_per_row_round", "plain_round_share")
+    tokens, drafted, share = ((level or {}).get(name) for name in names)
     first = "" if tokens is None or drafted is None else f"{tokens:.2f} / {drafted:.2f}"
     return f"{first} | {'' if share is None else f'{share:.0%}'}"
 
@@ -446,12 +445,12 @@ def main(argv: list[str] | None = None) -> int:
                 peer = mode == "llamacpp-server"
                 target = peer_base if peer else base
                 errors_before = _round_times(base) if not peer else None
-                counts_before = _round_counts(base) if not peer else None
+                before = _round_counts(base) if not peer else None
                 level = asyncio.run(run_level(target, concurrency, requests, gamma, max_tokens, peer))
                 if mode == "speculative" and errors_before is not None:
                     level["round_time_error"] = _round_times(base)
-                if counts_before is not None:
-                    level.update(_rounds_of_level(counts_before, _round_counts(base)))
+                if before is not None and (after := _round_counts(base)) is not None:
+                    level.update(round_shares(before, after))  # tokens, drafts, plain rounds of the level
                 level["max_tokens"] = max_tokens
                 levels.setdefault(mode, []).append(level)
                 report(mode, level)
@@ -473,42 +472,15 @@ def _round_times(base: str) -> float | None:
         return None
 
 
-ROUND_COUNTS = ("rounds", "plain_rounds", "row_rounds", "emitted_tokens", "proposed_tokens")
-
-
 def _round_counts(base: str) -> dict[str, int] | None:
-    """The server's round counts since it started (its /health), or None if it does not give them."""
+    """The server's round counts since it started (its /health: `DecodeMetrics.round_counts`), if it says."""
     import httpx
 
     try:
         health = httpx.get(base + "/health", timeout=10).json()
-    except (httpx.HTTPError, ValueError):
+        return {name: int(health[name]) for name in ROUND_COUNTS}
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):  # no server, or one without the counts
         return None
-    return {key: health[key] for key in ROUND_COUNTS} if all(key in health for key in ROUND_COUNTS) else None
-
-
-def _rounds_of_level(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, float | None]:
-    """A level's rounds from the counts around it: tokens and drafted tokens per row-round (each row of a
-    round counted once), and the share of rounds in which no row drafted."""
-    if before is None or after is None:
-        return {"tokens_per_row_round": None, "drafted_per_row_round": None, "plain_round_share": None}
-    delta = {key: after[key] - before[key] for key in ROUND_COUNTS}
-    row_rounds, rounds = delta["row_rounds"], delta["rounds"]
-    return {
-        "tokens_per_row_round": delta["emitted_tokens"] / row_rounds if row_rounds else None,
-        "drafted_per_row_round": delta["proposed_tokens"] / row_rounds if row_rounds else None,
-        "plain_round_share": delta["plain_rounds"] / rounds if rounds else None,
-    }
-
-
-def _rounds_line(level: dict) -> str:
-    """', rounds: T tokens / D drafted per row-round, P plain' when the server gave its round counts."""
-    if level.get("tokens_per_row_round") is None or level.get("plain_round_share") is None:
-        return ""
-    return (
-        f", rounds: {level['tokens_per_row_round']:.2f} tokens / {level['drafted_per_row_round']:.2f} "
-        f"drafted per row-round, {level['plain_round_share']:.0%} plain"
-    )
 
 
 def report(mode: str, level: dict) -> None:
@@ -517,7 +489,7 @@ def report(mode: str, level: dict) -> None:
         f"{mode:>11} n={level['max_tokens']:<4} c={concurrency:<3} ttft p50 {level['ttft_p50']:.2f}s "
         f"p95 {level['ttft_p95']:.2f}s, {level['tokens_per_second_total']:.2f} tokens/s total, "
         f"{level['tokens_per_second_per_request_p50']:.2f} per request "
-        f"({level['wall_seconds']:.0f} s){_rounds_line(level)}",
+        f"({level['wall_seconds']:.0f} s)",
         file=sys.stderr,
         flush=True,
     )

@@ -328,13 +328,8 @@ def create_app(service: Service) -> FastAPI:
             # How well the planner predicts the time of a round here (median |predicted / measured - 1|).
             "predicted_rounds": len(metrics.round_times),
             "round_time_error": None if error != error else error,
-            # Counts since start (a load test takes differences): rounds, those no row drafted in, rows
-            # summed over rounds, tokens emitted and draft tokens proposed.
-            "rounds": metrics.rounds,
-            "plain_rounds": metrics.plain_rounds,
-            "row_rounds": metrics.row_rounds,
-            "emitted_tokens": metrics.emitted_tokens,
-            "proposed_tokens": metrics.proposed_tokens,
+            # Round counts since start (a load test takes differences: foundations.metrics.round_shares).
+            **metrics.round_counts(),
         }
 
     @app.get("/metrics")
