@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from exactspec.foundations.defaults import DEFAULTS
+from exactspec.foundations.metrics import ROUND_COUNTS, round_shares
 
 SETTINGS_MIX: list[dict[str, Any]] = [
     {"temperature": 0.0},
@@ -281,8 +282,8 @@ def table(levels: dict[str, list[dict]]) -> str:
         "| speculative / plain | llama_cpp.server tokens/s total | speculative / llama_cpp.server "
         "| TTFT p50 spec / plain (s) | TTFT p95 spec / plain (s) "
         "| inter-token p95 while a request joins, spec / plain (s) | acceptance | tokens/round "
-        "| predicted / measured round time, median error |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|",
+        "| predicted / measured round time, median error | tokens / drafted per row-round | plain rounds |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|",
     ]
     keys = sorted({(level["max_tokens"], level["concurrency"]) for rows in levels.values() for level in rows})
     by = {mode: {(lv["max_tokens"], lv["concurrency"]): lv for lv in rows} for mode, rows in levels.items()}
@@ -314,9 +315,17 @@ def table(levels: dict[str, list[dict]]) -> str:
             f"{pair('inter_token_p95_while_joining', key)} | "
             f"{'' if accept is None else f'{accept:.2f}'} | "
             f"{'' if per_round is None else f'{per_round:.2f}'} | "
-            f"{'' if error is None else f'{error:.1%}'} |"
+            f"{'' if error is None else f'{error:.1%}'} | {_per_round_cells(spec)} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _per_round_cells(level: dict | None) -> str:
+    """'tokens / drafted | plain share' of a level's rounds (`round_shares`; blank where none was given)."""
+    names = ("tokens_per_row_round", "drafted_per_row_round", "plain_round_share")
+    tokens, drafted, share = ((level or {}).get(name) for name in names)
+    first = "" if tokens is None or drafted is None else f"{tokens:.2f} / {drafted:.2f}"
+    return f"{first} | {'' if share is None else f'{share:.0%}'}"
 
 
 def plot(levels: dict[str, list[dict]], path: Path) -> None:
@@ -437,9 +446,12 @@ def main(argv: list[str] | None = None) -> int:
                 peer = mode == "llamacpp-server"
                 target = peer_base if peer else base
                 errors_before = _round_times(base) if not peer else None
+                before = _round_counts(base) if not peer else None
                 level = asyncio.run(run_level(target, concurrency, requests, gamma, max_tokens, peer))
                 if mode == "speculative" and errors_before is not None:
                     level["round_time_error"] = _round_times(base)
+                if before is not None and (after := _round_counts(base)) is not None:
+                    level.update(round_shares(before, after))  # tokens, drafts, plain rounds of the level
                 level["max_tokens"] = max_tokens
                 levels.setdefault(mode, []).append(level)
                 report(mode, level)
@@ -458,6 +470,17 @@ def _round_times(base: str) -> float | None:
     try:
         return httpx.get(base + "/health", timeout=10).json().get("round_time_error")
     except (httpx.HTTPError, ValueError):
+        return None
+
+
+def _round_counts(base: str) -> dict[str, int] | None:
+    """The server's round counts since it started (its /health: `DecodeMetrics.round_counts`), if it says."""
+    import httpx
+
+    try:
+        health = httpx.get(base + "/health", timeout=10).json()
+        return {name: int(health[name]) for name in ROUND_COUNTS}
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):  # no server, or one without the counts
         return None
 
 

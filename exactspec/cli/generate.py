@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from exactspec.cli.common import (
     EXIT_OK,
@@ -24,6 +25,10 @@ from exactspec.cli.common import (
     utf8_text,
 )
 from exactspec.foundations.defaults import DEFAULTS
+
+if TYPE_CHECKING:
+    from exactspec.decoding.strategy import Strategy
+    from exactspec.models.pair import ModelPair
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -146,6 +151,9 @@ def run(args: argparse.Namespace) -> int:
         gamma = 0
     elif gamma is None:
         gamma = chosen.default_gamma(decoder.pair.weights)
+    plain_reason = None
+    if args.gamma is None and gamma and chosen.adaptive_gamma:
+        gamma, plain_reason = _plain_when_drafting_cannot_pay(decoder.pair, chosen, gamma)
     try:
         settings.check_vocab(decoder.target.vocab_size)  # known only now that the target is loaded
     except ValueError as error:
@@ -180,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
             "seed": args.seed,
             "load_seconds": load_seconds,
             "statistics": output.metrics.as_dict(),
+            "plain_reason": plain_reason,
         }
         print(json.dumps(json_safe(record), allow_nan=False))
         return EXIT_OK
@@ -202,6 +211,24 @@ def run(args: argparse.Namespace) -> int:
             f", {chosen.drafter} drafter, {chosen.verifier} verification, {gamma_text}, "
             f"acceptance {metrics.acceptance_rate:.2f}, {metrics.tokens_per_round:.2f} tokens/round"
         )
+    if plain_reason:
+        summary += f", {plain_reason}"
     summary += f", {decoder.pair.describe_backend()}"
     print(summary + f" (models loaded in {load_seconds:.1f} s)", file=sys.stderr)
     return EXIT_OK
+
+
+def _plain_when_drafting_cannot_pay(pair: ModelPair, chosen: Strategy, gamma: int) -> tuple[int, str | None]:
+    """The default gamma, or 0 and why, when this machine's measured pass costs (`ModelPair.batch_costs`,
+    cached; the same the run plans with) show that no draft length pays even at a plausible acceptance
+    (`BatchCosts.best_speedup`)."""
+    from exactspec.foundations.costs import PLAUSIBLE_ACCEPTANCE
+
+    costs = pair.batch_costs(gamma, 1)
+    speedup, best = costs.best_speedup(1, draft_model=chosen.needs_draft_model)
+    if speedup > 1.0:
+        return gamma, None
+    return 0, (
+        f"plain decoding: no draft length pays on this machine and backend (measured costs: at most "
+        f"{speedup:.2f}x, gamma {best}, at acceptance {PLAUSIBLE_ACCEPTANCE})"
+    )

@@ -15,13 +15,14 @@ pair of `LanguageModel`s handed in (Hugging Face, llama.cpp, toy tables).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import NamedTuple
 
 from exactspec.decoding.engine import SpeculativeEngine
 from exactspec.decoding.gamma import ConfidenceGamma, GammaPolicy, LookupGamma
 from exactspec.decoding.planner import CostAwareGamma
-from exactspec.decoding.round_times import RoundTimer, RoundTimes
+from exactspec.decoding.round_times import RoundTimer
 from exactspec.decoding.scheduler import Scheduler
 from exactspec.decoding.strategy import VERIFIERS, CostSource, Strategy
 from exactspec.drafters.base import Drafter
@@ -69,7 +70,8 @@ def build_components(
     `batch_costs`: with adaptive gamma, the measured pass costs that seed the round times
     (`exactspec.decoding.round_times`): a model drafter's rounds are then planned for the whole batch
     (`exactspec.decoding.planner.CostAwareGamma`) instead of row by row with the draft's confidence stop
-    (`ConfidenceGamma`), and a free drafter's lengths (`LookupGamma`) weigh whole rounds' measured times.
+    (`ConfidenceGamma`); a free drafter's rounds too (without draft steps), each row's depth within its
+    planned cap then chosen by its match length (`LookupGamma`, from whole rounds' measured times).
 
     Raises ValueError when the strategy needs a draft model and `draft` is None.
     """
@@ -85,16 +87,17 @@ def build_components(
     options = dict(policy_options or {})
     policy: GammaPolicy | None = None
     lengths = stop = None
-    if strategy.adaptive_gamma and kind.free:
-        # A free draft's length is chosen per match length, once the round's match is found.
-        # With pass costs measured by shape, v(k) comes from whole rounds as they run (decoding.round_times).
-        round_times = RoundTimes(batch_costs) if batch_costs is not None else None
-        if batch_costs is not None:
-            lookup_costs = batch_costs.single_row().without_draft_model()
-        else:
-            lookup_costs = _cost_model(target, draft, strategy, gamma, costs)
+    if strategy.adaptive_gamma and kind.free and batch_costs is not None:
+        # The batch's caps planned from whole rounds' costs (no draft steps: the drafter runs no model),
+        # each row's depth within its cap by its match length (decoding.planner, decoding.gamma.LookupGamma).
+        free_costs = dataclasses.replace(batch_costs, draft=None)
         max_order = kind.max_match_order(strategy.options)
-        policy = lengths = LookupGamma(lookup_costs, max_order, round_times=round_times, **options)
+        policy = lengths = CostAwareGamma(free_costs, match_orders=max_order, **options)
+    elif strategy.adaptive_gamma and kind.free:
+        # A free draft's length is chosen per match length, once the round's match is found.
+        lookup_costs = _cost_model(target, draft, strategy, gamma, costs)
+        max_order = kind.max_match_order(strategy.options)
+        policy = lengths = LookupGamma(lookup_costs, max_order, **options)
     elif strategy.adaptive_gamma and batch_costs is not None:
         policy = CostAwareGamma(batch_costs, **options)
     elif strategy.adaptive_gamma:

@@ -111,6 +111,7 @@ class SpeculativeEngine:
         self.round_timer = round_timer
         self.target_stopwatch = Stopwatch(target.device)
         self.metrics = DecodeMetrics()
+        self._prefilled: set[int] = set()  # rows whose prompt `prefill` put in the target's cache
 
     # ------------------------------------------------------------------ rows
 
@@ -126,6 +127,7 @@ class SpeculativeEngine:
         if rows:
             for role in self._row_roles():
                 role.release_rows(rows)
+            self._prefilled.difference_update(rows)
 
     def prefill(self, row: int, tokens: Sequence[int]) -> None:
         """Put a joining row's first `tokens` (a prefix of its prompt) in the target's cache ahead of its
@@ -134,7 +136,11 @@ class SpeculativeEngine:
             return
         with self.target_stopwatch.timing():
             self.target.logits([list(tokens)], 1, rows=[row])
-        self.metrics.prefill_seconds += self.target_stopwatch.take()
+        seconds = self.target_stopwatch.take()
+        self.metrics.prefill_seconds += seconds
+        self._prefilled.add(row)
+        if self.gamma_policy is not None:
+            self.gamma_policy.prefilled(seconds)  # the step's cost includes it (`decoding.planner`)
 
     def _row_roles(self) -> list[RowLifecycle]:
         return [role for role in (self.target, self.drafter, self.gamma_policy) if role is not None]
@@ -243,6 +249,11 @@ class SpeculativeEngine:
         `config`) and its own random stream (`sampler`, by row id).
         """
         started = time.perf_counter()
+        # A row's first round feeds its whole prompt unless `prefill` did: a round time no shape predicts.
+        feeds_prompt = any(
+            not states[row].generated and len(states[row].prompt) > 1 and row not in self._prefilled
+            for row in active
+        )
         histories = [states[row].history for row in active]
         settings = [states[row].settings or config.settings for row in active]
         # A round emits at most draft_length + 1 tokens, so never propose past max_new_tokens.
@@ -290,7 +301,7 @@ class SpeculativeEngine:
         output.accepted.update(zip(active, accepted, strict=True))
         elapsed = time.perf_counter() - started
         self.metrics.total_seconds += elapsed
-        if self.gamma_policy is not None:
+        if self.gamma_policy is not None and not feeds_prompt:
             # What the round cost, by its shape, teaches a policy that plans from round times.
             width = proposal.tokens.shape[1] + 1
             steps = 0 if proposal.deterministic else int(proposal.lengths.max())
@@ -408,6 +419,7 @@ class SpeculativeEngine:
         proposed = drafted.tolist()
         accepted = num_accepted.tolist()
         self.metrics.rounds += 1
+        self.metrics.plain_rounds += 0 if any(proposed) else 1
         self.metrics.row_rounds += len(proposed)
         self.metrics.proposed_tokens += sum(proposed)
         self.metrics.accepted_tokens += sum(accepted)

@@ -73,6 +73,11 @@ class GammaPolicy(RowLifecycle, Protocol):
         learns from it (`decoding.round_times`) and returns what it had predicted; None otherwise."""
         ...
 
+    def prefilled(self, seconds: float) -> None:
+        """Joining rows' prompt chunks took `seconds` of target passes since the last round (the scheduler
+        runs them in the same step, before the round): a policy that weighs whole steps counts them."""
+        ...
+
 
 class PerRowGamma:
     """`plan` for a policy that chooses each row on its own: min(limit, draft_length(row)) per free row."""
@@ -87,6 +92,9 @@ class PerRowGamma:
     def timed(self, shape: RoundShape, seconds: float) -> float | None:
         """Chosen from measured c and v(k) alone: round times teach nothing."""
         return None
+
+    def prefilled(self, seconds: float) -> None:
+        """Each row is chosen on its own: the step's prefill changes no row's choice."""
 
 
 class AdaptiveGamma(PerRowGamma):
@@ -194,6 +202,21 @@ class AdaptiveGamma(PerRowGamma):
         rates, previous = [], self.acceptance_estimate(row)
         for reached, kept in zip(counts.reached, counts.kept, strict=True):
             previous = (kept + self.position_strength * previous) / (reached + self.position_strength)
+            rates.append(previous)
+        return rates
+
+    def evidence(self, row: int) -> float:
+        """n_1: the row's (decayed) drafting rounds, each of which reached the first draft position."""
+        return self._counts(row).reached[0] if self.costs.max_gamma else 0.0
+
+    def rates_under(self, row: int, prior_rate: float, strength: float) -> list[float]:
+        """a_1..a_K as `position_rates`, but each position shrunk with weight `strength` (towards the one
+        before it, the first towards `prior_rate`) instead of towards the row's pooled rate under this
+        policy's prior (the batch planner's estimate for rows that share a round: `decoding.planner`)."""
+        counts = self._counts(row)
+        rates, previous = [], prior_rate
+        for reached, kept in zip(counts.reached, counts.kept, strict=True):
+            previous = (kept + strength * previous) / (reached + strength)
             rates.append(previous)
         return rates
 
@@ -326,9 +349,14 @@ class LookupGamma(PerRowGamma):
             return None
         predicted = self.round_times.predict(shape)
         self.round_times.observe(shape, seconds)
-        self.costs = self.round_times.single_row_costs(self.costs.max_gamma, draft=False)
-        self.by_order.costs = self.costs
+        self.refresh_costs()
         return predicted
+
+    def refresh_costs(self) -> None:
+        """Take v(k) from the round times again (after whoever owns them learned a round)."""
+        if self.round_times is not None:
+            self.costs = self.round_times.single_row_costs(self.costs.max_gamma, draft=False)
+            self.by_order.costs = self.costs
 
     def record(self, row: int, proposed: int, accepted: int) -> None:
         order = self._last_order.pop(row, None)

@@ -30,27 +30,77 @@ spread over CATCH_UP_ROUNDS rounds, see `_cost`). For every cap G = 0..the large
 
 and the best drafts found over every G is the plan (a cap G keeps one well-accepted row from
 widening every row's block). Rows whose request fixed its gamma draft exactly that. No draft at
-all is a plain round (value B / T(B, 1)).
+all is a plain round (value B / T(B, 1)). The cost also holds P, the seconds a step spends on joining
+rows' prompt chunks besides its round (`prefilled`: the scheduler runs them before the round), as a
+running mean over the steps (weight 1 - PREFILL_MEMORY per step, steps without prefill included): the
+tokens per second that count are the whole serving loop's, E / (P + cost). Why the mean and not this
+step's own chunk: a step's prefill is paid whatever its round drafts, so what it changes is the rate
+a draft token has to beat (tokens per second over all steps), not this step's trade; a step that
+charged its own chunk would draft exactly when a prompt joins.
 
-Exactness: the plan depends on the rows' finished rounds, their lengths and the measured costs,
-all known before the round's draws, so each round is exact given its history and so is the
+Which rows are offered draft tokens, and from which acceptance (issue 37: a prior must not make a
+full batch draft, and drafting that does not pay stops):
+
+- a row alone is planned from `AdaptiveGamma`'s estimate (its own rounds under the Beta(3, 1) prior);
+- a row that shares the round needs evidence: its own drafting rounds, or the session's (every row's
+  rounds pooled, rho = (kept + 1) / (reached + 2), decayed by POOL_MEMORY per row-round); its rates are
+  its own counts shrunk towards rho with weight `batch_prior_strength` (1 round: learned fast). A row
+  without either is not offered tokens;
+- a row whose realized gain is below 1 (`decoding.gains.RowGains`: tokens per second of its drafting
+  rounds against its plain rounds) is not offered tokens;
+- in a probe round (the first plan and every `probe_every`-th after it, `RowGains.is_probe_round`) the
+  rows held back by the two rules above are offered up to PROBE_TOKENS tokens each at the prior's
+  rates: whether they draft is still the costs' decision, so a probe happens only where it could pay.
+
+A free drafter (suffix, prompt lookup: `match_orders` given) runs no model: its rounds have no draft
+steps, and within the cap planned here each row's depth is cut further by its match length
+(`decoding.gamma.LookupGamma`, which the drafter asks through `length_for`).
+
+Exactness: the plan depends on the rows' finished rounds, their lengths, the measured costs and the
+wall times of finished rounds and prefill passes, and on the round's number (the probe schedule), all
+known before the round's draws, so each round is exact given its history and so is the
 output (docs/algorithm.md 5). A row's draft length now depends on which rows share the batch,
 so a seeded request's tokens may depend on the load; its law does not (docs/algorithm.md 6).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from typing import NamedTuple
 
-from exactspec.decoding.gamma import AdaptiveGamma, RoundRow
+from exactspec.decoding.gains import RowGains
+from exactspec.decoding.gamma import AdaptiveGamma, LookupGamma, RoundRow
 from exactspec.decoding.round_times import RoundShape, RoundTimes
-from exactspec.foundations.costs import BatchCosts
+from exactspec.foundations.costs import BatchCosts, CostModel
 from exactspec.foundations.rows import RowStart
 
 CATCH_UP_ROUNDS = 8
 """The rounds a draft cache's catch-up (its prompt, or the tokens of rounds it sat out) is spread over
 when a round's cost is estimated: a horizon, not a measurement (a 64-token answer at 2 to 3 tokens a
 round runs 20 to 30 rounds; 8 leaves room for rows that end sooner)."""
+
+PROBE_TOKENS = 2
+"""The most draft tokens a held-back row gets in a probe round: enough to see acceptance past the first
+position, little enough to keep the probe cheap."""
+
+POOL_MEMORY = 0.98
+"""Weight of the session's pooled acceptance evidence one drafting row-round older (about the last 50)."""
+
+PREFILL_MEMORY = 0.9
+"""Weight of the mean prefill seconds per step one step older (about the last ten steps)."""
+
+BATCH_PRIOR_STRENGTH = 1.0
+"""Weight, in rounds, of the pooled rate in the acceptance of a row that shares a round."""
+
+
+class Offer(NamedTuple):
+    """What a plan may give one row: acceptance rates a_1..a_K to weigh its draft tokens by, the most tokens
+    it may get, and whether this is a probe (a held-back row looked at again, `CostAwareGamma.offer`)."""
+
+    rates: list[float]
+    most: int
+    probe: bool = False
 
 
 class CostAwareGamma:
@@ -67,44 +117,131 @@ class CostAwareGamma:
     [0, 0, 0, 0]
     """
 
-    def __init__(self, costs: BatchCosts, **adaptive: float) -> None:
+    def __init__(
+        self,
+        costs: BatchCosts,
+        *,
+        match_orders: int = 0,
+        gains: RowGains | None = None,
+        batch_prior_strength: float = BATCH_PRIOR_STRENGTH,
+        **adaptive: float,
+    ) -> None:
         """costs: seconds of the target and draft passes by shape, which seed the round times
-        (`decoding.round_times.RoundTimes`, corrected by every round that runs); `adaptive`:
-        `AdaptiveGamma`'s keyword arguments for the per-row acceptance estimates (prior, memory)."""
-        self.costs = costs
+        (`decoding.round_times.RoundTimes`, corrected by every round that runs); a table without draft
+        seconds plans rounds without draft steps. match_orders: for a free drafter, its longest match
+        length (its depths per match length are then `LookupGamma`'s, within the plan's caps); 0 for a
+        model drafter. gains: the rows' realized gains and the probe schedule (default `RowGains()`).
+        `adaptive`: `AdaptiveGamma`'s keyword arguments for the per-row acceptance estimates (prior,
+        memory...)."""
+        if not batch_prior_strength > 0:
+            raise ValueError(f"batch_prior_strength must be positive, got {batch_prior_strength}")
+        self.batch_costs = costs
+        self.model_drafts = costs.draft is not None
         self.round_times = RoundTimes(costs)
         self.rates = AdaptiveGamma(costs.single_row(), **adaptive)  # type: ignore[arg-type]
+        self.lengths: LookupGamma | None = None
+        if match_orders:
+            self.lengths = LookupGamma(
+                costs.single_row().without_draft_model(),
+                match_orders,
+                round_times=self.round_times,
+                **adaptive,
+            )
+        self.gains = gains if gains is not None else RowGains()
+        self.batch_prior_strength = batch_prior_strength
+        self.rounds_planned = 0
+        self.last_plan_probe = False  # whether the last plan was a probe round
+        self._prefill_seconds = 0.0  # prompt chunks run since the last plan
+        self.prefill_per_step = 0.0  # P: mean prefill seconds per step (PREFILL_MEMORY)
+        self._pooled = (0.0, 0.0)  # (kept, reached) of every row's drafting rounds, decayed
         self._seen: dict[int, int] = {}  # row -> tokens of its history the draft model has seen
         self._planned: dict[int, tuple[int, int]] = {}  # row -> (length, draft) of this round's plan
+        self._round: dict[int, tuple[bool, int]] = {}  # row -> (drafted, tokens) of the round being run
+        self._probing: set[int] = set()  # rows offered a probe draft in this round
 
     @property
     def max_gamma(self) -> int:
         """The longest draft the costs were measured for (a block of max_gamma + 1 tokens)."""
-        return self.costs.widths[-1] - 1
+        return self.batch_costs.widths[-1] - 1
+
+    @property
+    def costs(self) -> CostModel:
+        """c and v(k) of one row as the round times now predict them (what a report calls the policy's
+        costs; the plan itself weighs whole batches)."""
+        return self.round_times.single_row_costs(self.max_gamma, draft=self.model_drafts)
 
     def add_rows(self, rows: Sequence[RowStart]) -> None:
         self.rates.add_rows(rows)
+        if self.lengths is not None:
+            self.lengths.add_rows(rows)
+        self.gains.add_rows([start.row for start in rows])
         for start in rows:
             self._seen[start.row] = 0
             self._planned.pop(start.row, None)
+            self._round.pop(start.row, None)
 
     def release_rows(self, rows: Sequence[int]) -> None:
         self.rates.release_rows(rows)
+        if self.lengths is not None:
+            self.lengths.release_rows(rows)
+        self.gains.release_rows(rows)
         for row in rows:
             self._seen.pop(row, None)
             self._planned.pop(row, None)
+            self._round.pop(row, None)
+
+    def length_for(self, row: int, order: int) -> int:
+        """A free drafter's depth for a match of length `order` (`LookupGamma.length_for`); the drafter
+        cuts it to the plan's cap for the row."""
+        if self.lengths is None:
+            raise ValueError("length_for is for free drafters: build the planner with match_orders")
+        depth = self.lengths.length_for(row, order)
+        # A probe looks again where the row's old estimates say no: at least one token (cut to the cap).
+        return max(depth, 1) if row in self._probing else depth
+
+    def pooled_rate(self) -> float:
+        """rho: acceptance of every row's drafting rounds so far (decayed), under a Beta(1, 1) prior."""
+        kept, reached = self._pooled
+        return (kept + 1.0) / (reached + 2.0)
+
+    def offer(self, row: int, alone: bool, probe: bool) -> Offer | None:
+        """What the plan may give this row (None: no draft tokens this round): the module docstring."""
+        held_back = self.gains.stopped(row)
+        if not alone and not held_back:
+            own, pooled = self.rates.evidence(row), self._pooled[1]
+            held_back = own <= 0.0 and pooled <= 0.0
+        if held_back:
+            if not probe:
+                return None
+            prior = self.rates.prior_accepted / (self.rates.prior_accepted + self.rates.prior_rejected)
+            return Offer([prior] * self.max_gamma, PROBE_TOKENS, probe=True)
+        if alone:
+            return Offer(self.rates.position_rates(row), self.max_gamma)
+        shared = self.rates.rates_under(row, self.pooled_rate(), self.batch_prior_strength)
+        return Offer(shared, self.max_gamma)
 
     def plan(self, rows: Sequence[RoundRow]) -> list[int]:
         if not rows:
             return []
+        probe = self.last_plan_probe = self.gains.is_probe_round(self.rounds_planned)
+        self.rounds_planned += 1
+        self._round.clear()  # a round that was not timed (it fed a prompt) teaches no gains
+        step_prefill, self._prefill_seconds = self._prefill_seconds, 0.0
+        prefill = self.prefill_per_step = (
+            PREFILL_MEMORY * self.prefill_per_step + (1.0 - PREFILL_MEMORY) * step_prefill
+        )
         fixed = [r.limit if r.fixed else 0 for r in rows]
-        # Marginal expected tokens of each free row's j-th draft token, j = 1..its limit.
+        # Marginal expected tokens of each offered row's j-th draft token, j = 1..its limit.
         marginals: list[tuple[float, int, int]] = []  # (m_{b,j}, b, j)
+        self._probing.clear()
         for b, r in enumerate(rows):
-            if r.fixed:
+            offer = None if r.fixed else self.offer(r.row, len(rows) == 1, probe)
+            if offer is None:
                 continue
+            if offer.probe:
+                self._probing.add(r.row)
             reach = 1.0
-            for j, rate in enumerate(self.rates.position_rates(r.row)[: min(r.limit, self.max_gamma)]):
+            for j, rate in enumerate(offer.rates[: min(r.limit, offer.most, self.max_gamma)]):
                 reach *= rate
                 marginals.append((reach, b, j + 1))
         marginals.sort(key=lambda item: (-item[0], item[1], item[2]))
@@ -118,7 +255,7 @@ class CostAwareGamma:
             expected = fixed_expected + sum(1.0 for r in rows if not r.fixed)
             candidates = iter(m for m in marginals if m[2] <= width_gamma)
             while True:
-                value = expected / self._cost(drafts, lags, fresh)
+                value = expected / (prefill + self._cost(drafts, lags, fresh))
                 if value > best_value:
                     best_value, best = value, list(drafts)
                 step = next(candidates, None)
@@ -131,15 +268,38 @@ class CostAwareGamma:
             self._planned[r.row] = (r.length, best[b])
         return best
 
+    def prefilled(self, seconds: float) -> None:
+        """Prompt chunks of joining rows ran `seconds` in this step: the next plan adds them to the mean."""
+        if seconds > 0.0:
+            self._prefill_seconds += seconds
+
     def timed(self, shape: RoundShape, seconds: float) -> float | None:
-        """Learn the round's wall time (what the next plans' costs are corrected by); returns the
-        prediction that was made for it."""
+        """Learn the round's wall time (what the next plans' costs are corrected by) and each row's realized
+        gain from it; returns the prediction that was made for it."""
         predicted = self.round_times.predict(shape)
+        plain = self.round_times.predict(dataclasses.replace(shape, width=1, draft_steps=0))
         self.round_times.observe(shape, seconds)
+        if self.lengths is not None:
+            self.lengths.refresh_costs()
+        anyone_drafted = shape.width > 1
+        for row, (drafted, tokens) in self._round.items():
+            # A row that sat out a round others widened is left out: that width was not its choice.
+            if drafted or not anyone_drafted:
+                self.gains.observe(row, drafted=drafted, tokens=tokens, plain_equivalents=seconds / plain)
+        self._round.clear()
         return predicted
 
     def record(self, row: int, proposed: int, accepted: int) -> None:
         self.rates.record(row, proposed, accepted)
+        if self.lengths is not None:
+            self.lengths.record(row, proposed, accepted)
+        self._round[row] = (proposed > 0, accepted + 1)
+        if proposed > 0:
+            kept, reached = self._pooled
+            self._pooled = (
+                POOL_MEMORY * kept + accepted,
+                POOL_MEMORY * reached + min(proposed, accepted + 1),
+            )
         length, planned = self._planned.pop(row, (None, 0))
         if length is not None and proposed > 0:
             # The draft fed the history and its first proposed - 1 tokens; the kept prefix is what its
@@ -167,22 +327,25 @@ class CostAwareGamma:
         longest = max(drafts, default=0)
         # The whole round, as the round times have measured rounds of this shape: its target pass and
         # draft steps seeded by the pass costs and corrected for everything else a round does.
-        shape = RoundShape(len(drafts), longest + 1, longest)
+        shape = RoundShape(len(drafts), longest + 1, longest if self.model_drafts else 0)
         seconds = self.round_times.predict(shape)
+        if not self.model_drafts:
+            return seconds  # a free drafter: no draft steps, no draft cache to catch up
         ratio = self.round_times.ratio(shape)
         for j in range(1, longest + 1):
             drafting = [b for b, g in enumerate(drafts) if g >= j]
             # Draft steps over fewer rows than the round's (rows that stopped drafting) cost less than
             # the shape's seeded steps assumed.
-            narrower = self.costs.draft_seconds(len(drafts), 1) - self.costs.draft_seconds(len(drafting), 1)
+            draft = self.batch_costs.draft_seconds
+            narrower = draft(len(drafts), 1) - draft(len(drafting), 1)
             seconds -= ratio * narrower
             if j > 1:
                 continue
             seen = [b for b in drafting if not fresh[b]]
             catch_up = 0.0
             if seen:
-                catch_up += self.costs.draft_seconds(len(seen), max(lags[b] for b in seen))
-                catch_up -= self.costs.draft_seconds(len(seen), 1)
-            catch_up += sum(self.costs.draft_seconds(1, lags[b]) for b in drafting if fresh[b])
+                catch_up += self.batch_costs.draft_seconds(len(seen), max(lags[b] for b in seen))
+                catch_up -= self.batch_costs.draft_seconds(len(seen), 1)
+            catch_up += sum(self.batch_costs.draft_seconds(1, lags[b]) for b in drafting if fresh[b])
             seconds += ratio * catch_up / CATCH_UP_ROUNDS
         return seconds

@@ -10,11 +10,15 @@ prediction for a round of shape s = (rows, width, draft steps) is
 
     predicted(s) = seeded(s) x ratio(s),   seeded(s) = T(rows, width) + draft_steps x D(rows, 1)
 
-where ratio(s) is the running mean of measured / seeded over the rounds of that shape (each round's
-weight 1/n until n reaches `1 / (1 - memory)`, then `1 - memory`: the last ten or so rounds), and for a
-shape not seen yet the same mean over every round. A cost model that is wrong by a factor converges to
-the measured times within a few dozen rounds; one that is wrong by a fixed overhead converges shape by
-shape for the shapes that run, and the shapes that have not run inherit the average ratio.
+where ratio(s) is the running geometric mean of measured / seeded over the rounds of that shape (the
+mean of log ratios, each round's weight 1/n until n reaches `1 / (1 - memory)`, then `1 - memory`: the
+last ten or so rounds; geometric because a round the machine delayed, five or ten times its usual
+time on a shared CPU, must not move every later prediction by as much as it lasted), and for a
+shape not seen yet the same mean over the rounds of as many rows (a batch size's overheads are shared by
+its shapes), or over every round when no round of as many rows ran yet. A cost model that is wrong by a
+factor converges to the measured times within a few dozen rounds; one that is wrong by a fixed overhead
+converges shape by shape for the shapes that run, and the shapes that have not run inherit the average
+ratio of their batch size.
 
 Exactness is untouched: what is learned is timing, known before the next round's draws, so every
 draft length chosen from it is a rule of docs/algorithm.md 5.
@@ -32,6 +36,7 @@ draft length chosen from it is a rule of docs/algorithm.md 5.
 from __future__ import annotations
 
 import collections
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -71,8 +76,10 @@ class RoundTimes:
             raise ValueError(f"memory must lie in (0, 1), got {memory}")
         self.costs = costs
         self.memory = memory
-        self._ratios: dict[RoundShape, tuple[float, int]] = {}  # shape -> (mean measured / seeded, rounds)
-        self._overall = (1.0, 0)
+        # shape -> (mean of log(measured / seeded), rounds); rows -> the same over its shapes; every shape
+        self._ratios: dict[RoundShape, tuple[float, int]] = {}
+        self._by_rows: dict[int, tuple[float, int]] = {}
+        self._overall = (0.0, 0)
         self._predictions: collections.deque[tuple[float, float]] = collections.deque(maxlen=PREDICTIONS_KEPT)
 
     def seeded(self, shape: RoundShape) -> float:
@@ -81,9 +88,13 @@ class RoundTimes:
         return seconds + shape.draft_steps * self.costs.draft_seconds(shape.rows, 1)
 
     def ratio(self, shape: RoundShape) -> float:
-        """measured / seeded for rounds of this shape (of every shape, if none of it ran yet)."""
+        """measured / seeded for rounds of this shape (of as many rows, else of every shape, if none ran)."""
         mean, rounds = self._ratios.get(shape, (0.0, 0))
-        return mean if rounds else self._overall[0]
+        if not rounds:
+            mean, rounds = self._by_rows.get(shape.rows, (0.0, 0))
+        if not rounds:
+            mean, rounds = self._overall
+        return math.exp(mean)
 
     def predict(self, shape: RoundShape) -> float:
         """Predicted seconds of a round of this shape."""
@@ -91,18 +102,19 @@ class RoundTimes:
 
     def observe(self, shape: RoundShape, seconds: float) -> None:
         """A round of this shape took `seconds` (wall time, start of drafting to the emitted tokens)."""
-        if not seconds > 0.0:
+        if not seconds > 0.0 or not math.isfinite(seconds):
             return
         self._predictions.append((self.predict(shape), seconds))
         ratio = seconds / self.seeded(shape)
         self._ratios[shape] = self._updated(self._ratios.get(shape, (0.0, 0)), ratio)
-        self._overall = self._updated(self._overall if self._overall[1] else (0.0, 0), ratio)
+        self._by_rows[shape.rows] = self._updated(self._by_rows.get(shape.rows, (0.0, 0)), ratio)
+        self._overall = self._updated(self._overall, ratio)
 
     def _updated(self, mean_rounds: tuple[float, int], ratio: float) -> tuple[float, int]:
         mean, rounds = mean_rounds
         rounds += 1
         weight = max(1.0 / rounds, 1.0 - self.memory)
-        return mean + weight * (ratio - mean), rounds
+        return mean + weight * (math.log(ratio) - mean), rounds
 
     def relative_errors(self) -> list[float]:
         """|predicted / measured - 1| of each round observed (the last `PREDICTIONS_KEPT`), the prediction

@@ -105,6 +105,12 @@ class CostModel:
         return plain_round * speedup_from_tokens(tokens_per_round, gamma, c, v)
 
 
+PLAUSIBLE_ACCEPTANCE = 0.9
+"""The acceptance per draft position taken as the most a default run can count on when deciding whether
+drafting can pay at all on a machine and backend (`BatchCosts.best_speedup`): free drafts of text being
+copied reach it, text being written rarely does."""
+
+
 @dataclass(frozen=True)
 class BatchCosts(JsonRecord):
     """Measured seconds of one forward pass by its shape, for planning rounds of a whole batch.
@@ -151,6 +157,41 @@ class BatchCosts(JsonRecord):
         if self.draft is None or rows == 0:
             return 0.0
         return _lookup(self.rows, self.widths, self.draft, rows, width)
+
+    def best_speedup(
+        self, rows: int, alpha: float = PLAUSIBLE_ACCEPTANCE, *, draft_model: bool = False
+    ) -> tuple[float, int]:
+        """The best predicted speedup of drafting for a round of `rows` rows, and its draft length.
+
+        max over g in 1..K of E(alpha, g) T(rows, 1) / (T(rows, g + 1) + g D(rows, 1)), every row drafting
+        g tokens at acceptance `alpha` per position (D: a draft step, counted when `draft_model`). Below 1
+        at a plausible alpha, no draft length can pay on this backend at this batch size. (1.0, 0) when
+        the table has no width above 1.
+
+        >>> costs = BatchCosts(rows=(1, 4), widths=(1, 2, 3), target=((1.0, 1.1, 1.2), (2.8, 7.3, 11.0)))
+        >>> [(round(s, 2), g) for s, g in (costs.best_speedup(1), costs.best_speedup(4))]
+        [(2.26, 2), (0.73, 1)]
+        """
+        plain = self.target_seconds(rows, 1)
+        best, best_gamma = 1.0, 0
+        for width in self.widths[1:]:
+            gamma = width - 1
+            seconds = self.target_seconds(rows, width)
+            if draft_model:
+                seconds += gamma * self.draft_seconds(rows, 1)
+            speedup = expected_tokens(alpha, gamma) * plain / seconds
+            if best_gamma == 0 or speedup > best:
+                best, best_gamma = speedup, gamma
+        return best, best_gamma
+
+    def drafting_can_pay(
+        self, max_rows: int, alpha: float = PLAUSIBLE_ACCEPTANCE, *, draft_model: bool = False
+    ) -> bool:
+        """Whether some draft length pays (`best_speedup` above 1) at some batch size 1..max_rows."""
+        return any(
+            self.best_speedup(rows, alpha, draft_model=draft_model)[0] > 1.0
+            for rows in range(1, max_rows + 1)
+        )
 
     def single_row(self) -> CostModel:
         """c and v(k) of one row alone: what the per-row rules (`AdaptiveGamma`) optimise with."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -73,6 +73,7 @@ class DecodeMetrics:
     proposed_tokens: int = 0
     accepted_tokens: int = 0
     row_rounds: int = 0  # rows summed over rounds: a round of 3 rows counts 3
+    plain_rounds: int = 0  # rounds in which no row drafted
     proposed_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
     target_calls: int = 0
@@ -167,9 +168,15 @@ class DecodeMetrics:
             self.accepted_by_position[i] += a
         self.round_times.extend(other.round_times)
 
+    def round_counts(self) -> dict[str, int]:
+        """The counts a load test takes differences of between two moments (`round_shares`)."""
+        return {name: getattr(self, name) for name in ROUND_COUNTS}
+
     def as_dict(self) -> dict[str, object]:
         return {
             "rounds": self.rounds,
+            "plain_rounds": self.plain_rounds,
+            "row_rounds": self.row_rounds,
             "emitted_tokens": self.emitted_tokens,
             "proposed_tokens": self.proposed_tokens,
             "accepted_tokens": self.accepted_tokens,
@@ -192,3 +199,24 @@ class DecodeMetrics:
             "predicted_rounds": len(self.round_times),
             "round_time_error": self.round_time_error,
         }
+
+
+ROUND_COUNTS = ("rounds", "plain_rounds", "row_rounds", "emitted_tokens", "proposed_tokens")
+"""`DecodeMetrics.round_counts`' names (the server's /health gives them)."""
+
+
+def round_shares(before: Mapping[str, int], after: Mapping[str, int]) -> dict[str, float | None]:
+    """What the rounds between two `round_counts` did: tokens and drafted tokens per row-round (a round of
+    B rows counts B) and the share of rounds in which no row drafted (None where nothing ran).
+
+    >>> round_shares(dict.fromkeys(ROUND_COUNTS, 0), dict(rounds=4, plain_rounds=1, row_rounds=8,
+    ...              emitted_tokens=12, proposed_tokens=6))
+    {'tokens_per_row_round': 1.5, 'drafted_per_row_round': 0.75, 'plain_round_share': 0.25}
+    """
+    delta = {name: after[name] - before[name] for name in ROUND_COUNTS}
+    row_rounds, rounds = delta["row_rounds"], delta["rounds"]
+    return {
+        "tokens_per_row_round": delta["emitted_tokens"] / row_rounds if row_rounds else None,
+        "drafted_per_row_round": delta["proposed_tokens"] / row_rounds if row_rounds else None,
+        "plain_round_share": delta["plain_rounds"] / rounds if rounds else None,
+    }

@@ -117,4 +117,6 @@ class Service:
             **shared_state(self.scheduler.engine.drafter),
             "predicted_rounds": len(metrics.round_times),
             "round_time_error": None if error != error else error,
+            # Round counts since start (a load test takes differences: foundations.metrics.round_shares).
+            **metrics.round_counts(),
         }

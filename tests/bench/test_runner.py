@@ -214,6 +214,10 @@ def test_bench_runs_every_engine_method_and_named_settings(tmp_path: Path) -> No
     assert pair._batch_costs is not None and pair._batch_costs.widths[-1] >= 3 + 1
     adaptive = [r for r in runs if r.method == "adaptive"]
     assert adaptive and all(r.gamma_policy_costs and len(r.gamma_policy_costs.v) == 4 for r in adaptive)
+    # Planned as `generate` plans: every round's predicted time recorded, its error reported.
+    # (all but the first round, which fed the prompt: no round shape predicts that)
+    assert all(r.metrics and r.metrics.predicted_rounds == r.metrics.rounds - 1 > 0 for r in adaptive)
+    assert all(r.metrics and r.metrics.round_time_error is not None for r in adaptive)
 
     paths = write_outputs(result, tmp_path / "out")
     data = json.loads(paths["json"].read_text())

@@ -44,13 +44,23 @@ def test_an_unseen_shape_inherits_the_ratio_of_the_rounds_seen() -> None:
     assert costs.draft_cost == pytest.approx(0.3)
 
 
+def test_an_unseen_shape_takes_the_ratio_of_its_batch_size_first() -> None:
+    times = RoundTimes(COSTS)
+    for _ in range(10):
+        times.observe(RoundShape(1, 1, 0), 0.2)  # one row: every round twice its passes
+        times.observe(RoundShape(2, 1, 0), 0.15)  # two rows: as the passes say
+    assert times.predict(RoundShape(2, 3, 0)) == pytest.approx(times.seeded(RoundShape(2, 3, 0)))
+    assert times.predict(RoundShape(1, 3, 0)) == pytest.approx(2 * times.seeded(RoundShape(1, 3, 0)))
+
+
 def test_the_engine_times_every_planned_round_and_the_plan_follows_measured_times() -> None:
     target, draft = random_tabular_model(5, seed=1), random_tabular_model(5, seed=2)
     engine = build_engine(target, draft, Strategy("model", adaptive_gamma=True), 2, batch_costs=COSTS)
     policy = engine.gamma_policy
     assert isinstance(policy, CostAwareGamma)
-    engine.generate([[1, 2]], DecodeConfig(gamma=2, max_new_tokens=12), SeededSampler(0))
-    assert len(engine.metrics.round_times) == engine.metrics.rounds > 0
+    # (seed 2: a row that runs ten rounds before its EOS)
+    engine.generate([[1, 2]], DecodeConfig(gamma=2, max_new_tokens=12), SeededSampler(2))
+    assert len(engine.metrics.round_times) == engine.metrics.rounds - 1 > 0  # all but the prompt's round
     # Told that drafting rounds take ten times what plain ones take, the planner stops drafting.
     for _ in range(40):
         policy.timed(RoundShape(1, 1, 0), 0.1)

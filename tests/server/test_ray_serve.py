@@ -28,7 +28,9 @@ def test_a_replica_answers_chat_requests_streaming_and_not(
     target, draft = tiny_model_folders
     port = free_port()
     argv = ["serve", "--ray-serve", "--replicas", "1", "--port", str(port), "--no-progress", "--gamma", "3"]
-    argv += ["--target", target, "--draft", draft, "--weights", "bf16", "--dtype", "float32"]
+    # A fixed gamma: a draft model's seeded tokens follow its draft lengths, which a planner chooses from
+    # measured round times (docs/algorithm.md 5); the same seed gives the same tokens only at fixed lengths.
+    argv += ["--fixed-gamma", "--target", target, "--draft", draft, "--weights", "bf16", "--dtype", "float32"]
     try:
         assert main(argv) == EXIT_OK  # returns once the replica is up (serve.run without blocking)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)

@@ -68,15 +68,15 @@ def test_serve_passes_weights_and_uses_the_chosen_drafter_and_verifier(
 
 
 def test_serve_plans_rounds_by_default_and_fixed_gamma_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    from exactspec.decoding.gamma import LookupGamma
+    from exactspec.decoding.planner import CostAwareGamma
 
     _, served = _capture_serve(monkeypatch, [])
     service = served["app"].state.service
     assert service.strategy.drafter == DEFAULTS.drafter and service.strategy.adaptive_gamma
     assert service.gamma == DEFAULTS.free_adaptive_gamma_cap
-    assert isinstance(
-        service.scheduler.engine.gamma_policy, LookupGamma
-    )  # free drafts: per row, timed rounds
+    policy = service.scheduler.engine.gamma_policy
+    # free drafts: planned for the whole batch from timed rounds, depths by match length within the caps
+    assert isinstance(policy, CostAwareGamma) and policy.lengths is not None and not policy.model_drafts
     assert service.batch_costs is not None
     assert service.batch_costs.widths[-1] == DEFAULTS.free_adaptive_gamma_cap + 1
     _, served = _capture_serve(monkeypatch, ["--fixed-gamma", "--gamma", "3"])
