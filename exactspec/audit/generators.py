@@ -1,7 +1,8 @@
 """The generators under test, behind one interface: draw many samples of the first n tokens.
 
-* `EngineGenerator`: exactspec's engine, speculative (gamma >= 1) or plain
-  (gamma = 0, the control), B independent rows per batch, each with its own seed.
+* `EngineGenerator`: exactspec's scheduler over the engine the builder wires (what serves requests),
+  speculative (gamma >= 1) or plain (gamma = 0, the control), B independent rows per batch, each with
+  its own seed.
 * `HFAssistedGenerator`: the peer, `transformers` assisted generation
   (`generate(assistant_model=..., do_sample=True)`), batch size 1.
 * `HFSampleGenerator`: plain `transformers` sampling, the peer's own control.
@@ -26,11 +27,13 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from exactspec.audit.broken import BrokenArgmaxDrafter
-from exactspec.decoding.builder import build_engine
-from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine
-from exactspec.decoding.strategy import Strategy
-from exactspec.foundations.sampler import SeededSampler
+from exactspec.decoding.builder import build_scheduler
+from exactspec.decoding.engine import SpeculativeEngine
+from exactspec.decoding.records import Request
+from exactspec.decoding.scheduler import Scheduler
+from exactspec.decoding.strategy import CostSource, Strategy
 from exactspec.foundations.settings import SamplingSettings
+from exactspec.models.base import LanguageModel
 from exactspec.models.pair import ModelPair
 from exactspec.peers import hf as hf_peer
 from exactspec.peers import llamacpp as llamacpp_peer
@@ -100,7 +103,8 @@ def first_tokens(tokens: Sequence[int], length: int, eos_token_ids: Collection[i
 
 
 class EngineGenerator:
-    """exactspec's `SpeculativeEngine`: batches of B rows with the same prompt, row i seeded on its own.
+    """exactspec's scheduler (what serves requests): batches of B rows with the same prompt, row i seeded on
+    its own.
 
     With gamma = 0 (no drafter) this is plain target sampling through the same
     engine and transforms: the control that must pass.
@@ -108,18 +112,18 @@ class EngineGenerator:
 
     def __init__(
         self,
-        engine: SpeculativeEngine,
+        scheduler: Scheduler,
         gamma: int,
         batch_size: int = 1,
         name: str | None = None,
     ) -> None:
-        """engine: built by `exactspec.decoding.builder.build_engine` (what ships), or by hand for the
-        deliberately broken control."""
+        """scheduler: built by `exactspec.decoding.builder.build_scheduler` (what ships), or around an
+        engine built by hand for the deliberately broken control; it runs `batch_size` rows at a time."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if gamma > 0 and engine.drafter is None:
+        if gamma > 0 and scheduler.engine.drafter is None:
             raise ValueError("gamma > 0 needs a drafter")
-        self.engine = engine
+        self.scheduler = scheduler
         self.gamma = gamma
         self.batch_size = batch_size
         self.name = name or (f"exactspec gamma={gamma} batch={batch_size}" if gamma else "exactspec plain")
@@ -135,22 +139,27 @@ class EngineGenerator:
         progress: Progress | None = None,
     ) -> list[tuple[int, ...]]:
         budget = max(length, max_new_tokens or length)
-        config = DecodeConfig(gamma=self.gamma, max_new_tokens=budget, settings=settings)
-        eos = self.engine.target.eos_token_ids
+        eos = self.scheduler.engine.target.eos_token_ids
         samples: list[tuple[int, ...]] = []
         while len(samples) < count:
             rows = min(self.batch_size, count - len(samples))
             # One stream per row, seeded by the sample's index: rows never share randomness, and
-            # sample i is the same whatever the batch size around it.
-            sampler = SeededSampler(seeds=[sample_seed(seed, len(samples) + r) for r in range(rows)])
-            states = self.engine.generate([list(prompt)] * rows, config, sampler)
-            samples.extend(first_tokens(state.generated, length, eos) for state in states)
+            # sample i is the same whatever the batch size around it. gamma None: the scheduler's (the
+            # strategy's policy chooses up to it, as for a request that names none).
+            handles = [
+                self.scheduler.submit(
+                    Request(list(prompt), settings, budget, seed=sample_seed(seed, len(samples) + r))
+                )
+                for r in range(rows)
+            ]
+            self.scheduler.run_until_idle()
+            samples.extend(first_tokens(handle.state.generated, length, eos) for handle in handles)
             if progress is not None:
                 progress(rows)
         return samples
 
     def details(self) -> dict[str, Any]:
-        metrics = self.engine.metrics
+        metrics = self.scheduler.metrics
         out: dict[str, Any] = {
             "implementation": "exactspec",
             "gamma": self.gamma,
@@ -381,6 +390,21 @@ def unavailable(kind: str, pair: ModelPair) -> str | None:
     return None
 
 
+def _scheduler(
+    target: LanguageModel,
+    draft: LanguageModel | None,
+    strategy: Strategy,
+    gamma: int,
+    batch_size: int,
+    costs: CostSource | None = None,
+) -> Scheduler:
+    """The scheduler every entry point builds (`build_scheduler`), `batch_size` rows at a time; a failed
+    round raises out of the audit."""
+    return build_scheduler(
+        target, draft, strategy, gamma, costs, max_batch=batch_size, max_waiting=0, raise_round_errors=True
+    )
+
+
 def make_generator(
     kind: str, pair: ModelPair, gamma: int, batch_size: int, strategy: Strategy | None = None
 ) -> Generator:
@@ -391,20 +415,21 @@ def make_generator(
     if why_not is not None:
         raise ValueError(f"generator {kind} cannot run on this pair: {why_not}")
     if kind == "exactspec":
-        engine = build_engine(pair.target, pair.draft, strategy, gamma, costs=pair.cost_model)
+        scheduler = _scheduler(pair.target, pair.draft, strategy, gamma, batch_size, pair.cost_model)
         name = f"exactspec {strategy.name} gamma={gamma} batch={batch_size}"
         return EngineGenerator(
-            engine, gamma, batch_size, name=name if strategy != DEFAULT_STRATEGY else None
+            scheduler, gamma, batch_size, name=name if strategy != DEFAULT_STRATEGY else None
         )
     if kind == "broken-argmax":
         # Not a shipped strategy: the deliberately wrong drafter, wired by hand (the audit's control).
         engine = SpeculativeEngine(pair.target, BrokenArgmaxDrafter(pair.draft, pair.target.vocab_size))
+        scheduler = Scheduler(engine, gamma=gamma, max_batch=batch_size, raise_round_errors=True)
         return EngineGenerator(
-            engine, gamma, batch_size, name=f"broken-argmax gamma={gamma} batch={batch_size}"
+            scheduler, gamma, batch_size, name=f"broken-argmax gamma={gamma} batch={batch_size}"
         )
     if kind == "plain":
-        engine = build_engine(pair.target, None, strategy, 0)
-        return EngineGenerator(engine, 0, batch_size, name=f"exactspec plain batch={batch_size}")
+        scheduler = _scheduler(pair.target, None, strategy, 0, batch_size)
+        return EngineGenerator(scheduler, 0, batch_size, name=f"exactspec plain batch={batch_size}")
     if kind == "hf-assisted":
         return HFAssistedGenerator(pair.target_model, pair.draft_model, gamma, pair.eos_token_ids)
     if kind == "hf-sample":

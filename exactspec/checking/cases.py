@@ -256,6 +256,7 @@ and 1.75 / 1.4 expected tokens per second against plain's 1.0) and rows together
 rows at 1 token each: 3.0 / 2.0, against plain's 2.0 / 1.0): the gamma a row gets changes with
 who shares its round."""
 
+
 def grid_round_time(shape: RoundShape, wall_seconds: float) -> float:
     """The seconds a round takes in the grid: a deterministic function of its shape (time, like chance, is
     an input of the decode; the enumeration replays every path, so it must not read a clock), off from

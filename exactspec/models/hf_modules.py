@@ -25,7 +25,6 @@ def module_copy(model: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(model, shared)
 
 
-
 def output_rows(model: Any) -> int:
     """Rows of the model's logits: the output layer's size, else the config's vocab_size."""
     head = model.get_output_embeddings()
