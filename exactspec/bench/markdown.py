@@ -218,7 +218,9 @@ ORTGENAI_NOTE = (
     "same prompt token ids, every token timestamped as it comes out of `generate_next_token`; they run "
     "last. The generator ends a sequence at EOS; when EOS is ignored the peer appends it and decodes on. "
     "Their rounds are read from the generator's statistics (ngram) or are one token each (plain); their "
-    "passes are not timed apart, so no costs price them."
+    "passes are not timed apart, so no costs price them. Unless our engine runs on that same folder "
+    "(--backend onnx) they decode another model than ours (an int4 re-quantization of the target), so "
+    "their greedy tokens may differ from our plain decoding's."
 )
 
 

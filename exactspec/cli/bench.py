@@ -500,9 +500,9 @@ def _load_ortgenai(args: argparse.Namespace, pair: ModelPair, say: Callable[[str
     if not ortgenai.is_model_folder(folder):
         raise UsageError(f"--ortgenai: {folder} has no {ortgenai.GENAI_CONFIG} (not a model builder export)")
     model = ortgenai.load(folder, threads=args.threads or ortgenai.DEFAULT_THREADS)
-    if model.vocab_size != pair.target.vocab_size:
+    if model.vocab_size < pair.target.vocab_size:  # wider is fine: an output layer padded past the tokenizer
         raise UsageError(
-            f"--ortgenai: {folder}'s vocabulary ({model.vocab_size}) is not the target's "
+            f"--ortgenai: {folder}'s vocabulary ({model.vocab_size}) is smaller than the target's "
             f"({pair.target.vocab_size}): it is not an export of the same model"
         )
     ngram = sorted(set(getattr(args, "ortgenai_ngram", None) or ()))

@@ -219,3 +219,7 @@ def test_the_cli_loads_the_peer_from_a_folder_or_skips_it(tiny_export: Path, tmp
     assert "no ONNX model builder export" in said[-1]
     with pytest.raises(UsageError, match="genai_config.json"):
         bench_cli._load_ortgenai(argparse.Namespace(ortgenai=str(tmp_path)), pair, said.append)
+    # A folder whose vocabulary is narrower than the target's is no export of it.
+    wider = ModelPair.from_models(*tiny_hf_pair(TinyHFSpec(vocab_size=SPEC.vocab_size + 8)))
+    with pytest.raises(UsageError, match="smaller than the target's"):
+        bench_cli._load_ortgenai(args, wider, said.append)
