@@ -111,9 +111,10 @@ def test_greedy_plain_and_ngram_decoding_emit_the_hf_modules_tokens_past_eos(
     # Its rounds: what the generator's statistics say it started, each keeping at most what it proposed.
     rounds, stats = ngram["rounds"], ngram["stats"]
     speculative = [(p, k) for p, k in rounds if p]
-    assert len(speculative) == stats["rounds"] > 0 and len(rounds) - len(speculative) == stats[
-        "standard_fallback_steps"
-    ]
+    assert (
+        len(speculative) == stats["rounds"] > 0
+        and len(rounds) - len(speculative) == stats["standard_fallback_steps"]
+    )
     assert all(0 <= k <= p <= 4 for p, k in rounds)
     assert sum(p for p, _ in rounds) == stats["draft_tokens_proposed"]
     assert sum(k for _, k in rounds) == stats["draft_tokens_accepted"]
@@ -223,3 +224,35 @@ def test_the_cli_loads_the_peer_from_a_folder_or_skips_it(tiny_export: Path, tmp
     wider = ModelPair.from_models(*tiny_hf_pair(TinyHFSpec(vocab_size=SPEC.vocab_size + 8)))
     with pytest.raises(UsageError, match="smaller than the target's"):
         bench_cli._load_ortgenai(args, wider, said.append)
+
+
+def test_on_the_onnx_backend_the_peer_runs_the_targets_own_folder_and_matches_our_greedy_tokens(
+    tiny_export: Path,
+) -> None:
+    """With --backend onnx the peer is on by default and loads the folder our engine's target runs
+    (`OnnxModel.folder`): the same model, so at T = 0 both its methods emit our plain decoding's tokens."""
+    onnx_model = pytest.importorskip("exactspec.models.onnx.model")  # the onnx backend (its own branch)
+    target = onnx_model.OnnxModel(tiny_export, eos_token_ids={EOS}, threads=1, max_rows=2)
+    draft = onnx_model.OnnxModel(tiny_export, eos_token_ids={EOS}, threads=1, max_rows=2)
+    pair = ModelPair(None, target, None, draft, None, weights="fp32", backend="onnx")
+    said: list[str] = []
+    args = argparse.Namespace(ortgenai=None, no_ortgenai=False, ortgenai_ngram=[3], threads=1)
+    genai = bench_cli._load_ortgenai(args, pair, said.append)
+    assert genai is not None and genai.folder == tiny_export
+    off = argparse.Namespace(ortgenai=None, no_ortgenai=True, ortgenai_ngram=[3], threads=1)
+    assert bench_cli._load_ortgenai(off, pair, said.append) is None
+    config = BenchConfig(
+        gammas=(2,),
+        temperatures=(0.0,),
+        max_new_tokens=10,
+        cost_repeats=1,
+        warmup_tokens=2,
+        hf_assisted=False,
+        hf_plain=False,
+        ortgenai=True,
+        ortgenai_ngram=(3,),
+    )
+    prompts = [EncodedPrompt("loop", "coding", PROMPT)]
+    result = run_bench(pair, prompts, config, progress=False, ortgenai=genai)
+    peers = [r for r in result.runs if r.method in (ORTGENAI_PLAIN, ORTGENAI_NGRAM)]
+    assert len(peers) == 2 and all(r.same_tokens_as_plain for r in peers)
