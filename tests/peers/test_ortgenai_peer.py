@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -256,3 +257,42 @@ def test_on_the_onnx_backend_the_peer_runs_the_targets_own_folder_and_matches_ou
     result = run_bench(pair, prompts, config, progress=False, ortgenai=genai)
     peers = [r for r in result.runs if r.method in (ORTGENAI_PLAIN, ORTGENAI_NGRAM)]
     assert len(peers) == 2 and all(r.same_tokens_as_plain for r in peers)
+
+
+@pytest.mark.parametrize(("kind", "gamma"), [("ortgenai-ngram", 4), ("ortgenai-plain", 0)])
+def test_the_audit_finds_its_samples_distributed_as_the_target(
+    tiny_export: Path, kind: str, gamma: int
+) -> None:
+    """`exactspec audit --generator ortgenai-ngram` on the tiny export: its sampled first tokens against
+    the exact law of the float32 module it was exported from (the float32 export's logits differ by about
+    1e-6), with drafts kept along the way."""
+    from types import SimpleNamespace
+
+    from exactspec.audit.generators import make_generator, unavailable
+    from exactspec.audit.runner import AuditCase, run_audit
+    from exactspec.checking.tiny_hf import FullForwardModel
+
+    target, _ = tiny_hf_pair(SPEC)
+    reference = FullForwardModel(target, frozenset({EOS}), SPEC.vocab_size)
+    pair: Any = SimpleNamespace(
+        target=SimpleNamespace(folder=tiny_export, threads=1), eos_token_ids=frozenset({EOS})
+    )
+    assert unavailable(kind, pair) is None
+    assert "--backend onnx" in (unavailable(kind, SimpleNamespace(target=reference)) or "")
+    generator = make_generator(kind, pair, gamma, 1)
+    settings = SamplingSettings(temperature=0.5)
+    case = AuditCase(tuple(PROMPT), 3, settings, 400, seed=1, max_new_tokens=3 + gamma)
+    result = run_audit(reference, generator, case, progress=False)
+    assert result.passes(1e-3), result.verdict(1e-3)
+    if gamma:
+        assert result.details["draft_model"] == "NGramDecodingStrategy(ngram_size=3, max_draft_tokens=4)"
+        assert 0.0 < result.details["acceptance_rate"] < 1.0
+        # Teeth: the same generator sampling at T = 0.8 while the law is T = 0.5's fails the audit.
+        hotter = SimpleNamespace(
+            sample=lambda prompt, length, _, *rest, **kw: generator.sample(
+                prompt, length, SamplingSettings(temperature=0.8), *rest, **kw
+            ),
+            details=generator.details,
+            name="hotter",
+        )
+        assert not run_audit(reference, hotter, case, progress=False).passes(1e-3)
