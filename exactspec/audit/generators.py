@@ -10,6 +10,9 @@
   `LlamaPromptLookupDecoding` (the llama.cpp peer, `llamacpp-lookup`) or plain (its control,
   `llamacpp-plain`), batch size 1; beside a llama.cpp target only, whose reference scores the same
   GGUF file.
+* `OrtGenaiGenerator`: onnxruntime-genai's own `Generator` over the target's ONNX export, with its n-gram
+  decoding (`ortgenai-ngram`, max_draft_tokens = gamma) or plain (its control, `ortgenai-plain`), batch
+  size 1; beside an ONNX target only (`--backend onnx`), whose reference scores the same folder.
 * `broken-argmax`: exactspec's engine with `exactspec.audit.broken.BrokenArgmaxDrafter`, a
   deliberately wrong drafter (argmax token, softmax q) that the audit must catch.
 
@@ -37,6 +40,7 @@ from exactspec.models.base import LanguageModel
 from exactspec.models.pair import ModelPair
 from exactspec.peers import hf as hf_peer
 from exactspec.peers import llamacpp as llamacpp_peer
+from exactspec.peers import ortgenai as ortgenai_peer
 
 Progress = Callable[[int], None]
 """Called with the number of samples just finished (drives a progress bar)."""
@@ -341,6 +345,67 @@ class LlamaCppGenerator:
         return out
 
 
+# --- onnxruntime-genai ----------------------------------------------------------------------------
+
+
+class OrtGenaiGenerator:
+    """onnxruntime-genai's `Generator`, one sample per call (batch size 1), plain or with its n-gram decoding.
+
+    Sample i sets the generator's `random_seed` to `sample_seed(seed, i)`. `model`: an `OrtGenaiModel`
+    from `exactspec.peers.ortgenai.load`; `gamma`: the n-gram decoding's max_draft_tokens (0: plain).
+    """
+
+    def __init__(
+        self, model: ortgenai_peer.OrtGenaiModel, gamma: int, eos_token_ids: Collection[int], name: str
+    ) -> None:
+        self.model = model
+        self.gamma = gamma
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.name = name
+        self.proposed = self.kept = self.rounds = 0
+
+    def sample(
+        self,
+        prompt: Sequence[int],
+        length: int,
+        settings: SamplingSettings,
+        count: int,
+        seed: int,
+        max_new_tokens: int | None = None,
+        progress: Progress | None = None,
+    ) -> list[tuple[int, ...]]:
+        budget = max(length, max_new_tokens or length)
+        samples = []
+        for index in range(count):
+            out = ortgenai_peer.generate(
+                self.model,
+                prompt,
+                settings,
+                budget,
+                seed=sample_seed(seed, index),
+                eos_token_ids=self.eos_token_ids,
+                ngram_tokens=self.gamma or None,
+            )
+            samples.append(first_tokens(out["tokens"], length, self.eos_token_ids))
+            for proposed, kept in out["rounds"] or ():
+                self.proposed += proposed
+                self.kept += kept
+                self.rounds += 1
+            if progress is not None:
+                progress(1)
+        return samples
+
+    def details(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"implementation": self.model.describe(), "gamma": self.gamma, "batch_size": 1}
+        if self.gamma:
+            out["draft_model"] = (
+                f"NGramDecodingStrategy(ngram_size={ortgenai_peer.NGRAM_SIZE}, max_draft_tokens={self.gamma})"
+            )
+            out["acceptance_rate"] = self.kept / self.proposed if self.proposed else float("nan")
+            out["proposed_per_round"] = self.proposed / self.rounds if self.rounds else float("nan")
+        return out
+
+
 # --- building generators by name ----------------------------------------------------------------
 
 GENERATOR_KINDS = (
@@ -350,20 +415,36 @@ GENERATOR_KINDS = (
     "plain",
     "hf-sample",
     "llamacpp-plain",
+    "ortgenai-ngram",
+    "ortgenai-plain",
     "broken-argmax",
 )
 """What `--generator` accepts (besides "all"): exactspec's engine, the peers (transformers' assisted
-generation, llama-cpp-python's prompt lookup), the plain-sampling controls (ours, and each peer's own),
-and the deliberately broken drafter."""
+generation, llama-cpp-python's prompt lookup, onnxruntime-genai's n-gram decoding), the plain-sampling
+controls (ours, and each peer's own), and the deliberately broken drafter."""
 
-ALL_KINDS = ("exactspec", "hf-assisted", "llamacpp-lookup", "plain", "hf-sample", "llamacpp-plain")
+ALL_KINDS = (
+    "exactspec",
+    "hf-assisted",
+    "llamacpp-lookup",
+    "ortgenai-ngram",
+    "plain",
+    "hf-sample",
+    "llamacpp-plain",
+    "ortgenai-plain",
+)
 """What `--generator all` runs (everything but the deliberately broken drafter) where it can run."""
 
-SPECULATIVE_KINDS = frozenset({"exactspec", "hf-assisted", "llamacpp-lookup", "broken-argmax"})
-ONE_ROW_KINDS = frozenset({"hf-assisted", "llamacpp-lookup", "llamacpp-plain"})
+SPECULATIVE_KINDS = frozenset(
+    {"exactspec", "hf-assisted", "llamacpp-lookup", "ortgenai-ngram", "broken-argmax"}
+)
+ONE_ROW_KINDS = frozenset(
+    {"hf-assisted", "llamacpp-lookup", "llamacpp-plain", "ortgenai-ngram", "ortgenai-plain"}
+)
 """Peers that sample one sequence per call (batch size 1 only)."""
 TRANSFORMERS_KINDS = frozenset({"hf-assisted", "hf-sample"})
 LLAMACPP_KINDS = frozenset({"llamacpp-lookup", "llamacpp-plain"})
+ORTGENAI_KINDS = frozenset({"ortgenai-ngram", "ortgenai-plain"})
 DEFAULT_STRATEGY = Strategy(drafter="model", adaptive_gamma=False)
 """What the exactspec generator runs when given no strategy: the draft model, token verification, a
 fixed gamma; its reports keep the short generator name."""
@@ -374,7 +455,8 @@ def unavailable(kind: str, pair: ModelPair) -> str | None:
 
     The transformers peers run the pair's stock transformers modules; llama-cpp-python's run the
     target's GGUF file, beside a llama.cpp target only (the audit's reference then scores that same
-    file: against a transformers reference the two would differ by more than chance).
+    file: against a transformers reference the two would differ by more than chance); onnxruntime-genai's
+    run the target's ONNX export, beside a target loaded from one (`--backend onnx`), for the same reason.
     """
     if kind in TRANSFORMERS_KINDS and pair.target_model is None:
         return f"the {pair.backend} backend loads no transformers modules"
@@ -386,6 +468,14 @@ def unavailable(kind: str, pair: ModelPair) -> str | None:
         if not isinstance(pair.target, LlamaCppModel):
             return (
                 "it samples the target's GGUF file through llama-cpp-python: audit it with --backend llamacpp"
+            )
+    if kind in ORTGENAI_KINDS:
+        if not ortgenai_peer.available():
+            return f"onnxruntime-genai is not installed ({ortgenai_peer.INSTALL_HINT})"
+        folder = getattr(pair.target, "folder", None)
+        if folder is None or not ortgenai_peer.is_model_folder(folder):
+            return (
+                "it samples the target's ONNX export through onnxruntime-genai: audit it with --backend onnx"
             )
     return None
 
@@ -440,4 +530,10 @@ def make_generator(
         llm = llamacpp_peer.load(path, threads=threads, lookup_tokens=gamma if lookup else None)
         name = f"llamacpp-lookup gamma={gamma}" if lookup else "llamacpp-plain"
         return LlamaCppGenerator(llm, gamma if lookup else 0, pair.eos_token_ids, name)
+    if kind in ORTGENAI_KINDS:
+        ngram = kind == "ortgenai-ngram"
+        threads = getattr(pair.target, "threads", None) or ortgenai_peer.DEFAULT_THREADS
+        model = ortgenai_peer.load(pair.target.folder, threads=threads)  # type: ignore[attr-defined]
+        name = f"ortgenai-ngram gamma={gamma}" if ngram else "ortgenai-plain"
+        return OrtGenaiGenerator(model, gamma if ngram else 0, pair.eos_token_ids, name)
     raise ValueError(f"unknown generator {kind!r}; choose from {', '.join(GENERATOR_KINDS)}")

@@ -1,10 +1,11 @@
 """The report's comparison sections: block against token verification, several candidates against one
-chain, adaptive against fixed gamma, transformers' assisted generation, llama-cpp-python's prompt lookup."""
+chain, adaptive against fixed gamma, transformers' assisted generation, llama-cpp-python's prompt lookup,
+onnxruntime-genai's n-gram decoding."""
 
 from __future__ import annotations
 
 from exactspec.bench.formatting import name_title, num, spread_text
-from exactspec.bench.methods import HF_ASSISTED, HF_PLAIN, LLAMACPP_LOOKUP, label
+from exactspec.bench.methods import HF_ASSISTED, HF_PLAIN, LLAMACPP_LOOKUP, ORTGENAI_NGRAM, label
 from exactspec.bench.result import BenchResult
 from exactspec.bench.summary_records import BlockSummary, ExpectedTokensPerRound, Summary
 
@@ -199,17 +200,46 @@ LOOKUP_NOTE = (
 
 def lookup_section(summary: Summary) -> list[str]:
     """llama-cpp-python's prompt lookup decoding: how it drafts and keeps, its rounds and acceptance."""
+    title = "## llama.cpp prompt lookup decoding (LlamaPromptLookupDecoding)"
+    return _peer_rounds_section(summary, LLAMACPP_LOOKUP, title, LOOKUP_NOTE)
+
+
+NGRAM_NOTE = (
+    "onnxruntime-genai's n-gram speculative decoding on the ONNX model folder, run as its "
+    "docs/SpeculativeDecoding.md starts it: `GeneratorParams.set_speculative_options(ngram_size=3, "
+    "max_draft_tokens=N)` (fixed width) with `Generator.generate_next_token`. Each round proposes up to N "
+    "tokens that followed the most recent earlier occurrence of the last 2 committed tokens "
+    "(`NGramLookup`); a miss runs one standard step (a proposal of 0 here). One target pass scores the "
+    "proposal; greedy keeps a proposed token while it is the argmax; sampled, "
+    "`VerifyDeterministicProposal` draws the target's token at each position from p and keeps the "
+    "proposal while the draw equals it, the first draw that differs ending the round. For a deterministic "
+    "proposal that is Leviathan et al.'s rule exactly (accept with p(x), else draw from p without x), so "
+    "it keeps plain sampling's law at every temperature, up to the numerics of a k-token pass "
+    "(exactspec/peers/ortgenai.py has the source references). Its rounds are read from the generator's "
+    "statistics after each token; its sampler is the generator's (repetition penalty, top-k, top-p, "
+    "temperature; no min-p), not ours."
+)
+
+
+def ngram_section(summary: Summary) -> list[str]:
+    """onnxruntime-genai's n-gram decoding: how it drafts and keeps, its rounds and acceptance."""
+    title = "## onnxruntime-genai n-gram decoding (NGramDecodingStrategy)"
+    return _peer_rounds_section(summary, ORTGENAI_NGRAM, title, NGRAM_NOTE)
+
+
+def _peer_rounds_section(summary: Summary, method: str, title: str, note: str) -> list[str]:
+    """A peer's speculative method: `note` on how it drafts and keeps, then its rounds and acceptance."""
     lines = [
-        "## llama.cpp prompt lookup decoding (LlamaPromptLookupDecoding)",
+        title,
         "",
-        LOOKUP_NOTE,
+        note,
         "",
         "| sampling | method | rounds | mean proposal | proposal lengths (length: rounds) | alpha "
         "| tokens/round | tokens/s | over fastest plain |",
         "|---:|---|---:|---:|---|---:|---:|---:|---:|",
     ]
     for r in summary.rows:
-        if r.method != LLAMACPP_LOOKUP:
+        if r.method != method:
             continue
         histogram = ", ".join(f"{k}: {n}" for k, n in (r.hf_draft_lengths or {}).items())
         over = r.over_fastest_plain

@@ -13,6 +13,8 @@ from exactspec.bench.methods import (
     LLAMACPP_LOOKUP,
     LLAMACPP_PLAIN,
     NAMED_SETTINGS,
+    ORTGENAI_NGRAM,
+    ORTGENAI_PLAIN,
     PLAIN,
     SPECULATIVE,
     SamplingRow,
@@ -41,8 +43,9 @@ class BenchConfig(JsonRecord):
     Methods: plain, then `method` (default "speculative") at each of `gammas`, then `extra_methods`
     ((name, gamma) pairs such as ("ngram", 8) or ("adaptive", 4)), then the HF peers, then
     llama-cpp-python's plain decoding (`llamacpp`) and its prompt lookup decoding at each
-    num_pred_tokens of `llamacpp_lookup`. Sampling rows: one per temperature, then each of
-    `named_settings` (keys of `NAMED_SETTINGS`).
+    num_pred_tokens of `llamacpp_lookup`, then onnxruntime-genai's plain decoding (`ortgenai`) and its
+    n-gram decoding at each max_draft_tokens of `ortgenai_ngram`. Sampling rows: one per temperature,
+    then each of `named_settings` (keys of `NAMED_SETTINGS`).
     """
 
     gammas: tuple[int, ...] = DEFAULT_GAMMAS
@@ -56,6 +59,8 @@ class BenchConfig(JsonRecord):
     hf_plain: bool = True
     llamacpp: bool = False  # plain llama.cpp on the target's GGUF (run_bench gets the loaded model)
     llamacpp_lookup: tuple[int, ...] = ()  # LlamaPromptLookupDecoding's num_pred_tokens, one method each
+    ortgenai: bool = False  # onnxruntime-genai's plain decoding on an ONNX model folder (run_bench gets it)
+    ortgenai_ngram: tuple[int, ...] = ()  # its n-gram decoding's max_draft_tokens, one method each
     ignore_eos: bool = True
     cost_repeats: int = 5
     warmup_tokens: int = 4
@@ -87,6 +92,8 @@ class BenchConfig(JsonRecord):
             raise ValueError(f"trials must be >= 1, got {self.trials}")
         if any(n < 1 for n in self.llamacpp_lookup):
             raise ValueError(f"llamacpp_lookup holds num_pred_tokens >= 1, got {self.llamacpp_lookup}")
+        if any(not 1 <= n <= 16 for n in self.ortgenai_ngram):
+            raise ValueError(f"ortgenai_ngram holds max_draft_tokens in 1..16, got {self.ortgenai_ngram}")
 
     def methods(self) -> list[tuple[str, int]]:
         """(method, gamma) in run order for one prompt and sampling row."""
@@ -99,6 +106,9 @@ class BenchConfig(JsonRecord):
         if self.llamacpp:
             order.append((LLAMACPP_PLAIN, 0))
         order += [(LLAMACPP_LOOKUP, n) for n in dict.fromkeys(self.llamacpp_lookup)]
+        if self.ortgenai:
+            order.append((ORTGENAI_PLAIN, 0))
+        order += [(ORTGENAI_NGRAM, n) for n in dict.fromkeys(self.ortgenai_ngram)]
         return order
 
     def sampling_rows(self) -> list[SamplingRow]:

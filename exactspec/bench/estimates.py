@@ -24,6 +24,7 @@ from exactspec.bench.methods import (
     HF_PLAIN,
     LLAMACPP_METHODS,
     LLAMACPP_PLAIN,
+    ORTGENAI_PLAIN,
     PLAIN,
     SPECULATIVE,
     is_engine_method,
@@ -65,15 +66,16 @@ def predicted_from_rounds(run: Run, costs: BackendCosts | None) -> tuple[float, 
     return speedup, theory.ratio(speedup, ratios.target_step_seconds)
 
 
-PLAIN_METHODS = (PLAIN, LLAMACPP_PLAIN, HF_PLAIN)
-"""Plain decoding by each side: ours, llama-cpp-python's, transformers'."""
+PLAIN_METHODS = (PLAIN, LLAMACPP_PLAIN, HF_PLAIN, ORTGENAI_PLAIN)
+"""Plain decoding by each side: ours, llama-cpp-python's, transformers', onnxruntime-genai's."""
 
 
 def fastest_plain_speeds(
     runs: Sequence[Run], measured: dict[str, BackendCosts]
 ) -> dict[str, tuple[float, float]]:
     """Per prompt, the fastest plain decoding's measured tokens/s and the fastest predicted one (over ours,
-    llama.cpp's and transformers' plain runs of one sampling row; NaN where none was measured)."""
+    llama.cpp's, transformers' and onnxruntime-genai's plain runs of one sampling row; NaN where none was
+    measured)."""
     speeds: dict[str, list[float]] = {}
     predictions: dict[str, list[float]] = {}
     for r in runs:

@@ -9,6 +9,7 @@ from exactspec.bench.comparison_tables import (
     block_table,
     hf_section,
     lookup_section,
+    ngram_section,
     tree_table,
 )
 from exactspec.bench.config import BenchConfig
@@ -47,6 +48,8 @@ def render_markdown(result: BenchResult, summary: Summary | None = None, *, plot
         lines += hf_section(result, summary)
     if result.config.llamacpp_lookup:
         lines += lookup_section(summary)
+    if result.config.ortgenai_ngram:
+        lines += ngram_section(summary)
     lines += _greedy_check(summary)
     if result.errors:
         lines += ["## Errors", ""] + [f"- {e}" for e in result.errors] + [""]
@@ -209,6 +212,18 @@ LLAMACPP_NOTE = (
 )
 
 
+ORTGENAI_NOTE = (
+    "- onnxruntime-genai plain (and ngram): onnxruntime-genai's own `Generator` on the ONNX model folder its "
+    "model builder wrote (the onnx backend's export of the target, or the folder given to --ortgenai), the "
+    "same prompt token ids, every token timestamped as it comes out of `generate_next_token`; they run "
+    "last. The generator ends a sequence at EOS; when EOS is ignored the peer appends it and decodes on. "
+    "Their rounds are read from the generator's statistics (ngram) or are one token each (plain); their "
+    "passes are not timed apart, so no costs price them. Unless our engine runs on that same folder "
+    "(--backend onnx) they decode another model than ours (an int4 re-quantization of the target), so "
+    "their greedy tokens may differ from our plain decoding's."
+)
+
+
 def _method_notes(config: BenchConfig) -> list[str]:
     lines = [
         "## How this was measured",
@@ -240,6 +255,8 @@ def _method_notes(config: BenchConfig) -> list[str]:
     ]
     if config.llamacpp or config.llamacpp_lookup:
         lines.insert(-1, LLAMACPP_NOTE)
+    if config.ortgenai or config.ortgenai_ngram:
+        lines.insert(-1, ORTGENAI_NOTE)
     return lines
 
 

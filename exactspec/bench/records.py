@@ -138,10 +138,11 @@ class PolicyCosts(JsonRecord):
 
 @dataclass(frozen=True)
 class AssistedRounds(JsonRecord):
-    """A peer's speculative rounds (transformers' assisted generation, llama-cpp-python's prompt lookup):
-    how many candidates each round drafted and kept."""
+    """A peer's speculative rounds (transformers' assisted generation, llama-cpp-python's prompt lookup,
+    onnxruntime-genai's n-gram decoding): how many candidates each round drafted and kept."""
 
-    generator: str  # "AssistedCandidateGenerator" (or the universal one), "LlamaPromptLookupDecoding(...)"
+    generator: str  # "AssistedCandidateGenerator" (or the universal one), "LlamaPromptLookupDecoding(...)",
+    # "onnxruntime-genai NGramDecodingStrategy(...)"
     candidate_lengths: tuple[int, ...]
     accepted_per_round: tuple[int, ...]
     proposed_tokens: int
@@ -161,7 +162,8 @@ class Measurement(SteadyState):
     engine's and llama-cpp-python's rounds (None for the transformers peers and older results). The
     optional parts belong to one side: `metrics` and `expected_accepted` to our engine,
     `gamma_policy_costs` to adaptive gamma, `hf` to transformers' assisted generation, `llamacpp` to
-    llama-cpp-python's prompt lookup decoding.
+    llama-cpp-python's prompt lookup decoding, `ortgenai` to onnxruntime-genai's n-gram decoding (its
+    rounds and its lookup misses' standard steps, as 0-token proposals).
     """
 
     wall_seconds: float
@@ -175,6 +177,7 @@ class Measurement(SteadyState):
     gamma_policy_costs: PolicyCosts | None = None
     hf: AssistedRounds | None = None
     llamacpp: AssistedRounds | None = None
+    ortgenai: AssistedRounds | None = None
     round_passes: tuple[tuple[int, ...], ...] | None = None
 
 
@@ -260,8 +263,8 @@ class Models(ModelSpecs):
 
 @dataclass(frozen=True)
 class Environment(JsonRecord):
-    """What the bench adds to the run's provenance: transformers' and llama-cpp-python's versions (None:
-    not installed, or not recorded) and the machine's load.
+    """What the bench adds to the run's provenance: transformers', llama-cpp-python's and onnxruntime-genai's
+    versions (None: not installed, or not recorded) and the machine's load.
 
     Load averages (1, 5, 15 minutes) at the start and the end; None where the OS has none.
     """
@@ -270,6 +273,7 @@ class Environment(JsonRecord):
     load_average_start: tuple[float, ...] | None = None
     load_average_end: tuple[float, ...] | None = None
     llama_cpp: str | None = None
+    onnxruntime_genai: str | None = None
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ from exactspec.bench.methods import (
     HF_PLAIN,
     LLAMACPP_LOOKUP,
     LLAMACPP_PLAIN,
+    ORTGENAI_NGRAM,
+    ORTGENAI_PLAIN,
     SamplingRow,
     is_engine_method,
 )
@@ -93,4 +95,6 @@ def configured_methods(result: BenchResult) -> list[tuple[str, int]]:
     """(method, gamma) in run order, the peers last."""
     order = [(m, g) for m, g in result.config.methods() if is_engine_method(m)]
     lookups = [(LLAMACPP_LOOKUP, n) for n in dict.fromkeys(result.config.llamacpp_lookup)]
-    return order + [(HF_ASSISTED, 0), (HF_PLAIN, 0), (LLAMACPP_PLAIN, 0), *lookups]
+    ngrams = [(ORTGENAI_NGRAM, n) for n in dict.fromkeys(result.config.ortgenai_ngram)]
+    peers = [(HF_ASSISTED, 0), (HF_PLAIN, 0), (LLAMACPP_PLAIN, 0), *lookups, (ORTGENAI_PLAIN, 0), *ngrams]
+    return order + peers

@@ -4,7 +4,8 @@ The methods and sampling rows are named in `exactspec.bench.methods`; what to ru
 `config.BenchConfig`. Our engine runs on the pair's backend (`ModelPair.backend`: any registered one);
 the peers are transformers' assisted generation and plain `generate` (on a pair with transformers
 modules), llama-cpp-python's plain decoding and its prompt lookup decoding (`LlamaPromptLookupDecoding`,
-gamma = num_pred_tokens) over the target's GGUF file.
+gamma = num_pred_tokens) over the target's GGUF file, and onnxruntime-genai's plain decoding and its n-gram
+decoding (gamma = max_draft_tokens) over an ONNX model folder from its model builder.
 
 For every prompt and sampling row the runs are interleaved (plain, each method,
 HF assisted generation, HF plain `generate`) so that machine noise hits all of
@@ -39,6 +40,8 @@ from exactspec.bench.methods import (
     HF_ASSISTED,
     LLAMACPP_METHODS,
     LLAMACPP_PLAIN,
+    ORTGENAI_METHODS,
+    ORTGENAI_NGRAM,
     PLAIN,
     SamplingRow,
     is_engine_method,
@@ -55,7 +58,7 @@ from exactspec.bench.records import (
     Run,
 )
 from exactspec.bench.result import BenchResult
-from exactspec.bench.runs import LearnedDrafters, run_engine, run_hf, run_llamacpp
+from exactspec.bench.runs import LearnedDrafters, run_engine, run_hf, run_llamacpp, run_ortgenai
 from exactspec.foundations.provenance import Provenance
 from exactspec.foundations.records import field_values
 from exactspec.foundations.settings import SamplingSettings
@@ -64,6 +67,7 @@ from exactspec.models.base import LanguageModel
 from exactspec.models.pair import ModelPair
 from exactspec.peers import hf as hf_peer
 from exactspec.peers import llamacpp as llamacpp_peer
+from exactspec.peers import ortgenai as ortgenai_peer
 
 WARMUP_PROMPT_TOKENS = 16
 
@@ -84,18 +88,28 @@ class LlamaCppPeer:
         return next(iter(self.lookup.values()), self.plain)
 
 
+@dataclass(frozen=True)
+class Peers:
+    """The other systems' loaded models a run may use: llama.cpp's Llamas, onnxruntime-genai's model."""
+
+    llamacpp: LlamaCppPeer | None = None
+    ortgenai: ortgenai_peer.OrtGenaiModel | None = None
+
+
 def environment() -> Environment:
-    """transformers' and llama-cpp-python's versions and the load average now (the machine itself is in the
-    provenance)."""
+    """transformers', llama-cpp-python's and onnxruntime-genai's versions and the load average now (the
+    machine itself is in the provenance)."""
+    from importlib.metadata import version
+
     import transformers
 
-    llama_cpp = None
-    if llamacpp_peer.available():
-        from importlib.metadata import version
-
-        llama_cpp = version("llama_cpp_python")
+    llama_cpp = version("llama_cpp_python") if llamacpp_peer.available() else None
+    genai = version("onnxruntime-genai") if ortgenai_peer.available() else None
     return Environment(
-        transformers=transformers.__version__, load_average_start=_load_average(), llama_cpp=llama_cpp
+        transformers=transformers.__version__,
+        load_average_start=_load_average(),
+        llama_cpp=llama_cpp,
+        onnxruntime_genai=genai,
     )
 
 
@@ -120,6 +134,7 @@ def run_bench(
     all_prompt_tokens: Sequence[int] | None = None,
     description: ModelSpecs | None = None,
     llamacpp: LlamaCppPeer | None = None,
+    ortgenai: ortgenai_peer.OrtGenaiModel | None = None,
     provenance: Provenance | None = None,
 ) -> BenchResult:
     """Run everything and return the raw result (see the module docstring).
@@ -127,10 +142,11 @@ def run_bench(
     `all_prompt_tokens`: token counts of the whole built-in prompt set, kept to estimate how long
     the full run takes at the speeds measured here. `description`: how the models were asked for
     (specs, load time), stored beside what the models are. `llamacpp`: the loaded Llamas that
-    `config.llamacpp` and `config.llamacpp_lookup` run. `provenance`: the code, command and
+    `config.llamacpp` and `config.llamacpp_lookup` run. `ortgenai`: the onnxruntime-genai model that
+    `config.ortgenai` and `config.ortgenai_ngram` run. `provenance`: the code, command and
     machine of the run (default: this process's, now).
     """
-    _check_inputs(prompts, config, llamacpp)
+    _check_inputs(prompts, config, llamacpp, ortgenai)
     say = log or (lambda message: None)
     started = time.perf_counter()
     provenance = provenance or Provenance.collect()
@@ -139,14 +155,15 @@ def run_bench(
 
     say("warm-up")
     warm_started = time.perf_counter()
-    _warm_up(pair, prompts[0].ids, config, llamacpp)
+    peers = Peers(llamacpp, ortgenai)
+    _warm_up(pair, prompts[0].ids, config, peers)
     warmup_seconds = time.perf_counter() - warm_started
 
     total = len(prompts) * len(config.sampling_rows()) * len(config.methods()) * config.trials
     with _progress(total, progress) as bar:
         # A drafter that learns from finished requests serves a method's prompts in order, as in a server;
         # with several trials the second would see the first's answer, so then every run starts fresh.
-        sweep = _Sweep(pair, config, llamacpp, say, bar, LearnedDrafters() if config.trials == 1 else None)
+        sweep = _Sweep(pair, config, peers, say, bar, LearnedDrafters() if config.trials == 1 else None)
         for index, prompt in enumerate(prompts):
             sweep.run_prompt(prompt, config.seed + index)
     env = dataclasses.replace(env, load_average_end=_load_average())
@@ -178,9 +195,12 @@ def run_bench(
 
 
 def _check_inputs(
-    prompts: Sequence[EncodedPrompt], config: BenchConfig, llamacpp: LlamaCppPeer | None
+    prompts: Sequence[EncodedPrompt],
+    config: BenchConfig,
+    llamacpp: LlamaCppPeer | None,
+    ortgenai: ortgenai_peer.OrtGenaiModel | None = None,
 ) -> None:
-    """Raise unless there are prompts and every llama.cpp method of `config` has its Llama loaded."""
+    """Raise unless there are prompts and every peer method of `config` has its model loaded."""
     if not prompts:
         raise ValueError("no prompts to run")
     if config.llamacpp and (llamacpp is None or llamacpp.plain is None):
@@ -188,6 +208,8 @@ def _check_inputs(
     missing = [n for n in config.llamacpp_lookup if llamacpp is None or n not in llamacpp.lookup]
     if missing:
         raise ValueError(f"config.llamacpp_lookup has num_pred_tokens {missing} with no Llama loaded for it")
+    if (config.ortgenai or config.ortgenai_ngram) and ortgenai is None:
+        raise ValueError("config.ortgenai / ortgenai_ngram are set but no onnxruntime-genai model was given")
 
 
 def _cost_context(prompts: Sequence[EncodedPrompt], max_k: int) -> list[int]:
@@ -240,14 +262,14 @@ def _measure_costs(
     return costs, peer_costs
 
 
-def _warm_up(pair: ModelPair, ids: Sequence[int], config: BenchConfig, llamacpp: LlamaCppPeer | None) -> None:
+def _warm_up(pair: ModelPair, ids: Sequence[int], config: BenchConfig, peers: Peers) -> None:
     """Every method once on a short prefill of `ids` at the last sampling row (first-call costs)."""
     warm_ids = ids[:WARMUP_PROMPT_TOKENS]  # a short prefill: the warm-up is for first-call costs
     warm_tokens = min(config.warmup_tokens, config.max_new_tokens)
     settings = config.sampling_rows()[-1].settings
     for method, gamma in config.methods():
         with contextlib.suppress(Exception):  # a failing method is reported by its real runs below
-            _run_one(pair, method, gamma, warm_ids, settings, warm_tokens, config, None, llamacpp)
+            _run_one(pair, method, gamma, warm_ids, settings, warm_tokens, config, None, peers)
 
 
 @dataclass
@@ -258,7 +280,7 @@ class _Sweep:
 
     pair: ModelPair
     config: BenchConfig
-    llamacpp: LlamaCppPeer | None
+    peers: Peers
     say: Callable[[str], None]
     bar: Any
     learned: LearnedDrafters | None
@@ -300,7 +322,7 @@ class _Sweep:
                 self.config.max_new_tokens,
                 self.config,
                 seed,
-                self.llamacpp,
+                self.peers,
                 self.learned,
             )
         except Exception as error:  # a peer can refuse a pair or a setting; keep the rest
@@ -353,7 +375,7 @@ def _run_one(
     max_new_tokens: int,
     config: BenchConfig,
     seed: int | None = None,
-    llamacpp: LlamaCppPeer | None = None,
+    peers: Peers | None = None,
     learned: LearnedDrafters | None = None,
 ) -> Measurement:
     seed = config.seed if seed is None else seed
@@ -362,10 +384,16 @@ def _run_one(
         return run_engine(
             pair, ids, gamma, settings, max_new_tokens, seed, config.ignore_eos, strategy, learned
         )
+    peers = peers or Peers()
     if method in LLAMACPP_METHODS:
-        assert llamacpp is not None  # run_bench checked that every llama.cpp method has its Llama
-        llm = llamacpp.plain if method == LLAMACPP_PLAIN else llamacpp.lookup[gamma]
+        assert peers.llamacpp is not None  # run_bench checked that every llama.cpp method has its Llama
+        llm = peers.llamacpp.plain if method == LLAMACPP_PLAIN else peers.llamacpp.lookup[gamma]
         return run_llamacpp(llm, pair, ids, settings, max_new_tokens, seed, config.ignore_eos)
+    if method in ORTGENAI_METHODS:
+        assert peers.ortgenai is not None  # run_bench checked it
+        ngram = gamma if method == ORTGENAI_NGRAM else None
+        model = peers.ortgenai
+        return run_ortgenai(model, pair, ids, settings, max_new_tokens, seed, config.ignore_eos, ngram)
     return run_hf(pair, ids, method == HF_ASSISTED, settings, max_new_tokens, seed, config.ignore_eos)
 
 

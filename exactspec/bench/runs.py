@@ -1,9 +1,11 @@
 """Single timed runs of the benchmark: one generation through our engine, through transformers' `generate`,
-or through llama-cpp-python's `Llama.generate` (plain, or with prompt lookup decoding).
+through llama-cpp-python's `Llama.generate` (plain, or with prompt lookup decoding), or through
+onnxruntime-genai's `Generator` (plain, or with n-gram decoding).
 
 Every run starts from empty KV caches, uses the given seed, and by default
 makes exactly `max_new_tokens` tokens: EOS stops no side (our engine sees no
-EOS ids, transformers and llama.cpp get none), so all sides time the same amount of work.
+EOS ids, transformers, llama.cpp and onnxruntime-genai get none), so all sides time the same amount of
+work.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from exactspec.models.base import LanguageModel, ModelWrapper
 from exactspec.models.pair import ModelPair
 from exactspec.peers import hf as hf_peer
 from exactspec.peers import llamacpp as llamacpp_peer
+from exactspec.peers import ortgenai as ortgenai_peer
 from exactspec.verifiers.base import Verifier, VerifyResult
 from exactspec.verifiers.expected import block_weight_sum, expected_accepted, expected_accepted_tree
 from exactspec.verifiers.tree import TreeVerifyResult
@@ -402,5 +405,60 @@ def run_llamacpp(
         draft_forwards=(),
         model_seconds=wall,  # all of llama.cpp's time is inside llama.cpp
         llamacpp=lookup,
+        round_passes=tuple(passes),
+    )
+
+
+def run_ortgenai(
+    model: ortgenai_peer.OrtGenaiModel,
+    pair: ModelPair,
+    ids: Sequence[int],
+    settings: SamplingSettings,
+    max_new_tokens: int,
+    seed: int,
+    ignore_eos: bool,
+    ngram_tokens: int | None = None,
+) -> Measurement:
+    """One onnxruntime-genai generation (`exactspec.peers.ortgenai`: plain, or n-gram decoding with
+    max_draft_tokens=`ngram_tokens`), timed like `run_llamacpp`.
+
+    Its rounds, as llama.cpp's: the prompt's pass, then one token per pass for plain decoding, and for
+    n-gram decoding each round's pending token and proposal in one pass (a lookup miss: one token); the
+    generator's re-anchoring passes (`SpeculativeDecodingStrategy`) are inside its wall time, not listed.
+    """
+    started = time.perf_counter()
+    out = ortgenai_peer.generate(
+        model,
+        ids,
+        settings,
+        max_new_tokens,
+        seed=seed,
+        eos_token_ids=() if ignore_eos else pair.eos_token_ids,
+        ngram_tokens=ngram_tokens,
+    )
+    wall = time.perf_counter() - started
+    rounds = out["rounds"]
+    ngram = None
+    if rounds is None:
+        passes = [(0, len(ids))] + [(0, 1)] * (len(out["tokens"]) - 1)
+    else:
+        passes = [(0, len(ids))] + [(0, 1 + proposed) for proposed, _ in rounds]
+        ngram = AssistedRounds(
+            generator=f"onnxruntime-genai NGramDecodingStrategy(ngram_size={ortgenai_peer.NGRAM_SIZE}, "
+            f"max_draft_tokens={ngram_tokens})",
+            candidate_lengths=tuple(proposed for proposed, _ in rounds),
+            accepted_per_round=tuple(kept for _, kept in rounds),
+            proposed_tokens=sum(proposed for proposed, _ in rounds),
+            accepted_tokens=sum(kept for _, kept in rounds),
+        )
+    return Measurement(
+        **field_values(steady_state(out["events"], started)),
+        wall_seconds=wall,
+        tokens=tuple(out["tokens"]),
+        finish_reason=out["finish_reason"],
+        target_forwards=(),
+        draft_forwards=(),
+        model_seconds=wall,  # all of the generator's time is inside onnxruntime-genai
+        ortgenai=ngram,
         round_passes=tuple(passes),
     )

@@ -37,6 +37,7 @@ from exactspec.bench.methods import (
     HF_ASSISTED,
     HF_PLAIN,
     LLAMACPP_LOOKUP,
+    ORTGENAI_NGRAM,
     PLAIN,
     SamplingRow,
     is_engine_method,
@@ -142,8 +143,8 @@ def _row(
         return _engine_columns(row, group, plain_by_prompt, costs, plain_step)
     if method == HF_ASSISTED:
         return _assisted_columns(row, group)
-    if method == LLAMACPP_LOOKUP:
-        return _assisted_columns(row, group, llamacpp=True)
+    if method in (LLAMACPP_LOOKUP, ORTGENAI_NGRAM):
+        return _assisted_columns(row, group, method)
     return row
 
 
@@ -214,15 +215,15 @@ def _engine_columns(
     )
 
 
-def _assisted_columns(row: SettingRow, group: list[Run], llamacpp: bool = False) -> SettingRow:
-    """`row` with the columns of a peer's speculative rounds (transformers' assisted generation, or with
-    `llamacpp` llama-cpp-python's prompt lookup): its drafts and acceptance."""
-    hf = [r.llamacpp if llamacpp else r.hf for r in group]
-    hf = [h for h in hf if h is not None]
+def _assisted_columns(row: SettingRow, group: list[Run], method: str = HF_ASSISTED) -> SettingRow:
+    """`row` with the columns of a peer's speculative rounds (`method`: transformers' assisted generation,
+    llama-cpp-python's prompt lookup or onnxruntime-genai's n-gram decoding): its drafts and acceptance."""
+    records = {HF_ASSISTED: [r.hf for r in group], LLAMACPP_LOOKUP: [r.llamacpp for r in group]}
+    hf = [h for h in records.get(method, [r.ortgenai for r in group]) if h is not None]
     candidates = [n for h in hf for n in h.candidate_lengths]
     rounds = sum(len(h.candidate_lengths) for h in hf)
-    if llamacpp:  # the prompt's pass is a round too (it emits the first token), as in `per_prompt_rows`
-        rounds += len(hf)
+    if method != HF_ASSISTED:  # the prompt's pass is a round too (it emits the first token), as in
+        rounds += len(hf)  # `per_prompt_rows`
     return dataclasses.replace(
         row,
         alpha=theory.ratio(sum(h.accepted_tokens for h in hf), sum(h.proposed_tokens for h in hf)),

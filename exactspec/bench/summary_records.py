@@ -41,8 +41,8 @@ class SettingRow(JsonRecord):
     `scored_per_round` (draft model steps, and tokens scored by the target, per steady round,
     pooled), `predicted_from_rounds` (S over that backend's plain step), `predicted_tokens_per_second`
     and `over_predicted` (measured / predicted tokens/s), medians over prompts. `over_fastest_plain`:
-    tokens/s over the fastest plain decoding of the same prompt in the run (ours, llama.cpp's, HF's),
-    and `predicted_over_fastest_plain` the same from the predicted tokens/s.
+    tokens/s over the fastest plain decoding of the same prompt in the run (ours, llama.cpp's, HF's,
+    onnxruntime-genai's), and `predicted_over_fastest_plain` the same from the predicted tokens/s.
     """
 
     setting: str

@@ -119,8 +119,9 @@ def predicted_table(summary: Summary, sampling: SamplingRow) -> list[str]:
         "(over that backend's plain decoding, whose rounds cost 1 each); predicted tokens/s = that speedup "
         "/ the one-token step. measured / predicted below 1 is the time outside the passes (sampling, "
         "verification, Python, for llama-cpp-python its own loop). over fastest plain: tokens/s over the "
-        "fastest plain decoding of the same prompt in this run (ours, llama.cpp's, HF's), median [min, "
-        "max] over prompts; predicted over fastest plain: the same ratio of the predictions. planner's "
+        "fastest plain decoding of the same prompt in this run (ours, llama.cpp's, HF's, "
+        "onnxruntime-genai's), median [min, max] over prompts; predicted over fastest plain: the same ratio "
+        "of the predictions. planner's "
         "round-time error: for methods that plan (adaptive gamma), the median over the run's rounds of "
         "|predicted / measured - 1| for the planner's own round-time model (decoding.round_times), median "
         "over prompts. Medians over prompts; draft steps and tokens scored per round pooled.",

@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 
 DEFAULT_OUT = "bench-out"
 DEFAULT_LOOKUP_TOKENS = 2
+DEFAULT_ORTGENAI_NGRAM = 4
+"""onnxruntime-genai's max_draft_tokens: the width docs/SpeculativeDecoding.md starts with (its default)."""
 QUICK_COST_REPEATS = 3
 FULL_COST_REPEATS = 5
 
@@ -49,10 +51,12 @@ DESCRIPTION = (
     "Benchmark speculative decoding against plain decoding (gamma = 0 through the same engine) and against "
     "Hugging Face assisted generation and plain generate (on a backend with transformers modules) and, with "
     "--llamacpp, llama-cpp-python's own plain decoding and its prompt lookup decoding "
-    "(LlamaPromptLookupDecoding), on built-in coding and prose prompts, greedy and sampled, with the speedup "
-    "theory beside the measurements: the one-token step, c and v(k) (k = 1..9) of each backend measured "
-    "in the run, and every method's speed predicted from its own rounds and those costs. Our engine runs on "
-    "--backend. Writes report.md, bench.json (every raw measurement) and PNG plots to --out. "
+    "(LlamaPromptLookupDecoding), with --ortgenai (on by default with --backend onnx) onnxruntime-genai's "
+    "own plain decoding and its n-gram speculative decoding on the ONNX model, on built-in coding and prose "
+    "prompts, greedy and sampled, with the speedup theory beside the measurements: the one-token step, c "
+    "and v(k) (k = 1..9) of each backend measured in the run, and every method's speed predicted from its "
+    "own rounds and those costs. Our engine runs on --backend. Writes report.md, bench.json (every raw "
+    "measurement) and PNG plots to --out. "
     f"--quick runs 3 prompts x {QUICK_MAX_NEW_TOKENS} tokens, gamma {','.join(map(str, QUICK_GAMMAS))}, "
     f"T 0 and 0.7 and HF assisted; the full run 16 prompts x {DEFAULT_MAX_NEW_TOKENS} tokens, gamma "
     f"{','.join(map(str, DEFAULT_GAMMAS))}, HF assisted and plain. Each report states how long it took and "
@@ -71,6 +75,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     _add_run_arguments(parser)
     _add_measurement_arguments(parser)
     _add_llamacpp_arguments(parser)
+    _add_ortgenai_arguments(parser)
     parser.add_argument("--no-plots", action="store_true", help="no PNG plots")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_strategy_arguments(parser)  # what the --gammas runs use (default: draft model, token verification)
@@ -194,6 +199,35 @@ def _add_llamacpp_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_ortgenai_arguments(parser: argparse.ArgumentParser) -> None:
+    """onnxruntime-genai's methods beside ours, on an ONNX model folder from its model builder."""
+    parser.add_argument(
+        "--ortgenai",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="FOLDER",
+        help="also run onnxruntime-genai's own generator (--threads or 2 threads) on an ONNX model folder "
+        "written by its model builder (FOLDER; without it, the onnx backend's export of the target): its "
+        "plain decoding (ortgenai-plain) and its n-gram speculative decoding (ortgenai-ngram, "
+        "--ortgenai-ngram). On by default with --backend onnx; skipped with a message when the package "
+        "is not installed",
+    )
+    parser.add_argument(
+        "--no-ortgenai",
+        action="store_true",
+        help="with --backend onnx: do not run onnxruntime-genai's methods",
+    )
+    parser.add_argument(
+        "--ortgenai-ngram",
+        type=_optional_int_list,
+        default=[DEFAULT_ORTGENAI_NGRAM],
+        metavar="N[,N...]",
+        help="with --ortgenai: the n-gram decoding's max_draft_tokens (1..16), one ortgenai-ngram method "
+        f"each (ngram_size 3; default {DEFAULT_ORTGENAI_NGRAM}, the width its docs start with; '' runs none)",
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     import dataclasses
 
@@ -225,6 +259,10 @@ def run(args: argparse.Namespace) -> int:
     provenance = command_provenance(args)  # as the run starts, with the threads it runs with
 
     pair, load_seconds = _load_pair(args, chosen, progress, say)
+    genai = _load_ortgenai(args, pair, say)
+    if genai is not None:
+        ngram = tuple(sorted(set(getattr(args, "ortgenai_ngram", None) or ())))
+        config = dataclasses.replace(config, ortgenai=True, ortgenai_ngram=ngram)
     hf_parts = "forward-pass hooks"
     if config.hf_assisted or config.hf_plain:
         hf_parts = "the transformers peers (HF assisted, HF plain) and forward-pass hooks"
@@ -256,6 +294,7 @@ def run(args: argparse.Namespace) -> int:
         all_prompt_tokens=all_tokens,
         description=description,
         llamacpp=peer,
+        ortgenai=genai,
         provenance=provenance,
     )
     paths = write_outputs(result, args.out, plots=not args.no_plots)
@@ -440,6 +479,45 @@ def _load_llamacpp(args: argparse.Namespace, say: Callable[[str], None]) -> Any:
         lookup={n: llamacpp.load(path, threads=threads, lookup_tokens=n) for n in lookups},
         draft=None if draft_path is None else llamacpp.load(draft_path, threads=threads),
     )
+
+
+def _load_ortgenai(args: argparse.Namespace, pair: ModelPair, say: Callable[[str], None]) -> Any:
+    """onnxruntime-genai's model for the ortgenai methods (`peers.ortgenai.load`): over --ortgenai's folder,
+    else over the onnx backend's export of the target; None (with a line saying why) to skip them."""
+    from exactspec.peers import ortgenai
+
+    folder = getattr(args, "ortgenai", None)
+    on_onnx = pair.backend == "onnx" and not getattr(args, "no_ortgenai", False)
+    if folder is None and not on_onnx:
+        return None
+    if not ortgenai.available():
+        say(f"onnxruntime-genai column skipped: onnxruntime-genai is not installed ({ortgenai.INSTALL_HINT})")
+        return None
+    if not folder:  # the folder the onnx backend's target was loaded from
+        folder = getattr(pair.target, "folder", None)
+        if folder is None or not ortgenai.is_model_folder(folder):
+            say(
+                "onnxruntime-genai column skipped: the target is no ONNX model builder export "
+                "(give its folder to --ortgenai, or run with --backend onnx)"
+            )
+            return None
+    if not ortgenai.is_model_folder(folder):
+        raise UsageError(f"--ortgenai: {folder} has no {ortgenai.GENAI_CONFIG} (not a model builder export)")
+    model = ortgenai.load(folder, threads=args.threads or ortgenai.DEFAULT_THREADS)
+    if model.vocab_size < pair.target.vocab_size:  # wider is fine: an output layer padded past the tokenizer
+        raise UsageError(
+            f"--ortgenai: {folder}'s vocabulary ({model.vocab_size}) is smaller than the target's "
+            f"({pair.target.vocab_size}): it is not an export of the same model"
+        )
+    ngram = sorted(set(getattr(args, "ortgenai_ngram", None) or ()))
+    if any(n > 16 for n in ngram):
+        raise UsageError(f"--ortgenai-ngram: max_draft_tokens must lie in 1..16, got {ngram}")
+    ngram_size = ortgenai.NGRAM_SIZE
+    say(
+        f"onnxruntime-genai peer: {model.describe()}; plain"
+        + "".join(f", n-gram decoding (ngram_size {ngram_size}, max_draft_tokens {n})" for n in ngram)
+    )
+    return model
 
 
 def _optional_int_list(text: str) -> list[int]:
