@@ -131,6 +131,7 @@ class SpeculativeDecoder:
         weights: str = DEFAULTS.weights,
         backend: str = DEFAULTS.backend,
         report: Callable[[str], None] | None = None,
+        workload: Any = None,
     ) -> SpeculativeDecoder:
         """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair).
 
@@ -139,7 +140,8 @@ class SpeculativeDecoder:
         kernels; see `ModelPair.from_pretrained`).
         `backend`: a registered backend (`exactspec.models.backends.registry`): "auto" (default: the
         fastest measured on this machine, `pair.backend_choice` says why) or any registered one. `report`:
-        where a backend's lines for the user go (`ModelPair.from_pretrained`).
+        where a backend's lines for the user go (`ModelPair.from_pretrained`). `workload`: what it will
+        decode, for "auto" to choose by (`ModelPair.from_pretrained`).
         """
         return cls.from_pair(
             ModelPair.from_pretrained(
@@ -152,6 +154,7 @@ class SpeculativeDecoder:
                 weights=weights,
                 backend=backend,
                 report=report,
+                workload=workload,
             )
         )
 

@@ -10,6 +10,7 @@ adapter's copy has its linear layers packed; the stock module keeps its dense on
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import threading
@@ -115,6 +116,7 @@ class ModelPair:
         backend: str = DEFAULTS.backend,
         threads: int | None = None,
         report: Callable[[str], None] | None = None,
+        workload: Any = None,
     ) -> ModelPair:
         """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair).
 
@@ -131,6 +133,8 @@ class ModelPair:
         models' linear layers for torch's CPU kernels (`exactspec.models.packed`). `threads`: CPU
         threads of a backend that takes them (llama.cpp). `report`: where a backend's lines for the user
         go (what `--backend auto` measured and chose); None: nowhere (the library never prints).
+        `workload`: what the pair will decode (`exactspec.models.backends.registry.Workload`; None: one
+        stream with the default drafter), which `--backend auto` predicts each backend's throughput on.
         """
         from exactspec.models.backends.registry import LoadSpec
         from exactspec.models.backends.registry import backend as backend_named
@@ -143,6 +147,8 @@ class ModelPair:
         if why_not is not None:
             raise InvalidArgument(f"--backend {backend} cannot run here: {why_not}")
         spec = LoadSpec(target, draft, dtype, weights, device, threads, cache_dir, progress, report)
+        if workload is not None:
+            spec = dataclasses.replace(spec, workload=workload)
         return chosen.load(spec)
 
     @property

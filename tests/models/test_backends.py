@@ -158,7 +158,7 @@ def test_auto_measures_the_candidates_once_runs_the_fastest_and_says_why(
         assert pair.backend == "quick-test" and loads == ["slow-test", "quick-test", "quick-test"]
         choice = pair.backend_choice
         assert [t.label for t in choice.timings] == ["slow-test", "quick-test"]
-        assert choice.reason.startswith("fastest plain step measured on this machine: quick-test")
+        assert choice.reason.startswith("quick-test: predicted") and "against slow-test" in choice.reason
         assert "--backend auto: measuring slow-test, quick-test once on this machine" in said
         assert capsys.readouterr().err == ""  # the library printed nothing itself
         # The second run reads the choice from the cache: only the winner is loaded.
