@@ -139,7 +139,8 @@ class SpeculativeDecoder:
         `weights`: "auto" (int4 on the CPU, bf16 on CUDA), "bf16" (dense), "int4" or "int8" (packed CPU
         kernels; see `ModelPair.from_pretrained`).
         `backend`: a registered backend (`exactspec.models.backends.registry`): "auto" (default: the
-        fastest measured on this machine, `pair.backend_choice` says why) or any registered one. `report`:
+        one predicted fastest for `workload` from what it measured on this machine, `pair.backend_choice`
+        says why) or any registered one. `report`:
         where a backend's lines for the user go (`ModelPair.from_pretrained`). `workload`: what it will
         decode, for "auto" to choose by (`ModelPair.from_pretrained`).
         """

@@ -122,9 +122,9 @@ class ModelPair:
 
         `backend`: a name of the backend registry (`exactspec.models.backends.registry.backends()`,
         which `exactspec generate --help` lists with a line each): "auto" (the default: the installed
-        backend whose plain step is fastest for the pair on this machine, measured on first use and
-        cached; `backend_choice` says which and why) or any backend that registered itself. Each
-        reads the options it names (`Backend.options`) and ignores the others.
+        backend predicted fastest for `workload` from its step and k-token passes measured on this
+        machine on first use and cached; `backend_choice` says which and why) or any backend that
+        registered itself. Each reads the options it names (`Backend.options`) and ignores the others.
 
         For transformers: `device` is "cpu", "cuda" or "auto" (CUDA when available); dtype "auto"
         then means the device's default (`exactspec.models.device.auto_dtype`). `weights`: "auto"
@@ -158,8 +158,8 @@ class ModelPair:
         return None if choice is None else f"auto: {choice.reason}"
 
     def describe_backend(self) -> str:
-        """'backend NAME (auto: fastest plain step ...)', 'backend NAME, int4 weights' (for a backend that
-        reads --weights): what runs."""
+        """'backend NAME (auto: NAME: predicted ... tokens/s ...)', 'backend NAME, int4 weights' (for a
+        backend that reads --weights): what runs."""
         from exactspec.models.backends.registry import backends
 
         known = backends()

@@ -8,9 +8,10 @@ On first use for a pair on a machine, "auto" loads each candidate in turn and me
 plain one-token step, the draft step c and v(1..9) through the adapters
 (`models.costs.measure_cost_model`), and for a batch workload (the server) the seconds of a pass of
 r rows x 1 token for a few r up to the expected batch (`models.costs.measure_batch_costs`), and caches
-the measurement under the artefacts cache (`artefacts.measurements`, keyed by the pair, the machine's
-CPU and flags, cores, torch and llama-cpp-python versions and threads, and the batch sizes measured),
-with its provenance. Later runs read the measurement from the cache and load only the winner.
+the measurement under the artefacts cache (`artefacts.measurements`, keyed by the target, the
+machine's CPU and flags, cores, torch and llama-cpp-python versions and threads, and, where the
+workload needs them, the draft whose step c counts and the batch sizes measured), with its provenance.
+Later runs read the measurement from the cache and load only the winner.
 
 The choice (`predict`): each candidate's predicted tokens per second on the run's `Workload`, the best
 over draft lengths g = 0..cap of
@@ -21,10 +22,11 @@ over draft lengths g = 0..cap of
 with E(alpha, g) = (1 - alpha^(g+1)) / (1 - alpha) (`foundations.costs.expected_tokens`), alpha the
 drafter's prior acceptance (`PRIOR_ACCEPTANCE`), c = 0 for a drafter that runs no model, and T(n) the
 measured seconds of a pass of n rows x 1 token, read at n = r (g + 1) tokens for a pass of r rows x
-(g + 1) tokens (interpolated, and extrapolated along the last two measured points: an estimate, since
-only one-token rows are timed). Plain decoding is g = 0, so a backend is never scored below its plain
-speed, and `--plain` chooses the fastest plain step. A cached measurement from before batch costs were
-measured (or one without them) scores a batch workload as one stream, and the reason says so.
+(g + 1) tokens (interpolated, and extrapolated along the last two measured points: an estimate, since only
+one-token rows are timed; a draft step over r rows is taken as c T(r)). Plain decoding is g = 0, so a
+backend is never scored below its plain speed, and `--plain` chooses the fastest plain step. A cached
+measurement from before batch costs were measured (or one without them) scores a batch workload as one
+stream, and the reason says so.
 `BackendChoice.reason` says what was chosen and why. One run uses one backend and one set of weights for
 every target pass: a row's rounds never mix two targets.
 
@@ -56,7 +58,8 @@ own: what a drafter reaches depends on the text (the suffix drafter kept 2.6 tok
 repetitive work and rarely drafts on prose), and the choice is made before any text is seen."""
 
 BATCH_ROWS = (1, 2, 4, 8, 16)
-"""Row counts timed for a batch workload, up to its rows (which are timed too)."""
+"""Row counts timed for a batch workload, up to its rows (timed too) or the last of these (larger batches
+are predicted along the line through the last two measured): a bounded probe."""
 
 BATCH_CONTEXT_TOKENS = 16
 """Cached tokens per row in the batch probe: short, to bound the probe's prefill (attention over a short
@@ -158,10 +161,14 @@ class BackendChoice(JsonRecord):
             return "the only candidate here"
         workload = self.workload or Workload()
         scored = self.predictions
-        k = max(p.gamma for _, p in scored) + 1  # the widest pass any prediction drafts with
+        # A drafting candidate shows v(k) at its own round's width; a plain one at the width of the
+        # fastest drafting candidate's round, to compare (none when every candidate is plain).
+        drafting = [p.gamma + 1 for _, p in scored if p.gamma]
+        compare_at = drafting[0] if drafting else 1
 
         def costs(timing: BackendTiming, prediction: Prediction) -> str:
             text = f"step {timing.step_seconds * 1000:.1f} ms"
+            k = prediction.gamma + 1 if prediction.gamma else compare_at
             if k > 1 and len(timing.verify_costs) >= k:
                 text += f", v({k}) {timing.verify_costs[k - 1]:.2f}"
             if workload.draft_model and prediction.gamma:
@@ -306,7 +313,8 @@ def _batch_rows(rows: int) -> tuple[int, ...]:
     """The row counts the batch probe times for a workload of `rows` rows (none for one stream)."""
     if rows <= 1:
         return ()
-    return tuple(sorted({r for r in BATCH_ROWS if r < rows} | {rows}))
+    most = min(rows, BATCH_ROWS[-1])
+    return tuple(sorted({r for r in BATCH_ROWS if r < most} | {most}))
 
 
 def _timing(
