@@ -319,13 +319,13 @@ def strategy(args: argparse.Namespace) -> Strategy:
 
 def workload(args: argparse.Namespace, chosen: Strategy, *, plain: bool, rows: int = 1) -> Workload:
     """What the command will decode, for `--backend auto` to choose by (`registry.Workload`): plain, or
-    `chosen`'s drafter with --gamma (its default cap when none), on `rows` rows together."""
+    `chosen`'s drafter with --gamma (its default when none; a cap when planned), on `rows` rows together."""
     gamma = getattr(args, "gamma", None)
     if plain or gamma == 0:
         return Workload.plain(rows)
     if gamma is None:
         gamma = chosen.default_gamma(getattr(args, "weights", DEFAULTS.weights))
-    return Workload(chosen.drafter, chosen.needs_draft_model, gamma, rows)
+    return Workload(chosen.drafter, chosen.needs_draft_model, gamma, rows, fixed=not chosen.adaptive_gamma)
 
 
 def names_a_draft(args: argparse.Namespace) -> bool:

@@ -45,8 +45,14 @@ def test_the_prediction_is_the_speedup_model_at_the_best_draft_length_and_never_
     # llama.cpp-like costs: no draft length pays at the prior, so it is scored plain, not below.
     assert predict(STEP_FAST, Workload()).gamma == 0
     assert predict(STEP_FAST, Workload()).tokens_per_second == pytest.approx(1 / STEP_FAST.step_seconds)
-    # The cap of the workload bounds the draft length.
+    # The cap bounds the draft length; a fixed gamma is scored at that gamma, even below plain.
     assert predict(CHEAP_WIDE, Workload(max_gamma=2)).gamma <= 2
+    fixed = predict(STEP_FAST, Workload(max_gamma=3, fixed=True))
+    seconds = STEP_FAST.step_seconds * STEP_FAST.verify_costs[3]
+    assert fixed.gamma == 3 and fixed.tokens_per_second == pytest.approx(
+        expected_tokens(PRIOR_ACCEPTANCE, 3) / seconds
+    )
+    assert fixed.tokens_per_second < 1 / STEP_FAST.step_seconds
 
 
 def test_a_draft_model_costs_c_per_drafted_token() -> None:

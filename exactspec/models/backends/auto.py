@@ -14,7 +14,7 @@ workload needs them, the draft whose step c counts and the batch sizes measured)
 Later runs read the measurement from the cache and load only the winner.
 
 The choice (`predict`): each candidate's predicted tokens per second on the run's `Workload`, the best
-over draft lengths g = 0..cap of
+over draft lengths g = 0..cap (a fixed gamma: that g alone) of
 
     one stream:  E(alpha, g) / (step (g c + v(g + 1)))                         (g = 0: 1 / step)
     r rows:      r E(alpha, g) / (T(r (g + 1)) + g c T(r))                      (g = 0: r / T(r))
@@ -107,7 +107,8 @@ class Prediction:
 
 def predict(timing: BackendTiming, workload: Workload, alpha: float = PRIOR_ACCEPTANCE) -> Prediction:
     """The candidate's best predicted tokens per second on `workload` over draft lengths 0..cap (module
-    docstring): the cap is the workload's, within the v(k) measured; c counts only for a draft model."""
+    docstring): the cap is the workload's, within the v(k) measured; c counts only for a draft model. A
+    workload with a fixed gamma is predicted at that draft length alone."""
     cap = min(workload.max_gamma, len(timing.verify_costs) - 1)
     c = timing.draft_cost if workload.draft_model else 0.0
     batch = workload.rows > 1 and len(timing.batch_rows) > 0
@@ -126,6 +127,8 @@ def predict(timing: BackendTiming, workload: Workload, alpha: float = PRIOR_ACCE
         def seconds(gamma: int) -> float:
             return timing.step_seconds * (gamma * c + timing.verify_costs[gamma])
 
+    if workload.fixed and cap:
+        return Prediction(rows * expected_tokens(alpha, cap) / seconds(cap), cap, rows, batch)
     best = Prediction(rows / seconds(0), 0, rows, batch)
     for gamma in range(1, cap + 1):
         throughput = rows * expected_tokens(alpha, gamma) / seconds(gamma)

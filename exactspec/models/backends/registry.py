@@ -53,12 +53,14 @@ class Workload(JsonRecord):
         draft_model: the drafter runs the draft model (its step, c, counts in a round).
         max_gamma: the most draft tokens a round may propose; 0: plain decoding.
         rows: the rows expected to decode together (1: one stream; the server: its max batch).
+        fixed: every round drafts max_gamma tokens (`--fixed-gamma`), instead of a planned length up to it.
     """
 
     drafter: str = DEFAULTS.drafter
     draft_model: bool = False
     max_gamma: int = DEFAULTS.free_adaptive_gamma_cap
     rows: int = 1
+    fixed: bool = False
 
     def __post_init__(self) -> None:
         if self.max_gamma < 0 or self.rows < 1:
