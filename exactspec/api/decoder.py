@@ -17,7 +17,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import exactspec.api.arguments as arguments
 from exactspec.api.session import Choice, RequestError, RequestRules, Session, SessionConfig, TextRequest
@@ -30,6 +30,9 @@ from exactspec.foundations.sampler import SeededSampler
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.base import LanguageModel
 from exactspec.models.pair import ModelPair
+
+if TYPE_CHECKING:
+    from exactspec.models.backends.registry import Workload
 
 Prompt = arguments.Prompt
 
@@ -131,7 +134,7 @@ class SpeculativeDecoder:
         weights: str = DEFAULTS.weights,
         backend: str = DEFAULTS.backend,
         report: Callable[[str], None] | None = None,
-        workload: Any = None,
+        workload: Workload | None = None,
     ) -> SpeculativeDecoder:
         """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair).
 

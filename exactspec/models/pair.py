@@ -16,7 +16,7 @@ import os
 import threading
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from exactspec.foundations.costs import BatchCosts, CostModel
 from exactspec.foundations.defaults import DEFAULTS
@@ -24,6 +24,9 @@ from exactspec.foundations.errors import InvalidArgument
 from exactspec.models.base import LanguageModel
 from exactspec.models.costs import measure_batch_costs, measure_cost_model
 from exactspec.models.tokenizers import check_tokenizers_compatible, end_of_generation_ids
+
+if TYPE_CHECKING:
+    from exactspec.models.backends.registry import Workload
 
 
 @dataclass
@@ -116,7 +119,7 @@ class ModelPair:
         backend: str = DEFAULTS.backend,
         threads: int | None = None,
         report: Callable[[str], None] | None = None,
-        workload: Any = None,
+        workload: Workload | None = None,
     ) -> ModelPair:
         """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair).
 
