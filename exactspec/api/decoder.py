@@ -17,7 +17,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import exactspec.api.arguments as arguments
 from exactspec.api.session import Choice, RequestError, RequestRules, Session, SessionConfig, TextRequest
@@ -30,6 +30,9 @@ from exactspec.foundations.sampler import SeededSampler
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.base import LanguageModel
 from exactspec.models.pair import ModelPair
+
+if TYPE_CHECKING:
+    from exactspec.models.backends.registry import Workload
 
 Prompt = arguments.Prompt
 
@@ -131,6 +134,7 @@ class SpeculativeDecoder:
         weights: str = DEFAULTS.weights,
         backend: str = DEFAULTS.backend,
         report: Callable[[str], None] | None = None,
+        workload: Workload | None = None,
     ) -> SpeculativeDecoder:
         """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair).
 
@@ -138,8 +142,10 @@ class SpeculativeDecoder:
         `weights`: "auto" (int4 on the CPU, bf16 on CUDA), "bf16" (dense), "int4" or "int8" (packed CPU
         kernels; see `ModelPair.from_pretrained`).
         `backend`: a registered backend (`exactspec.models.backends.registry`): "auto" (default: the
-        fastest measured on this machine, `pair.backend_choice` says why) or any registered one. `report`:
-        where a backend's lines for the user go (`ModelPair.from_pretrained`).
+        one predicted fastest for `workload` from what it measured on this machine, `pair.backend_choice`
+        says why) or any registered one. `report`:
+        where a backend's lines for the user go (`ModelPair.from_pretrained`). `workload`: what it will
+        decode, for "auto" to choose by (`ModelPair.from_pretrained`).
         """
         return cls.from_pair(
             ModelPair.from_pretrained(
@@ -152,6 +158,7 @@ class SpeculativeDecoder:
                 weights=weights,
                 backend=backend,
                 report=report,
+                workload=workload,
             )
         )
 

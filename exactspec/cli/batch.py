@@ -24,6 +24,7 @@ from exactspec.cli.common import (
     positive_int,
     sampling_settings,
     strategy,
+    workload,
 )
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.settings import SamplingSettings
@@ -171,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
             device=args.device,
             weights=args.weights,
             backend=args.backend,
+            workload=workload(args, chosen, plain=plain, rows=args.max_batch),
         ),
         strategy=chosen,
         gamma=0 if plain else args.gamma,

@@ -29,7 +29,7 @@ from exactspec.foundations.settings import (
     TEMPERATURE_MAX,
     SamplingSettings,
 )
-from exactspec.models.backends.registry import backends
+from exactspec.models.backends.registry import Workload, backends
 from exactspec.models.packed import WEIGHT_CHOICES
 
 __all__ = [
@@ -315,6 +315,17 @@ def strategy(args: argparse.Namespace) -> Strategy:
         )
     except ValueError as error:
         raise UsageError(f"--drafter-option: {error}") from None
+
+
+def workload(args: argparse.Namespace, chosen: Strategy, *, plain: bool, rows: int = 1) -> Workload:
+    """What the command will decode, for `--backend auto` to choose by (`registry.Workload`): plain, or
+    `chosen`'s drafter with --gamma (its default when none; a cap when planned), on `rows` rows together."""
+    gamma = getattr(args, "gamma", None)
+    if plain or gamma == 0:
+        return Workload.plain(rows)
+    if gamma is None:
+        gamma = chosen.default_gamma(getattr(args, "weights", DEFAULTS.weights))
+    return Workload(chosen.drafter, chosen.needs_draft_model, gamma, rows, fixed=not chosen.adaptive_gamma)
 
 
 def names_a_draft(args: argparse.Namespace) -> bool:

@@ -23,6 +23,7 @@ from exactspec.cli.common import (
     sampling_settings,
     strategy,
     utf8_text,
+    workload,
 )
 from exactspec.foundations.defaults import DEFAULTS
 
@@ -144,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
         weights=args.weights,
         backend=args.backend,
         report=report_lines(progress),
+        workload=workload(args, chosen, plain=plain),
     )
     load_seconds = time.perf_counter() - started
     gamma = args.gamma

@@ -17,6 +17,7 @@ from exactspec.cli.common import (
     positive_int,
     report_lines,
     strategy,
+    workload,
 )
 from exactspec.decoding.strategy import Strategy
 from exactspec.foundations.defaults import DEFAULTS
@@ -128,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         weights=args.weights,
         backend=args.backend,
+        workload=workload(args, chosen, plain=args.plain, rows=args.max_batch),
     )
     service = Service(
         pair,
@@ -180,6 +182,7 @@ def run_replicas(args: argparse.Namespace, chosen: Strategy, draft: str | None) 
         device=args.device,
         weights=args.weights,
         backend=args.backend,
+        workload=workload(args, chosen, plain=args.plain, rows=args.max_batch),
     )
     service_options = dict(
         model_name=args.served_model_name,

@@ -68,8 +68,9 @@ class Defaults:
         dtype, weights, device: "auto" each: the device is CUDA when torch sees a GPU, else the CPU
             (`exactspec.models.device`), and dtype and weights are that device's measured best (int4
             weights on the CPU, bf16 on CUDA). The Python API and every command alike.
-        backend: "auto": the installed backend whose plain one-token step is fastest for the pair on
-            this machine, measured on first use and cached (`exactspec.models.backends.auto`).
+        backend: "auto": the installed backend predicted fastest for the work at hand (the drafter and its
+            draft lengths, plain decoding, the server's batch) from its step and k-token passes measured
+            on this machine on first use and cached (`exactspec.models.backends.auto`).
     Serving and batching:
         max_batch: rows decoded together in one round (each row costs KV cache memory).
         max_waiting: requests that may wait for a free row; beyond that the server answers 429.

@@ -10,12 +10,13 @@ adapter's copy has its linear layers packed; the stock module keeps its dense on
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import threading
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from exactspec.foundations.costs import BatchCosts, CostModel
 from exactspec.foundations.defaults import DEFAULTS
@@ -23,6 +24,9 @@ from exactspec.foundations.errors import InvalidArgument
 from exactspec.models.base import LanguageModel
 from exactspec.models.costs import measure_batch_costs, measure_cost_model
 from exactspec.models.tokenizers import check_tokenizers_compatible, end_of_generation_ids
+
+if TYPE_CHECKING:
+    from exactspec.models.backends.registry import Workload
 
 
 @dataclass
@@ -115,14 +119,15 @@ class ModelPair:
         backend: str = DEFAULTS.backend,
         threads: int | None = None,
         report: Callable[[str], None] | None = None,
+        workload: Workload | None = None,
     ) -> ModelPair:
         """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair).
 
         `backend`: a name of the backend registry (`exactspec.models.backends.registry.backends()`,
         which `exactspec generate --help` lists with a line each): "auto" (the default: the installed
-        backend whose plain step is fastest for the pair on this machine, measured on first use and
-        cached; `backend_choice` says which and why) or any backend that registered itself. Each
-        reads the options it names (`Backend.options`) and ignores the others.
+        backend predicted fastest for `workload` from its step and k-token passes measured on this
+        machine on first use and cached; `backend_choice` says which and why) or any backend that
+        registered itself. Each reads the options it names (`Backend.options`) and ignores the others.
 
         For transformers: `device` is "cpu", "cuda" or "auto" (CUDA when available); dtype "auto"
         then means the device's default (`exactspec.models.device.auto_dtype`). `weights`: "auto"
@@ -131,6 +136,8 @@ class ModelPair:
         models' linear layers for torch's CPU kernels (`exactspec.models.packed`). `threads`: CPU
         threads of a backend that takes them (llama.cpp). `report`: where a backend's lines for the user
         go (what `--backend auto` measured and chose); None: nowhere (the library never prints).
+        `workload`: what the pair will decode (`exactspec.models.backends.registry.Workload`; None: one
+        stream with the default drafter), which `--backend auto` predicts each backend's throughput on.
         """
         from exactspec.models.backends.registry import LoadSpec
         from exactspec.models.backends.registry import backend as backend_named
@@ -143,6 +150,8 @@ class ModelPair:
         if why_not is not None:
             raise InvalidArgument(f"--backend {backend} cannot run here: {why_not}")
         spec = LoadSpec(target, draft, dtype, weights, device, threads, cache_dir, progress, report)
+        if workload is not None:
+            spec = dataclasses.replace(spec, workload=workload)
         return chosen.load(spec)
 
     @property
@@ -152,8 +161,8 @@ class ModelPair:
         return None if choice is None else f"auto: {choice.reason}"
 
     def describe_backend(self) -> str:
-        """'backend NAME (auto: fastest plain step ...)', 'backend NAME, int4 weights' (for a backend that
-        reads --weights): what runs."""
+        """'backend NAME (auto: NAME: predicted ... tokens/s ...)', 'backend NAME, int4 weights' (for a
+        backend that reads --weights): what runs."""
         from exactspec.models.backends.registry import backends
 
         known = backends()

@@ -27,6 +27,7 @@ from exactspec.models.backends.registry import (
     ModelFacts,
     TinyModels,
     TinyPair,
+    Workload,
     backend,
     backends,
 )
@@ -158,7 +159,7 @@ def test_auto_measures_the_candidates_once_runs_the_fastest_and_says_why(
         assert pair.backend == "quick-test" and loads == ["slow-test", "quick-test", "quick-test"]
         choice = pair.backend_choice
         assert [t.label for t in choice.timings] == ["slow-test", "quick-test"]
-        assert choice.reason.startswith("fastest plain step measured on this machine: quick-test")
+        assert choice.reason.startswith("quick-test: predicted") and "against slow-test" in choice.reason
         assert "--backend auto: measuring slow-test, quick-test once on this machine" in said
         assert capsys.readouterr().err == ""  # the library printed nothing itself
         # The second run reads the choice from the cache: only the winner is loaded.
@@ -168,6 +169,29 @@ def test_auto_measures_the_candidates_once_runs_the_fastest_and_says_why(
     finally:
         for name in ("slow-test", "quick-test"):
             registry.BACKENDS.unregister(name)
+
+
+def test_auto_for_a_batch_times_rows_x_one_token_through_the_adapters(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    def load(spec: LoadSpec) -> ModelPair:
+        target = random_tabular_model(VOCAB, seed=1)
+        return ModelPair(None, Slow(target, 0.001), None, None, tiny_tokenizer(), backend="batch-test")
+
+    registry.register(Backend("batch-test", "toy", load, lambda pair: pair.target))
+    candidates = [("batch-test a", "batch-test", "auto"), ("batch-test b", "batch-test", "auto")]
+    monkeypatch.setattr(auto, "_candidates", lambda spec: candidates)
+    try:
+        pair = ModelPair.from_pretrained(
+            "t", None, backend="auto", cache_dir=tmp_path, workload=Workload.plain(4)
+        )
+        choice = pair.backend_choice
+        for timing in choice.timings:
+            assert timing.batch_rows == (1, 2, 4) and all(s >= 0.001 for s in timing.batch_seconds)
+        assert " at 4 rows plain " in choice.reason and "4 rows x 1 token" in choice.reason
+        assert auto._batch_rows(64) == (1, 2, 4, 8, 16)  # the probe is bounded; larger batches extrapolate
+    finally:
+        registry.BACKENDS.unregister("batch-test")
 
 
 def test_auto_on_explicit_torch_weights_is_the_hf_backend() -> None:

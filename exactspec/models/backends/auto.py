@@ -1,14 +1,34 @@
-"""The "auto" backend: the installed backend whose plain decoding is fastest for the pair on this machine.
+"""The "auto" backend: the installed backend predicted to decode the work at hand fastest on this machine.
 
 On a CPU the same GGUF pair can run as torch with packed int4 weights, torch with dense bfloat16
-weights, or llama.cpp, and which is fastest depends on the CPU (its SIMD and matrix units, its
-cores) by two- to three-fold: measured, never guessed. On first use for a pair on a machine, "auto"
-loads each candidate in turn and measures the target's plain one-token step, the draft step c and
-v(1..9) through the adapters (`models.costs.measure_cost_model`), keeps the fastest plain step, and
-caches the measurement under the artefacts cache (`artefacts.measurements`, keyed by the pair, the
-machine's CPU and flags, cores, torch and llama-cpp-python versions and threads), with its provenance.
-Later runs read the choice from the cache and load only the winner. One run uses one backend and one
-set of weights for every target pass: a row's rounds never mix two targets.
+weights, llama.cpp or another registered backend, and which is fastest depends on the CPU (its SIMD
+and matrix units, its cores) by two- to three-fold, and on the work: speculation pays only on a
+backend whose k-token pass costs much less than k one-token steps. So it is measured, never guessed.
+On first use for a pair on a machine, "auto" loads each candidate in turn and measures the target's
+plain one-token step, the draft step c and v(1..9) through the adapters
+(`models.costs.measure_cost_model`), and for a batch workload (the server) the seconds of a pass of
+r rows x 1 token for a few r up to the expected batch (`models.costs.measure_batch_costs`), and caches
+the measurement under the artefacts cache (`artefacts.measurements`, keyed by the target, the
+machine's CPU and flags, cores, torch and llama-cpp-python versions and threads, and, where the
+workload needs them, the draft whose step c counts and the batch sizes measured), with its provenance.
+Later runs read the measurement from the cache and load only the winner.
+
+The choice (`predict`): each candidate's predicted tokens per second on the run's `Workload`, the best
+over draft lengths g = 0..cap (a fixed gamma: that g alone) of
+
+    one stream:  E(alpha, g) / (step (g c + v(g + 1)))                         (g = 0: 1 / step)
+    r rows:      r E(alpha, g) / (T(r (g + 1)) + g c T(r))                      (g = 0: r / T(r))
+
+with E(alpha, g) = (1 - alpha^(g+1)) / (1 - alpha) (`foundations.costs.expected_tokens`), alpha the
+drafter's prior acceptance (`PRIOR_ACCEPTANCE`), c = 0 for a drafter that runs no model, and T(n) the
+measured seconds of a pass of n rows x 1 token, read at n = r (g + 1) tokens for a pass of r rows x
+(g + 1) tokens (interpolated, and extrapolated along the last two measured points: an estimate, since only
+one-token rows are timed; a draft step over r rows is taken as c T(r)). Plain decoding is g = 0, so a
+backend is never scored below its plain speed, and `--plain` chooses the fastest plain step. A cached
+measurement from before batch costs were measured (or one without them) scores a batch workload as one
+stream, and the reason says so.
+`BackendChoice.reason` says what was chosen and why. One run uses one backend and one set of weights for
+every target pass: a row's rounds never mix two targets.
 
 Each backend says what to measure of it (`Backend.candidates`: the transformers backend measures packed
 int4 and dense bfloat16 weights). On another device than the CPU, or when `--weights` names a weight
@@ -22,19 +42,40 @@ import gc
 import time
 from dataclasses import dataclass, replace
 
+from exactspec.foundations.costs import BatchCosts, expected_tokens
 from exactspec.foundations.records import JsonRecord
-from exactspec.models.backends.registry import Backend, LoadSpec, Pair, backend, backends, register
+from exactspec.models.backends.registry import Backend, LoadSpec, Pair, Workload, backend, backends, register
 from exactspec.models.base import LanguageModel
 
 MEASURED_GAMMA = 8
 """v(k) is measured for k = 1..MEASURED_GAMMA + 1 (what the bench's cost table reports)."""
+
+PRIOR_ACCEPTANCE = 0.75
+"""alpha, the acceptance per draft position a prediction counts on, for every drafter: the mean of the
+Beta(3, 1) prior the planner starts each row from (`decoding.gamma.AdaptiveGamma`, before the row's own
+rounds teach it; tests/models/test_auto_choice.py holds the two equal). No drafter has a prior of its
+own: what a drafter reaches depends on the text (the suffix drafter kept 2.6 tokens a round on
+repetitive work and rarely drafts on prose), and the choice is made before any text is seen."""
+
+BATCH_ROWS = (1, 2, 4, 8, 16)
+"""Row counts timed for a batch workload, up to its rows (timed too) or the last of these (larger batches
+are predicted along the line through the last two measured): a bounded probe."""
+
+BATCH_CONTEXT_TOKENS = 16
+"""Cached tokens per row in the batch probe: short, to bound the probe's prefill (attention over a short
+cache is cheap next to the weights, so a pass's seconds barely depend on it)."""
+
+BATCH_REPEATS = 2
+"""Timed passes per row count in the batch probe; the fastest is kept."""
 
 _TOLD: set[str] = set()  # what this process has already said once
 
 
 @dataclass(frozen=True)
 class BackendTiming(JsonRecord):
-    """One candidate's measurement: its plain one-token step, c and v(k)."""
+    """One candidate's measurement: its plain one-token step, c and v(k), and for a batch workload the
+    seconds of a pass of r rows x 1 token (`batch_rows`, `batch_seconds`; empty when not measured, as in
+    measurements cached before they were)."""
 
     label: str  # `Candidate.label`
     backend: str
@@ -42,26 +83,140 @@ class BackendTiming(JsonRecord):
     step_seconds: float
     draft_cost: float
     verify_costs: tuple[float, ...]
+    batch_rows: tuple[int, ...] = ()
+    batch_seconds: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A candidate's predicted throughput on a workload (`predict`).
+
+    Attributes:
+        tokens_per_second: emitted tokens per second over all rows.
+        gamma: the draft length that predicts it (0: plain decoding).
+        rows: the rows it was predicted for (1 when the workload is one stream, or when no batch costs
+            were measured: then `batch_measured` is False for a batch workload).
+        batch_measured: the batch costs were there to score `rows` rows.
+    """
+
+    tokens_per_second: float
+    gamma: int
+    rows: int
+    batch_measured: bool
+
+
+def predict(timing: BackendTiming, workload: Workload, alpha: float = PRIOR_ACCEPTANCE) -> Prediction:
+    """The candidate's best predicted tokens per second on `workload` over draft lengths 0..cap (module
+    docstring): the cap is the workload's, within the v(k) measured; c counts only for a draft model. A
+    workload with a fixed gamma is predicted at that draft length alone."""
+    cap = min(workload.max_gamma, len(timing.verify_costs) - 1)
+    c = timing.draft_cost if workload.draft_model else 0.0
+    batch = workload.rows > 1 and len(timing.batch_rows) > 0
+    if batch:
+        table = BatchCosts(
+            rows=timing.batch_rows, widths=(1,), target=tuple((s,) for s in timing.batch_seconds)
+        )
+        rows = workload.rows
+
+        def seconds(gamma: int) -> float:  # a round of `rows` rows x (gamma + 1) tokens
+            one_token = table.target_seconds(rows, 1)
+            return table.target_seconds(rows * (gamma + 1), 1) + gamma * c * one_token
+    else:
+        rows = 1
+
+        def seconds(gamma: int) -> float:
+            return timing.step_seconds * (gamma * c + timing.verify_costs[gamma])
+
+    if workload.fixed and cap:
+        return Prediction(rows * expected_tokens(alpha, cap) / seconds(cap), cap, rows, batch)
+    best = Prediction(rows / seconds(0), 0, rows, batch)
+    for gamma in range(1, cap + 1):
+        throughput = rows * expected_tokens(alpha, gamma) / seconds(gamma)
+        if throughput > best.tokens_per_second:
+            best = Prediction(throughput, gamma, rows, batch)
+    return best
 
 
 @dataclass(frozen=True)
 class BackendChoice(JsonRecord):
-    """What "auto" chose and why, with every candidate's measurement (cached per machine and pair)."""
+    """What "auto" chose and why, with every candidate's measurement (cached per machine and pair) and the
+    workload it chose for (None: a choice cached before workloads, read as the default one)."""
 
     backend: str
     weights: str
     timings: tuple[BackendTiming, ...]
     machine: str
     measured_at: str
+    workload: Workload | None = None
+
+    @property
+    def predictions(self) -> list[tuple[BackendTiming, Prediction]]:
+        """Every candidate with its prediction on the workload, fastest first."""
+        workload = self.workload or Workload()
+        scored = [(timing, predict(timing, workload)) for timing in self.timings]
+        return sorted(scored, key=lambda item: -item[1].tokens_per_second)
 
     @property
     def reason(self) -> str:
-        """'fastest plain step measured on this machine: <label> 31.2 ms, <label> 58.0 ms, ...'."""
+        """'<label>: predicted 41.2 tokens/s with suffix drafts of 3 tokens (step 29.9 ms, v(4) 1.65) against
+        llamacpp 33.9 tokens/s plain (step 29.5 ms, v(4) 3.35)'."""
         if len(self.timings) < 2:
             return "the only candidate here"
-        fastest_first = sorted(self.timings, key=lambda t: t.step_seconds)
-        steps = ", ".join(f"{t.label} {t.step_seconds * 1000:.1f} ms" for t in fastest_first)
-        return f"fastest plain step measured on this machine: {steps}"
+        workload = self.workload or Workload()
+        scored = self.predictions
+        # A drafting candidate shows v(k) at its own round's width; a plain one at the width of the
+        # fastest drafting candidate's round, to compare (none when every candidate is plain).
+        drafting = [p.gamma + 1 for _, p in scored if p.gamma]
+        compare_at = drafting[0] if drafting else 1
+
+        def costs(timing: BackendTiming, prediction: Prediction) -> str:
+            text = f"step {timing.step_seconds * 1000:.1f} ms"
+            k = prediction.gamma + 1 if prediction.gamma else compare_at
+            if k > 1 and len(timing.verify_costs) >= k:
+                text += f", v({k}) {timing.verify_costs[k - 1]:.2f}"
+            if workload.draft_model and prediction.gamma:
+                text += f", c {timing.draft_cost:.2f}"
+            if prediction.batch_measured:
+                text += (
+                    f", {prediction.rows} rows x 1 token {_batch_steps(timing, prediction.rows):.1f} steps"
+                )
+            return text
+
+        def how(prediction: Prediction) -> str:
+            if not prediction.gamma:
+                return "plain"
+            tokens = f"{prediction.gamma} token{'s' if prediction.gamma > 1 else ''}"
+            return f"with {workload.drafter} drafts of {tokens}"
+
+        (timing, prediction), *others = scored
+        rows = workload.rows
+        at = f" at {rows} rows" if rows > 1 else ""
+        text = (
+            f"{timing.label}: predicted {prediction.tokens_per_second:.1f} tokens/s{at} {how(prediction)} "
+            f"({costs(timing, prediction)}) against "
+        )
+        text += "; ".join(
+            f"{t.label} {p.tokens_per_second:.1f} tokens/s {how(p)} ({costs(t, p)})" for t, p in others
+        )
+        if rows > 1 and not all(p.batch_measured for _, p in scored):
+            text += f" (no batch costs in this measurement: predicted for one stream, not {rows} rows)"
+        return text
+
+
+def _batch_steps(timing: BackendTiming, rows: int) -> float:
+    """A pass of `rows` rows x 1 token in one-token steps of the batch probe (its 1-row pass)."""
+    table = BatchCosts(rows=timing.batch_rows, widths=(1,), target=tuple((s,) for s in timing.batch_seconds))
+    return table.target_seconds(rows, 1) / table.target_seconds(1, 1)
+
+
+def decide(choice: BackendChoice, workload: Workload) -> BackendChoice:
+    """`choice`'s measurement with the candidate predicted fastest on `workload` chosen."""
+    if not choice.timings:
+        return replace(choice, workload=workload)
+    best, _ = max(
+        ((t, predict(t, workload)) for t in choice.timings), key=lambda item: item[1].tokens_per_second
+    )
+    return replace(choice, backend=best.backend, weights=best.weights, workload=workload)
 
 
 def _say(spec: LoadSpec, line: str) -> None:
@@ -98,14 +253,16 @@ def _candidates(spec: LoadSpec) -> list[tuple[str, str, str]]:
 
 
 def choose(spec: LoadSpec) -> BackendChoice:
-    """The fastest candidate for `spec` on this machine, measured once and then read from the cache."""
+    """The candidate predicted fastest on `spec.workload` on this machine, from a measurement taken once
+    and then read from the cache."""
     from exactspec.artefacts.measurements import measured
     from exactspec.foundations.provenance import machine
 
+    workload = spec.workload
     candidates = _candidates(spec)
     if len(candidates) == 1:
         label, name, weights = candidates[0]
-        return BackendChoice(name, weights, (), machine().describe(), "")
+        return BackendChoice(name, weights, (), machine().describe(), "", workload)
     here = machine()
     versions = {}
     try:
@@ -114,8 +271,10 @@ def choose(spec: LoadSpec) -> BackendChoice:
         versions["llama-cpp-python"] = version("llama-cpp-python")
     except Exception:  # not installed: not a candidate either
         versions["llama-cpp-python"] = ""
-    # Keyed by the target alone: the choice is the fastest plain step, so a run with and a run without a
-    # draft (--plain) choose alike (c is reported for the draft of the run that measured).
+    # Keyed by the target, and by what the workload needs measured beyond it: the draft, when the drafter
+    # runs it (c), and the batch sizes timed, for a batch. A single stream with a drafter that runs no
+    # model keeps the key of measurements cached before workloads, so those still load.
+    batch_rows = _batch_rows(workload.rows)
     key = {
         "target": str(spec.target),
         "dtype": str(spec.dtype),
@@ -126,33 +285,80 @@ def choose(spec: LoadSpec) -> BackendChoice:
         "torch_threads": here.torch_threads,
         **versions,
     }
+    if workload.draft_model and workload.max_gamma:
+        key["draft"] = str(spec.draft)
+    if batch_rows:
+        key["batch_rows"] = list(batch_rows)
 
     def measure() -> BackendChoice:
-        _say(spec, f"--backend auto: measuring {', '.join(c[0] for c in candidates)} once on this machine")
-        timings = tuple(_timing(spec, *candidate) for candidate in candidates)
-        best = min(timings, key=lambda t: t.step_seconds)
+        what = f" and passes of {'/'.join(map(str, batch_rows))} rows" if batch_rows else ""
+        _say(
+            spec,
+            f"--backend auto: measuring {', '.join(c[0] for c in candidates)}{what} once on this machine",
+        )
+        timings = tuple(_timing(spec, *candidate, batch_rows=batch_rows) for candidate in candidates)
         return BackendChoice(
-            best.backend, best.weights, timings, here.describe(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            timings[0].backend,
+            timings[0].weights,
+            timings,
+            here.describe(),
+            time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         )
 
-    choice, stored = measured("backend-choice", key, BackendChoice, measure, spec.cache_dir)
+    stored_choice, stored = measured("backend-choice", key, BackendChoice, measure, spec.cache_dir)
+    choice = decide(stored_choice, workload)
     if stored:
         _say(spec, f"--backend auto: {choice.backend} ({choice.reason}; measured {choice.measured_at})")
     return choice
 
 
-def _timing(spec: LoadSpec, label: str, name: str, weights: str) -> BackendTiming:
-    from exactspec.models.costs import measure_cost_model
+def _batch_rows(rows: int) -> tuple[int, ...]:
+    """The row counts the batch probe times for a workload of `rows` rows (none for one stream)."""
+    if rows <= 1:
+        return ()
+    most = min(rows, BATCH_ROWS[-1])
+    return tuple(sorted({r for r in BATCH_ROWS if r < most} | {most}))
+
+
+def _timing(
+    spec: LoadSpec, label: str, name: str, weights: str, batch_rows: tuple[int, ...] = ()
+) -> BackendTiming:
+    from exactspec.models.costs import measure_batch_costs, measure_cost_model
 
     started = time.perf_counter()
     pair = backend(name).load(replace(spec, weights=weights))
     loaded = time.perf_counter() - started
     costs = measure_cost_model(pair.target, pair.draft, MEASURED_GAMMA)
-    timing = BackendTiming(label, name, weights, costs.step_seconds, costs.draft_cost, costs.verify_costs)
+    batch_seconds: tuple[float, ...] = ()
+    if batch_rows:
+        batch = measure_batch_costs(
+            pair.target,
+            None,
+            max_gamma=0,
+            max_rows=batch_rows[-1],
+            repeats=BATCH_REPEATS,
+            context_tokens=BATCH_CONTEXT_TOKENS,
+        )
+        batch_rows, batch_seconds = batch.rows, tuple(line[0] for line in batch.target)
+    timing = BackendTiming(
+        label,
+        name,
+        weights,
+        costs.step_seconds,
+        costs.draft_cost,
+        costs.verify_costs,
+        batch_rows,
+        batch_seconds,
+    )
+    passes = ""
+    if batch_rows:
+        passes = ", rows x 1 token " + " ".join(
+            f"{r}:{s / batch_seconds[0]:.2f}" for r, s in zip(batch_rows, batch_seconds, strict=True)
+        )
     _say(
         spec,
         f"  {label}: {costs.step_seconds * 1000:.1f} ms a plain step, c {costs.draft_cost:.2f}, "
-        f"v(2..9) {' '.join(f'{v:.2f}' for v in costs.verify_costs[1:])} (loaded in {loaded:.0f} s)",
+        f"v(2..9) {' '.join(f'{v:.2f}' for v in costs.verify_costs[1:])}{passes} (loaded in {loaded:.0f} s)",
     )
     del pair
     gc.collect()  # the next candidate's weights should not share memory with this one's
@@ -175,8 +381,8 @@ def reference(pair: Pair) -> LanguageModel:
 BACKEND = register(
     Backend(
         name="auto",
-        summary="the installed backend whose plain one-token step is fastest for the pair on this machine, "
-        "measured on first use and cached",
+        summary="the installed backend predicted to decode the work at hand fastest on this machine (from "
+        "its measured step and k-token passes), measured on first use and cached",
         load=load,
         reference=reference,
         options=frozenset({"dtype", "weights", "device", "threads"}),

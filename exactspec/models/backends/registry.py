@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from exactspec.foundations.defaults import DEFAULTS
+from exactspec.foundations.records import JsonRecord
 from exactspec.foundations.registry import Registry
 from exactspec.foundations.settings import SamplingSettings
 
@@ -41,6 +42,37 @@ FLOAT64_TOLERANCE = 1e-12
 
 
 @dataclass(frozen=True)
+class Workload(JsonRecord):
+    """What a pair is loaded to run: `--backend auto` predicts each candidate's throughput on it.
+
+    The default is a default single stream (`exactspec generate`): the default drafter, which runs no
+    model, with its planned draft lengths up to the cap.
+
+    Attributes:
+        drafter: the drafter's name ("" when plain).
+        draft_model: the drafter runs the draft model (its step, c, counts in a round).
+        max_gamma: the most draft tokens a round may propose; 0: plain decoding.
+        rows: the rows expected to decode together (1: one stream; the server: its max batch).
+        fixed: every round drafts max_gamma tokens (`--fixed-gamma`), instead of a planned length up to it.
+    """
+
+    drafter: str = DEFAULTS.drafter
+    draft_model: bool = False
+    max_gamma: int = DEFAULTS.free_adaptive_gamma_cap
+    rows: int = 1
+    fixed: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_gamma < 0 or self.rows < 1:
+            raise ValueError(f"a workload needs max_gamma >= 0 and rows >= 1: {self.max_gamma}, {self.rows}")
+
+    @classmethod
+    def plain(cls, rows: int = 1) -> Workload:
+        """Plain decoding (`--plain`, gamma 0) of `rows` rows together."""
+        return cls(drafter="", draft_model=False, max_gamma=0, rows=rows)
+
+
+@dataclass(frozen=True)
 class LoadSpec:
     """What to load: the specs (hub id, folder, GGUF file, or "default-target" / "default-draft") and the
     shared model options; a backend reads the ones that apply to it (`Backend.options`).
@@ -53,6 +85,7 @@ class LoadSpec:
         cache_dir, progress: where fetched and converted files go; progress bars on or off.
         report: where a backend's lines for the user go (what `--backend auto` measured and chose);
             None: nowhere (the library never prints; the CLI passes a printer).
+        workload: what the pair will run (`--backend auto` chooses by its predicted throughput).
     """
 
     target: str | os.PathLike[str] = DEFAULTS.target
@@ -64,6 +97,7 @@ class LoadSpec:
     cache_dir: str | os.PathLike[str] | None = None
     progress: bool = True
     report: Callable[[str], None] | None = None
+    workload: Workload = Workload()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,202 @@
+"""`--backend auto` chooses by predicted throughput of the workload (`models.backends.auto.predict`), from
+made-up timings: no real timing here (tests/models/test_backends.py runs the measuring path)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from exactspec.artefacts.measurements import stored_path
+from exactspec.decoding.gamma import AdaptiveGamma
+from exactspec.foundations.costs import CostModel, expected_tokens
+from exactspec.models.backends import auto
+from exactspec.models.backends.auto import PRIOR_ACCEPTANCE, BackendChoice, BackendTiming, decide, predict
+from exactspec.models.backends.registry import LoadSpec, Workload
+
+# The issue's measurements on a 2-core Zen 4: an ONNX-like backend whose one-token step is a little slower
+# but whose k-token passes are far cheaper, and llama.cpp's (v(k) about k).
+CHEAP_WIDE = BackendTiming(
+    "cheap-wide", "cheap-wide", "auto", 0.0299, 0.4, (1.0, 1.2, 1.45, 1.65, 1.9, 2.1, 2.35, 2.76, 3.0)
+)
+STEP_FAST = BackendTiming(
+    "step-fast", "step-fast", "auto", 0.0295, 0.6, (1.0, 1.89, 2.64, 3.35, 4.06, 4.81, 5.5, 8.61, 9.07)
+)
+
+
+def test_cheap_wide_passes_win_for_drafting_and_the_faster_step_wins_plain() -> None:
+    drafting = decide(BackendChoice("", "", (STEP_FAST, CHEAP_WIDE), "machine", "now"), Workload())
+    assert drafting.backend == "cheap-wide"
+    plain = decide(drafting, Workload.plain())
+    assert plain.backend == "step-fast"
+    # --plain scores each backend at its plain step: 1 / step.
+    assert predict(STEP_FAST, Workload.plain()).tokens_per_second == pytest.approx(1 / 0.0295)
+    assert predict(CHEAP_WIDE, Workload.plain()).gamma == 0
+
+
+def test_the_prediction_is_the_speedup_model_at_the_best_draft_length_and_never_below_plain() -> None:
+    prediction = predict(CHEAP_WIDE, Workload(max_gamma=8))
+    costs = CostModel(0.0, CHEAP_WIDE.verify_costs, CHEAP_WIDE.step_seconds)
+    speedups = [costs.speedup(PRIOR_ACCEPTANCE, g) for g in range(9)]
+    assert prediction.gamma == max(range(9), key=speedups.__getitem__) > 0
+    assert prediction.tokens_per_second == pytest.approx(max(speedups) / CHEAP_WIDE.step_seconds)
+    # llama.cpp-like costs: no draft length pays at the prior, so it is scored plain, not below.
+    assert predict(STEP_FAST, Workload()).gamma == 0
+    assert predict(STEP_FAST, Workload()).tokens_per_second == pytest.approx(1 / STEP_FAST.step_seconds)
+    # The cap bounds the draft length; a fixed gamma is scored at that gamma, even below plain.
+    assert predict(CHEAP_WIDE, Workload(max_gamma=2)).gamma <= 2
+    fixed = predict(STEP_FAST, Workload(max_gamma=3, fixed=True))
+    seconds = STEP_FAST.step_seconds * STEP_FAST.verify_costs[3]
+    assert fixed.gamma == 3 and fixed.tokens_per_second == pytest.approx(
+        expected_tokens(PRIOR_ACCEPTANCE, 3) / seconds
+    )
+    assert fixed.tokens_per_second < 1 / STEP_FAST.step_seconds
+
+
+def test_a_draft_model_costs_c_per_drafted_token() -> None:
+    free = predict(CHEAP_WIDE, Workload(drafter="model", draft_model=False, max_gamma=4))
+    paid = predict(CHEAP_WIDE, Workload(drafter="model", draft_model=True, max_gamma=4))
+    assert paid.tokens_per_second < free.tokens_per_second
+    g = paid.gamma
+    seconds = CHEAP_WIDE.step_seconds * (g * CHEAP_WIDE.draft_cost + CHEAP_WIDE.verify_costs[g])
+    assert paid.tokens_per_second == pytest.approx(expected_tokens(PRIOR_ACCEPTANCE, g) / seconds)
+
+
+def test_the_prior_is_the_planners_own() -> None:
+    policy = AdaptiveGamma(CostModel.linear(0.0, 0.5, max_gamma=2))
+    assert policy.prior_accepted / (policy.prior_accepted + policy.prior_rejected) == PRIOR_ACCEPTANCE
+
+
+def test_the_reason_names_the_choice_its_prediction_and_the_other_candidate() -> None:
+    choice = decide(BackendChoice("", "", (STEP_FAST, CHEAP_WIDE), "machine", "now"), Workload())
+    reason = choice.reason
+    best = predict(CHEAP_WIDE, Workload())
+    k = best.gamma + 1
+    assert reason.startswith(
+        f"cheap-wide: predicted {best.tokens_per_second:.1f} tokens/s with suffix drafts"
+    )
+    assert f"step 29.9 ms, v({k}) {CHEAP_WIDE.verify_costs[k - 1]:.2f}" in reason
+    assert f"against step-fast {1 / 0.0295:.1f} tokens/s plain (step 29.5 ms, v({k})" in reason
+    plain = decide(choice, Workload.plain()).reason
+    assert plain.startswith("step-fast: predicted") and "against cheap-wide" in plain and "v(" not in plain
+
+
+def batch_timing(name: str, step: float, steps_by_rows: dict[int, float]) -> BackendTiming:
+    rows = tuple(sorted(steps_by_rows))
+    return BackendTiming(
+        name, name, "auto", step, 0.0, (1.0, 1.5, 2.0), rows, tuple(step * steps_by_rows[r] for r in rows)
+    )
+
+
+def test_a_batch_workload_is_scored_by_the_measured_rows_passes() -> None:
+    # Same one-row costs; one batches rows far more cheaply.
+    batches = batch_timing("batches", 0.03, {1: 1.0, 2: 1.3, 4: 2.2, 8: 3.5})
+    serial = batch_timing("serial", 0.029, {1: 1.0, 2: 2.0, 4: 4.0, 8: 8.0})
+    one = decide(BackendChoice("", "", (batches, serial), "m", "now"), Workload.plain())
+    eight = decide(one, Workload.plain(rows=8))
+    assert (one.backend, eight.backend) == ("serial", "batches")
+    prediction = predict(batches, Workload.plain(rows=8))
+    assert prediction.batch_measured and prediction.tokens_per_second == pytest.approx(8 / (0.03 * 3.5))
+    # Drafting at 8 rows: a pass of 8 rows x (g + 1) tokens is read as 8 (g + 1) one-token rows.
+    drafting = predict(batches, Workload(max_gamma=1, rows=8))
+    pass_of_16 = 0.03 * (3.5 + (3.5 - 2.2) / 4 * 8)  # extrapolated along the last two measured points
+    two_tokens = 8 * expected_tokens(PRIOR_ACCEPTANCE, 1) / pass_of_16
+    assert drafting.tokens_per_second == pytest.approx(max(8 / (0.03 * 3.5), two_tokens))
+    assert "at 8 rows" in eight.reason and "8 rows x 1 token 3.5 steps" in eight.reason
+
+
+def test_without_batch_costs_a_batch_workload_is_scored_as_one_stream_and_says_so() -> None:
+    choice = decide(BackendChoice("", "", (STEP_FAST, CHEAP_WIDE), "m", "now"), Workload(rows=8))
+    assert not predict(STEP_FAST, Workload(rows=8)).batch_measured
+    assert choice.backend == "cheap-wide"
+    assert "no batch costs in this measurement: predicted for one stream, not 8 rows" in choice.reason
+
+
+def test_a_choice_cached_before_workloads_still_loads_and_is_scored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The cache entry as the previous version wrote it: no workload, timings without batch fields.
+    old = {
+        "backend": "step-fast",
+        "weights": "auto",
+        "machine": "m",
+        "measured_at": "2026-12-04T15:21:23+0000",
+        "timings": [
+            {k: v for k, v in timing.to_json().items() if not k.startswith("batch")}
+            for timing in (STEP_FAST, CHEAP_WIDE)
+        ],
+    }
+    loaded = BackendChoice.from_json(old)
+    assert loaded.workload is None and loaded.timings[1].batch_rows == ()
+    assert decide(loaded, Workload()).backend == "cheap-wide"
+    # Through `choose`: the same key as before workloads for a single stream without a draft model.
+    candidates = [(t.label, t.backend, t.weights) for t in (STEP_FAST, CHEAP_WIDE)]
+    monkeypatch.setattr(auto, "_candidates", lambda spec: candidates)
+    monkeypatch.setattr(
+        auto, "_timing", lambda *args, **kwargs: pytest.fail("the cached entry should be read")
+    )
+    spec = LoadSpec("t", None, cache_dir=tmp_path)
+    key = _old_key(spec, candidates)
+    path = stored_path("backend-choice", key, tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"key": key, "value": old}))
+    said: list[str] = []
+    chosen = auto.choose(LoadSpec("t", None, cache_dir=tmp_path, report=said.append))
+    assert chosen.backend == "cheap-wide" and chosen.workload == Workload()
+    assert said and said[0].startswith("--backend auto: cheap-wide (cheap-wide: predicted")
+    assert (
+        auto.choose(LoadSpec("t", None, cache_dir=tmp_path, workload=Workload.plain())).backend == "step-fast"
+    )
+
+
+def _old_key(spec: LoadSpec, candidates: list[tuple[str, str, str]]) -> dict:
+    """The key the version before workloads hashed (models/backends/auto.py, `choose`)."""
+    from importlib.metadata import version
+
+    from exactspec.foundations.provenance import machine
+
+    here = machine()
+    try:
+        llama = version("llama-cpp-python")
+    except Exception:
+        llama = ""
+    return {
+        "target": str(spec.target),
+        "dtype": str(spec.dtype),
+        "threads": spec.threads,
+        "candidates": [label for label, _, _ in candidates],
+        "machine": {"cpu": here.cpu, "features": here.cpu_features, "cores": here.cores},
+        "torch": here.torch,
+        "torch_threads": here.torch_threads,
+        "llama-cpp-python": llama,
+    }
+
+
+def test_a_batch_or_draft_model_workload_measures_what_it_needs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    measured: list[tuple[int, ...]] = []
+
+    def fake_timing(spec: LoadSpec, label: str, name: str, weights: str, batch_rows: tuple[int, ...] = ()):
+        measured.append(batch_rows)
+        base = CHEAP_WIDE if name == "cheap-wide" else STEP_FAST
+        seconds = tuple(base.step_seconds * r for r in batch_rows)
+        return BackendTiming(
+            label, name, weights, base.step_seconds, 0.4, base.verify_costs, batch_rows, seconds
+        )
+
+    candidates = [(t.label, t.backend, t.weights) for t in (STEP_FAST, CHEAP_WIDE)]
+    monkeypatch.setattr(auto, "_candidates", lambda spec: candidates)
+    monkeypatch.setattr(auto, "_timing", fake_timing)
+    auto.choose(LoadSpec("t", None, cache_dir=tmp_path))
+    assert measured == [(), ()]
+    served = auto.choose(LoadSpec("t", None, cache_dir=tmp_path, workload=Workload(rows=8)))
+    assert measured[2:] == [(1, 2, 4, 8), (1, 2, 4, 8)]  # a new key: the batch sizes measured
+    assert all(p.batch_measured and p.rows == 8 for _, p in served.predictions)
+    auto.choose(LoadSpec("t", "d", cache_dir=tmp_path, workload=Workload("model", True, 4)))
+    assert len(measured) == 6  # the draft model's c: measured with it
+    auto.choose(LoadSpec("t", None, cache_dir=tmp_path, workload=Workload(rows=8)))
+    assert len(measured) == 6  # read from the cache
+    assert math.isfinite(served.predictions[0][1].tokens_per_second)
