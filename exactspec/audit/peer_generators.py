@@ -125,23 +125,29 @@ class HFSampleGenerator:
         return {"implementation": "transformers sampling", "gamma": 0, "batch_size": self.batch_size}
 
 
-# --- llama.cpp ----------------------------------------------------------------------------------
+# --- one sample per call: llama.cpp and onnxruntime-genai ------------------------------------------
 
 
-class LlamaCppGenerator:
-    """llama-cpp-python's `Llama.generate`, one sample per call (batch size 1), plain or with prompt lookup.
+class _OneSampleGenerator:
+    """A peer that generates one sample per call (batch size 1): sample i is seeded `sample_seed(seed, i)`,
+    and the rounds the peer reports (proposed, kept) add up to its acceptance. Subclasses say how one
+    sample is generated (`_generate`), what runs (`_implementation`) and what drafts (`_drafts`)."""
 
-    Sample i sets the Llama's seed to `sample_seed(seed, i)` (llama.cpp's sampler chain draws from
-    its own generator, seeded per call). `llm`: a `llama_cpp.Llama` from `exactspec.peers.llamacpp.load`
-    (with `lookup_tokens` = gamma for the lookup peer).
-    """
-
-    def __init__(self, llm: Any, gamma: int, eos_token_ids: Collection[int], name: str) -> None:
-        self.llm = llm
+    def __init__(self, gamma: int, eos_token_ids: Collection[int], name: str) -> None:
         self.gamma = gamma
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.name = name
         self.proposed = self.kept = self.rounds = 0
+
+    def _generate(self, prompt: Sequence[int], settings: SamplingSettings, budget: int, seed: int) -> dict:
+        """{"tokens": the generated ids, "rounds": [(proposed, kept), ...] or None}."""
+        raise NotImplementedError
+
+    def _implementation(self) -> str:
+        raise NotImplementedError
+
+    def _drafts(self) -> str:
+        raise NotImplementedError
 
     def sample(
         self,
@@ -156,14 +162,7 @@ class LlamaCppGenerator:
         budget = max(length, max_new_tokens or length)
         samples = []
         for index in range(count):
-            out = llamacpp_peer.generate(
-                self.llm,
-                prompt,
-                settings,
-                budget,
-                seed=sample_seed(seed, index),
-                eos_token_ids=self.eos_token_ids,
-            )
+            out = self._generate(prompt, settings, budget, sample_seed(seed, index))
             samples.append(first_tokens(out["tokens"], length, self.eos_token_ids))
             for proposed, kept in out["rounds"] or ():
                 self.proposed += proposed
@@ -174,22 +173,42 @@ class LlamaCppGenerator:
         return samples
 
     def details(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"implementation": "llama-cpp-python Llama.generate", "gamma": self.gamma}
-        out["batch_size"] = 1
+        out: dict[str, Any] = {"implementation": self._implementation(), "gamma": self.gamma, "batch_size": 1}
         if self.gamma:
-            out["draft_model"] = (
-                f"LlamaPromptLookupDecoding(max_ngram_size={llamacpp_peer.LOOKUP_NGRAM}, "
-                f"num_pred_tokens={self.gamma})"
-            )
+            out["draft_model"] = self._drafts()
             out["acceptance_rate"] = self.kept / self.proposed if self.proposed else float("nan")
             out["proposed_per_round"] = self.proposed / self.rounds if self.rounds else float("nan")
         return out
 
 
-# --- onnxruntime-genai ----------------------------------------------------------------------------
+class LlamaCppGenerator(_OneSampleGenerator):
+    """llama-cpp-python's `Llama.generate`, one sample per call (batch size 1), plain or with prompt lookup.
+
+    Sample i sets the Llama's seed to `sample_seed(seed, i)` (llama.cpp's sampler chain draws from
+    its own generator, seeded per call). `llm`: a `llama_cpp.Llama` from `exactspec.peers.llamacpp.load`
+    (with `lookup_tokens` = gamma for the lookup peer).
+    """
+
+    def __init__(self, llm: Any, gamma: int, eos_token_ids: Collection[int], name: str) -> None:
+        super().__init__(gamma, eos_token_ids, name)
+        self.llm = llm
+
+    def _generate(self, prompt: Sequence[int], settings: SamplingSettings, budget: int, seed: int) -> dict:
+        return llamacpp_peer.generate(
+            self.llm, prompt, settings, budget, seed=seed, eos_token_ids=self.eos_token_ids
+        )
+
+    def _implementation(self) -> str:
+        return "llama-cpp-python Llama.generate"
+
+    def _drafts(self) -> str:
+        return (
+            f"LlamaPromptLookupDecoding(max_ngram_size={llamacpp_peer.LOOKUP_NGRAM}, "
+            f"num_pred_tokens={self.gamma})"
+        )
 
 
-class OrtGenaiGenerator:
+class OrtGenaiGenerator(_OneSampleGenerator):
     """onnxruntime-genai's `Generator`, one sample per call (batch size 1), plain or with its n-gram decoding.
 
     Sample i sets the generator's `random_seed` to `sample_seed(seed, i)`. `model`: an `OrtGenaiModel`
@@ -199,52 +218,25 @@ class OrtGenaiGenerator:
     def __init__(
         self, model: ortgenai_peer.OrtGenaiModel, gamma: int, eos_token_ids: Collection[int], name: str
     ) -> None:
+        super().__init__(gamma, eos_token_ids, name)
         self.model = model
-        self.gamma = gamma
-        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
-        self.name = name
-        self.proposed = self.kept = self.rounds = 0
 
-    def sample(
-        self,
-        prompt: Sequence[int],
-        length: int,
-        settings: SamplingSettings,
-        count: int,
-        seed: int,
-        max_new_tokens: int | None = None,
-        progress: Progress | None = None,
-    ) -> list[tuple[int, ...]]:
-        budget = max(length, max_new_tokens or length)
-        samples = []
-        for index in range(count):
-            out = ortgenai_peer.generate(
-                self.model,
-                prompt,
-                settings,
-                budget,
-                seed=sample_seed(seed, index),
-                eos_token_ids=self.eos_token_ids,
-                ngram_tokens=self.gamma or None,
-            )
-            samples.append(first_tokens(out["tokens"], length, self.eos_token_ids))
-            for proposed, kept in out["rounds"] or ():
-                self.proposed += proposed
-                self.kept += kept
-                self.rounds += 1
-            if progress is not None:
-                progress(1)
-        return samples
+    def _generate(self, prompt: Sequence[int], settings: SamplingSettings, budget: int, seed: int) -> dict:
+        return ortgenai_peer.generate(
+            self.model,
+            prompt,
+            settings,
+            budget,
+            seed=seed,
+            eos_token_ids=self.eos_token_ids,
+            ngram_tokens=self.gamma or None,
+        )
 
-    def details(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"implementation": self.model.describe(), "gamma": self.gamma, "batch_size": 1}
-        if self.gamma:
-            out["draft_model"] = (
-                f"NGramDecodingStrategy(ngram_size={ortgenai_peer.NGRAM_SIZE}, max_draft_tokens={self.gamma})"
-            )
-            out["acceptance_rate"] = self.kept / self.proposed if self.proposed else float("nan")
-            out["proposed_per_round"] = self.proposed / self.rounds if self.rounds else float("nan")
-        return out
+    def _implementation(self) -> str:
+        return self.model.describe()
+
+    def _drafts(self) -> str:
+        return f"NGramDecodingStrategy(ngram_size={ortgenai_peer.NGRAM_SIZE}, max_draft_tokens={self.gamma})"
 
 
 # --- building generators by name ----------------------------------------------------------------

@@ -381,31 +381,47 @@ def run_llamacpp(
         eos_token_ids=() if ignore_eos else pair.eos_token_ids,
     )
     wall = time.perf_counter() - started
-    rounds = out["rounds"]
-    lookup = None
-    if rounds is None:
-        passes = [(0, len(ids))] + [(0, 1)] * (len(out["tokens"]) - 1)
-    else:
-        passes = [(0, len(ids))] + [(0, 1 + proposed) for proposed, _ in rounds]
+    generator = None
+    if out["rounds"] is not None:
         recorder = llm.draft_model
-        lookup = AssistedRounds(
-            generator=f"LlamaPromptLookupDecoding(max_ngram_size={recorder.lookup.max_ngram_size}, "
-            f"num_pred_tokens={recorder.num_pred_tokens})",
-            candidate_lengths=tuple(proposed for proposed, _ in rounds),
-            accepted_per_round=tuple(kept for _, kept in rounds),
-            proposed_tokens=sum(proposed for proposed, _ in rounds),
-            accepted_tokens=sum(kept for _, kept in rounds),
+        generator = (
+            f"LlamaPromptLookupDecoding(max_ngram_size={recorder.lookup.max_ngram_size}, "
+            f"num_pred_tokens={recorder.num_pred_tokens})"
         )
-    return Measurement(
+    # all of llama.cpp's time is inside llama.cpp
+    passes, lookup = _peer_rounds(out, len(ids), generator)
+    return Measurement(**_peer_fields(out, started, wall, passes), llamacpp=lookup)
+
+
+def _peer_rounds(
+    out: dict, prompt_tokens: int, generator: str | None
+) -> tuple[tuple[tuple[int, int], ...], AssistedRounds | None]:
+    """A peer's passes (the prompt's, then one per token for plain decoding or one per round: its pending
+    token and proposal) and, for its speculative decoding, its rounds under `generator`'s name."""
+    rounds = out["rounds"]
+    if rounds is None:
+        return tuple([(0, prompt_tokens)] + [(0, 1)] * (len(out["tokens"]) - 1)), None
+    passes = tuple([(0, prompt_tokens)] + [(0, 1 + proposed) for proposed, _ in rounds])
+    return passes, AssistedRounds(
+        generator=generator or "",
+        candidate_lengths=tuple(proposed for proposed, _ in rounds),
+        accepted_per_round=tuple(kept for _, kept in rounds),
+        proposed_tokens=sum(proposed for proposed, _ in rounds),
+        accepted_tokens=sum(kept for _, kept in rounds),
+    )
+
+
+def _peer_fields(out: dict, started: float, wall: float, passes: tuple) -> dict[str, Any]:
+    """A peer generation's Measurement fields: all of its time is inside the peer (model_seconds = wall)."""
+    return dict(
         **field_values(steady_state(out["events"], started)),
         wall_seconds=wall,
         tokens=tuple(out["tokens"]),
         finish_reason=out["finish_reason"],
         target_forwards=(),
         draft_forwards=(),
-        model_seconds=wall,  # all of llama.cpp's time is inside llama.cpp
-        llamacpp=lookup,
-        round_passes=tuple(passes),
+        model_seconds=wall,
+        round_passes=passes,
     )
 
 
@@ -437,28 +453,9 @@ def run_ortgenai(
         ngram_tokens=ngram_tokens,
     )
     wall = time.perf_counter() - started
-    rounds = out["rounds"]
-    ngram = None
-    if rounds is None:
-        passes = [(0, len(ids))] + [(0, 1)] * (len(out["tokens"]) - 1)
-    else:
-        passes = [(0, len(ids))] + [(0, 1 + proposed) for proposed, _ in rounds]
-        ngram = AssistedRounds(
-            generator=f"onnxruntime-genai NGramDecodingStrategy(ngram_size={ortgenai_peer.NGRAM_SIZE}, "
-            f"max_draft_tokens={ngram_tokens})",
-            candidate_lengths=tuple(proposed for proposed, _ in rounds),
-            accepted_per_round=tuple(kept for _, kept in rounds),
-            proposed_tokens=sum(proposed for proposed, _ in rounds),
-            accepted_tokens=sum(kept for _, kept in rounds),
-        )
-    return Measurement(
-        **field_values(steady_state(out["events"], started)),
-        wall_seconds=wall,
-        tokens=tuple(out["tokens"]),
-        finish_reason=out["finish_reason"],
-        target_forwards=(),
-        draft_forwards=(),
-        model_seconds=wall,  # all of the generator's time is inside onnxruntime-genai
-        ortgenai=ngram,
-        round_passes=tuple(passes),
+    generator = (
+        f"onnxruntime-genai NGramDecodingStrategy(ngram_size={ortgenai_peer.NGRAM_SIZE}, "
+        f"max_draft_tokens={ngram_tokens})"
     )
+    passes, ngram = _peer_rounds(out, len(ids), generator)
+    return Measurement(**_peer_fields(out, started, wall, passes), ortgenai=ngram)
