@@ -14,7 +14,8 @@ serve: setup
 	.venv/bin/exactspec serve
 
 test: setup
-	.venv/bin/ruff check exactspec tests
+	.venv/bin/ruff check exactspec tests scripts
+	.venv/bin/ruff format --check exactspec tests scripts
 	.venv/bin/python -m pytest -q
 
 # Opt-in real-model tests on the default pair (slow: fetches and converts the models on first use).

@@ -1,7 +1,7 @@
 """Writes docs/cli.md: every `exactspec` command's --help, so the reference is what the code parses.
 
-    python scripts/cli_reference.py            # rewrite docs/cli.md
-    python scripts/cli_reference.py --check    # exit 1 if docs/cli.md is out of date (tests/test_docs.py)
+python scripts/cli_reference.py            # rewrite docs/cli.md
+python scripts/cli_reference.py --check    # exit 1 if docs/cli.md is out of date (tests/test_docs.py)
 """
 
 from __future__ import annotations

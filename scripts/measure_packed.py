@@ -108,9 +108,7 @@ def main() -> int:
         default="1,2,4",
         help="for the first int4 format: also time k-token blocks scored in pieces of this many rows",
     )
-    parser.add_argument(
-        "--out", default="docs/bench/packed-costs/report", help="writes OUT.json and OUT.md"
-    )
+    parser.add_argument("--out", default="docs/bench/packed-costs/report", help="writes OUT.json and OUT.md")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     formats = [w.strip() for w in args.weights.split(",") if w.strip()]

@@ -130,9 +130,7 @@ def read_input(path: str | Path) -> list[InputRecord]:
             )
         record_id = record.fields["id"]
         if isinstance(record_id, bool) or not isinstance(record_id, str | int) or record_id == "":
-            raise InvalidArgument(
-                f"{where}: id must be a non-empty string or an integer, got {record_id!r}"
-            )
+            raise InvalidArgument(f"{where}: id must be a non-empty string or an integer, got {record_id!r}")
         key = id_key(record_id)
         if key in seen:
             raise InvalidArgument(
@@ -190,8 +188,7 @@ def parquet_module(purpose: str) -> Any:
         import pyarrow.parquet as pq
     except ImportError:
         raise InvalidArgument(
-            f"pyarrow is needed to {purpose}; pip install pyarrow (the ray extra brings it), "
-            "or use JSONL"
+            f"pyarrow is needed to {purpose}; pip install pyarrow (the ray extra brings it), or use JSONL"
         ) from None
     return pq
 

@@ -44,6 +44,7 @@ class BenchPrompt:
     chat: bool = False
     quick: bool = False
 
+
 _MODULE_START = "# Some floating point constants"
 """The edited text is colorsys.py from this line on: its code, without the module docstring."""
 

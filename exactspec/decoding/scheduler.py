@@ -44,7 +44,6 @@ EndReason = FinishReason
 """Kept for callers that named the scheduler's finish reasons; the one type is `FinishReason`."""
 
 
-
 class QueueFull(Exception):
     """The waiting queue is full: the caller should retry later (HTTP 429)."""
 

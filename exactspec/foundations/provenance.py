@@ -139,7 +139,7 @@ KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_til
 
 
 def cpu_features() -> str:
-    """"family 25 model 17: avx2 fma avx512f avx512_vnni avx512_bf16": the CPU's family and model numbers
+    """ "family 25 model 17: avx2 fma avx512f avx512_vnni avx512_bf16": the CPU's family and model numbers
     and which of `KERNEL_FLAGS` it has (Linux /proc/cpuinfo; "" where it cannot be read). Two CPUs
     with one model name ("AMD EPYC") can differ here, and their speeds with them."""
     try:

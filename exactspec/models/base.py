@@ -157,9 +157,7 @@ def check_logits_inputs(histories: list[list[int]], k: int, row_ids: list[int], 
             raise ValueError(f"history {b} has {len(history)} tokens, cannot give {k} positions")
         low, high = min(history), max(history)
         if low < 0 or high >= vocab_size:
-            raise ValueError(
-                f"history {b} has token ids outside 0..{vocab_size - 1}: min {low}, max {high}"
-            )
+            raise ValueError(f"history {b} has token ids outside 0..{vocab_size - 1}: min {low}, max {high}")
 
 
 def common_prefix_length(cached: list[int], history: list[int]) -> int:

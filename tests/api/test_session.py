@@ -126,9 +126,11 @@ def test_a_pair_without_a_tokenizer_takes_token_ids_and_names_what_needs_one() -
     session = Session(bare, config, sampler=SeededSampler(7), raise_round_errors=True)
     ids = list(tiny_tokenizer()("def f(x):")["input_ids"])
     [choice] = session.generate([TextRequest(ids, settings=SAMPLE, max_tokens=6, seed=3)]).choices
-    [alike] = _session(strategy=Strategy(adaptive_gamma=False)).generate(
-        [TextRequest(ids, settings=SAMPLE, max_tokens=6, seed=3)]
-    ).choices
+    [alike] = (
+        _session(strategy=Strategy(adaptive_gamma=False))
+        .generate([TextRequest(ids, settings=SAMPLE, max_tokens=6, seed=3)])
+        .choices
+    )
     assert choice.tokens == alike.tokens and len(choice.tokens) == 6 and choice.text == ""
     messages = [{"role": "user", "content": "x"}]
     for request, param in [

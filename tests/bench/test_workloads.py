@@ -30,7 +30,7 @@ def test_each_edit_request_pastes_the_module_as_the_previous_edit_left_it() -> N
     assert _module_in(prompts[0].text) == colorsys_source()
     for k in range(1, len(prompts)):
         before, after = _module_in(prompts[k - 1].text), _module_in(prompts[k].text)
-        assert after == apply_edits(before, EDITS[k - 1:k]) and after != before  # every edit changes it
+        assert after == apply_edits(before, EDITS[k - 1 : k]) and after != before  # every edit changes it
         assert EDITS[k].instruction in prompts[k].text
 
 

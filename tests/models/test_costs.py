@@ -19,8 +19,6 @@ def test_measured_cost_model_is_normalised() -> None:
         costs.up_to(5)
 
 
-
-
 def test_batch_costs_are_measured_for_every_shape_up_to_the_largest_batch() -> None:
     from exactspec.models.costs import measure_batch_costs
 
