@@ -358,6 +358,7 @@ def tree_rounds(
 
 GRID_OWNERS = {
     "llamacpp": "checking/test_llamacpp_grid.py",
+    "onnx": "checking/test_onnx_grid.py",
     "adapter tree": "checking/test_adapter_grid.py",
     "adapter": "checking/test_adapter_grid.py",
     "tree": "verifiers/test_tree.py",
@@ -386,6 +387,8 @@ def grid_owner(case: ExactCase) -> str | None:
 
     if isinstance(case, LlamaCppCase):
         return "llamacpp"
+    if type(case).__name__ in ("OnnxCase", "OnnxTreeCase"):  # checking.tiny_onnx (the onnx extra)
+        return "onnx"
     if isinstance(case, AdapterTreeCase):
         return "adapter tree"
     if isinstance(case, AdapterCase):

@@ -435,7 +435,10 @@ def exact_grid() -> list[ExactCase]:
     llamacpp = llamacpp_cases() if llamacpp_available() else []  # `verify` prints LLAMACPP_SKIP_REASON
     extra = registered_drafter_cases()
     trees = tree_cases() + suffix_tree_cases()
-    return cases + round_two_grid() + extra + trees + scheduler_cases() + adapter_cases() + llamacpp
+    from exactspec.checking.tiny_onnx import onnx_available, onnx_cases
+
+    onnx = onnx_cases() if onnx_available() else []  # left out without the `onnx` extra
+    return cases + round_two_grid() + extra + trees + scheduler_cases() + adapter_cases() + llamacpp + onnx
 
 
 DRAFTERS_WITH_OWN_CASES = frozenset({"model", "ngram", "hybrid"})

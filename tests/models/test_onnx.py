@@ -108,7 +108,9 @@ def test_more_rows_than_max_rows_is_refused_until_one_leaves(model: OnnxModel) -
     assert model.logits([[1, 2]], 1, rows=[9]).shape == (1, 1, SPEC.vocab_size)
 
 
-def test_float64_logits_are_the_float32_values_widened(tiny_onnx: tuple[Path, Path], model: OnnxModel) -> None:
+def test_float64_logits_are_the_float32_values_widened(
+    tiny_onnx: tuple[Path, Path], model: OnnxModel
+) -> None:
     wide = OnnxModel(tiny_onnx[0], eos_token_ids={0}, threads=1, dtype=torch.float64)
     history = [3, 1, 4, 1]
     assert wide.logits([history], 2).dtype == torch.float64
