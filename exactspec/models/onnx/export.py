@@ -274,6 +274,7 @@ def _run_builder(arguments: list[str], say: Progress) -> None:
     assert process.stdout is not None
     tail: list[str] = []
     pending = b""
+    saving = ""  # the layer being written, as the builder's progress bar names it
     while chunk := process.stdout.read1(4096):  # type: ignore[attr-defined]
         pending += chunk
         *lines, pending = re.split(rb"[\r\n]", pending)
@@ -282,7 +283,13 @@ def _run_builder(arguments: list[str], say: Progress) -> None:
             if not line:
                 continue
             tail = (tail + [line])[-15:]
-            if line.startswith(("Reading", "Saving ONNX", "Saving GenAI", "Quantizing")):
+            layer = re.match(
+                r"Saving model\.layers\.(\d+)\.", line
+            )  # tqdm's bar while it quantizes and writes
+            if layer and layer.group(1) != saving:
+                saving = layer.group(1)
+                say(f"quantizing and writing layer {saving}")
+            elif line.startswith(("Reading", "Saving ONNX", "Saving GenAI")):
                 say(line)
     if process.wait() != 0:
         raise ExportError(

@@ -162,6 +162,7 @@ class OnnxModel:
         self._rows = RowSlots(max_rows)
         self._keys: list[np.ndarray] = []  # per layer [slots, kv_heads, capacity, head_size] float32
         self._values: list[np.ndarray] = []
+        self._scratch: np.ndarray | None = None  # [1, PREFILL_CHUNK, Vm]: prefill passes' logits, dropped
         self._reserve(1, min(MIN_CAPACITY, self._context))
 
     # ------------------------------------------------------------------ protocol
@@ -254,17 +255,25 @@ class OnnxModel:
         for row, history in zip(row_ids, histories, strict=True):
             self._prefill(row, history, len(history) - k)
         out = torch.empty(len(row_ids), k, self._vocab_size, dtype=self._dtype)  # [B, k, V]
+        # ONNX Runtime writes the logits straight into `out` when it is what the session returns (float32,
+        # every column, rows in slot order); otherwise they are copied in.
+        direct = self._dtype == torch.float32 and self._vocab_size == self._n_vocab
         if k == 1:
             self._gather(row_ids)
             order = sorted(range(len(row_ids)), key=lambda b: self._rows.slot_of[row_ids[b]])
             first = self._rows.slot_of[row_ids[order[0]]]
             ids = [[histories[b][-1]] for b in order]
-            logits = self._pass(first, ids, [len(histories[b]) for b in order])  # [B, 1, Vm]
-            out[order] = torch.from_numpy(logits[:, :, : self._vocab_size]).to(self._dtype)
+            in_order = direct and order == list(range(len(order)))
+            target = out.numpy() if in_order else None
+            logits = self._pass(first, ids, [len(histories[b]) for b in order], target)  # [B, 1, Vm]
+            if not in_order:
+                out[order] = torch.from_numpy(logits[:, :, : self._vocab_size]).to(self._dtype)
         else:
             for b, (row, history) in enumerate(zip(row_ids, histories, strict=True)):
-                logits = self._pass(self._rows.slot_of[row], [history[-k:]], [len(history)])  # [1, k, Vm]
-                out[b] = torch.from_numpy(logits[0, :, : self._vocab_size]).to(self._dtype)
+                target = out.numpy()[b : b + 1] if direct else None  # [1, k, Vm], contiguous
+                logits = self._pass(self._rows.slot_of[row], [history[-k:]], [len(history)], target)
+                if not direct:
+                    out[b] = torch.from_numpy(logits[0, :, : self._vocab_size]).to(self._dtype)
         for row, history in zip(row_ids, histories, strict=True):
             self._rows.tokens[row] = history
         return out
@@ -274,9 +283,14 @@ class OnnxModel:
         chunks); `end` = len(history) - k, so the call's own pass feeds the last k tokens."""
         slot = self._rows.slot_of[row]
         keep = keep_length(self._rows.tokens[row], history, len(history) - end)
+        if keep < end and self._scratch is None:
+            self._scratch = np.empty((1, PREFILL_CHUNK, self._n_vocab), dtype=np.float32)
         for start in range(keep, end, PREFILL_CHUNK):
             stop = min(start + PREFILL_CHUNK, end)
-            self._pass(slot, [history[start:stop]], [stop])
+            assert self._scratch is not None
+            self._pass(
+                slot, [history[start:stop]], [stop], self._scratch[:, : stop - start]
+            )  # logits dropped
         self._rows.tokens[row] = history[:end]
 
     def _gather(self, row_ids: list[int]) -> None:
@@ -320,9 +334,12 @@ class OnnxModel:
         self._keys = [grown(self._keys[i] if self._keys else None) for i in range(self._layers)]
         self._values = [grown(self._values[i] if self._values else None) for i in range(self._layers)]
 
-    def _pass(self, first_slot: int, ids: list[list[int]], lengths: list[int]) -> np.ndarray:
+    def _pass(
+        self, first_slot: int, ids: list[list[int]], lengths: list[int], out: np.ndarray | None = None
+    ) -> np.ndarray:
         """One session run over slots first_slot .. first_slot + B - 1: ids [B, S] new tokens, lengths [B]
-        each row's total length after them; returns the logits [B, S, Vm] float32."""
+        each row's total length after them; returns the logits [B, S, Vm] float32, written into `out`
+        when given (a C-contiguous float32 array of that shape)."""
         batch, width = len(ids), len(ids[0])
         total = max(lengths)
         mask = np.zeros((batch, total), dtype=np.int64)  # [B, W]: only each row's sum is read (seqlens_k)
@@ -342,7 +359,10 @@ class OnnxModel:
                 binding.bind_output(
                     self._names[f"present.{layer}.{kind}"], "cpu", 0, np.float32, shape, pointer
                 )
-        logits = np.empty((batch, width, self._n_vocab), dtype=np.float32)  # [B, S, Vm]
+        logits = (
+            np.empty((batch, width, self._n_vocab), dtype=np.float32) if out is None else out
+        )  # [B, S, Vm]
+        assert logits.shape == (batch, width, self._n_vocab) and logits.flags.c_contiguous
         binding.bind_output(
             self._names["logits"], "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data
         )
