@@ -12,9 +12,9 @@ spreads over all of them:
   adapter rolls the last k back and feeds them again), k = 1..8; v(k) = t(k) / t(1);
 - 16 rows x 1 token: one call over 16 rows of `--rows-context` tokens each, in steps of t(1).
 
-`--quality`: teacher-forced over the bench's quick coding and grounded prompts plus 300 greedy
-tokens, each ONNX export against llama.cpp's logits on the GGUF (the file exactspec calls the
-built-in target): argmax agreement, total variation at T = 1, mean NLL of the tokens.
+`--quality`: teacher-forced over the text of the bench's quick coding and grounded prompts (300
+positions), each ONNX export against llama.cpp's logits on the GGUF (the file exactspec calls the
+built-in target): argmax agreement, total variation at T = 1, mean NLL of the next token.
 
 Writes results.json and table.md to docs/bench/onnx-costs/ (or --out).
 """
@@ -106,7 +106,9 @@ def table(times: dict[str, dict[str, list[float]]], max_k: int) -> str:
 
 
 def quality(models: dict[str, LanguageModel], tokens: int) -> dict[str, Any]:
-    """Teacher-forced agreement of each ONNX model with llama.cpp over prompts + greedy continuations."""
+    """Teacher-forced agreement of each ONNX model with llama.cpp on the GGUF, over the text of the bench's
+    quick coding and grounded prompts (real code and prose, not a model's own output), `tokens` scored
+    positions at most: argmax agreement, total variation at T = 1, mean NLL of the next token."""
     from exactspec.bench.prompts import select_prompts
     from exactspec.models.loading import load_tokenizer
 
@@ -114,44 +116,47 @@ def quality(models: dict[str, LanguageModel], tokens: int) -> dict[str, Any]:
     if reference is None:
         return {}
     tokenizer = load_tokenizer("default-target")
-    texts = [p.text for p in select_prompts("all+grounded", quick=True)]
-    sequences = []
-    per_prompt = max(1, tokens // len(texts))
-    for text in texts:  # greedy continuations by llama.cpp: the text every model is scored on
-        ids = tokenizer(text)["input_ids"]
-        for _ in range(per_prompt):
-            ids.append(int(reference.logits([ids], 1, rows=[99])[0, -1].argmax()))
-        sequences.append((ids, len(tokenizer(text)["input_ids"])))
-    reference.release_rows([99])  # type: ignore[attr-defined]
+    sequences, budget = [], tokens
+    for prompt in select_prompts("all+grounded", quick=True):
+        ids = tokenizer(prompt.text)["input_ids"][: budget + 1]
+        if len(ids) > 1 and budget > 0:
+            sequences.append(ids)
+            budget -= len(ids) - 1
     out: dict[str, Any] = {}
+    reference_logprobs = [_logprobs(reference, ids) for ids in sequences]  # [n - 1, V] each
     for name, model in models.items():
         if name == "llama.cpp Q4_K_M" or "no spin" in name:
             continue
         agree = positions = 0
         tvs: list[float] = []
-        nll = {name: 0.0, "llama.cpp Q4_K_M": 0.0}
-        for ids, start in sequences:
-            k = len(ids) - start
-            p = torch.log_softmax(model.logits([ids], k, rows=[98])[0].double(), -1)  # [k, V]
-            q = torch.log_softmax(reference.logits([ids], k, rows=[98])[0].double(), -1)
-            model.release_rows([98])  # type: ignore[attr-defined]
-            reference.release_rows([98])  # type: ignore[attr-defined]
-            following = torch.tensor(ids[start + 1 :] + [ids[-1]])[: k - 1]
-            agree += int((p[:-1].argmax(-1) == q[:-1].argmax(-1)).sum())
-            positions += k - 1
+        nll = nll_gguf = 0.0
+        for ids, q in zip(sequences, reference_logprobs, strict=True):
+            p = _logprobs(model, ids)
+            following = torch.tensor(ids[1:])  # the token each position predicts
+            agree += int((p.argmax(-1) == q.argmax(-1)).sum())
+            positions += len(following)
             tvs += (0.5 * (p.exp() - q.exp()).abs().sum(-1)).tolist()
-            nll[name] -= float(p[torch.arange(k - 1), following].sum())
-            nll["llama.cpp Q4_K_M"] -= float(q[torch.arange(k - 1), following].sum())
+            nll -= float(p[torch.arange(len(following)), following].sum())
+            nll_gguf -= float(q[torch.arange(len(following)), following].sum())
         tvs.sort()
         out[name] = {
             "positions": positions,
             "argmax_agreement": agree / positions,
             "tv_median": tvs[len(tvs) // 2],
             "tv_p99": tvs[int(0.99 * (len(tvs) - 1))],
-            "nll_mean": nll[name] / positions,
-            "nll_mean_gguf": nll["llama.cpp Q4_K_M"] / positions,
+            "tv_max": tvs[-1],
+            "nll_mean": nll / positions,
+            "nll_mean_gguf": nll_gguf / positions,
         }
     return out
+
+
+def _logprobs(model: LanguageModel, ids: list[int]) -> torch.Tensor:
+    """[n - 1, V] float64 log-probabilities after each prefix of `ids`, in one pass on a fresh cache."""
+    model.clear_cache()  # type: ignore[attr-defined]
+    logits = model.logits([ids], len(ids) - 1)[0]
+    model.clear_cache()  # type: ignore[attr-defined]
+    return torch.log_softmax(logits.double(), -1)
 
 
 def main() -> None:
@@ -185,12 +190,13 @@ def main() -> None:
         "repeats": args.repeats,
         "times": times,
     }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "table.md").write_text(text + "\n")
+    (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     if args.quality:
         results["quality"] = quality(models, args.quality_tokens)
         print(json.dumps(results["quality"], indent=2))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (args.out / "table.md").write_text(text + "\n")
+        (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":
