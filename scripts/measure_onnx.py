@@ -152,9 +152,10 @@ def quality(models: dict[str, LanguageModel], tokens: int) -> dict[str, Any]:
 
 
 def _logprobs(model: LanguageModel, ids: list[int]) -> torch.Tensor:
-    """[n - 1, V] float64 log-probabilities after each prefix of `ids`, in one pass on a fresh cache."""
+    """[n - 1, V] float64 log-probabilities after each prefix ids[:1] .. ids[:n - 1] (row j predicts
+    ids[j + 1]), in one pass on a fresh cache."""
     model.clear_cache()  # type: ignore[attr-defined]
-    logits = model.logits([ids], len(ids) - 1)[0]
+    logits = model.logits([ids], len(ids))[0, :-1]  # [n - 1, V]: the last position predicts nothing here
     model.clear_cache()  # type: ignore[attr-defined]
     return torch.log_softmax(logits.double(), -1)
 
@@ -171,12 +172,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--quality", action="store_true", help="also the teacher-forced quality check")
     parser.add_argument("--quality-tokens", type=int, default=300)
+    parser.add_argument("--quality-only", action="store_true", help="print the quality check alone")
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     provenance = Provenance.collect()
     load_before = os.getloadavg()
     models = candidates([int(b) for b in args.blocks.split(",")], args.threads, args.cache_dir)
+    if args.quality_only:
+        print(json.dumps(quality(models, args.quality_tokens), indent=2))
+        return
     times = measure(models, args.context, args.rows_context, args.max_k, args.repeats)
     text = table(times, args.max_k)
     print(text)

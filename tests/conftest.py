@@ -383,11 +383,11 @@ def grid_owner(case: ExactCase) -> str | None:
     `exactspec verify --quick` runs (`ExactCase.quick`), which tests/cli/test_cli.py used to run
     through the command line.
     """
-    from exactspec.checking.grid import AdapterCase, AdapterTreeCase, LlamaCppCase, TreeCase
+    from exactspec.checking.grid import AdapterCase, AdapterTreeCase, LlamaCppCase, OnnxCase, TreeCase
 
     if isinstance(case, LlamaCppCase):
         return "llamacpp"
-    if type(case).__name__ in ("OnnxCase", "OnnxTreeCase"):  # checking.tiny_onnx (the onnx extra)
+    if isinstance(case, OnnxCase):
         return "onnx"
     if isinstance(case, AdapterTreeCase):
         return "adapter tree"

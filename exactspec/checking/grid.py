@@ -21,7 +21,7 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -287,6 +287,47 @@ class LlamaCppTreeCase(LlamaCppCase, TreeCase):
     `TreeCase`'s (neither adapter case defines one)."""
 
 
+@dataclass(frozen=True)
+class OnnxCase(AdapterCase):
+    """An exact-grid cell whose models are `OnnxModel`s over tiny float32 ONNX exports (`tiny_onnx`) of the
+    tiny HF Qwen2 pair of the same spec (hidden size 64); the reference is the float64 module's no-cache
+    full forwards, and p is float32, so the case passes to `tiny_onnx.ONNX_TOLERANCE` (1e-5)."""
+
+    tolerance: float = LLAMACPP_TOLERANCE  # the same float32 bound: tiny_onnx.ONNX_TOLERANCE
+
+    def spec(self) -> TinyHFSpec:
+        from exactspec.checking.tiny_onnx import onnx_spec
+
+        return onnx_spec(super().spec())
+
+    def models(self) -> tuple[LanguageModel, LanguageModel]:  # type: ignore[override]
+        from exactspec.checking.tiny_onnx import tiny_onnx_pair
+        from exactspec.models.onnx.model import OnnxModel
+
+        target, draft = tiny_onnx_pair(self.spec())
+        options = {"eos_token_ids": {self.eos_token_id}, "threads": 1, "max_rows": 4, "dtype": torch.float64}
+        return OnnxModel(target, **options), OnnxModel(draft, **options)  # type: ignore[arg-type]
+
+    reference = LlamaCppCase.reference  # no-cache forwards of the float64 module of the same spec
+
+
+@dataclass(frozen=True)
+class OnnxTreeCase(OnnxCase, TreeCase):
+    """A tree case whose target is `OnnxModel` (scored path by path: the adapter has no tree pass)."""
+
+
+def onnx_cases() -> list[OnnxCase]:
+    """The llama.cpp cells (`llamacpp_cases`: batches of 2 rows, rollbacks, a row leaving, block and lookup
+    verification, trees) run through ONNX Runtime on tiny float32 Qwen2 exports."""
+    cases = []
+    for case in llamacpp_cases():
+        kind = OnnxTreeCase if isinstance(case, TreeCase) else OnnxCase
+        own = ("family", "tolerance")  # Qwen2 (the builder's exporter), float32's bound
+        values = {f.name: getattr(case, f.name) for f in fields(case) if f.name not in own}
+        cases.append(kind(**{**values, "name": case.name.replace("llama.cpp float32", "onnx float32")}))
+    return cases
+
+
 def tiny_gguf_folder() -> Path:
     """Where the grid writes its tiny GGUF files (the same spec always gives the same file)."""
     return Path(tempfile.gettempdir()) / "exactspec-tiny-gguf"
@@ -435,7 +476,7 @@ def exact_grid() -> list[ExactCase]:
     llamacpp = llamacpp_cases() if llamacpp_available() else []  # `verify` prints LLAMACPP_SKIP_REASON
     extra = registered_drafter_cases()
     trees = tree_cases() + suffix_tree_cases()
-    from exactspec.checking.tiny_onnx import onnx_available, onnx_cases
+    from exactspec.checking.tiny_onnx import onnx_available
 
     onnx = onnx_cases() if onnx_available() else []  # left out without the `onnx` extra
     return cases + round_two_grid() + extra + trees + scheduler_cases() + adapter_cases() + llamacpp + onnx

@@ -11,8 +11,8 @@ pytest.importorskip("transformers")
 from conftest import grid_cases  # noqa: E402
 
 from exactspec.checking import grid  # noqa: E402
-from exactspec.checking.grid import run_exact_case  # noqa: E402
-from exactspec.checking.tiny_onnx import ONNX_TOLERANCE, OnnxCase, onnx_cases  # noqa: E402
+from exactspec.checking.grid import OnnxCase, onnx_cases, run_exact_case  # noqa: E402
+from exactspec.checking.tiny_onnx import ONNX_TOLERANCE  # noqa: E402
 from exactspec.models.onnx.model import OnnxModel  # noqa: E402
 
 CASES = grid_cases("onnx")
@@ -39,8 +39,10 @@ def test_new_tokens_one_position_late_are_caught(monkeypatch: pytest.MonkeyPatch
     attend to a cell that holds nothing of theirs (a wrong position or a stale cell)."""
     original = OnnxModel._pass
 
-    def one_late(self: OnnxModel, first_slot: int, ids: list[list[int]], lengths: list[int]) -> object:
-        return original(self, first_slot, ids, [n + 1 for n in lengths])
+    def one_late(
+        self: OnnxModel, first_slot: int, ids: list[list[int]], lengths: list[int], *out: object
+    ) -> object:
+        return original(self, first_slot, ids, [n + 1 for n in lengths], *out)  # type: ignore[arg-type]
 
     monkeypatch.setattr(OnnxModel, "_pass", one_late)
     case = next(c for c in CASES if "ngram" in c.name)  # T = 1, no truncation: p's every digit counts
