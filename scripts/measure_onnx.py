@@ -89,7 +89,7 @@ def measure(
 def table(times: dict[str, dict[str, list[float]]], max_k: int) -> str:
     head = "| backend | step (ms) | " + " | ".join(f"v({k})" for k in range(2, max_k + 1))
     head += f" | {ROWS} rows x 1 (steps) |"
-    lines = [head, "|---" * (max_k + 2) + "|---:|"]
+    lines = [head, "|---|" + "---:|" * (max_k + 1)]
     llama = times.get("llama.cpp Q4_K_M")
     for name, cells in times.items():
         step = min(cells["k1"])
