@@ -33,6 +33,27 @@ def test_auto_leaves_onnx_out_until_the_models_are_exported(tmp_path: Path) -> N
     assert "neither" in (backend("onnx").accepts(LoadSpec("some/hub-id", None)) or "")
 
 
+def test_describe_says_what_the_export_recipe_was(tmp_path: Path) -> None:
+    """The bench's model record of an ONNX model comes from its export's provenance (int4, block size,
+    accuracy level), not from a guess by class."""
+    from types import SimpleNamespace
+
+    from exactspec.models.onnx.export import PROVENANCE_FILE
+
+    recipe = {
+        "precision": "int4",
+        "block_size": 32,
+        "accuracy_level": 4,
+        "algo": "k_quant",
+        "mixed_precision": "",
+    }
+    (tmp_path / PROVENANCE_FILE).write_text(json.dumps({"recipe": recipe}))
+    model = SimpleNamespace(folder=tmp_path, vocab_size=7, layers=2, hidden_size=64)
+    facts = backend("onnx").describe(model)  # type: ignore[arg-type]
+    assert facts.weights == "int4 ONNX (MatMulNBits, block 32, accuracy level 4, algo k_quant)"
+    assert (facts.dtype, facts.vocab_size, facts.layers, facts.hidden_size) == ("float32", 7, 2, 64)
+
+
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxruntime_genai")
 
@@ -93,3 +114,17 @@ def test_auto_measures_onnx_once_it_is_exported(folders: tuple[str, str, str]) -
     if not list((Path(cache) / "onnx-exported-v1").glob("*")):
         pytest.skip("runs after the generate test exported the tiny pair")
     assert backend("onnx").accepts(LoadSpec(target, draft, cache_dir=cache)) is None
+
+
+def test_the_audit_tiny_pair_is_run_by_onnx_runtime_with_its_reference() -> None:
+    """`audit --tiny --backend onnx` reaches the registration's pair: two ONNX Runtime sessions over float32
+    exports of the tiny modules (head size 16), and a reference session that scores as the target does."""
+    from exactspec.audit.tiny import tiny_audit_pair
+    from exactspec.models.onnx.model import OnnxModel
+
+    tiny = tiny_audit_pair("onnx")
+    target, reference = tiny.pair.target, tiny.reference
+    assert tiny.pair.backend == "onnx" and isinstance(target, OnnxModel) and isinstance(reference, OnnxModel)
+    assert target.hidden_size == 64 and reference.folder == target.folder
+    history = [[5, 7, 11, 3]]
+    assert (target.logits(history, 2) == reference.logits(history, 2)).all()
