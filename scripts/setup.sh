@@ -11,7 +11,7 @@ stamp=.venv/.exactspec-setup
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$0" -nt "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
   .venv/bin/python -m pip install --quiet "torch==2.13.0"
-  .venv/bin/python -m pip install --quiet -e ".[hf,dev,serve,ray]"
+  .venv/bin/python -m pip install --quiet -e ".[hf,dev,serve,ray,onnx]"
   # llama.cpp backend (exactspec.models.llamacpp), built from source once (12 to 40 minutes on 2 cores;
   # pip caches the wheel). A native build (-march=native) segfaults on its first decode on some of our
   # CPUs, and an AVX-512 build dies of SIGILL on a CPU without avx512f: the flags follow /proc/cpuinfo.

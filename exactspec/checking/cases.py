@@ -204,14 +204,20 @@ class BackendCase(ExactCase):
         return cls(cell.name, **fields)  # type: ignore[arg-type]
 
     def spec(self) -> TinyHFSpec:
+        """The tiny pair's spec: the cell's fields, then the backend's (`TinyModels.grid_spec`)."""
         from exactspec.checking.tiny_hf import TinyHFSpec
 
+        tiny = backend(self.backend).tiny
+        assert tiny is not None
         return TinyHFSpec(
-            family=self.family,
-            vocab_size=self.vocab_size,
-            eos_token_id=self.eos_token_id,
-            draft_logit_scale=self.draft_logit_scale,
-            seed=self.seed,
+            **{
+                "family": self.family,
+                "vocab_size": self.vocab_size,
+                "eos_token_id": self.eos_token_id,
+                "draft_logit_scale": self.draft_logit_scale,
+                "seed": self.seed,
+                **dict(tiny.grid_spec),
+            }
         )
 
     def option(self, name: str, default: object = None) -> object:

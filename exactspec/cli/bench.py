@@ -293,8 +293,10 @@ def _load_ortgenai(args: argparse.Namespace, pair: ModelPair, say: Callable[[str
     from exactspec.peers import ortgenai
 
     folder = getattr(args, "ortgenai", None)
-    on_onnx = pair.backend == "onnx" and not getattr(args, "no_ortgenai", False)
-    if folder is None and not on_onnx:
+    # A target loaded from a folder (the onnx backend's export) may be one the peer can run: asked of the
+    # model, not of the backend's name.
+    on_export = getattr(pair.target, "folder", None) is not None and not getattr(args, "no_ortgenai", False)
+    if folder is None and not on_export:
         return None
     if not ortgenai.available():
         say(f"onnxruntime-genai column skipped: onnxruntime-genai is not installed ({ortgenai.INSTALL_HINT})")

@@ -213,6 +213,8 @@ class TinyModels:
         pair: (target module, draft module, EOS id) -> its `TinyPair` over those float32 weights.
         audit_spec: `checking.tiny_hf.TinyHFSpec` fields its `audit --tiny` models change from the
             audit's own (`audit.tiny.TinyPairSpec`), e.g. another family or vocabulary.
+        grid_spec: `checking.tiny_hf.TinyHFSpec` fields its grid models change from a cell's own (e.g.
+            a hidden size its attention kernel needs); the reference is built from the same spec.
     """
 
     family: str
@@ -221,6 +223,7 @@ class TinyModels:
     tolerance: float
     pair: Callable[[Module, Module, int], TinyPair]
     audit_spec: tuple[tuple[str, Any], ...] = ()
+    grid_spec: tuple[tuple[str, Any], ...] = ()
 
 
 def _runs_here() -> str | None:

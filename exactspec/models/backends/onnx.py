@@ -1,0 +1,288 @@
+"""The "onnx" backend: the pair exported once to int4 ONNX and run by ONNX Runtime on the CPU.
+
+A GGUF file (the built-in pair) or a Hugging Face model folder is exported by onnxruntime-genai's
+model builder (`exactspec.models.onnx.export`: MatMulNBits int4 weights, int8 compute, cached with its
+provenance) and run by `exactspec.models.onnx.model.OnnxModel`. With int4 ONNX weights the ONNX model
+is the target: its weights are a re-quantization of the GGUF's dequantized ones, not the GGUF's own.
+The tokenizer (and chat template) is the one exactspec loads for the spec on the "hf" backend.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from exactspec.foundations.errors import InvalidArgument
+from exactspec.foundations.settings import SamplingSettings
+from exactspec.models.backends.registry import (
+    Backend,
+    GridCell,
+    LoadSpec,
+    ModelFacts,
+    TinyModels,
+    TinyPair,
+    register,
+)
+from exactspec.models.base import LanguageModel
+from exactspec.models.pair import ModelPair
+from exactspec.models.tokenizers import check_tokenizers_compatible, end_of_generation_ids
+
+NAME = "onnx"
+
+
+def _progress(spec: LoadSpec) -> Any:
+    """Export progress goes to the load's report (the library never prints) when it shows progress."""
+    if not spec.progress or spec.report is None:
+        return None
+    return spec.report
+
+
+def load(spec: LoadSpec, recipe: Any = None, **options: Any) -> ModelPair:
+    """The pair exported to ONNX by `recipe` (default `export.DEFAULT_RECIPE`: int4) and run by ONNX
+    Runtime; `options`: `OnnxModel` keyword arguments (max_rows, spinning, dtype; `spec.threads`
+    sets threads)."""
+    from exactspec.models.loading import gguf_path, load_tokenizer
+    from exactspec.models.onnx.export import DEFAULT_RECIPE, exported_model
+    from exactspec.models.onnx.model import OnnxModel
+
+    recipe = DEFAULT_RECIPE if recipe is None else recipe
+    if spec.threads is not None:
+        options = {"threads": spec.threads, **options}
+
+    def open_model(role: str, name: Any, eos: Any) -> tuple[OnnxModel, Any]:
+        tokenizer = load_tokenizer(name, cache_dir=spec.cache_dir, progress=spec.progress)
+        source = gguf_path(name, spec.cache_dir, progress=spec.progress) or name
+        folder = exported_model(source, recipe, cache_dir=spec.cache_dir, progress=_progress(spec))
+        eos = end_of_generation_ids(tokenizer) if eos is None else eos
+        try:
+            model = OnnxModel(folder, eos_token_ids=eos, **options)
+        except ValueError as error:
+            raise InvalidArgument(f"the {role} model does not fit: {error}") from error
+        if len(tokenizer) > model.vocab_size:
+            raise InvalidArgument(
+                f"the {role} tokenizer has {len(tokenizer)} tokens, the ONNX model only {model.vocab_size}"
+            )
+        return model, tokenizer
+
+    target, tokenizer = open_model("target", spec.target, None)
+    draft = None
+    if spec.draft is not None:
+        draft, draft_tokenizer = open_model("draft", spec.draft, target.eos_token_ids)
+        check_tokenizers_compatible(tokenizer, draft_tokenizer)
+        if draft.vocab_size > target.vocab_size:
+            raise InvalidArgument("the draft vocabulary must be a prefix of the target's")
+    pair = ModelPair(None, target, None, draft, tokenizer, weights=recipe.name, backend=NAME)
+    pair.source = {
+        "backend": NAME,
+        "target": str(spec.target),
+        "draft": str(spec.draft),
+        "recipe": recipe.name,
+        **{key: str(value) for key, value in options.items()},
+    }
+    return pair
+
+
+def reference(pair: ModelPair) -> LanguageModel:
+    """A second session over the target's exported folder, with its own KV buffers."""
+    from exactspec.models.onnx.model import OnnxModel
+
+    target = pair.target
+    assert isinstance(target, OnnxModel)
+    return OnnxModel(target.folder, eos_token_ids=pair.eos_token_ids, threads=target.threads)
+
+
+def unavailable() -> str | None:
+    """None when onnxruntime (which runs the models) and onnxruntime-genai (whose builder exports them)
+    import, else which is missing and how to install it."""
+    import importlib.util
+
+    from exactspec.models.onnx.model import INSTALL_HINT
+
+    missing = [
+        name for name in ("onnxruntime", "onnxruntime_genai") if importlib.util.find_spec(name) is None
+    ]
+    return f"{' and '.join(missing)} not installed: {INSTALL_HINT}" if missing else None
+
+
+def accepts(spec: LoadSpec) -> str | None:
+    """None when every model of the spec is already exported (so `--backend auto` measures it without a
+    minute's export on a first run), else why not."""
+    from exactspec.artefacts.cache import cache_root
+    from exactspec.models.loading import DEFAULT_SPECS, names_gguf
+    from exactspec.models.onnx.export import cached_export
+
+    named = [spec.target] + ([spec.draft] if spec.draft is not None else [])
+    for name in named:
+        text = str(name)
+        if text in DEFAULT_SPECS:
+            source = cache_root(spec.cache_dir) / DEFAULT_SPECS[text].file_name
+        elif names_gguf(name) or Path(text).is_dir():
+            source = Path(text)
+        else:
+            return f"it exports GGUF files and model folders, and {text} is neither"
+        if cached_export(source, cache_dir=spec.cache_dir) is None:
+            return f"{text} is not exported to ONNX yet (one run with --backend onnx exports it)"
+    return None
+
+
+def describe(model: LanguageModel) -> ModelFacts:
+    """What the export's provenance says of it: int4 ONNX (MatMulNBits, its block size and accuracy
+    level: 4 = int8 compute) or float32 ONNX; activations are float32."""
+    record: dict[str, Any] = {}
+    folder = getattr(model, "folder", None)
+    if folder is not None:
+        from exactspec.models.onnx.export import PROVENANCE_FILE
+
+        try:
+            record = json.loads((Path(folder) / PROVENANCE_FILE).read_text()).get("recipe", {})
+        except (OSError, ValueError):
+            record = {}
+    precision = record.get("precision", "unknown")
+    weights = f"{precision} ONNX"
+    if precision == "int4":
+        weights += (
+            f" (MatMulNBits, block {record.get('block_size')}, accuracy level {record.get('accuracy_level')}"
+        )
+        weights += "".join(
+            f", {key} {record[key]}"
+            for key in ("algo", "mixed_precision")
+            if record.get(key) not in (None, "", "default")
+        )
+        weights += ")"
+    return ModelFacts(
+        class_name=type(model).__name__,
+        parameters=int(getattr(model, "parameters", 0) or 0),
+        dtype="float32",
+        weights=weights,
+        vocab_size=model.vocab_size,
+        layers=getattr(model, "layers", None),
+        hidden_size=getattr(model, "hidden_size", None),
+    )
+
+
+# ---------------------------------------------------------------- tiny models (verify, audit --tiny, tests)
+
+
+def tiny_adapters(target: Any, draft: Any, eos: int, options: Mapping[str, Any]) -> tuple[Any, Any]:
+    """The grid's adapters: the tiny float64 modules exported to float32 ONNX (`models.onnx.tiny`), run on
+    one thread, float64 logits (ONNX Runtime's float32 values widened exactly, for the float64
+    enumeration)."""
+    from exactspec.models.onnx.model import OnnxModel
+    from exactspec.models.onnx.tiny import exported_module
+
+    settings = {"eos_token_ids": {eos}, "threads": 1, "max_rows": 4, "dtype": torch.float64, **options}
+    return OnnxModel(exported_module(target, eos), **settings), OnnxModel(
+        exported_module(draft, eos), **settings
+    )
+
+
+def tiny_pair(target: Any, draft: Any, eos: int) -> TinyPair:
+    """The tiny modules exported to float32 ONNX and loaded as `load` loads a pair (one thread, no
+    spinning), without a tokenizer (prompts are token ids); the reference is a second session over the
+    target's export."""
+    from exactspec.models.onnx.model import OnnxModel
+    from exactspec.models.onnx.tiny import exported_module
+
+    options = {"eos_token_ids": {eos}, "threads": 1, "spinning": False}
+    target_folder = exported_module(target, eos)
+    pair = ModelPair(
+        None,
+        OnnxModel(target_folder, **options),
+        None,
+        OnnxModel(exported_module(draft, eos), **options),
+        None,
+        weights="fp32",
+        backend=NAME,
+    )
+    return TinyPair(
+        pair, "tiny random Qwen2 models (float32 ONNX, ONNX Runtime)", OnnxModel(target_folder, **options)
+    )
+
+
+def grid_cells() -> list[GridCell]:
+    """The grid cells that run through ONNX Runtime, on tiny float32 Qwen2 exports.
+
+    Batches of 2 rows with prompts of different lengths: rejections roll a slot back while the other row
+    keeps its cells, a finished row leaves (its slot is reused or swapped), token and block verification
+    and the n-gram drafter; then trees (scored path by path: the adapter has no tree pass).
+    """
+    all_transforms = SamplingSettings(
+        temperature=0.8, top_k=3, top_p=0.95, min_p=0.4, repetition_penalty=1.3, logit_bias={1: 0.5}
+    )
+    narrow, greedy = SamplingSettings(min_p=0.5), SamplingSettings(temperature=0.0)
+    # (name, V, gamma, n, settings, prompts, draft_logit_scale, drafter, verifier)
+    chains = [
+        ("gamma=1", 3, 1, 2, SamplingSettings(), ((1,), (2, 1, 1)), 1.0, "model", "token"),
+        ("gamma=3", 4, 3, 3, narrow, ((1,), (2, 1, 1)), 1.0, "model", "token"),
+        ("gamma=2, all transforms", 4, 2, 3, all_transforms, ((2, 3), (1,)), 1.0, "model", "token"),
+        ("T=0, gamma=5", 4, 5, 6, greedy, ((1,), (3, 2, 1)), 1.0, "model", "token"),
+        ("gamma=2, n=4, rollbacks", 4, 2, 4, narrow, ((1,), (2, 1)), 2.0, "model", "token"),
+        ("block, gamma=3", 4, 3, 3, narrow, ((1,), (2, 1)), 2.0, "model", "block"),
+        ("ngram, gamma=3", 4, 3, 3, SamplingSettings(), ((1, 2, 1), (2,)), 1.0, "ngram", "token"),
+    ]
+    cells = [
+        GridCell(
+            f"onnx float32: batch of 2, {name}",
+            vocab,
+            gamma,
+            n,
+            settings,
+            prompts,
+            draft_logit_scale=scale,
+            drafter=drafter,
+            verifier=verifier,
+        )
+        for name, vocab, gamma, n, settings, prompts, scale, drafter, verifier in chains
+    ]
+    for name, widths, n, settings in (
+        ("tree 2 x 2", (2, 2), 4, SamplingSettings(min_p=0.6)),
+        ("tree 3-1, all transforms", (3, 1), 3, all_transforms),
+    ):
+        cells.append(
+            GridCell(
+                f"onnx float32: batch of 2, {name}",
+                4,
+                2,
+                n,
+                settings,
+                ((1,), (2, 3)),
+                tree_widths=widths,
+                seed=3,
+            )
+        )
+    return cells
+
+
+def _tiny() -> TinyModels:
+    from exactspec.models.onnx.tiny import HIDDEN_SIZE, TOLERANCE
+
+    return TinyModels(
+        family="qwen2",  # the builder's Qwen2 exporter
+        adapters=tiny_adapters,
+        cells=grid_cells,
+        tolerance=TOLERANCE,
+        pair=tiny_pair,
+        audit_spec=(("family", "qwen2"), ("hidden_size", HIDDEN_SIZE)),
+        grid_spec=(("hidden_size", HIDDEN_SIZE),),
+    )
+
+
+BACKEND = register(
+    Backend(
+        name=NAME,
+        summary="the pair exported once to int4 ONNX (onnxruntime-genai's builder) and run by ONNX Runtime "
+        "on the CPU (the onnx extra; --dtype and --weights do not apply)",
+        load=load,
+        reference=reference,
+        unavailable=unavailable,
+        accepts=accepts,
+        options=frozenset({"threads"}),
+        rank=2,
+        describe=describe,
+        tiny=_tiny(),
+    )
+)

@@ -1,0 +1,387 @@
+"""An ONNX model exported by onnxruntime-genai's model builder, run by ONNX Runtime behind `LanguageModel`.
+
+The exported graph (`exactspec.models.onnx.export`) takes `input_ids` [B, S], `attention_mask` [B, W]
+and per layer `past_key_values.{l}.key/value` [B, kv_heads, P, head_size], and returns `logits`
+[B, S, V] and `present.{l}.key/value`. Its attention is ONNX Runtime's GroupQueryAttention with the
+rotary embedding inside: each row's positions come from its attention mask's sum (seqlens_k = sum - 1),
+so a row of total length T that feeds S new tokens puts them at positions T - S .. T - 1, and when
+`present` is bound to the very buffer given as `past` (same pointer, same shape [B, kv_heads,
+capacity, head_size]) the kernel writes the new keys and values in place at those positions and
+reads only the first T of each row: no cache is copied, and rolling a row back is bookkeeping.
+
+    row 7 in slot 1 holds [a b c x y]; next call's history [a b c x z], k = 1:
+        keep 4 (rows_cache.keep_length) -> feed z over a past of 4: input_ids [[z]], mask row of 5 ones
+        GQA writes z's keys at position 4 of slot 1, over y's.
+
+Layout: one float32 buffer per layer for keys and one for values, [slots, kv_heads, capacity,
+head_size]; a pass over B rows binds the contiguous run of their slots (rows are swapped into a run
+when a call names rows lying apart: `rows.contiguous_moves`). Capacity and slots grow on demand
+(doubling), up to the model's context and `max_rows`.
+
+What one call runs (GroupQueryAttention on the CPU takes several new tokens over a past for one row
+at a time: "batch_size must be 1 when sequence_length > 1 and past context is given"):
+
+- each row whose cache lacks more than its last k tokens is first fed the rest alone (prefill, in
+  chunks of `PREFILL_CHUNK` tokens, logits dropped);
+- k = 1: one pass over every row of the call (B rows x 1 token);
+- k > 1: one pass per row (1 row x k tokens).
+
+Trees of candidates are scored path by path (`models.tree.path_tree_logits`: `_fits_trees` says no
+tree fits, since GroupQueryAttention has no tree mask). The arguments' checks, the prefix kept per row
+(`models.rows_cache.keep_length`) and dropping every row when a pass fails half-way are
+`models.rows_cache.RowCacheModel`'s, shared with the other adapters; what is this adapter's own is
+where a row's cells live (`rows.RowSlots`). Install: the optional extra `onnx` (`INSTALL_HINT`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from exactspec.foundations.rows import RowStart
+from exactspec.models.onnx.rows import RowSlots, contiguous_moves
+from exactspec.models.rows_cache import RowCacheModel, TreeBatch, keep_length
+
+INSTALL_HINT = 'pip install -e ".[onnx]" (onnxruntime and onnxruntime-genai\'s model builder, pinned)'
+
+DEFAULT_MAX_ROWS = 16
+"""Rows (KV slots) one model holds at a time."""
+PREFILL_CHUNK = 256
+"""Most tokens of one prefill pass: bounds its logits output ([1, chunk, V] float32, 155 MB for Qwen's V)."""
+MIN_CAPACITY = 256
+"""Positions per slot allocated first; capacity doubles from there as rows grow."""
+
+
+class OnnxUnavailable(ImportError):
+    """onnxruntime is not installed; the message says how to install it."""
+
+
+def available() -> bool:
+    """True when onnxruntime can be imported."""
+    return importlib.util.find_spec("onnxruntime") is not None
+
+
+def default_threads() -> int:
+    """The cores this process may run on (ONNX Runtime's intra-op threads)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _onnxruntime() -> Any:
+    try:
+        import onnxruntime
+    except ImportError as error:
+        raise OnnxUnavailable(
+            f"the ONNX backend needs onnxruntime, which is not installed: {INSTALL_HINT}"
+        ) from error
+    return onnxruntime
+
+
+class OnnxModel(RowCacheModel):
+    """An exported ONNX model folder (model.onnx + genai_config.json) as a `LanguageModel`, one KV slot
+    per row id (the module docstring)."""
+
+    def __init__(
+        self,
+        folder: str | os.PathLike[str],
+        *,
+        eos_token_ids: Iterable[int] | None = None,
+        vocab_size: int | None = None,
+        threads: int | None = None,
+        max_rows: int = DEFAULT_MAX_ROWS,
+        spinning: bool = True,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        """
+        Args:
+            folder: the builder's output folder (model.onnx, its weights, genai_config.json).
+            eos_token_ids: ids that end generation; default the genai config's EOS ids.
+            vocab_size: V, the logits columns returned; default the model's. A smaller V drops
+                trailing ids (the padding rows of an output layer wider than the tokenizer).
+            threads: ONNX Runtime's intra-op threads; default the cores this process may use.
+            max_rows: rows held at a time.
+            spinning: whether idle intra-op threads spin (faster passes; burns the cores between
+                passes: turn off on a machine shared with other work).
+            dtype: of the returned logits: float32 (what the model computes) or float64 (the same values
+                widened exactly: `exactspec verify` enumerates in float64).
+        """
+        ort = _onnxruntime()
+        self.folder = Path(folder)
+        config_path = self.folder / "genai_config.json"
+        if not config_path.is_file():
+            raise FileNotFoundError(
+                f"no genai_config.json in {self.folder}: not a model builder output folder"
+            )
+        config = json.loads(config_path.read_text())["model"]
+        decoder = config["decoder"]
+        self._layers = int(decoder["num_hidden_layers"])
+        self._kv_heads = int(decoder["num_key_value_heads"])
+        self._hidden_size = int(decoder["hidden_size"])
+        self._head_size = int(decoder["head_size"])
+        self._context = int(config["context_length"])
+        self._n_vocab = int(config["vocab_size"])
+        self._names = _io_names(decoder, self._layers)
+        if max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+        self._threads = default_threads() if threads is None else int(threads)
+        if self._threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = self._threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+        options.log_severity_level = 3  # errors only: ONNX Runtime warns about unused initializers otherwise
+        self._session = ort.InferenceSession(
+            str(self.folder / decoder.get("filename", "model.onnx")),
+            options,
+            providers=["CPUExecutionProvider"],
+        )
+        self._spinning = spinning
+        if vocab_size is None:
+            vocab_size = self._n_vocab
+        if not 1 <= vocab_size <= self._n_vocab:
+            raise ValueError(f"vocab_size must lie in 1..{self._n_vocab} (the model's), got {vocab_size}")
+        self._vocab_size = vocab_size
+        if eos_token_ids is None:
+            eos_value = config.get("eos_token_id", [])
+            eos_token_ids = eos_value if isinstance(eos_value, list) else [eos_value]
+        eos = frozenset(int(t) for t in eos_token_ids)
+        if not eos or any(not 0 <= t < vocab_size for t in eos):
+            raise ValueError(f"EOS ids {sorted(eos)} must be given and lie in 0..{vocab_size - 1}")
+        self._eos_token_ids = eos
+        if dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+        self._dtype = dtype
+        self._rows = RowSlots(max_rows)
+        self._keys: list[np.ndarray] = []  # per layer [slots, kv_heads, capacity, head_size] float32
+        self._values: list[np.ndarray] = []
+        self._scratch: np.ndarray | None = None  # [1, PREFILL_CHUNK, Vm]: prefill passes' logits, dropped
+        self._reserve(1, min(MIN_CAPACITY, self._context))
+
+    # ------------------------------------------------------------------ protocol
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self._eos_token_ids
+
+    @property
+    def context_length(self) -> int:
+        """Positions one row may reach (the model's rotary tables)."""
+        return self._context
+
+    @property
+    def max_rows(self) -> int:
+        return self._rows.max_rows
+
+    @property
+    def threads(self) -> int:
+        return self._threads
+
+    @property
+    def spinning(self) -> bool:
+        return self._spinning
+
+    @property
+    def layers(self) -> int:
+        return self._layers
+
+    @property
+    def hidden_size(self) -> int:
+        return self._hidden_size
+
+    @property
+    def cached_rows(self) -> list[int]:
+        """Row ids that own a slot."""
+        return list(self._rows.slot_of)
+
+    def cached_tokens(self, row: int) -> list[int]:
+        """The tokens row `row`'s slot holds (tests, debugging)."""
+        return list(self._rows.tokens[row])
+
+    def add_rows(self, rows: Sequence[RowStart]) -> None:
+        """These rows join: each gets a slot with nothing cached (a row id seen before starts over)."""
+        for start in rows:
+            self._rows.release(start.row)
+            self._rows.assign(start.row)
+
+    def release_rows(self, rows: Iterable[int]) -> None:
+        """These rows leave: their slots are free (unknown ids are ignored)."""
+        for row in rows:
+            self._rows.release(int(row))
+
+    def clear_cache(self) -> None:
+        """Drop every row (the buffers stay allocated)."""
+        self._rows.clear()
+
+    # ------------------------------------------------------------------ RowCacheModel hooks
+
+    def _fits_trees(self, rows: list[int], trees: TreeBatch) -> bool:
+        return False  # no tree pass: RowCacheModel scores trees path by path
+
+    def _score_trees(self, histories: list[list[int]], rows: list[int], trees: TreeBatch) -> torch.Tensor:
+        raise NotImplementedError("the ONNX adapter has no tree pass (`_fits_trees` is False)")
+
+    def _score(self, histories: list[list[int]], k: int, row_ids: list[int]) -> torch.Tensor:
+        """[B, k, V] logits at the last k positions of each history (the module docstring says which passes
+        run); rows the call does not name are untouched."""
+        longest = max(len(h) for h in histories)
+        if longest > self._context:
+            raise ValueError(
+                f"a history of {longest} tokens is longer than the model's context ({self._context})"
+            )
+        for row in row_ids:
+            if row not in self._rows.slot_of:
+                self._rows.assign(row)
+        self._reserve(self._rows.slots_in_use(), max(len(h) for h in histories))
+        for row, history in zip(row_ids, histories, strict=True):
+            self._prefill(row, history, len(history) - k)
+        out = torch.empty(len(row_ids), k, self._vocab_size, dtype=self._dtype)  # [B, k, V]
+        # ONNX Runtime writes the logits straight into `out` when it is what the session returns (float32,
+        # every column, rows in slot order); otherwise they are copied in.
+        direct = self._dtype == torch.float32 and self._vocab_size == self._n_vocab
+        if k == 1:
+            self._gather(row_ids)
+            order = sorted(range(len(row_ids)), key=lambda b: self._rows.slot_of[row_ids[b]])
+            first = self._rows.slot_of[row_ids[order[0]]]
+            ids = [[histories[b][-1]] for b in order]
+            in_order = direct and order == list(range(len(order)))
+            target = out.numpy() if in_order else None
+            logits = self._pass(first, ids, [len(histories[b]) for b in order], target)  # [B, 1, Vm]
+            if not in_order:
+                out[order] = torch.from_numpy(logits[:, :, : self._vocab_size]).to(self._dtype)
+        else:
+            for b, (row, history) in enumerate(zip(row_ids, histories, strict=True)):
+                target = out.numpy()[b : b + 1] if direct else None  # [1, k, Vm], contiguous
+                logits = self._pass(self._rows.slot_of[row], [history[-k:]], [len(history)], target)
+                if not direct:
+                    out[b] = torch.from_numpy(logits[0, :, : self._vocab_size]).to(self._dtype)
+        for row, history in zip(row_ids, histories, strict=True):
+            self._rows.tokens[row] = history
+        return out
+
+    def _prefill(self, row: int, history: list[int], end: int) -> None:
+        """Make `row`'s slot hold history[:end] (keeping the longest cached prefix, feeding the rest alone in
+        chunks); `end` = len(history) - k, so the call's own pass feeds the last k tokens."""
+        slot = self._rows.slot_of[row]
+        keep = keep_length(self._rows.tokens[row], history, len(history) - end)
+        if keep < end and self._scratch is None:
+            self._scratch = np.empty((1, PREFILL_CHUNK, self._n_vocab), dtype=np.float32)
+        for start in range(keep, end, PREFILL_CHUNK):
+            stop = min(start + PREFILL_CHUNK, end)
+            assert self._scratch is not None
+            self._pass(
+                slot, [history[start:stop]], [stop], self._scratch[:, : stop - start]
+            )  # logits dropped
+        self._rows.tokens[row] = history[:end]
+
+    def _gather(self, row_ids: list[int]) -> None:
+        """Swap slots until the call's rows own a contiguous run (`rows.contiguous_moves`)."""
+        for a, b in contiguous_moves(self._rows.slot_of, row_ids, self._rows.max_rows):
+            self._reserve(max(a, b) + 1, 0)
+            owner_a, owner_b = self._rows.owner(a), self._rows.owner(b)
+            length_a = 0 if owner_a is None else len(self._rows.tokens[owner_a])
+            length_b = 0 if owner_b is None else len(self._rows.tokens[owner_b])
+            for buffer in (*self._keys, *self._values):  # [slots, kv_heads, capacity, head_size]
+                held_a = buffer[a, :, :length_a].copy()
+                buffer[a, :, :length_b] = buffer[b, :, :length_b]
+                buffer[b, :, :length_a] = held_a
+            if owner_a is not None:
+                self._rows.slot_of[owner_a] = b
+            if owner_b is not None:
+                self._rows.slot_of[owner_b] = a
+
+    def _reserve(self, slots: int, length: int) -> None:
+        """Grow the KV buffers (doubling, keeping what they hold) to at least `slots` x `length` positions."""
+        held_slots = self._keys[0].shape[0] if self._keys else 0
+        held_capacity = self._keys[0].shape[2] if self._keys else 0
+        if slots <= held_slots and length <= held_capacity:
+            return
+        new_slots = held_slots or 1
+        while new_slots < slots:
+            new_slots *= 2
+        new_slots = max(min(new_slots, self._rows.max_rows), slots)
+        new_capacity = held_capacity or min(MIN_CAPACITY, self._context)
+        while new_capacity < length:
+            new_capacity *= 2
+        new_capacity = max(min(new_capacity, self._context), length, held_capacity)  # never shrinks
+        shape = (new_slots, self._kv_heads, new_capacity, self._head_size)
+
+        def grown(old: np.ndarray | None) -> np.ndarray:
+            new = np.zeros(shape, dtype=np.float32)
+            if old is not None:
+                new[: old.shape[0], :, : old.shape[2]] = old
+            return new
+
+        self._keys = [grown(self._keys[i] if self._keys else None) for i in range(self._layers)]
+        self._values = [grown(self._values[i] if self._values else None) for i in range(self._layers)]
+
+    def _pass(
+        self, first_slot: int, ids: list[list[int]], lengths: list[int], out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """One session run over slots first_slot .. first_slot + B - 1: ids [B, S] new tokens, lengths [B]
+        each row's total length after them; returns the logits [B, S, Vm] float32, written into `out`
+        when given (a C-contiguous float32 array of that shape)."""
+        batch, width = len(ids), len(ids[0])
+        total = max(lengths)
+        mask = np.zeros((batch, total), dtype=np.int64)  # [B, W]: only each row's sum is read (seqlens_k)
+        for b, length in enumerate(lengths):
+            mask[b, :length] = 1
+        binding = self._session.io_binding()
+        binding.bind_cpu_input(self._names["input_ids"], np.asarray(ids, dtype=np.int64))
+        binding.bind_cpu_input(self._names["attention_mask"], mask)
+        capacity = self._keys[0].shape[2]
+        shape = [batch, self._kv_heads, capacity, self._head_size]
+        for layer in range(self._layers):
+            for kind, buffers in (("key", self._keys), ("value", self._values)):
+                buffer = buffers[layer]
+                pointer = buffer.ctypes.data + first_slot * buffer[0].nbytes
+                # The same memory in and out: GroupQueryAttention writes the new cells in place.
+                binding.bind_input(self._names[f"past.{layer}.{kind}"], "cpu", 0, np.float32, shape, pointer)
+                binding.bind_output(
+                    self._names[f"present.{layer}.{kind}"], "cpu", 0, np.float32, shape, pointer
+                )
+        logits = (
+            np.empty((batch, width, self._n_vocab), dtype=np.float32) if out is None else out
+        )  # [B, S, Vm]
+        assert logits.shape == (batch, width, self._n_vocab) and logits.flags.c_contiguous
+        binding.bind_output(
+            self._names["logits"], "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data
+        )
+        self._session.run_with_iobinding(binding)
+        return logits
+
+
+def _io_names(decoder: dict[str, Any], layers: int) -> dict[str, str]:
+    """The graph's input and output names, read from the genai config (matched by name, never by order:
+    the session lists every present key before the values)."""
+    inputs, outputs = decoder["inputs"], decoder["outputs"]
+    names = {
+        "input_ids": inputs["input_ids"],
+        "attention_mask": inputs["attention_mask"],
+        "logits": outputs["logits"],
+    }
+    for layer in range(layers):
+        names[f"past.{layer}.key"] = inputs["past_key_names"] % layer
+        names[f"past.{layer}.value"] = inputs["past_value_names"] % layer
+        names[f"present.{layer}.key"] = outputs["present_key_names"] % layer
+        names[f"present.{layer}.value"] = outputs["present_value_names"] % layer
+    return names

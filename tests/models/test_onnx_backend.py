@@ -1,0 +1,130 @@
+"""The "onnx" backend: registered, says how to install what it lacks, and `exactspec generate --backend onnx`
+runs on tiny model folders exported in this session (into the test's cache folder, never the user's)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import TOKENIZER_EOS_ID, TOKENIZER_VOCAB, tiny_causal_lm, tiny_tokenizer
+
+from exactspec.cli.common import EXIT_OK
+from exactspec.cli.main import main
+from exactspec.models.backends.registry import LoadSpec, backend, backends
+
+PROMPT = "def f(x):"
+
+
+def test_onnx_is_registered_and_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert "onnx" in backends() and backend("onnx").options == frozenset({"threads"})
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name, *a)
+    )
+    assert 'pip install -e ".[onnx]"' in (backend("onnx").unavailable() or "")
+
+
+def test_auto_leaves_onnx_out_until_the_models_are_exported(tmp_path: Path) -> None:
+    why = backend("onnx").accepts(LoadSpec(str(tmp_path), None, cache_dir=tmp_path / "cache"))
+    assert why is not None and "not exported to ONNX yet" in why
+    assert "neither" in (backend("onnx").accepts(LoadSpec("some/hub-id", None)) or "")
+
+
+def test_describe_says_what_the_export_recipe_was(tmp_path: Path) -> None:
+    """The bench's model record of an ONNX model comes from its export's provenance (int4, block size,
+    accuracy level), not from a guess by class."""
+    from types import SimpleNamespace
+
+    from exactspec.models.onnx.export import PROVENANCE_FILE
+
+    recipe = {
+        "precision": "int4",
+        "block_size": 32,
+        "accuracy_level": 4,
+        "algo": "k_quant",
+        "mixed_precision": "",
+    }
+    (tmp_path / PROVENANCE_FILE).write_text(json.dumps({"recipe": recipe}))
+    model = SimpleNamespace(folder=tmp_path, vocab_size=7, layers=2, hidden_size=64)
+    facts = backend("onnx").describe(model)  # type: ignore[arg-type]
+    assert facts.weights == "int4 ONNX (MatMulNBits, block 32, accuracy level 4, algo k_quant)"
+    assert (facts.dtype, facts.vocab_size, facts.layers, facts.hidden_size) == ("float32", 7, 2, 64)
+
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime_genai")
+
+
+def save_tiny(folder: Path, seed: int) -> Path:
+    """A tiny Qwen2 folder with the suite's tokenizer; hidden size 64 (GroupQueryAttention's head size 16)."""
+    model = tiny_causal_lm(
+        vocab_size=len(TOKENIZER_VOCAB),
+        seed=seed,
+        initializer_range=0.2,
+        eos_token_id=TOKENIZER_EOS_ID,
+        tie_word_embeddings=False,
+        hidden_size=64,
+        intermediate_size=128,
+    )
+    model.save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, str]:
+    """(target folder, draft folder, cache folder)."""
+    root = tmp_path_factory.mktemp("onnx-cli")
+    return str(save_tiny(root / "target", 0)), str(save_tiny(root / "draft", 1)), str(root / "cache")
+
+
+def generate(
+    folders: tuple[str, str, str], capsys: pytest.CaptureFixture[str], *extra: str, draft: bool = True
+) -> dict:
+    target, draft_folder, cache = folders
+    argv = ["generate", "--backend", "onnx", "--target", target, "--cache-dir", cache]
+    argv += ["--draft", draft_folder] if draft else []
+    argv += ["--no-progress", "--max-new-tokens", "12", "--json", *extra, PROMPT]
+    assert main(argv) == EXIT_OK
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_generate_on_the_onnx_backend_is_plain_decoding_greedily(
+    folders: tuple[str, str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Greedy output of the draft model's speculation and of the suffix drafter's are plain decoding's
+    tokens (the ONNX model computes a block's logits as its one-token steps, to float32 rounding)."""
+    plain = generate(folders, capsys, "--plain")
+    assert plain["backend"] == "onnx" and plain["weights"] == "int4-b128-a4" and plain["gamma"] == 0
+    assert len(plain["token_ids"]) >= 1
+    with_draft = generate(folders, capsys, "--drafter", "model", "--gamma", "3", "--fixed-gamma")
+    assert with_draft["statistics"]["proposed_tokens"] > 0
+    assert with_draft["token_ids"] == plain["token_ids"]
+    suffix = generate(folders, capsys, draft=False)  # the default drafter: suffix trees
+    assert suffix["drafter"] == "suffix" and suffix["token_ids"] == plain["token_ids"]
+    exports = list((Path(folders[2]) / "onnx-exported-v1").glob("*-int4-b128-a4-*"))
+    assert len([e for e in exports if e.is_dir()]) == 2  # target and draft, exported once each
+
+
+def test_auto_measures_onnx_once_it_is_exported(folders: tuple[str, str, str]) -> None:
+    target, draft, cache = folders
+    if not list((Path(cache) / "onnx-exported-v1").glob("*")):
+        pytest.skip("runs after the generate test exported the tiny pair")
+    assert backend("onnx").accepts(LoadSpec(target, draft, cache_dir=cache)) is None
+
+
+def test_the_audit_tiny_pair_is_run_by_onnx_runtime_with_its_reference() -> None:
+    """`audit --tiny --backend onnx` reaches the registration's pair: two ONNX Runtime sessions over float32
+    exports of the tiny modules (head size 16), and a reference session that scores as the target does."""
+    from exactspec.audit.tiny import tiny_audit_pair
+    from exactspec.models.onnx.model import OnnxModel
+
+    tiny = tiny_audit_pair("onnx")
+    target, reference = tiny.pair.target, tiny.reference
+    assert tiny.pair.backend == "onnx" and isinstance(target, OnnxModel) and isinstance(reference, OnnxModel)
+    assert target.hidden_size == 64 and reference.folder == target.folder
+    history = [[5, 7, 11, 3]]
+    assert (target.logits(history, 2) == reference.logits(history, 2)).all()
