@@ -160,7 +160,9 @@ def _logprobs(model: LanguageModel, ids: list[int]) -> torch.Tensor:
     return torch.log_softmax(logits.double(), -1)
 
 
-def generation(tokens: int, repeats: int, threads: int, cache_dir: str | None) -> dict[str, Any]:
+def generation(
+    backends: list[str], tokens: int, repeats: int, threads: int, cache_dir: str | None
+) -> dict[str, Any]:
     """tokens/s of `exactspec generate`'s path (plain, and the defaults: suffix drafter, adaptive gamma),
     greedy, on each backend's target, over the bench's quick coding and grounded prompts; backends,
     modes and prompts interleaved in each repeat, fastest kept; a fresh decoder (and suffix tree) for
@@ -175,7 +177,7 @@ def generation(tokens: int, repeats: int, threads: int, cache_dir: str | None) -
         name: ModelPair.from_pretrained(
             "default-target", None, backend=name, threads=threads, cache_dir=cache_dir, progress=False
         )
-        for name in ("onnx", "llamacpp")
+        for name in backends
     }
     prompts = select_prompts("all+grounded", quick=True)
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
@@ -203,7 +205,7 @@ def generation_table(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
     lines = ["| prompt | " + " | ".join(methods) + " |", "|---|" + "---:|" * len(methods)]
     for prompt, by_method in runs.items():
         best = {m: max(r["tokens_per_second"] for r in by_method[m]) for m in methods}
-        base = best.get("llamacpp plain", 1.0)
+        base = best.get("llamacpp plain", best[methods[0]])  # llama.cpp plain if it ran, else the first
         cells = [f"{best[m]:.2f} ({best[m] / base:.2f}x)" for m in methods]
         lines.append(f"| {prompt} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -226,13 +228,15 @@ def main() -> None:
         "--generate-only", action="store_true", help="time plain and default generation on both backends"
     )
     parser.add_argument("--generate-tokens", type=int, default=128)
+    parser.add_argument("--generate-backends", default="onnx,llamacpp", help="backends --generate-only runs")
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     provenance = Provenance.collect()
     load_before = os.getloadavg()
     if args.generate_only:
-        runs = generation(args.generate_tokens, args.repeats, args.threads, args.cache_dir)
+        backends = args.generate_backends.split(",")
+        runs = generation(backends, args.generate_tokens, args.repeats, args.threads, args.cache_dir)
         text = generation_table(runs)
         print(text)
         args.out.mkdir(parents=True, exist_ok=True)
