@@ -93,3 +93,17 @@ def test_auto_measures_onnx_once_it_is_exported(folders: tuple[str, str, str]) -
     if not list((Path(cache) / "onnx-exported-v1").glob("*")):
         pytest.skip("runs after the generate test exported the tiny pair")
     assert backend("onnx").accepts(LoadSpec(target, draft, cache_dir=cache)) is None
+
+
+def test_the_reference_is_a_second_session_over_the_same_export(folders: tuple[str, str, str]) -> None:
+    from exactspec.models.onnx.model import OnnxModel
+    from exactspec.models.pair import ModelPair
+
+    target, _, cache = folders
+    pair = ModelPair.from_pretrained(target, None, backend="onnx", cache_dir=cache, progress=False, threads=1)
+    reference = pair.reference
+    assert isinstance(reference, OnnxModel) and reference is not pair.target
+    assert reference.folder == pair.target.folder and reference.threads == 1  # type: ignore[attr-defined]
+    ids = pair.tokenizer(PROMPT)["input_ids"]
+    assert pair.target.logits([ids], 3).equal(reference.logits([ids], 3))
+    assert pair.draft is None and pair.describe_backend() == "backend onnx"
