@@ -160,6 +160,57 @@ def _logprobs(model: LanguageModel, ids: list[int]) -> torch.Tensor:
     return torch.log_softmax(logits.double(), -1)
 
 
+def generation(
+    backends: list[str], tokens: int, repeats: int, threads: int, cache_dir: str | None
+) -> dict[str, Any]:
+    """tokens/s of `exactspec generate`'s path (plain, and the defaults: suffix drafter, adaptive gamma),
+    greedy, on each backend's target, over the bench's quick coding and grounded prompts; backends,
+    modes and prompts interleaved in each repeat, fastest kept; a fresh decoder (and suffix tree) for
+    each run, so no run drafts from another's output."""
+    from exactspec.api.decoder import SpeculativeDecoder
+    from exactspec.bench.prompts import select_prompts
+    from exactspec.foundations.settings import SamplingSettings
+    from exactspec.models.pair import ModelPair
+
+    greedy = SamplingSettings(temperature=0.0)
+    pairs = {
+        name: ModelPair.from_pretrained(
+            "default-target", None, backend=name, threads=threads, cache_dir=cache_dir, progress=False
+        )
+        for name in backends
+    }
+    prompts = select_prompts("all+grounded", quick=True)
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for repeat in range(repeats):
+        for prompt in prompts:
+            for name, pair in pairs.items():
+                for mode, options in (("plain", {"gamma": 0}), ("defaults", {})):
+                    decoder = SpeculativeDecoder.from_pair(pair)
+                    started = time.perf_counter()
+                    out = decoder.generate(
+                        prompt.text, max_new_tokens=tokens, settings=greedy, chat=prompt.chat, **options
+                    )
+                    seconds = time.perf_counter() - started
+                    made = len(out.completions[0].token_ids)
+                    record = {"tokens": made, "seconds": seconds, "tokens_per_second": made / seconds}
+                    runs.setdefault(prompt.name, {}).setdefault(f"{name} {mode}", []).append(record)
+                    print(f"{prompt.name} {name} {mode}: {made / seconds:.2f} tokens/s", flush=True)
+        print(f"repeat {repeat + 1}/{repeats} done, load average {os.getloadavg()[0]:.1f}", flush=True)
+    return runs
+
+
+def generation_table(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
+    """Fastest tokens/s per prompt and method, and each method over llama.cpp plain."""
+    methods = list(next(iter(runs.values())))
+    lines = ["| prompt | " + " | ".join(methods) + " |", "|---|" + "---:|" * len(methods)]
+    for prompt, by_method in runs.items():
+        best = {m: max(r["tokens_per_second"] for r in by_method[m]) for m in methods}
+        base = best.get("llamacpp plain", best[methods[0]])  # llama.cpp plain if it ran, else the first
+        cells = [f"{best[m]:.2f} ({best[m] / base:.2f}x)" for m in methods]
+        lines.append(f"| {prompt} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", default="128,32", help="int4 block sizes to export and measure")
@@ -173,11 +224,27 @@ def main() -> None:
     parser.add_argument("--quality", action="store_true", help="also the teacher-forced quality check")
     parser.add_argument("--quality-tokens", type=int, default=300)
     parser.add_argument("--quality-only", action="store_true", help="print the quality check alone")
+    parser.add_argument(
+        "--generate-only", action="store_true", help="time plain and default generation on both backends"
+    )
+    parser.add_argument("--generate-tokens", type=int, default=128)
+    parser.add_argument("--generate-backends", default="onnx,llamacpp", help="backends --generate-only runs")
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     provenance = Provenance.collect()
     load_before = os.getloadavg()
+    if args.generate_only:
+        backends = args.generate_backends.split(",")
+        runs = generation(backends, args.generate_tokens, args.repeats, args.threads, args.cache_dir)
+        text = generation_table(runs)
+        print(text)
+        args.out.mkdir(parents=True, exist_ok=True)
+        record = {"provenance": provenance.to_json(), "load_average_before": load_before}
+        record |= {"load_average_after": os.getloadavg(), "tokens": args.generate_tokens, "runs": runs}
+        (args.out / "generate.json").write_text(json.dumps(record, indent=2) + "\n")
+        (args.out / "generate.md").write_text(text + "\n")
+        return
     models = candidates([int(b) for b in args.blocks.split(",")], args.threads, args.cache_dir)
     if args.quality_only:
         print(json.dumps(quality(models, args.quality_tokens), indent=2))

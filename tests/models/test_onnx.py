@@ -167,3 +167,25 @@ def test_an_export_is_reused_while_its_weights_match_their_stamp(
 
         os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert export.entry_matches(folder, record["key"])
+
+
+def test_buffers_grow_and_keep_what_rows_hold(
+    tiny_onnx: tuple[Path, Path], reference: FullForwardModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Capacity doubles from 8 positions and slots from 1 while two rows grow token by token; every
+    call's logits stay the reference's, so the cells copied into the grown buffers are the rows' own."""
+    from exactspec.models.onnx import model as onnx_model
+
+    monkeypatch.setattr(onnx_model, "MIN_CAPACITY", 8)
+    small = OnnxModel(tiny_onnx[0], eos_token_ids={0}, threads=1, max_rows=4)
+    assert small._keys[0].shape[:3] == (1, 2, 8)  # [slots, kv_heads, capacity]
+    rng = random.Random(3)
+    histories = {0: [1, 2], 1: [3]}
+    for _ in range(30):
+        for row in histories:
+            histories[row].append(rng.randrange(1, 5))
+        rows = list(histories)
+        out = small.logits([histories[r] for r in rows], 1, rows=rows)
+        want = reference.logits([histories[r] for r in rows], 1)
+        assert (out.double() - want).abs().max() < FLOAT32_TOLERANCE
+    assert small._keys[0].shape[0] == 2 and small._keys[0].shape[2] == 32  # grew 8 -> 16 -> 32

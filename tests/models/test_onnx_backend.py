@@ -128,3 +128,17 @@ def test_the_audit_tiny_pair_is_run_by_onnx_runtime_with_its_reference() -> None
     assert target.hidden_size == 64 and reference.folder == target.folder
     history = [[5, 7, 11, 3]]
     assert (target.logits(history, 2) == reference.logits(history, 2)).all()
+
+
+def test_the_reference_is_a_second_session_over_the_same_export(folders: tuple[str, str, str]) -> None:
+    from exactspec.models.onnx.model import OnnxModel
+    from exactspec.models.pair import ModelPair
+
+    target, _, cache = folders
+    pair = ModelPair.from_pretrained(target, None, backend="onnx", cache_dir=cache, progress=False, threads=1)
+    reference = pair.reference
+    assert isinstance(reference, OnnxModel) and reference is not pair.target
+    assert reference.folder == pair.target.folder and reference.threads == 1  # type: ignore[attr-defined]
+    ids = pair.tokenizer(PROMPT)["input_ids"]
+    assert pair.target.logits([ids], 3).equal(reference.logits([ids], 3))
+    assert pair.draft is None and pair.describe_backend() == "backend onnx"
