@@ -37,7 +37,12 @@ OUT = Path(__file__).resolve().parent.parent / "docs" / "bench" / "onnx-costs"
 ROWS = 16
 
 
-def candidates(blocks: list[int], threads: int, cache_dir: str | None) -> dict[str, LanguageModel]:
+def candidates(
+    blocks: list[int],
+    threads: int,
+    cache_dir: str | None,
+    extra: list[str] = (),  # type: ignore[assignment]
+) -> dict[str, LanguageModel]:
     from exactspec.models.loading import gguf_path
     from exactspec.models.onnx.export import ExportRecipe, exported_model
     from exactspec.models.onnx.model import OnnxModel
@@ -59,6 +64,11 @@ def candidates(blocks: list[int], threads: int, cache_dir: str | None) -> dict[s
             models[f"onnx int4 b{block}, no spin"] = OnnxModel(
                 folder, threads=threads, max_rows=ROWS + 1, spinning=False
             )
+    for text in extra:  # "BLOCK:ALGO[:MIXED]", e.g. "128:k_quant:last_matmul:int8"
+        block, algo, *mixed = text.split(":", 2)
+        recipe = ExportRecipe(block_size=int(block), algo=algo, mixed_precision=mixed[0] if mixed else "")
+        folder = exported_model(gguf, recipe, cache_dir=cache_dir, progress=print)
+        models[f"onnx {recipe.name}"] = OnnxModel(folder, threads=threads, max_rows=ROWS + 1, spinning=True)
     return models
 
 
@@ -215,6 +225,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", default="128,32", help="int4 block sizes to export and measure")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--recipe",
+        action="append",
+        default=[],
+        help="another int4 export to measure, BLOCK:ALGO[:MIXED] (e.g. 128:k_quant:last_matmul:int8)",
+    )
     parser.add_argument("--context", type=int, default=300, help="cached tokens of the one-row passes")
     parser.add_argument(
         "--rows-context", type=int, default=64, help=f"cached tokens of each of the {ROWS} rows"
@@ -245,7 +261,8 @@ def main() -> None:
         (args.out / "generate.json").write_text(json.dumps(record, indent=2) + "\n")
         (args.out / "generate.md").write_text(text + "\n")
         return
-    models = candidates([int(b) for b in args.blocks.split(",")], args.threads, args.cache_dir)
+    blocks = [int(b) for b in args.blocks.split(",")]
+    models = candidates(blocks, args.threads, args.cache_dir, args.recipe)
     if args.quality_only:
         print(json.dumps(quality(models, args.quality_tokens), indent=2))
         return
