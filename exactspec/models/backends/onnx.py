@@ -17,7 +17,6 @@ from typing import Any
 import torch
 
 from exactspec.foundations.errors import InvalidArgument
-from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.backends.registry import (
     Backend,
     GridCell,
@@ -26,6 +25,7 @@ from exactspec.models.backends.registry import (
     TinyModels,
     TinyPair,
     register,
+    two_row_cells,
 )
 from exactspec.models.base import LanguageModel
 from exactspec.models.pair import ModelPair
@@ -204,57 +204,10 @@ def tiny_pair(target: Any, draft: Any, eos: int) -> TinyPair:
 
 
 def grid_cells() -> list[GridCell]:
-    """The grid cells that run through ONNX Runtime, on tiny float32 Qwen2 exports.
-
-    Batches of 2 rows with prompts of different lengths: rejections roll a slot back while the other row
-    keeps its cells, a finished row leaves (its slot is reused or swapped), token and block verification
-    and the n-gram drafter; then trees (scored path by path: the adapter has no tree pass).
-    """
-    all_transforms = SamplingSettings(
-        temperature=0.8, top_k=3, top_p=0.95, min_p=0.4, repetition_penalty=1.3, logit_bias={1: 0.5}
-    )
-    narrow, greedy = SamplingSettings(min_p=0.5), SamplingSettings(temperature=0.0)
-    # (name, V, gamma, n, settings, prompts, draft_logit_scale, drafter, verifier)
-    chains = [
-        ("gamma=1", 3, 1, 2, SamplingSettings(), ((1,), (2, 1, 1)), 1.0, "model", "token"),
-        ("gamma=3", 4, 3, 3, narrow, ((1,), (2, 1, 1)), 1.0, "model", "token"),
-        ("gamma=2, all transforms", 4, 2, 3, all_transforms, ((2, 3), (1,)), 1.0, "model", "token"),
-        ("T=0, gamma=5", 4, 5, 6, greedy, ((1,), (3, 2, 1)), 1.0, "model", "token"),
-        ("gamma=2, n=4, rollbacks", 4, 2, 4, narrow, ((1,), (2, 1)), 2.0, "model", "token"),
-        ("block, gamma=3", 4, 3, 3, narrow, ((1,), (2, 1)), 2.0, "model", "block"),
-        ("ngram, gamma=3", 4, 3, 3, SamplingSettings(), ((1, 2, 1), (2,)), 1.0, "ngram", "token"),
-    ]
-    cells = [
-        GridCell(
-            f"onnx float32: batch of 2, {name}",
-            vocab,
-            gamma,
-            n,
-            settings,
-            prompts,
-            draft_logit_scale=scale,
-            drafter=drafter,
-            verifier=verifier,
-        )
-        for name, vocab, gamma, n, settings, prompts, scale, drafter, verifier in chains
-    ]
-    for name, widths, n, settings in (
-        ("tree 2 x 2", (2, 2), 4, SamplingSettings(min_p=0.6)),
-        ("tree 3-1, all transforms", (3, 1), 3, all_transforms),
-    ):
-        cells.append(
-            GridCell(
-                f"onnx float32: batch of 2, {name}",
-                4,
-                2,
-                n,
-                settings,
-                ((1,), (2, 3)),
-                tree_widths=widths,
-                seed=3,
-            )
-        )
-    return cells
+    """The grid cells that run through ONNX Runtime, on tiny float32 Qwen2 exports (`two_row_cells`: a
+    rejection rolls a slot back, a finished row's slot is reused or swapped; trees are scored path by
+    path: the adapter has no tree pass)."""
+    return two_row_cells("onnx float32")
 
 
 def _tiny() -> TinyModels:

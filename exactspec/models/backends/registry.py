@@ -183,6 +183,61 @@ class GridCell:
     seed: int = 0
 
 
+def two_row_cells(label: str) -> list[GridCell]:
+    """The exactness cells of a backend with a per-row cache, named "<label>: batch of 2, ...".
+
+    Batches of 2 rows with prompts of different lengths: rejections roll one row back while the other
+    keeps its cells, a finished row leaves; chains under every transform, greedy, rollbacks, block
+    verification and the n-gram drafter; then two trees (scored by the backend's tree pass, or path
+    by path where it has none). llama.cpp and ONNX Runtime run the same cells.
+    """
+    all_transforms = SamplingSettings(
+        temperature=0.8, top_k=3, top_p=0.95, min_p=0.4, repetition_penalty=1.3, logit_bias={1: 0.5}
+    )
+    narrow, greedy = SamplingSettings(min_p=0.5), SamplingSettings(temperature=0.0)
+    # (name, V, gamma, n, settings, prompts, draft_logit_scale, drafter, verifier)
+    chains = [
+        ("gamma=1", 3, 1, 2, SamplingSettings(), ((1,), (2, 1, 1)), 1.0, "model", "token"),
+        ("gamma=3", 4, 3, 3, narrow, ((1,), (2, 1, 1)), 1.0, "model", "token"),
+        ("gamma=2, all transforms", 4, 2, 3, all_transforms, ((2, 3), (1,)), 1.0, "model", "token"),
+        ("T=0, gamma=5", 4, 5, 6, greedy, ((1,), (3, 2, 1)), 1.0, "model", "token"),
+        ("gamma=2, n=4, rollbacks", 4, 2, 4, narrow, ((1,), (2, 1)), 2.0, "model", "token"),
+        ("block, gamma=3", 4, 3, 3, narrow, ((1,), (2, 1)), 2.0, "model", "block"),
+        ("ngram, gamma=3", 4, 3, 3, SamplingSettings(), ((1, 2, 1), (2,)), 1.0, "ngram", "token"),
+    ]
+    cells = [
+        GridCell(
+            f"{label}: batch of 2, {name}",
+            vocab,
+            gamma,
+            n,
+            settings,
+            prompts,
+            draft_logit_scale=scale,
+            drafter=drafter,
+            verifier=verifier,
+        )
+        for name, vocab, gamma, n, settings, prompts, scale, drafter, verifier in chains
+    ]
+    for name, widths, n, settings in (
+        ("tree 2 x 2", (2, 2), 4, SamplingSettings(min_p=0.6)),
+        ("tree 3-1, all transforms", (3, 1), 3, all_transforms),
+    ):
+        cells.append(
+            GridCell(
+                f"{label}: batch of 2, {name}",
+                4,
+                2,
+                n,
+                settings,
+                ((1,), (2, 3)),
+                tree_widths=widths,
+                seed=3,
+            )
+        )
+    return cells
+
+
 @dataclass(frozen=True)
 class TinyPair:
     """A backend's pair over tiny random models (`audit --tiny`, tests) and what the report says it is.
