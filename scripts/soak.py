@@ -11,7 +11,8 @@ serving).
 
 Measured and written to `--out` (soak.json, soak.md):
 - errors by kind: HTTP status (429, 5xx, ...), an error event inside a stream, or a transport error;
-- per `--window` (default a minute): finished requests, completion tokens/s, TTFT percentiles of
+- per `--window` (default a minute): finished requests, completion tokens/s produced in the window
+  (each request's tokens spread over the time it was decoding them: `produced_per_s`), TTFT percentiles of
   the streaming requests (time to the first chunk of text), the longest gap between two chunks of a
   stream (client-side stalls: the shared suffix tree's pauses, prefills of joining requests and the
   like all show here);
@@ -28,6 +29,8 @@ at the deadline and in-flight ones get `--drain` seconds, then the server is sto
     python scripts/soak.py --duration 1800 --concurrency 16 --disconnect-share 0.1 --out docs/bench/soak
     # a quick look on the tiny target:
     python scripts/soak.py --tiny --duration 60 --concurrency 4 --window 10 --warmup 5 --out /tmp/soak
+    # the criteria of a finished soak again, with another warm-up or span (no server is started):
+    python scripts/soak.py --from-json docs/bench/soak/soak.json --warmup 300 --out /tmp/again
 """
 
 from __future__ import annotations
@@ -94,6 +97,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
     parser.add_argument("--start-timeout", type=float, default=1800.0, help="seconds for the server to start")
     parser.add_argument("--seed", type=int, default=0, help="seeds the request mix")
+    parser.add_argument(
+        "--from-json",
+        default=None,
+        help="summarise this soak.json again with this command's --warmup, --span and --window (no traffic)",
+    )
     models = parser.add_argument_group("the server")
     models.add_argument("--target", default=None, help="exactspec serve --target (default the built-in)")
     models.add_argument("--draft", default=None, help="exactspec serve --draft")
@@ -333,6 +341,27 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
+def produced_per_s(outcomes: list[Outcome], low: float, high: float) -> float | None:
+    """Completion tokens the server produced per second in [low, high): each request's tokens spread evenly
+    over the time it was producing them (from its first chunk, or its start when not streaming, to its end),
+    disconnected requests' chunks included. Counting a request's tokens only when it ends would put a
+    160-token answer in one window and none in the windows it was decoded in: minute-to-minute swings
+    of 2x that say nothing about the server."""
+    if high <= low:
+        return None
+    produced = 0.0
+    for outcome in outcomes:
+        if outcome.error or not outcome.tokens:
+            continue
+        begin = outcome.started + (outcome.ttft or 0.0)
+        if outcome.ended <= begin:
+            produced += outcome.tokens if low <= outcome.ended < high else 0
+            continue
+        overlap = max(0.0, min(outcome.ended, high) - max(begin, low))
+        produced += outcome.tokens * overlap / (outcome.ended - begin)
+    return produced / (high - low)
+
+
 def summarise(args: argparse.Namespace, outcomes: list[Outcome], samples: list[dict], after: dict) -> dict:
     from exactspec.drafters.suffix import DEFAULT_GLOBAL_BUDGET_TOKENS
 
@@ -355,7 +384,7 @@ def summarise(args: argparse.Namespace, outcomes: list[Outcome], samples: list[d
                 "requests": len(done),
                 "errors": sum(1 for o in inside if o.error),
                 "disconnected": sum(1 for o in inside if o.disconnected),
-                "tokens_per_s": sum(o.tokens for o in done) / (end - start),
+                "tokens_per_s": produced_per_s(outcomes, start, end),
                 "ttft_p50": percentile(ttfts, 0.5),
                 "ttft_p99": percentile(ttfts, 0.99),
                 "longest_gap": max(gaps) if gaps else None,
@@ -363,13 +392,9 @@ def summarise(args: argparse.Namespace, outcomes: list[Outcome], samples: list[d
         )
         start = end
 
-    def tokens_per_s(low: float, high: float) -> float | None:
-        done = [o for o in outcomes if low <= o.ended < high and not o.error and not o.disconnected]
-        return sum(o.tokens for o in done) / (high - low) if high > low else None
-
     span = min(args.span, max(0.0, (args.duration - args.warmup) / 2))
-    first = tokens_per_s(args.warmup, args.warmup + span)
-    last = tokens_per_s(args.duration - span, args.duration)
+    first = produced_per_s(outcomes, args.warmup, args.warmup + span)
+    last = produced_per_s(outcomes, args.duration - span, args.duration)
     rss = [(s["t"], s["rss_kib"]) for s in samples if s.get("rss_kib")]
     rss_base = next((kib for t, kib in rss if t >= args.warmup + span), None)
     rss_end = rss[-1][1] if rss else None
@@ -472,6 +497,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.from_json:
+        return resummarise(args, out)
     with tempfile.TemporaryDirectory(prefix="exactspec-soak-") as scratch:
         if args.tiny:
             # The target alone: the default drafter (suffix) runs no draft model, and its shared tree
@@ -487,12 +514,35 @@ def main(argv: list[str] | None = None) -> int:
             outcomes, samples, after = asyncio.run(run_clients(args, base, process.pid))
         finally:
             stop_server(process)
+    return write_report(args, out, outcomes, samples, after)
+
+
+def write_report(
+    args: argparse.Namespace, out: Path, outcomes: list[Outcome], samples: list[dict], after: dict
+) -> int:
     report = summarise(args, outcomes, samples, after)
     report["outcomes"] = [asdict(o) for o in outcomes]
     (out / "soak.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "soak.md").write_text(markdown(report))
     print(markdown(report).split("\n\n|")[0], file=sys.stderr)
     return 0 if report["server_errors"] == 0 else 1
+
+
+def resummarise(args: argparse.Namespace, out: Path) -> int:
+    """--from-json: the report of a finished soak, summarised again (its traffic settings, this command's
+    --warmup, --span and --window)."""
+    try:
+        old = json.loads(Path(args.from_json).read_text())
+        outcomes = [Outcome(**o) for o in old["outcomes"]]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        print(f"[soak] cannot read {args.from_json} as a soak.json: {error}", file=sys.stderr)
+        return 2
+    kept = ("warmup", "span", "window", "out", "from_json")
+    for name, value in old["settings"].items():
+        if name not in kept and name != "serve_args":
+            setattr(args, name, tuple(value) if name == "token_range" else value)
+    args.serve_arg = old["settings"].get("serve_args", [])
+    return write_report(args, out, outcomes, old["samples"], old["after_drain"])
 
 
 if __name__ == "__main__":

@@ -67,3 +67,62 @@ def test_a_short_soak_reports_every_field_and_no_error(tmp_path: Path) -> None:
     ):
         assert criteria[key] is not None, key
     assert report["after_drain"]["itl_histogram"]["+Inf"] > 0
+
+
+def _soak_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("soak_script", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_throughput_counts_tokens_where_they_were_decoded() -> None:
+    soak = _soak_module()
+
+    def outcome(started: float, ttft: float | None, ended: float, tokens: int, **kind) -> object:
+        return soak.Outcome(
+            started=started, ended=ended, route="/v1/completions", stream=ttft is not None,
+            error=kind.get("error"), tokens=tokens, ttft=ttft, max_gap=None, max_gap_at=None,
+            disconnected=kind.get("disconnected", False),
+        )  # fmt: skip
+
+    # A stream that waited 10 s and then decoded 100 tokens evenly over 50 s: 20 tokens in each 10 s.
+    streamed = outcome(0.0, 10.0, 60.0, 100)
+    assert soak.produced_per_s([streamed], 0.0, 10.0) == 0.0
+    assert soak.produced_per_s([streamed], 10.0, 20.0) == pytest.approx(2.0)
+    assert soak.produced_per_s([streamed], 50.0, 70.0) == pytest.approx(1.0)
+    # Not streamed: spread from its start; disconnected chunks count; failed requests do not.
+    plain = outcome(0.0, None, 40.0, 40)
+    cut = outcome(0.0, 5.0, 10.0, 5, disconnected=True)
+    failed = outcome(0.0, None, 10.0, 50, error="HTTP 500")
+    assert soak.produced_per_s([plain, cut, failed], 0.0, 10.0) == pytest.approx(1.5)
+    # Over the whole run every token is counted once.
+    whole = [streamed, plain, cut, failed]
+    assert soak.produced_per_s(whole, 0.0, 100.0) * 100.0 == pytest.approx(145.0)
+    assert soak.produced_per_s(whole, 5.0, 5.0) is None
+
+
+def test_a_finished_soak_is_summarised_again_with_another_warmup(tmp_path: Path) -> None:
+    soak = _soak_module()
+    finished = [
+        soak.Outcome(
+            float(t), float(t) + 10.0, "/v1/completions", False, None, 10 + t, None, None, None, False
+        )
+        for t in range(0, 100, 10)
+    ]
+    args = soak.parse_args(["--out", str(tmp_path / "first"), "--duration", "110", "--warmup", "0"])
+    (tmp_path / "first").mkdir()
+    assert soak.write_report(args, tmp_path / "first", finished, [], {}) == 0
+    again = tmp_path / "again"
+    argv = ["--out", str(again), "--from-json", str(tmp_path / "first" / "soak.json"), "--warmup", "50"]
+    assert soak.main(argv) == 0
+    report = json.loads((again / "soak.json").read_text())
+    assert report["settings"]["duration"] == 110 and report["settings"]["warmup"] == 50
+    assert report["criteria"]["span_seconds"] == 30  # half of what is left after the warm-up
+    # 50..80 s holds the requests started at 50, 60 and 70 s (60, 70 and 80 tokens), and nothing else.
+    assert report["criteria"]["tokens_per_s_first_span"] == pytest.approx((60 + 70 + 80) / 30, abs=0.01)
+    assert soak.main(["--out", str(again), "--from-json", str(tmp_path / "missing.json")]) == 2
