@@ -69,6 +69,7 @@ def start_server(args: argparse.Namespace) -> str:
     """Load the pair and serve it from a thread of this process; returns the base URL."""
     import uvicorn
 
+    from exactspec.cli.common import workload
     from exactspec.decoding.strategy import Strategy
     from exactspec.models.pair import ModelPair
     from exactspec.server.app import create_app
@@ -82,8 +83,12 @@ def start_server(args: argparse.Namespace) -> str:
         device=args.device,
         weights=args.weights,
         backend=args.backend,
+        # As exactspec serve: "auto" chooses for this drafter on a batch of --max-batch rows.
+        workload=workload(args, strategy, plain=False, rows=args.max_batch),
+        report=lambda line: print(f"[load test] {line}", file=sys.stderr, flush=True),
     )
     print(f"[load test] {pair.describe_backend()}", file=sys.stderr, flush=True)
+    args.backend_ran = pair.backend
     gamma = args.gamma
     if gamma is None:  # as exactspec serve chooses it
         gamma = args.gamma = strategy.default_gamma(pair.weights)
@@ -374,6 +379,7 @@ def write(out: Path, levels: dict[str, list[dict]], args: argparse.Namespace, ar
         "device": args.device,
         "weights": args.weights,
         "backend": args.backend,
+        "backend_ran": getattr(args, "backend_ran", None),  # what "auto" chose (None with --url)
         "drafter": args.drafter,
         "peer": args.peer,
         "threads": args.threads,

@@ -17,9 +17,11 @@ Measured and written to `--out` (soak.json, soak.md):
   stream (client-side stalls: the shared suffix tree's pauses, prefills of joining requests and the
   like all show here);
 - every `--sample-interval` seconds: the server's resident memory (VmRSS of /proc/PID/status), the
-  shared suffix tree's size (GET /health `suffix_global_tokens`), rows running and waiting;
+  shared suffix tree's size (GET /health `suffix_global_tokens`), rows running and waiting, the tokens
+  generated so far (GET /metrics `exactspec_generated_tokens_total`);
 - after a drain: rows still running or waiting (leaked rows), the server's inter-token latency histogram;
-- the soak criteria: throughput of the last span against the first span after `--warmup`,
+- the soak criteria: throughput of the last span against the first span after `--warmup` (from the
+  server's generated-token counter in the samples; the clients' view is reported beside it),
   resident-memory growth after the first span, the tree's largest size against its budget.
 
 Loopback only, and bounded: the duration is capped at MAX_DURATION, clients stop starting requests
@@ -200,12 +202,14 @@ def resident_kib(pid: int) -> int | None:
 async def sample_server(
     client: Any, pid: int, t0: float, interval: float, samples: list, stop: asyncio.Event
 ):
-    """Every `interval` seconds: resident memory, the shared tree's size, rows running and waiting."""
+    """Every `interval` seconds: resident memory, the shared tree's size, rows running and waiting, and the
+    tokens the server has generated so far (its `exactspec_generated_tokens_total` counter)."""
     while not stop.is_set():
         sample: dict[str, Any] = {"t": round(time.monotonic() - t0, 2), "rss_kib": resident_kib(pid)}
         try:
             health = (await client.get("/health", timeout=30)).json()
             sample.update({k: health.get(k) for k in ("suffix_global_tokens", "running", "waiting")})
+            sample["generated_tokens"] = generated_tokens((await client.get("/metrics", timeout=30)).text)
         except Exception as error:  # noqa: BLE001 (a failed poll is recorded, the soak goes on)
             sample["health_error"] = type(error).__name__
         samples.append(sample)
@@ -325,6 +329,23 @@ async def run_clients(
     return outcomes, samples, after
 
 
+def generated_tokens(metrics: str) -> float | None:
+    """The server's count of tokens generated since it started (every row's, cancelled ones included)."""
+    match = re.search(r"^exactspec_generated_tokens_total (\S+)$", metrics, re.MULTILINE)
+    return float(match.group(1)) if match else None
+
+
+def server_tokens_per_s(samples: list[dict], low: float, high: float) -> float | None:
+    """Tokens per second the server generated between the samples nearest `low` and `high` (its own counter:
+    what it decoded in the span, whether or not a client saw the request end)."""
+    counted = [(s["t"], s["generated_tokens"]) for s in samples if s.get("generated_tokens") is not None]
+    if len(counted) < 2 or high <= low:
+        return None
+    first = min(counted, key=lambda point: abs(point[0] - low))
+    last = min(counted, key=lambda point: abs(point[0] - high))
+    return (last[1] - first[1]) / (last[0] - first[0]) if last[0] > first[0] else None
+
+
 def itl_histogram(metrics: str) -> dict[str, float]:
     """The server's inter-token latency histogram: cumulative counts by upper bound (seconds)."""
     pattern = r'^exactspec_inter_token_latency_seconds_bucket\{le="([^"]+)"\} (\S+)$'
@@ -393,8 +414,15 @@ def summarise(args: argparse.Namespace, outcomes: list[Outcome], samples: list[d
         start = end
 
     span = min(args.span, max(0.0, (args.duration - args.warmup) / 2))
-    first = produced_per_s(outcomes, args.warmup, args.warmup + span)
-    last = produced_per_s(outcomes, args.duration - span, args.duration)
+    first_seen = produced_per_s(outcomes, args.warmup, args.warmup + span)
+    last_seen = produced_per_s(outcomes, args.duration - span, args.duration)
+    # The criterion reads the server's own counter where the samples have it: the clients' view loses
+    # the requests still running when the drain ends (cancelled, never reported), all in the last span.
+    first = server_tokens_per_s(samples, args.warmup, args.warmup + span)
+    last = server_tokens_per_s(samples, args.duration - span, args.duration)
+    measured_by = "server" if first is not None and last is not None else "clients"
+    if measured_by == "clients":
+        first, last = first_seen, last_seen
     rss = [(s["t"], s["rss_kib"]) for s in samples if s.get("rss_kib")]
     rss_base = next((kib for t, kib in rss if t >= args.warmup + span), None)
     rss_end = rss[-1][1] if rss else None
@@ -420,6 +448,8 @@ def summarise(args: argparse.Namespace, outcomes: list[Outcome], samples: list[d
             "span_seconds": span,
             "tokens_per_s_first_span": first,
             "tokens_per_s_last_span": last,
+            "tokens_per_s_measured_by": measured_by,
+            "tokens_per_s_seen_by_clients": [first_seen, last_seen],
             "throughput_change": (last / first - 1) if first and last is not None else None,
             "rss_kib_after_first_span": rss_base,
             "rss_kib_end": rss_end,
@@ -459,7 +489,10 @@ def markdown(report: dict) -> str:
         f"- completion tokens: {report['completion_tokens']}; TTFT p50 / p90 / p99: {ttft}",
         f"- tokens/s, first {num(c['span_seconds'], 0)} s after warm-up: "
         f"{num(c['tokens_per_s_first_span'])}; last: {num(c['tokens_per_s_last_span'])}; change: "
-        f"{num(c['throughput_change'], 3)}",
+        f"{num(c['throughput_change'], 3)} (counted by the {c.get('tokens_per_s_measured_by', 'clients')}; "
+        "the clients saw "
+        + " and ".join(num(v) for v in c.get("tokens_per_s_seen_by_clients", [None, None]))
+        + ")",
         f"- resident memory after the first span: {num(c['rss_kib_after_first_span'])} KiB; at the end: "
         f"{num(c['rss_kib_end'])} KiB; growth: {num(c['rss_growth'], 4)}",
         f"- shared suffix tree: at most {num(c['suffix_tree_max_tokens'])} tokens (budget "

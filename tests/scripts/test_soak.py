@@ -54,11 +54,14 @@ def test_a_short_soak_reports_every_field_and_no_error(tmp_path: Path) -> None:
         } <= set(window)
     samples = report["samples"]
     assert len(samples) >= DURATION and all(s["rss_kib"] > 0 for s in samples)
+    counted = [s["generated_tokens"] for s in samples]
+    assert counted == sorted(counted) and counted[-1] > 0  # the server's own counter, read as it grows
     # The default drafter's shared tree learns from finished requests, and GET /health shows it growing.
     assert samples[-1]["suffix_global_tokens"] > 0
     criteria = report["criteria"]
     assert criteria["leaked_rows"] == 0  # the disconnected streams' rows were cancelled
     assert criteria["suffix_tree_max_tokens"] <= criteria["suffix_tree_budget_tokens"]
+    assert criteria["tokens_per_s_measured_by"] == "server"
     for key in (
         "tokens_per_s_first_span",
         "tokens_per_s_last_span",
@@ -126,3 +129,15 @@ def test_a_finished_soak_is_summarised_again_with_another_warmup(tmp_path: Path)
     # 50..80 s holds the requests started at 50, 60 and 70 s (60, 70 and 80 tokens), and nothing else.
     assert report["criteria"]["tokens_per_s_first_span"] == pytest.approx((60 + 70 + 80) / 30, abs=0.01)
     assert soak.main(["--out", str(again), "--from-json", str(tmp_path / "missing.json")]) == 2
+
+
+def test_the_criterion_reads_the_servers_counter_between_the_nearest_samples() -> None:
+    soak = _soak_module()
+    samples = [{"t": float(t), "generated_tokens": 3.0 * t} for t in range(0, 101, 5)]
+    samples.insert(3, {"t": 12.0, "health_error": "ReadTimeout"})  # a failed poll is skipped
+    assert soak.server_tokens_per_s(samples, 10.0, 40.0) == pytest.approx(3.0)
+    assert soak.server_tokens_per_s(samples, 12.0, 41.0) == pytest.approx(3.0)  # nearest: 10 and 40
+    assert soak.server_tokens_per_s(samples[:1], 0.0, 10.0) is None
+    metrics = "# HELP x\nexactspec_generated_tokens_total 1234.0\nexactspec_generated_tokens_created 1.7e9\n"
+    assert soak.generated_tokens(metrics) == 1234.0
+    assert soak.generated_tokens("nothing here") is None
