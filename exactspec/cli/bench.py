@@ -79,9 +79,9 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     progress = not args.no_progress
-    provenance = command_provenance(args)  # as the run starts, with the threads it runs with
-
     pair, load_seconds = _load_pair(args, chosen, progress, say)
+    # As the run starts, with the threads it runs with (a backend with threads of its own leaves torch one).
+    provenance = command_provenance(args)
     genai = _load_ortgenai(args, pair, say)
     if genai is not None:
         ngram = tuple(sorted(set(getattr(args, "ortgenai_ngram", None) or ())))

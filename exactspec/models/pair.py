@@ -152,7 +152,14 @@ class ModelPair:
         spec = LoadSpec(target, draft, dtype, weights, device, threads, cache_dir, progress, report)
         if workload is not None:
             spec = dataclasses.replace(spec, workload=workload)
-        return chosen.load(spec)
+        pair = chosen.load(spec)
+        if pair.backend and backend_named(pair.backend).own_threads:  # what ran ("auto": its choice)
+            import torch
+
+            from exactspec.models.backends.registry import SAMPLING_THREADS
+
+            torch.set_num_threads(SAMPLING_THREADS)
+        return pair
 
     @property
     def backend_reason(self) -> str | None:

@@ -112,6 +112,35 @@ def test_a_registered_backend_loads_by_name_and_is_a_cli_choice(toy: Backend) ->
     assert args.backend == toy.name
 
 
+def test_a_backend_with_threads_of_its_own_leaves_torch_one_thread_for_the_sampling(toy: Backend) -> None:
+    """Two spinning thread pools on the same cores slow each other (registry.SAMPLING_THREADS): once the
+    pair that will run is loaded on such a backend, torch keeps one thread; on torch backends, all it had."""
+    import dataclasses
+
+    import torch
+
+    threads = torch.get_num_threads()
+    def load_own(spec: LoadSpec) -> ModelPair:
+        pair = _load(spec)
+        pair.backend = "own-threads-test"
+        return pair
+
+    own = dataclasses.replace(TOY, name="own-threads-test", load=load_own, own_threads=True)
+    registry.register(own)
+    try:
+        torch.set_num_threads(2)
+        assert backend("hf").own_threads is False and backend("onnx").own_threads is True
+        assert backend("llamacpp").own_threads is True
+        ModelPair.from_pretrained("some-target", None, backend=toy.name)  # own_threads False
+        assert torch.get_num_threads() == 2
+        pair = ModelPair.from_pretrained("some-target", None, backend=own.name)
+        assert pair.backend == own.name
+        assert torch.get_num_threads() == registry.SAMPLING_THREADS == 1
+    finally:
+        registry.BACKENDS.unregister(own.name)
+        torch.set_num_threads(threads)
+
+
 def test_a_backend_that_cannot_run_here_says_why_before_loading(capsys: pytest.CaptureFixture[str]) -> None:
     absent = Backend("absent-test", "x", _load, lambda pair: pair.target, unavailable=lambda: "install it")
     registry.register(absent)

@@ -203,6 +203,7 @@ BACKEND = register(
         accepts=accepts,
         options=frozenset({"threads"}),
         rank=1,
+        own_threads=True,
         describe=describe,
         tiny=TINY,
     )

@@ -235,6 +235,7 @@ BACKEND = register(
         accepts=accepts,
         options=frozenset({"threads"}),
         rank=2,
+        own_threads=True,
         describe=describe,
         tiny=_tiny(),
     )

@@ -285,6 +285,16 @@ def _runs_here() -> str | None:
     return None
 
 
+SAMPLING_THREADS = 1
+"""torch's intra-op threads beside a backend with threads of its own (`Backend.own_threads`). Between two
+passes torch runs only the sampling over one vocabulary row per position, which one thread does in well
+under a millisecond; with more, torch's OpenMP threads spin-wait after each op on the same cores as the
+backend's own spinning workers, and each slows the other: measured 2026-12-05 on the 2-core Zen 4,
+`generate --plain` on the built-in target, 128 tokens, ONNX Runtime: 21 tokens/s with torch's 2 threads
+(the pass 35.7 ms, 10-15 ms between passes) against 30.6 with 1 (29.6 ms, 3 ms); llama.cpp 25.7-26.2
+against 26.2-27.7."""
+
+
 @dataclass(frozen=True)
 class Backend:
     """A registered backend.
@@ -307,6 +317,9 @@ class Backend:
         tiny: how it runs tiny random models (None: no exactness cases and no `audit --tiny` pair).
         chooses: it loads one of the other backends ("auto"): `audit --tiny` then runs the first
             backend, by rank, that has tiny models.
+        own_threads: its passes run on a thread pool of its own (ONNX Runtime's, llama.cpp's), not
+            torch's: once such a pair is loaded, torch keeps one thread for the sampling
+            (`ModelPair.from_pretrained`; see `SAMPLING_THREADS`).
     """
 
     name: str
@@ -321,6 +334,7 @@ class Backend:
     candidates: Callable[[LoadSpec], Sequence[Candidate]] | None = None
     tiny: TinyModels | None = None
     chooses: bool = False
+    own_threads: bool = False
 
     def auto_candidates(self, spec: LoadSpec) -> list[Candidate]:
         """The ways `--backend auto` measures this backend for `spec` (`candidates`, default its name)."""
