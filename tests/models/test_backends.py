@@ -120,6 +120,7 @@ def test_a_backend_with_threads_of_its_own_leaves_torch_one_thread_for_the_sampl
     import torch
 
     threads = torch.get_num_threads()
+
     def load_own(spec: LoadSpec) -> ModelPair:
         pair = _load(spec)
         pair.backend = "own-threads-test"
