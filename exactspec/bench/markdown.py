@@ -27,6 +27,7 @@ from exactspec.bench.tables import (
     predicted_table,
     results_table,
 )
+from exactspec.models.backends.registry import backend as backend_named
 
 
 def render_markdown(result: BenchResult, summary: Summary | None = None, *, plots: bool = True) -> str:
@@ -134,7 +135,7 @@ def _header(result: BenchResult, summary: Summary) -> list[str]:
     machine = result.provenance.machine if result.provenance else None
     cpus = (machine.cores if machine else None) or 0
     # The end figure counts the bench's own threads; what is left of it is other work.
-    own = min(machine.torch_threads if machine else 0, cpus)
+    own = min(_own_threads(result, machine.torch_threads if machine else 0, cpus), cpus)
     load_start, load_end = result.environment.load_average_start, result.environment.load_average_end
     others = max(load_start[0] if load_start else 0.0, (load_end[0] - own) if load_end else 0.0)
     if load_start and cpus and others > 0.5 * cpus:
@@ -144,6 +145,20 @@ def _header(result: BenchResult, summary: Summary) -> list[str]:
             "every setting of a prompt ran back to back."
         )
     return lines + [""]
+
+
+def _own_threads(result: BenchResult, torch_threads: int, cpus: int) -> int:
+    """The threads the bench itself keeps busy: torch's, or every core where a pool of its own ran
+    (our backend's when it has one, the llama.cpp and onnxruntime-genai peers'), since such pools are
+    sized to the cores (--threads or their default of 2) and torch then keeps one thread."""
+    name = result.models.backend
+    try:
+        pooled = bool(name) and backend_named(name).own_threads
+    except ValueError:  # a bench.json from a backend this build does not register
+        pooled = False
+    if pooled or result.config.llamacpp or result.config.ortgenai:
+        return cpus
+    return torch_threads
 
 
 def _recommendation(summary: Summary) -> list[str]:

@@ -345,6 +345,24 @@ def test_the_load_warning_discounts_the_bench_s_own_threads() -> None:
     assert loaded(3.5)
 
 
+def test_a_backend_with_its_own_threads_counts_them_as_the_bench_s_own() -> None:
+    # ONNX Runtime's 2 threads ran the passes while torch kept 1 (ModelPair.from_pretrained): an end
+    # load of 2.5 is the bench itself and half a thread; with torch's engine alone, 1.5 threads more.
+    result = fake_result()
+    machine = dataclasses.replace(result.provenance.machine, torch_threads=1)
+    provenance = dataclasses.replace(result.provenance, machine=machine)
+    env = dataclasses.replace(result.environment, load_average_start=(0.2,) * 3, load_average_end=(2.5,) * 3)
+
+    def loaded(backend: str | None) -> bool:
+        models = dataclasses.replace(result.models, backend=backend)
+        run = dataclasses.replace(result, provenance=provenance, environment=env, models=models)
+        return "the machine was loaded" in render_markdown(run, plots=False)
+
+    assert not loaded("onnx")
+    assert not loaded("llamacpp")
+    assert loaded(None)
+
+
 def test_the_report_states_no_project_goals() -> None:
     text = render_markdown(fake_result(), plots=False)
     for goal in ("issue", "Target", "target >=", "met**", "floor"):
