@@ -49,7 +49,7 @@ def speedup_from_tokens(tokens: float, gamma: int, c: float, v: float = 1.0) -> 
 
 
 @dataclass(frozen=True)
-class CostModel:
+class CostModel(JsonRecord):
     """Measured costs, in units of one target one-token forward (docs/algorithm.md "Measured quantities").
 
     Attributes:

@@ -16,17 +16,21 @@ import os
 import threading
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from exactspec.foundations.costs import BatchCosts, CostModel
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.errors import InvalidArgument
+from exactspec.foundations.records import JsonRecord
 from exactspec.models.base import LanguageModel
 from exactspec.models.costs import measure_batch_costs, measure_cost_model
 from exactspec.models.tokenizers import check_tokenizers_compatible, end_of_generation_ids
 
 if TYPE_CHECKING:
     from exactspec.models.backends.registry import Workload
+
+M = TypeVar("M", bound=JsonRecord)
+"""A measurement kept on disk (`ModelPair._measured`)."""
 
 
 @dataclass
@@ -200,14 +204,22 @@ class ModelPair:
         return backend(self.backend).reference(self)
 
     def cost_model(self, max_gamma: int) -> CostModel:
-        """c and v(1..max_gamma + 1) of this pair's backend, measured on first use and cached on the pair.
+        """c and v(1..max_gamma + 1) of this pair's backend, measured once per pair and machine.
 
         `exactspec.models.costs.measure_cost_model` times a few forwards through the adapters (about 7 s
-        for the default pair at max_gamma 4); a later call with a larger max_gamma measures again, a
-        smaller one reuses the cached numbers. Without a draft model c is 0. Clears both KV caches.
+        for the default pair at max_gamma 4). Kept on the pair and, like `batch_costs`, on disk under
+        the pair's source and the machine, so every run on one machine plans its draft lengths from
+        the same numbers: with a draft model a row's seeded tokens depend on its draft lengths, and a
+        batch job's output must not depend on how one start's timing came out (docs/batch.md). A
+        later call with a larger max_gamma measures again, a smaller one reuses the cached numbers.
+        Without a draft model c is 0. Clears both KV caches.
         """
         if self._costs is None or self._costs.max_gamma < max_gamma:
-            self._costs = measure_cost_model(self.target, self.draft, max_gamma)
+
+            def measure() -> CostModel:
+                return measure_cost_model(self.target, self.draft, max_gamma)
+
+            self._costs, _ = self._measured("cost-model", {"max_gamma": max_gamma}, CostModel, measure)
         return self._costs.up_to(max_gamma)
 
     def batch_costs(
@@ -233,25 +245,37 @@ class ModelPair:
         def measure() -> BatchCosts:
             return measure_batch_costs(self.target, self.draft, max_gamma, max_rows, progress=progress)
 
-        if self.source is None:
-            costs = measure()
-        else:
-            from exactspec.artefacts.measurements import measured
-            from exactspec.foundations.provenance import machine
-
-            here = machine()
-            key = {
-                **self.source,
-                "max_gamma": max_gamma,
-                "max_rows": max_rows,
-                "machine": {"cpu": here.cpu, "cores": here.cores, "torch": here.torch},
-                "threads": here.torch_threads,
-            }
-            costs, stored = measured("batch-costs", key, BatchCosts, measure, cache_dir)
-            if stored and progress is not None:
-                progress("pass costs: measured before on this machine, read from the cache")
+        key = {"max_gamma": max_gamma, "max_rows": max_rows}
+        costs, stored = self._measured("batch-costs", key, BatchCosts, measure, cache_dir)
+        if stored and progress is not None:
+            progress("pass costs: measured before on this machine, read from the cache")
         self._batch_costs = costs
         return costs
+
+    def _measured(
+        self,
+        kind: str,
+        key: dict[str, Any],
+        record: type[M],
+        measure: Callable[[], M],
+        cache_dir: str | os.PathLike[str] | None = None,
+    ) -> tuple[M, bool]:
+        """`measure()`, kept on disk (`artefacts.measurements`) under `kind`, `key`, the pair's source and
+        the machine (CPU, cores, torch version and threads) for pairs loaded by `from_pretrained`; a
+        pair built from modules in memory measures every time. Also whether it was read from disk."""
+        if self.source is None:
+            return measure(), False
+        from exactspec.artefacts.measurements import measured
+        from exactspec.foundations.provenance import machine
+
+        here = machine()
+        full_key = {
+            **self.source,
+            **key,
+            "machine": {"cpu": here.cpu, "cores": here.cores, "torch": here.torch},
+            "threads": here.torch_threads,
+        }
+        return measured(kind, full_key, record, measure, cache_dir)
 
     def clear_caches(self) -> None:
         """Drop every KV cache (the next call starts from the prompt)."""

@@ -28,3 +28,32 @@ def test_batch_costs_are_measured_for_every_shape_up_to_the_largest_batch() -> N
     assert measure_batch_costs(TARGET, None, max_gamma=1, max_rows=1, repeats=1).draft is None
     with pytest.raises(ValueError):
         measure_batch_costs(TARGET, DRAFT, max_gamma=1, max_rows=0)
+
+
+def test_a_pair_loaded_again_on_the_same_machine_reads_its_cost_model_from_the_cache(
+    tiny_model_folders: tuple[str, str], tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every run on one machine plans draft lengths from the same c and v(k): a batch job's seeded
+    draft-model tokens depend on them (docs/batch.md), so a second start must not time them again."""
+    from exactspec.models import costs as model_costs
+    from exactspec.models import pair as pair_module
+    from exactspec.models.pair import ModelPair
+
+    monkeypatch.setenv("EXACTSPEC_CACHE", str(tmp_path))
+    timed = []
+    real = model_costs.measure_cost_model
+
+    def counting(target, draft, max_gamma, **kwargs):
+        timed.append(max_gamma)
+        return real(target, draft, max_gamma, repeats=1)
+
+    monkeypatch.setattr(pair_module, "measure_cost_model", counting)
+    target, draft = tiny_model_folders
+
+    def loaded() -> ModelPair:
+        return ModelPair.from_pretrained(target, draft, dtype="float32", weights="bf16", backend="hf")
+
+    first = loaded().cost_model(3)
+    second = loaded().cost_model(3)
+    assert timed == [3]  # the second pair read the first one's numbers
+    assert second.verify_costs == first.verify_costs and second.draft_cost == first.draft_cost
