@@ -86,7 +86,7 @@ class SpeculativeDecoder:
 
     `generate` and `stream` take the drafter ("suffix", the default, "model", "ngram" or "hybrid"), the
     verifier ("token" or "block") and `adaptive_gamma` (gamma is then the maximum draft length; c and v(k) are
-    measured once per pair on first use, see `ModelPair.cost_model`); `exactspec.decoding.strategy`
+    measured once per pair and machine, see `ModelPair.cost_model`); `exactspec.decoding.strategy`
     says what each does.
 
     Thread safety: one decoder may be shared by many threads. Its calls are

@@ -253,7 +253,8 @@ def _method_notes(config: BenchConfig) -> list[str]:
         "draft model with token verification; speculative-block = the same drafts with block verification; "
         "ngram = prompt lookup (no draft model, c = 0); hybrid = lookup where the history matches, the draft "
         "model elsewhere; adaptive = the draft model with gamma chosen per round in 0..gamma from running "
-        "acceptance and c, v(k) measured once per pair (ModelPair.cost_model), before the timed runs; "
+        "acceptance and c, v(k) measured once per pair and machine (ModelPair.cost_model), before the "
+        "timed runs; "
         "ngram-adaptive = prompt lookup with that rule (c = 0) kept per row and per match length "
         "(decoding.gamma.LookupGamma; results written before it, at code 6d4296c and older, kept one rule "
         "per row).",

@@ -225,10 +225,10 @@ def run_engine(
 
     It runs as `exactspec generate` runs it: one request in a `Session` over the pair (the one place that
     wires a strategy to its engine: adaptive gamma plans each round from the pair's measured pass costs
-    and round times, measured once per pair before the timed part of the first such run), the seed the
-    request's, no per-round input checks in the verifier. The session's rounds run through `LoggedModel`
-    wrappers (every pass noted), without EOS when `ignore_eos`. `learned`: the drafters that carry what
-    they learned from one run to the next (`LearnedDrafters`).
+    and round times, measured once per pair and machine before the timed part of the first such run), the
+    seed the request's, no per-round input checks in the verifier. The session's rounds run through
+    `LoggedModel` wrappers (every pass noted), without EOS when `ignore_eos`. `learned`: the drafters that
+    carry what they learned from one run to the next (`LearnedDrafters`).
     """
     strategy = strategy or Strategy()
     log = PassLog()

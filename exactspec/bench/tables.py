@@ -50,8 +50,8 @@ def costs_table(summary: Summary) -> list[str]:
     if policy:
         v = ", ".join(num(x, 2) for x in policy.v)
         lines += [
-            f"Adaptive gamma optimised with its own measurement (ModelPair.cost_model, once per pair, a "
-            f"48-token cache): c = {num(policy.c, 3)}, v(1..{len(policy.v)}) = {v}.",
+            "Adaptive gamma optimised with its own measurement (ModelPair.cost_model, once per pair and "
+            f"machine, a 48-token cache): c = {num(policy.c, 3)}, v(1..{len(policy.v)}) = {v}.",
             "",
         ]
     return lines
