@@ -142,6 +142,12 @@ class SpeculativeEngine:
         if self.gamma_policy is not None:
             self.gamma_policy.prefilled(seconds)  # the step's cost includes it (`decoding.planner`)
 
+    def joining(self, rows: int) -> None:
+        """`rows` rows are about to join the running batch (the scheduler's rows being prefilled or waiting,
+        up to its free rows): the gamma policy hears it before the next round (`decoding.planner`)."""
+        if self.gamma_policy is not None:
+            self.gamma_policy.joining(rows)
+
     def _row_roles(self) -> list[RowLifecycle]:
         return [role for role in (self.target, self.drafter, self.gamma_policy) if role is not None]
 

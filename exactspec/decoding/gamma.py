@@ -78,6 +78,11 @@ class GammaPolicy(RowLifecycle, Protocol):
         runs them in the same step, before the round): a policy that weighs whole steps counts them."""
         ...
 
+    def joining(self, rows: int) -> None:
+        """`rows` rows are about to join the batch (the scheduler's prefilling and waiting rows, up to its
+        free rows), told before each round: a policy that weighs the batch to come counts them."""
+        ...
+
 
 class PerRowGamma:
     """`plan` for a policy that chooses each row on its own: min(limit, draft_length(row)) per free row."""
@@ -95,6 +100,9 @@ class PerRowGamma:
 
     def prefilled(self, seconds: float) -> None:
         """Each row is chosen on its own: the step's prefill changes no row's choice."""
+
+    def joining(self, rows: int) -> None:
+        """Each row is chosen on its own: the rows to come change no row's choice."""
 
 
 class AdaptiveGamma(PerRowGamma):

@@ -38,6 +38,17 @@ step's own chunk: a step's prefill is paid whatever its round drafts, so what it
 a draft token has to beat (tokens per second over all steps), not this step's trade; a step that
 charged its own chunk would draft exactly when a prompt joins.
 
+While rows are about to join (J rows prefilling, or waiting for a free row: `joining`, told by the
+scheduler before the round), the batch is about to grow, and a token drafted now competes with the
+same token decoded a few rounds later in that bigger batch, where a plain round costs
+c_ref = R(B + J, 1) / (B + J) seconds a row (R: the round times' prediction). So a plan's drafts must
+also pay at that price: its extra seconds over the plain round (the fixed rows' drafts only) at most
+its extra expected tokens times c_ref. Without this rule, the first rows to join drafted while the
+others' prompts were still being fed, paying up to 1.4 times for a drafted token what the full batch
+pays for a plain one (ONNX Runtime on the Zen 3: v(4) 2.12 alone, 16 rows x 1 token 7.7 steps), and
+each longer round put off the waiting rows' prefill (issue 37's load test: speculative 0.89x to 0.91x
+of plain at 4 to 16 requests of 32 tokens, TTFT p95 at 16 +23%).
+
 Which rows are offered draft tokens, and from which acceptance (issue 37: a prior must not make a
 full batch draft, and drafting that does not pay stops):
 
@@ -57,10 +68,11 @@ steps, and within the cap planned here each row's depth is cut further by its ma
 (`decoding.gamma.LookupGamma`, which the drafter asks through `length_for`).
 
 Exactness: the plan depends on the rows' finished rounds, their lengths, the measured costs and the
-wall times of finished rounds and prefill passes, and on the round's number (the probe schedule), all
-known before the round's draws, so each round is exact given its history and so is the
-output (docs/algorithm.md 5). A row's draft length now depends on which rows share the batch,
-so a seeded request's tokens may depend on the load; its law does not (docs/algorithm.md 6).
+wall times of finished rounds and prefill passes, the number of rows about to join, and the round's
+number (the probe schedule), all known before the round's draws, so each round is exact given its
+history and so is the output (docs/algorithm.md 5). A row's draft length now depends on which rows
+share the batch and which are coming, so a seeded request's tokens may depend on the load; its law
+does not (docs/algorithm.md 6).
 """
 
 from __future__ import annotations
@@ -152,6 +164,7 @@ class CostAwareGamma:
         self.rounds_planned = 0
         self.last_plan_probe = False  # whether the last plan was a probe round
         self._prefill_seconds = 0.0  # prompt chunks run since the last plan
+        self._joining = 0  # rows about to join the batch (`joining`), as of the next plan
         self.prefill_per_step = 0.0  # P: mean prefill seconds per step (PREFILL_MEMORY)
         self._pooled = (0.0, 0.0)  # (kept, reached) of every row's drafting rounds, decayed
         self._seen: dict[int, int] = {}  # row -> tokens of its history the draft model has seen
@@ -248,15 +261,21 @@ class CostAwareGamma:
         lags = [max(1, r.length - self._seen.get(r.row, 0)) for r in rows]
         fresh = [self._seen.get(r.row, 0) == 0 for r in rows]
         fixed_expected = sum(self._expected(r.row, fixed[b]) for b, r in enumerate(rows) if r.fixed)
+        plain_expected = fixed_expected + sum(1.0 for r in rows if not r.fixed)
+        plain_cost = self._cost(fixed, lags, fresh)
+        reference = self.plain_token_seconds(len(rows) + self._joining) if self._joining else None
         narrowest = max(fixed, default=0)
         best_value, best = -1.0, list(fixed)
         for width_gamma in range(narrowest, max((r.limit for r in rows), default=0) + 1):
             drafts = list(fixed)
-            expected = fixed_expected + sum(1.0 for r in rows if not r.fixed)
+            expected = plain_expected
             candidates = iter(m for m in marginals if m[2] <= width_gamma)
             while True:
-                value = expected / (prefill + self._cost(drafts, lags, fresh))
-                if value > best_value:
+                cost = self._cost(drafts, lags, fresh)
+                value = expected / (prefill + cost)
+                # While rows are about to join, drafts must also beat a plain token of the bigger batch.
+                affordable = reference is None or cost - plain_cost <= (expected - plain_expected) * reference
+                if affordable and value > best_value:
                     best_value, best = value, list(drafts)
                 step = next(candidates, None)
                 if step is None:
@@ -272,6 +291,17 @@ class CostAwareGamma:
         """Prompt chunks of joining rows ran `seconds` in this step: the next plan adds them to the mean."""
         if seconds > 0.0:
             self._prefill_seconds += seconds
+
+    def joining(self, rows: int) -> None:
+        """`rows` rows are about to join the batch (prefilling, or waiting for a free row): the next plans
+        price drafts against a plain token of the bigger batch (the module docstring) until told again."""
+        if rows < 0:
+            raise ValueError(f"rows must be >= 0, got {rows}")
+        self._joining = rows
+
+    def plain_token_seconds(self, rows: int) -> float:
+        """c_ref: seconds a plain round of `rows` rows costs per row, as the round times predict it."""
+        return self.round_times.predict(RoundShape(rows, 1, 0)) / rows
 
     def timed(self, shape: RoundShape, seconds: float) -> float | None:
         """Learn the round's wall time (what the next plans' costs are corrected by) and each row's realized

@@ -6,7 +6,9 @@ random stream and its KV caches. Between two rounds the scheduler
 
 1. drops rows that were cancelled (their caches are freed, the other rows are not touched),
 2. admits waiting requests while the batch has room (`max_batch`),
-3. runs one `SpeculativeEngine.round` over every row, each with its own settings,
+3. runs one `SpeculativeEngine.round` over every row, each with its own settings (first telling the
+   engine how many rows are about to join: those whose prompts are still being prefilled, which the
+   planner prices drafts against),
 4. hands each row's new tokens to its consumer and retires the rows that finished.
 
 A row's output law does not depend on the other rows or on when it joined: the engine's round
@@ -71,6 +73,8 @@ class RoundEngine(Protocol):
     def release_rows(self, rows: Sequence[int]) -> None: ...
 
     def prefill(self, row: int, tokens: Sequence[int]) -> None: ...
+
+    def joining(self, rows: int) -> None: ...
 
     def round(
         self,
@@ -270,8 +274,12 @@ class Scheduler:
             self._prefill(prefilling)
         with self._lock:
             active = [row for row in self._active if row not in self._prefilled]  # join order
+            # Rows about to join: those still being prefilled and those waiting, up to the free rows.
+            free = self.max_batch - len(self._active)
+            joining = len(self._active) - len(active) + min(len(self._waiting), free)
         if not active:
             return True  # this step prefilled; the rows join a round at a later step
+        self.engine.joining(joining)
         try:
             output = self.engine.round(self._states, active, self.config, self.sampler, self._stop)
         except Exception as error:  # a failed round ends its rows, never the scheduler

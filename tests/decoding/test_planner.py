@@ -146,3 +146,78 @@ def test_batch_costs_interpolate_and_extrapolate_upwards() -> None:
         BatchCosts(rows=(1, 2), widths=(1,), target=((1.0,),))
     with pytest.raises(ValueError, match="increasing"):
         BatchCosts(rows=(2, 1), widths=(1,), target=((1.0,), (1.0,)))
+
+
+# A backend that scores several tokens of a row cheaply alone but batches one-token rows better still
+# (ONNX Runtime's shape on the Zen 3: v(4) 2.1 alone, 4 rows x 1 token 2.1 steps, 16 rows 7.7).
+JOINABLE = BatchCosts(
+    rows=(1, 2, 4),
+    widths=(1, 2, 3, 4),
+    target=((1.0, 1.5, 2.0, 2.5), (1.3, 3.0, 4.0, 5.0), (1.6, 6.0, 8.0, 10.0)),
+)
+
+
+def test_a_lone_row_stops_drafting_while_rows_it_will_share_rounds_with_are_prefilled() -> None:
+    policy = warmed(planner(1, JOINABLE), 1, accepted_of_4=4)
+    assert policy.plan([RoundRow(0, 3, length=30)]) == [3]  # alone with nobody coming: drafting pays
+    # Three rows about to join: a plain token of the 4-row batch costs 1.6 / 4 = 0.4 s, a drafted one
+    # here at least 0.5 s over its acceptance, so it waits for the batch.
+    policy.joining(3)
+    assert policy.plain_token_seconds(4) == pytest.approx(0.4)
+    assert policy.plan([RoundRow(0, 3, length=30)]) == [0]
+    # One row coming: a plain token of 2 rows costs 0.65 s, more than a drafted one: drafting still pays.
+    policy.joining(1)
+    assert policy.plan([RoundRow(0, 3, length=30)])[0] > 0
+    policy.joining(0)  # nobody coming any more: the plan is the lone row's again
+    assert policy.plan([RoundRow(0, 3, length=30)]) == [3]
+    with pytest.raises(ValueError, match="rows must be >= 0"):
+        policy.joining(-1)
+
+
+def test_rows_about_to_join_keep_fixed_gammas_and_every_chosen_draft_pays_at_the_batch_price() -> None:
+    policy = warmed(planner(2, JOINABLE), 2, accepted_of_4=3)
+    policy.joining(2)
+    rows = [RoundRow(0, 2, fixed=True, length=30), RoundRow(1, 3, length=30)]
+    assert policy.plan(rows)[0] == 2  # a request's own gamma is kept whatever is coming
+    reference = policy.plain_token_seconds(4)
+    for accepted in range(5):
+        policy = warmed(planner(1, JOINABLE), 1, accepted_of_4=accepted)
+        policy.joining(3)
+        (chosen,) = policy.plan([RoundRow(0, 3, length=30)])
+        extra_seconds = policy._cost([chosen], [1], [False]) - policy._cost([0], [1], [False])
+        extra_tokens = policy._expected(0, chosen) - 1.0
+        assert extra_seconds <= extra_tokens * reference + 1e-12
+
+
+def test_the_scheduler_tells_the_planner_how_many_rows_are_being_prefilled() -> None:
+    target, draft = random_tabular_model(5, seed=1), random_tabular_model(5, seed=2)
+    scheduler = build_scheduler(
+        target,
+        draft,
+        Strategy("model", adaptive_gamma=True),
+        gamma=3,
+        batch_costs=GRID_BATCH_COSTS,
+        policy_options=GRID_POLICY_OPTIONS,
+        sampler=SeededSampler(0),
+        prefill_chunk=2,
+    )
+    policy = scheduler.engine.gamma_policy
+    assert isinstance(policy, CostAwareGamma)
+    told: list[tuple[int, int]] = []  # (rows in the round, rows about to join) at each plan
+    original = policy.plan
+
+    def recording(rows):
+        told.append((len(rows), policy._joining))
+        return original(rows)
+
+    policy.plan = recording  # type: ignore[method-assign]
+    first = scheduler.submit(Request([1, 2], SamplingSettings(), 12, seed=0))
+    scheduler.step()  # the first row's 1-token prefix is fed, then its first round, alone
+    later = [scheduler.submit(Request([1, 2, 3, 4, 1, 2], SamplingSettings(), 3, seed=s)) for s in (1, 2)]
+    scheduler.run_until_idle()
+    assert first.finish_reason and all(h.finish_reason for h in later)
+    # Two 5-token prefixes in chunks of 2 tokens a step, one row after the other: the first row's rounds
+    # meanwhile hear of both, the first to join hears of the other, and once both joined nobody comes.
+    shapes = [told[0]] + [b for a, b in zip(told, told[1:], strict=False) if a != b]
+    assert shapes[:4] == [(1, 0), (1, 2), (2, 1), (3, 0)]
+    assert all(joining == 0 for _, joining in told[told.index((3, 0)) :])
