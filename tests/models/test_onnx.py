@@ -189,3 +189,38 @@ def test_buffers_grow_and_keep_what_rows_hold(
         want = reference.logits([histories[r] for r in rows], 1)
         assert (out.double() - want).abs().max() < FLOAT32_TOLERANCE
     assert small._keys[0].shape[0] == 2 and small._keys[0].shape[2] == 32  # grew 8 -> 16 -> 32
+
+
+def test_the_cache_binding_is_kept_while_the_slots_stay_and_made_again_when_they_change(
+    tiny_onnx: tuple[Path, Path], reference: FullForwardModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One-row decode steps reuse one IO binding; another batch or grown buffers bind afresh, and every
+    call's logits stay the reference's (a stale binding would read or write the wrong cells)."""
+    from exactspec.models.onnx import model as onnx_model
+
+    monkeypatch.setattr(onnx_model, "MIN_CAPACITY", 8)
+    small = OnnxModel(tiny_onnx[0], eos_token_ids={0}, threads=1, max_rows=4)
+    made = 0
+    original = small._session.io_binding
+
+    def counting():  # type: ignore[no-untyped-def]
+        nonlocal made
+        made += 1
+        return original()
+
+    monkeypatch.setattr(small._session, "io_binding", counting)
+    history = [1, 2, 3]
+    for step in range(4):  # 3 + 4 tokens: within the first 8 positions
+        history.append(1 + step % 4)
+        out = small.logits([history], 1, rows=[0])
+        assert (out.double() - reference.logits([history], 1)).abs().max() < FLOAT32_TOLERANCE
+    assert made == 1  # the prefill and every step: slot 0, one row, the same buffers
+    histories = [history + [2], [4, 3, 2]]
+    out = small.logits(histories, 1, rows=[0, 1])  # two rows: the buffers grow to 2 slots, bound afresh
+    assert (out.double() - reference.logits(histories, 1)).abs().max() < FLOAT32_TOLERANCE
+    assert made > 1
+    for step in range(6):  # row 0 passes 8 positions: capacity doubles, bound afresh again
+        histories[0].append(1 + step % 4)
+        out = small.logits(histories[:1], 1, rows=[0])
+        assert (out.double() - reference.logits(histories[:1], 1)).abs().max() < FLOAT32_TOLERANCE
+    assert small._keys[0].shape[2] == 16

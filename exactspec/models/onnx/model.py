@@ -167,6 +167,8 @@ class OnnxModel(RowCacheModel):
         self._keys: list[np.ndarray] = []  # per layer [slots, kv_heads, capacity, head_size] float32
         self._values: list[np.ndarray] = []
         self._scratch: np.ndarray | None = None  # [1, PREFILL_CHUNK, Vm]: prefill passes' logits, dropped
+        self._binding: Any = None  # the last pass's IO binding, its cache tensors bound (`_cache_binding`)
+        self._binding_key: tuple[Any, ...] | None = None
         self._reserve(1, min(MIN_CAPACITY, self._context))
 
     # ------------------------------------------------------------------ protocol
@@ -331,6 +333,7 @@ class OnnxModel(RowCacheModel):
                 new[: old.shape[0], :, : old.shape[2]] = old
             return new
 
+        self._binding = None  # bound to the old buffers
         self._keys = [grown(self._keys[i] if self._keys else None) for i in range(self._layers)]
         self._values = [grown(self._values[i] if self._values else None) for i in range(self._layers)]
 
@@ -345,9 +348,29 @@ class OnnxModel(RowCacheModel):
         mask = np.zeros((batch, total), dtype=np.int64)  # [B, W]: only each row's sum is read (seqlens_k)
         for b, length in enumerate(lengths):
             mask[b, :length] = 1
-        binding = self._session.io_binding()
+        binding = self._cache_binding(first_slot, batch)
         binding.bind_cpu_input(self._names["input_ids"], np.asarray(ids, dtype=np.int64))
         binding.bind_cpu_input(self._names["attention_mask"], mask)
+        logits = (
+            np.empty((batch, width, self._n_vocab), dtype=np.float32) if out is None else out
+        )  # [B, S, Vm]
+        assert logits.shape == (batch, width, self._n_vocab) and logits.flags.c_contiguous
+        binding.bind_output(
+            self._names["logits"], "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data
+        )
+        self._session.run_with_iobinding(binding)
+        return logits
+
+    def _cache_binding(self, first_slot: int, batch: int) -> Any:
+        """An IO binding with every layer's past and present bound to slots first_slot .. first_slot + B - 1
+        of the KV buffers, kept while those slots and B stay the same and the buffers do not grow (`_reserve`
+        drops it; a one-row decode
+        reuses it step after step: binding the 2 x layers cache tensors costs about 0.55 ms a pass on
+        the Zen 3, 1.5% of the built-in target's step); the caller binds the ids, mask and logits."""
+        key = (first_slot, batch)
+        if self._binding is not None and self._binding_key == key:
+            return self._binding
+        binding = self._session.io_binding()
         capacity = self._keys[0].shape[2]
         shape = [batch, self._kv_heads, capacity, self._head_size]
         for layer in range(self._layers):
@@ -359,15 +382,8 @@ class OnnxModel(RowCacheModel):
                 binding.bind_output(
                     self._names[f"present.{layer}.{kind}"], "cpu", 0, np.float32, shape, pointer
                 )
-        logits = (
-            np.empty((batch, width, self._n_vocab), dtype=np.float32) if out is None else out
-        )  # [B, S, Vm]
-        assert logits.shape == (batch, width, self._n_vocab) and logits.flags.c_contiguous
-        binding.bind_output(
-            self._names["logits"], "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data
-        )
-        self._session.run_with_iobinding(binding)
-        return logits
+        self._binding, self._binding_key = binding, key
+        return binding
 
 
 def _io_names(decoder: dict[str, Any], layers: int) -> dict[str, str]:
