@@ -224,3 +224,56 @@ def test_the_cache_binding_is_kept_while_the_slots_stay_and_made_again_when_they
         out = small.logits(histories[:1], 1, rows=[0])
         assert (out.double() - reference.logits(histories[:1], 1)).abs().max() < FLOAT32_TOLERANCE
     assert small._keys[0].shape[2] == 16
+
+
+def test_prefill_runs_the_logits_from_variant_and_leaves_the_builders_graph_alone(
+    tiny_onnx: tuple[Path, Path], reference: FullForwardModel
+) -> None:
+    """The variant is written beside model.onnx (which onnxruntime-genai reads, unchanged) and computes
+    the logits of the positions asked for: the last `wanted` of what the builder's graph gives."""
+    import hashlib
+
+    from exactspec.models.onnx.logits_from import VARIANT_FILE
+
+    folder = tiny_onnx[0]
+    builders = hashlib.sha256((folder / "model.onnx").read_bytes()).hexdigest()
+    small = OnnxModel(folder, eos_token_ids={0}, threads=1, max_rows=2)
+    assert small._logits_from and (folder / VARIANT_FILE).is_file()
+    assert hashlib.sha256((folder / "model.onnx").read_bytes()).hexdigest() == builders
+    history = [1, 2, 3, 4, 1, 2]
+    want = reference.logits([history], 6)  # [1, 6, V]: every position
+    for wanted in (6, 3, 1):
+        small.clear_cache()
+        small._reserve(1, len(history))
+        small._rows.assign(0)
+        got = small._pass(0, [history], [len(history)], wanted=wanted)  # [1, wanted, V]
+        assert got.shape[1] == wanted
+        assert (torch.from_numpy(got).double() - want[:, 6 - wanted :]).abs().max() < FLOAT32_TOLERANCE
+    # A long prompt is prefilled through it and the next positions are still the reference's.
+    long = [1 + (i * 7) % 4 for i in range(40)]
+    out = small.logits([long], 3, rows=[0])
+    assert (out.double() - reference.logits([long], 3)).abs().max() < FLOAT32_TOLERANCE
+
+
+def test_a_graph_the_variant_cannot_be_made_for_or_loaded_is_run_as_the_builder_wrote_it(
+    tiny_onnx: tuple[Path, Path], reference: FullForwardModel, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from exactspec.models.onnx import model as onnx_model
+
+    history = [1 + (i * 3) % 4 for i in range(20)]
+    monkeypatch.setattr(onnx_model, "variant_path", lambda folder, name: None)
+    plain = OnnxModel(tiny_onnx[0], eos_token_ids={0}, threads=1, max_rows=1)
+    assert not plain._logits_from
+    assert (plain.logits([history], 2, rows=[0]).double() - reference.logits([history], 2)).abs().max() < (
+        FLOAT32_TOLERANCE
+    )
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not a model")
+    monkeypatch.setattr(onnx_model, "variant_path", lambda folder, name: broken)
+    refused = OnnxModel(tiny_onnx[0], eos_token_ids={0}, threads=1, max_rows=1)
+    assert not refused._logits_from
+    assert (refused.logits([history], 2, rows=[0]).double() - reference.logits([history], 2)).abs().max() < (
+        FLOAT32_TOLERANCE
+    )
+    with pytest.raises(ValueError, match="logits_from graph variant"):
+        refused._pass(0, [history[:4]], [4], wanted=1)

@@ -22,7 +22,8 @@ What one call runs (GroupQueryAttention on the CPU takes several new tokens over
 at a time: "batch_size must be 1 when sequence_length > 1 and past context is given"):
 
 - each row whose cache lacks more than its last k tokens is first fed the rest alone (prefill, in
-  chunks of `PREFILL_CHUNK` tokens, logits dropped);
+  chunks of `PREFILL_CHUNK` tokens; the graph variant of `logits_from` runs the output layer at the
+  chunk's last position alone, and that is dropped too);
 - k = 1: one pass over every row of the call (B rows x 1 token);
 - k > 1: one pass per row (1 row x k tokens).
 
@@ -46,6 +47,8 @@ import numpy as np
 import torch
 
 from exactspec.foundations.rows import RowStart
+from exactspec.models.onnx.logits_from import INPUT_NAME as LOGITS_FROM
+from exactspec.models.onnx.logits_from import variant_path
 from exactspec.models.onnx.rows import RowSlots, contiguous_moves
 from exactspec.models.rows_cache import RowCacheModel, TreeBatch, keep_length
 
@@ -54,7 +57,8 @@ INSTALL_HINT = 'pip install -e ".[onnx]" (onnxruntime and onnxruntime-genai\'s m
 DEFAULT_MAX_ROWS = 16
 """Rows (KV slots) one model holds at a time."""
 PREFILL_CHUNK = 256
-"""Most tokens of one prefill pass: bounds its logits output ([1, chunk, V] float32, 155 MB for Qwen's V)."""
+"""Most tokens of one prefill pass: bounds its logits output ([1, chunk, V] float32, 155 MB for Qwen's V)
+when the graph variant that computes the last position's alone (`logits_from`) could not be used."""
 MIN_CAPACITY = 256
 """Positions per slot allocated first; capacity doubles from there as rows grow."""
 
@@ -142,11 +146,23 @@ class OnnxModel(RowCacheModel):
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
         options.log_severity_level = 3  # errors only: ONNX Runtime warns about unused initializers otherwise
-        self._session = ort.InferenceSession(
-            str(self.folder / decoder.get("filename", "model.onnx")),
-            options,
-            providers=["CPUExecutionProvider"],
-        )
+        model_file = decoder.get("filename", "model.onnx")
+        self._session, self._logits_from = None, False
+        variant = variant_path(self.folder, model_file)  # prefill passes skip the output layer
+        if variant is not None:
+            try:
+                self._session = ort.InferenceSession(
+                    str(variant), options, providers=["CPUExecutionProvider"]
+                )
+                self._logits_from = True
+            except (
+                Exception
+            ):  # ONNX Runtime refused the variant (its own error types): run the builder's graph
+                self._session = None
+        if self._session is None:
+            self._session = ort.InferenceSession(
+                str(self.folder / model_file), options, providers=["CPUExecutionProvider"]
+            )
         self._spinning = spinning
         if vocab_size is None:
             vocab_size = self._n_vocab
@@ -285,14 +301,15 @@ class OnnxModel(RowCacheModel):
         chunks); `end` = len(history) - k, so the call's own pass feeds the last k tokens."""
         slot = self._rows.slot_of[row]
         keep = keep_length(self._rows.tokens[row], history, len(history) - end)
+        # The logits are dropped: the graph variant computes the last position's alone (`logits_from`).
+        positions = 1 if self._logits_from else PREFILL_CHUNK
         if keep < end and self._scratch is None:
-            self._scratch = np.empty((1, PREFILL_CHUNK, self._n_vocab), dtype=np.float32)
+            self._scratch = np.empty((1, positions, self._n_vocab), dtype=np.float32)
         for start in range(keep, end, PREFILL_CHUNK):
             stop = min(start + PREFILL_CHUNK, end)
             assert self._scratch is not None
-            self._pass(
-                slot, [history[start:stop]], [stop], self._scratch[:, : stop - start]
-            )  # logits dropped
+            wanted = 1 if self._logits_from else stop - start
+            self._pass(slot, [history[start:stop]], [stop], self._scratch[:, :wanted], wanted)
         self._rows.tokens[row] = history[:end]
 
     def _gather(self, row_ids: list[int]) -> None:
@@ -338,12 +355,21 @@ class OnnxModel(RowCacheModel):
         self._values = [grown(self._values[i] if self._values else None) for i in range(self._layers)]
 
     def _pass(
-        self, first_slot: int, ids: list[list[int]], lengths: list[int], out: np.ndarray | None = None
+        self,
+        first_slot: int,
+        ids: list[list[int]],
+        lengths: list[int],
+        out: np.ndarray | None = None,
+        wanted: int | None = None,
     ) -> np.ndarray:
         """One session run over slots first_slot .. first_slot + B - 1: ids [B, S] new tokens, lengths [B]
-        each row's total length after them; returns the logits [B, S, Vm] float32, written into `out`
-        when given (a C-contiguous float32 array of that shape)."""
+        each row's total length after them; returns the logits [B, wanted, Vm] float32 of the last
+        `wanted` positions (default S; fewer only with the graph variant, `logits_from`), written into
+        `out` when given (a C-contiguous float32 array of that shape)."""
         batch, width = len(ids), len(ids[0])
+        wanted = width if wanted is None else wanted
+        if wanted != width and not self._logits_from:
+            raise ValueError("only the logits_from graph variant computes fewer positions than it is fed")
         total = max(lengths)
         mask = np.zeros((batch, total), dtype=np.int64)  # [B, W]: only each row's sum is read (seqlens_k)
         for b, length in enumerate(lengths):
@@ -351,10 +377,12 @@ class OnnxModel(RowCacheModel):
         binding = self._cache_binding(first_slot, batch)
         binding.bind_cpu_input(self._names["input_ids"], np.asarray(ids, dtype=np.int64))
         binding.bind_cpu_input(self._names["attention_mask"], mask)
+        if self._logits_from:
+            binding.bind_cpu_input(LOGITS_FROM, np.asarray([width - wanted], dtype=np.int64))
         logits = (
-            np.empty((batch, width, self._n_vocab), dtype=np.float32) if out is None else out
-        )  # [B, S, Vm]
-        assert logits.shape == (batch, width, self._n_vocab) and logits.flags.c_contiguous
+            np.empty((batch, wanted, self._n_vocab), dtype=np.float32) if out is None else out
+        )  # [B, wanted, Vm]
+        assert logits.shape == (batch, wanted, self._n_vocab) and logits.flags.c_contiguous
         binding.bind_output(
             self._names["logits"], "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data
         )
