@@ -223,3 +223,43 @@ def test_joining_prompts_are_prefilled_in_chunks_while_running_rows_keep_decodin
     handle = alone.submit(Request(long_prompt, SamplingSettings(temperature=0), max_new_tokens=3, seed=1))
     alone.run_until_idle()
     assert joining.generated == handle.generated and len(joining.generated) == 3
+
+
+def fed_prefixes(scheduler: Scheduler) -> list[tuple[int, int]]:
+    """Record (row, prompt tokens in the target's cache after it) for every prefill the scheduler runs."""
+    fed: list[tuple[int, int]] = []
+    original = scheduler.engine.prefill
+
+    def recording(row: int, tokens) -> None:  # type: ignore[no-untyped-def]
+        fed.append((row, len(tokens)))
+        original(row, tokens)
+
+    scheduler.engine.prefill = recording  # type: ignore[method-assign]
+    return fed
+
+
+def test_joining_prompts_are_prefilled_least_left_first_and_a_long_one_is_not_passed_over_for_ever():
+    scheduler = toy_scheduler(gamma=0, prefill_chunk=4, max_batch=64, sampler=SeededSampler(0))
+    fed = fed_prefixes(scheduler)
+    settings = SamplingSettings(temperature=0)
+    # 20 and 5 prompt tokens to feed (all but the last, which the first round scores)
+    long = scheduler.submit(Request([1, 2, 3, 4, 5] * 4 + [1], settings, max_new_tokens=2, seed=0))
+    short = scheduler.submit(Request([2, 3, 4, 5, 1, 2], settings, max_new_tokens=2, seed=1))
+    scheduler.step()
+    scheduler.step()
+    # Arriving together: the short prompt first (4 + 1 of its 5 tokens), then the long one's first 3.
+    assert fed[:3] == [(short.row, 4), (short.row, 5), (long.row, 3)]
+    assert short.rounds == 1 and long.rounds == 0
+    # Short prompts that keep arriving (one a step, 8 tokens each: more than a 4-token chunk a step can
+    # feed) pass the long one over only until it has waited its length in chunks.
+    arrivals = []
+    for step in range(40):
+        arrivals.append(scheduler.submit(Request([3, 4, 5, 1, 2, 3, 4, 5, 1], settings, 2, seed=10 + step)))
+        scheduler.step()
+        if long.rounds:
+            break
+    assert long.rounds == 1, "the long prompt waited for ever"
+    first_of_long = next(i for i, (row, _) in enumerate(fed) if row == long.row)
+    served_before = {row for row, _ in fed[:first_of_long]}
+    assert short.row in served_before  # it was passed over for a while ...
+    assert any(h.rounds == 0 for h in arrivals)  # ... but not until every later short prompt was served
