@@ -26,6 +26,9 @@ and the same requests (top_k and the repetition penalty under its own names; no 
 subprocess beside ours; only one of the two servers is under load at a time. Its server handles one
 request at a time (a lock around its one `Llama`), so concurrent requests queue there.
 
+Before the first level each mode gets `--warmup-requests` unrecorded requests (16 tokens, 2 at a
+time), so that what a server pays for its first requests falls on no level.
+
 Writes `results.json`, `table.md` and `serve.png` into --out, after every level.
 """
 
@@ -433,6 +436,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--drafter", default=DEFAULTS.drafter, help=f"the server's drafter (default {DEFAULTS.drafter})"
     )
+    parser.add_argument(
+        "--warmup-requests",
+        type=int,
+        default=2,
+        help="unrecorded 16-token requests per mode (2 at a time) before the levels (default 2; 0: none)",
+    )
     parser.add_argument("--out", default="load-out", help="output folder (default load-out)")
     args = parser.parse_args(argv)
     if args.peer == "llamacpp" and "llamacpp-server" not in args.modes:
@@ -443,6 +452,14 @@ def main(argv: list[str] | None = None) -> int:
     peer_base, peer_process = start_llamacpp_server(args) if "llamacpp-server" in args.modes else (None, None)
     levels: dict[str, list[dict]] = {}
     started = time.perf_counter()
+    # The first requests a server runs pay its start (buffers growing, first passes): without a warm-up
+    # that cost fell on the first level only, speculative at 1 request (0.90x to 0.97x of plain in three
+    # runs of 2026-12-05 on the Zen 3, where the same level of 128 tokens, run later, gave 0.97x to 1.13x).
+    for mode in args.modes if args.warmup_requests > 0 else []:
+        peer = mode == "llamacpp-server"
+        gamma = 0 if mode == "plain" else None
+        target = peer_base if peer else base
+        asyncio.run(run_level(target, min(2, args.warmup_requests), args.warmup_requests, gamma, 16, peer))
     # both modes at each level, back to back: a run cut short still compares them
     for max_tokens in args.max_tokens:
         for concurrency in args.concurrency:
