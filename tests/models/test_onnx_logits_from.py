@@ -64,3 +64,8 @@ def test_no_variant_when_no_output_layer_feeds_the_logits(tmp_path: Path) -> Non
     _save(tmp_path, [helper.make_node("Identity", ["hidden"], ["logits"])], [])
     assert variant_path(tmp_path, "model.onnx") is None
     assert not (tmp_path / VARIANT_FILE).exists()
+
+
+def test_no_variant_for_a_graph_onnx_cannot_read(tmp_path: Path) -> None:
+    (tmp_path / "model.onnx").write_bytes(b"not a model")
+    assert variant_path(tmp_path, "model.onnx") is None

@@ -38,7 +38,10 @@ def variant_path(folder: Path, model_file: str) -> Path | None:
     target = folder / VARIANT_FILE
     if target.is_file() and target.stat().st_mtime_ns >= source.stat().st_mtime_ns:
         return target
-    model = _with_logits_from(source)
+    try:
+        model = _with_logits_from(source)
+    except Exception:  # a graph onnx cannot read or edit (its parse errors have several types)
+        return None
     if model is None:
         return None
     try:

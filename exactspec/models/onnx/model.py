@@ -155,9 +155,8 @@ class OnnxModel(RowCacheModel):
                     str(variant), options, providers=["CPUExecutionProvider"]
                 )
                 self._logits_from = True
-            except (
-                Exception
-            ):  # ONNX Runtime refused the variant (its own error types): run the builder's graph
+            except Exception:
+                # ONNX Runtime refused the variant (its error types vary): run the builder's graph.
                 self._session = None
         if self._session is None:
             self._session = ort.InferenceSession(
@@ -391,10 +390,10 @@ class OnnxModel(RowCacheModel):
 
     def _cache_binding(self, first_slot: int, batch: int) -> Any:
         """An IO binding with every layer's past and present bound to slots first_slot .. first_slot + B - 1
-        of the KV buffers, kept while those slots and B stay the same and the buffers do not grow (`_reserve`
-        drops it; a one-row decode
-        reuses it step after step: binding the 2 x layers cache tensors costs about 0.55 ms a pass on
-        the Zen 3, 1.5% of the built-in target's step); the caller binds the ids, mask and logits."""
+        of the KV buffers, kept while those slots and B stay the same and the buffers do not grow
+        (`_reserve` drops it). A one-row decode reuses it step after step: binding the 2 x layers cache
+        tensors costs about 0.55 ms a pass on the Zen 3, 1.5% of the built-in target's step. The caller
+        binds the ids, the mask and the logits."""
         key = (first_slot, batch)
         if self._binding is not None and self._binding_key == key:
             return self._binding
