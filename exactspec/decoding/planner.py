@@ -262,8 +262,9 @@ class CostAwareGamma:
         fresh = [self._seen.get(r.row, 0) == 0 for r in rows]
         fixed_expected = sum(self._expected(r.row, fixed[b]) for b, r in enumerate(rows) if r.fixed)
         plain_expected = fixed_expected + sum(1.0 for r in rows if not r.fixed)
-        plain_cost = self._cost(fixed, lags, fresh)
+        # c_ref and the plain round's cost, needed only while rows are about to join.
         reference = self.plain_token_seconds(len(rows) + self._joining) if self._joining else None
+        plain_cost = self._cost(fixed, lags, fresh) if reference is not None else 0.0
         narrowest = max(fixed, default=0)
         best_value, best = -1.0, list(fixed)
         for width_gamma in range(narrowest, max((r.limit for r in rows), default=0) + 1):
