@@ -11,6 +11,7 @@ from exactspec.decoding.builder import build_scheduler
 from exactspec.decoding.gamma import RoundRow
 from exactspec.decoding.planner import CATCH_UP_ROUNDS, CostAwareGamma
 from exactspec.decoding.records import Request
+from exactspec.decoding.scheduler import Scheduler
 from exactspec.decoding.strategy import Strategy
 from exactspec.foundations.costs import BatchCosts
 from exactspec.foundations.rows import RowStart
@@ -112,7 +113,8 @@ def test_the_grid_case_really_changes_gamma_with_the_batch(monkeypatch: pytest.M
     assert (1, 1) in fixed
 
 
-def test_served_rows_draft_by_the_plan_and_leave_it_cleanly() -> None:
+def planned_scheduler(prefill_chunk: int | None = None) -> tuple[Scheduler, CostAwareGamma]:
+    """A scheduler over toy models with a draft model, its rounds planned on the grid's batch costs."""
     target, draft = random_tabular_model(5, seed=1), random_tabular_model(5, seed=2)
     scheduler = build_scheduler(
         target,
@@ -122,9 +124,15 @@ def test_served_rows_draft_by_the_plan_and_leave_it_cleanly() -> None:
         batch_costs=GRID_BATCH_COSTS,
         policy_options=GRID_POLICY_OPTIONS,
         sampler=SeededSampler(0),
+        prefill_chunk=prefill_chunk,
     )
     policy = scheduler.engine.gamma_policy
     assert isinstance(policy, CostAwareGamma)
+    return scheduler, policy
+
+
+def test_served_rows_draft_by_the_plan_and_leave_it_cleanly() -> None:
+    scheduler, policy = planned_scheduler()
     handles = [scheduler.submit(Request([1 + i], SamplingSettings(), 6, seed=i)) for i in range(3)]
     scheduler.run_until_idle()
     assert all(h.finish_reason in ("eos", "length") for h in handles)
@@ -190,19 +198,7 @@ def test_rows_about_to_join_keep_fixed_gammas_and_every_chosen_draft_pays_at_the
 
 
 def test_the_scheduler_tells_the_planner_how_many_rows_are_being_prefilled() -> None:
-    target, draft = random_tabular_model(5, seed=1), random_tabular_model(5, seed=2)
-    scheduler = build_scheduler(
-        target,
-        draft,
-        Strategy("model", adaptive_gamma=True),
-        gamma=3,
-        batch_costs=GRID_BATCH_COSTS,
-        policy_options=GRID_POLICY_OPTIONS,
-        sampler=SeededSampler(0),
-        prefill_chunk=2,
-    )
-    policy = scheduler.engine.gamma_policy
-    assert isinstance(policy, CostAwareGamma)
+    scheduler, policy = planned_scheduler(prefill_chunk=2)
     told: list[tuple[int, int]] = []  # (rows in the round, rows about to join) at each plan
     original = policy.plan
 
