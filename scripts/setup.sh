@@ -10,21 +10,43 @@ fi
 stamp=.venv/.exactspec-setup
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$0" -nt "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet "torch==2.13.0"
-  .venv/bin/python -m pip install --quiet -e ".[hf,dev,serve,ray,onnx]"
-  # llama.cpp backend (exactspec.models.llamacpp), built from source once (12 to 40 minutes on 2 cores;
-  # pip caches the wheel). A native build (-march=native) segfaults on its first decode on some of our
-  # CPUs, and an AVX-512 build dies of SIGILL on a CPU without avx512f: the flags follow /proc/cpuinfo.
+  # llama.cpp backend (exactspec.models.llamacpp), built from source once per machine and set of flags.
+  # A native build (-march=native) segfaults on its first decode on some of our CPUs, and an AVX-512
+  # build dies of SIGILL on a CPU without avx512f: the flags follow /proc/cpuinfo. LLAVA_BUILD=OFF
+  # leaves out llama-cpp-python's multimodal library (mtmd), which exactspec never loads: on a 2-core
+  # Zen 3 the compile took 4 min 50 s without it against 5 min 53 s with it (README, Install).
   simd="-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
   if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then simd="-DGGML_AVX512=ON"; fi
-  flags="-DGGML_NATIVE=OFF $simd"
+  flags="-DGGML_NATIVE=OFF $simd -DLLAVA_BUILD=OFF"
   # pip's own wheel cache ignores CMAKE_ARGS (a wheel built for AVX-512 would be reused on an AVX2 CPU and
   # die of SIGILL), so the built wheel is kept in a folder named after its flags.
   wheels="${XDG_CACHE_HOME:-$HOME/.cache}/exactspec/wheels/llama-cpp-python-0.3.36-$(echo "$flags" | sha1sum | cut -c1-12)"
+  build=""
   if ! ls "$wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
-    echo "building llama-cpp-python 0.3.36 ($flags): a long compile, once per machine" >&2
-    CMAKE_ARGS="$flags" .venv/bin/python -m pip wheel --quiet --no-cache-dir --no-deps -w "$wheels.partial" \
-      "llama-cpp-python==0.3.36"
+    # The compile is CPU-bound and the installs below mostly fetch and unpack, so the compile runs
+    # beside them rather than after them.
+    mkdir -p "$(dirname "$wheels")"
+    log="$wheels.log"
+    echo "building llama-cpp-python 0.3.36 ($flags) beside the other installs: a long compile, once per" \
+      "machine (log: $log)" >&2
+    rm -rf "$wheels.partial"
+    CMAKE_ARGS="$flags" .venv/bin/python -m pip wheel --no-cache-dir --no-deps -w "$wheels.partial" \
+      "llama-cpp-python==0.3.36" >"$log" 2>&1 &
+    build=$!
+    started=$SECONDS
+  fi
+  .venv/bin/python -m pip install --quiet "torch==2.13.0"
+  .venv/bin/python -m pip install --quiet -e ".[hf,dev,serve,ray,onnx]"
+  if [ -n "$build" ]; then
+    echo "waiting for the llama-cpp-python compile ($((SECONDS - started)) s so far)" >&2
+    if ! wait "$build"; then
+      tail -n 30 "$log" >&2
+      echo "setup: the llama-cpp-python build failed (the last lines of $log above; the whole log" \
+        "is there). A C++ compiler and Python headers are needed: apt-get install build-essential" \
+        "python3-dev" >&2
+      exit 1
+    fi
+    echo "llama-cpp-python compiled in $((SECONDS - started)) s" >&2
     mv "$wheels.partial" "$wheels"
   fi
   .venv/bin/python -m pip install --quiet --force-reinstall --no-deps --no-index --find-links "$wheels" \
