@@ -27,7 +27,10 @@ subprocess beside ours; only one of the two servers is under load at a time. Its
 request at a time (a lock around its one `Llama`), so concurrent requests queue there.
 
 Before the first level each mode gets `--warmup-requests` unrecorded requests (16 tokens, 2 at a
-time), so that what a server pays for its first requests falls on no level.
+time), so that what a server pays for its first requests falls on no level. With `--repeats N` each
+level runs N times, the modes in the given order and then reversed, alternately; a mode's figures pool
+its repeats (total tokens/s: all their tokens over all their time) and the table also gives each
+repeat's speculative / plain ratio.
 
 Writes `results.json`, `table.md` and `serve.png` into --out, after every level.
 """
@@ -229,9 +232,10 @@ async def one_request(
     }
 
 
-async def run_level(
+async def send_level(
     base: str, concurrency: int, requests: int, gamma: int | None, max_tokens: int, peer: bool = False
-) -> dict:
+) -> tuple[list[dict[str, Any]], float]:
+    """Send `requests` requests, at most `concurrency` in flight; their results and the level's wall time."""
     import openai
 
     limit = asyncio.Semaphore(concurrency)
@@ -245,36 +249,47 @@ async def run_level(
 
         started = time.perf_counter()
         results = await asyncio.gather(*(bounded(i) for i in range(requests)))
-        wall = time.perf_counter() - started
+        return list(results), time.perf_counter() - started
+
+
+def summarize(concurrency: int, runs: list[tuple[list[dict[str, Any]], float]]) -> dict:
+    """One level's figures over its repeats (`send_level`'s results and wall time, each), pooled: total
+    tokens/s is all their tokens over all their wall time; each repeat's own is kept too."""
+    results = [r for run, _ in runs for r in run]
+    wall = sum(seconds for _, seconds in runs)
     ttfts = [r["ttft"] for r in results]
     per_request = [r["tokens_per_second"] for r in results]
     accept = [r["acceptance_rate"] for r in results if r["acceptance_rate"] is not None]
     rounds = [r["tokens_per_round"] for r in results if r["tokens_per_round"] is not None]
     total_tokens = sum(r["tokens"] for r in results)
     gaps = [b - a for r in results for a, b in itertools.pairwise(r["arrivals"])]
-    joining = [(r["started"], r["first_token_at"]) for r in results]
-    # Gaps of a streaming request that overlap another request's wait for its first token.
-    while_joining = [
-        later - earlier
-        for r in results
-        for earlier, later in itertools.pairwise(r["arrivals"])
-        if any(
-            begin < later and earlier < end
-            for begin, end in joining
-            if (begin, end) != (r["started"], r["first_token_at"])
-        )
-    ]
+    while_joining: list[float] = []
+    for run, _ in runs:  # clock readings compare only within one repeat
+        joining = [(r["started"], r["first_token_at"]) for r in run]
+        # Gaps of a streaming request that overlap another request's wait for its first token.
+        while_joining += [
+            later - earlier
+            for r in run
+            for earlier, later in itertools.pairwise(r["arrivals"])
+            if any(
+                begin < later and earlier < end
+                for begin, end in joining
+                if (begin, end) != (r["started"], r["first_token_at"])
+            )
+        ]
     for r in results:  # absolute clock readings mean nothing outside this process
         del r["started"], r["first_token_at"], r["arrivals"]
     return {
         "concurrency": concurrency,
-        "requests": requests,
+        "requests": len(results),
+        "repeats": len(runs),
         "wall_seconds": wall,
         "completion_tokens": total_tokens,
         "ttft_p50": percentile(ttfts, 0.5),
         "ttft_p95": percentile(ttfts, 0.95),
         "tokens_per_second_per_request_p50": percentile(per_request, 0.5),
         "tokens_per_second_total": total_tokens / wall,
+        "repeat_tokens_per_second_total": [sum(r["tokens"] for r in run) / seconds for run, seconds in runs],
         "inter_token_p95": percentile(gaps, 0.95),
         "inter_token_p95_while_joining": percentile(while_joining, 0.95),
         "acceptance_rate_mean": statistics.fmean(accept) if accept else None,
@@ -283,11 +298,20 @@ async def run_level(
     }
 
 
+def run_level(
+    base: str, concurrency: int, requests: int, gamma: int | None, max_tokens: int, peer: bool = False
+) -> dict:
+    """One level sent once (`send_level`) and summarized."""
+    sent = asyncio.run(send_level(base, concurrency, requests, gamma, max_tokens, peer))
+    return summarize(concurrency, [sent])
+
+
 def table(levels: dict[str, list[dict]]) -> str:
     """One row per (output length, concurrency): speculative and plain side by side."""
     lines = [
         "| max tokens | concurrent | requests | speculative tokens/s total | plain tokens/s total "
-        "| speculative / plain | llama_cpp.server tokens/s total | speculative / llama_cpp.server "
+        "| speculative / plain (each repeat) | llama_cpp.server tokens/s total "
+        "| speculative / llama_cpp.server "
         "| TTFT p50 spec / plain (s) | TTFT p95 spec / plain (s) "
         "| inter-token p95 while a request joins, spec / plain (s) | acceptance | tokens/round "
         "| predicted / measured round time, median error | tokens / drafted per row-round | plain rounds |",
@@ -303,11 +327,13 @@ def table(levels: dict[str, list[dict]]) -> str:
     for key in keys:
         spec, plain = by.get("speculative", {}).get(key), by.get("plain", {}).get(key)
         peer = by.get("llamacpp-server", {}).get(key)
-        ratio = (
-            f"{spec['tokens_per_second_total'] / plain['tokens_per_second_total']:.2f}x"
-            if spec and plain
-            else ""
-        )
+        ratio = ""
+        if spec and plain:
+            ratio = f"{spec['tokens_per_second_total'] / plain['tokens_per_second_total']:.2f}x"
+            each = "repeat_tokens_per_second_total"
+            repeats = list(zip(spec.get(each, []), plain.get(each, []), strict=True))
+            if len(repeats) > 1:  # each repeat's own ratio, to show the spread
+                ratio += " (" + ", ".join(f"{a / b:.2f}" for a, b in repeats) + ")"
         peer_total = "-" if peer is None else f"{peer['tokens_per_second_total']:.2f}"
         peer_ratio = ""
         if spec and peer:
@@ -419,6 +445,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--min-requests", type=int, default=4, help="requests per level at least (default 4)")
     parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs of each level, the modes' order reversed every other run, pooled (default 1)",
+    )
+    parser.add_argument(
         "--max-tokens", type=int, nargs="+", default=[32, 128], help="completion tokens per request"
     )
     parser.add_argument(
@@ -444,6 +476,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", default="load-out", help="output folder (default load-out)")
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
     if args.peer == "llamacpp" and "llamacpp-server" not in args.modes:
         args.modes.append("llamacpp-server")
     out = Path(args.out)
@@ -459,26 +493,43 @@ def main(argv: list[str] | None = None) -> int:
         peer = mode == "llamacpp-server"
         gamma = 0 if mode == "plain" else None
         target = peer_base if peer else base
-        asyncio.run(run_level(target, min(2, args.warmup_requests), args.warmup_requests, gamma, 16, peer))
-    # both modes at each level, back to back: a run cut short still compares them
+        run_level(target, min(2, args.warmup_requests), args.warmup_requests, gamma, 16, peer)
+    # Every mode at each level, back to back, so that a run cut short still compares them; with --repeats
+    # the level runs again with the modes in the reverse order (a slow stretch of the machine, or a
+    # mode's first-run costs, falls on each mode alike), and each mode's repeats are pooled.
     for max_tokens in args.max_tokens:
         for concurrency in args.concurrency:
+            requests = max(concurrency, args.min_requests)
+            runs: dict[str, list[tuple[list[dict[str, Any]], float]]] = {mode: [] for mode in args.modes}
+            zero = dict.fromkeys(ROUND_COUNTS, 0)
+            counts: dict[str, dict[str, int] | None] = dict.fromkeys(args.modes, zero)
+            for repeat in range(args.repeats):
+                for mode in args.modes if repeat % 2 == 0 else args.modes[::-1]:
+                    gamma = 0 if mode == "plain" else None
+                    peer = mode == "llamacpp-server"
+                    target = peer_base if peer else base
+                    before = _round_counts(base) if not peer else None
+                    runs[mode].append(
+                        asyncio.run(send_level(target, concurrency, requests, gamma, max_tokens, peer))
+                    )
+                    after = _round_counts(base) if before is not None else None
+                    held = counts[mode]
+                    counts[mode] = (
+                        None
+                        if held is None or before is None or after is None
+                        else {name: held[name] + after[name] - before[name] for name in ROUND_COUNTS}
+                    )
             for mode in args.modes:
-                gamma = 0 if mode == "plain" else None
-                requests = max(concurrency, args.min_requests)
-                peer = mode == "llamacpp-server"
-                target = peer_base if peer else base
-                errors_before = _round_times(base) if not peer else None
-                before = _round_counts(base) if not peer else None
-                level = asyncio.run(run_level(target, concurrency, requests, gamma, max_tokens, peer))
-                if mode == "speculative" and errors_before is not None:
+                level = summarize(concurrency, runs[mode])
+                if mode == "speculative":
                     level["round_time_error"] = _round_times(base)
-                if before is not None and (after := _round_counts(base)) is not None:
-                    level.update(round_shares(before, after))  # tokens, drafts, plain rounds of the level
+                if (mode_counts := counts[mode]) is not None:
+                    # tokens, drafts and plain rounds of the level
+                    level.update(round_shares(dict.fromkeys(ROUND_COUNTS, 0), mode_counts))
                 level["max_tokens"] = max_tokens
                 levels.setdefault(mode, []).append(level)
                 report(mode, level)
-                write(out, levels, args, argv, time.perf_counter() - started)  # after every level
+            write(out, levels, args, argv, time.perf_counter() - started)  # after every level
     print(table(levels))
     if peer_process is not None:
         peer_process.terminate()
