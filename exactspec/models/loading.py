@@ -304,12 +304,45 @@ def _load_gguf(
     path: Path, dtype: torch.dtype, cache_root: Path, progress: bool
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     entry = conversion_entry(path, cache_root)
-    tokenizer = _gguf_tokenizer(path, entry, progress)
-    model_dir = entry.model_folder(_dtype_name(dtype))
-    if model_dir.is_dir():
-        check_provenance(model_dir, path)
-        return _load_converted(model_dir, dtype, progress), tokenizer
-    return _convert_gguf_model(path, model_dir, dtype, progress), tokenizer
+    with _one_gguf_parse():
+        tokenizer = _gguf_tokenizer(path, entry, progress)
+        model_dir = entry.model_folder(_dtype_name(dtype))
+        if model_dir.is_dir():
+            check_provenance(model_dir, path)
+            return _load_converted(model_dir, dtype, progress), tokenizer
+        return _convert_gguf_model(path, model_dir, dtype, progress), tokenizer
+
+
+@contextlib.contextmanager
+def _one_gguf_parse() -> Iterator[None]:
+    """Within the block, every `gguf.GGUFReader` of one file is the same reader.
+
+    transformers parses a GGUF file anew for its tokenizer, its config and its weights (a `GGUFReader`
+    each, in `load_gguf_checkpoint`), and a parse walks the metadata in Python, element by element:
+    the built-in target's 151,936-token vocabulary and merges took about 18 s a parse (profiled) on
+    the 2-core Zen 3, three times in a first conversion. A reader only maps the file and reads it, so
+    sharing one changes nothing it returns."""
+    try:
+        import gguf
+    except ImportError:  # transformers says what to install when it needs it
+        yield
+        return
+    original = gguf.GGUFReader
+    readers: dict[str, Any] = {}
+
+    def shared(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if args or kwargs:  # another mode than reading: not shared
+            return original(path, *args, **kwargs)
+        key = os.path.realpath(os.fspath(path))
+        if key not in readers:
+            readers[key] = original(path)
+        return readers[key]
+
+    gguf.GGUFReader = shared
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
 
 
 def _load_converted(model_dir: Path, dtype: torch.dtype, progress: bool) -> PreTrainedModel:

@@ -112,15 +112,19 @@ def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, 
     scale_and_zero = torch.empty(k // group_size, n, 2, dtype=weight.dtype)
     for start in range(0, n, QUANTIZE_ROWS):  # in row chunks: the float32 copies of a big head are GBs
         stop = min(start + QUANTIZE_ROWS, n)
-        groups = weight[start:stop].float().reshape(stop - start, k // group_size, group_size)  # [n, G, g]
-        low = groups.amin(dim=2)  # [n, G]
-        high = groups.amax(dim=2)
+        # A float32 copy: the code below works on it in place (`.float()` of a float32 weight is the
+        # weight itself, hence copy=True).
+        groups = (
+            weight[start:stop].to(torch.float32, copy=True).reshape(stop - start, k // group_size, group_size)
+        )
+        low, high = torch.aminmax(groups, dim=2)  # [n, G] each
         scale = ((high - low) / INT4_LEVELS).to(weight.dtype).float()  # [n, G], rounded as stored
         # A constant group has scale 0: any code gives the value zero = low, so code 8 is used.
         safe = torch.where(scale > 0, scale, torch.ones_like(scale))
         zero = (low + INT4_CENTER * scale).to(weight.dtype).float()  # [n, G]
-        chunk = torch.round((groups - zero[..., None]) / safe[..., None]) + INT4_CENTER  # [n, G, g]
-        codes[start:stop] = chunk.clamp(0, INT4_LEVELS).to(torch.int32).reshape(stop - start, k)
+        # round((w - zero) / scale) + 8, clamped to 0..15, in place: [n, G, g]
+        groups.sub_(zero[..., None]).div_(safe[..., None]).round_().add_(INT4_CENTER).clamp_(0, INT4_LEVELS)
+        codes[start:stop] = groups.reshape(stop - start, k)
         scale_and_zero[:, start:stop] = torch.stack([scale, zero], dim=2).transpose(0, 1).to(weight.dtype)
     return codes, scale_and_zero
 

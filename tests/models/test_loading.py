@@ -7,6 +7,7 @@ blocks for the large matrices, so transformers' real dequantizing loader runs.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -248,6 +249,27 @@ def test_gguf_conversion_is_cached(
     assert tokenizer2.chat_template == CHAT_TEMPLATE
     assert tokenizer2.eos_token == "<|im_end|>"
     assert load_tokenizer(gguf_file, cache_dir=cache).get_vocab() == tokenizer.get_vocab()
+
+
+def test_a_conversion_parses_the_gguf_file_once(
+    gguf_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """transformers reads the file for the tokenizer, the config and the weights; the three share one parse
+    (`loading._one_gguf_parse`), and the reader is gguf's own again afterwards."""
+    original = gguf.GGUFReader
+    parsed: list[str] = []
+
+    class CountingReader(original):  # type: ignore[misc, valid-type]
+        def __init__(self, path: Any, *args: Any, **kwargs: Any) -> None:
+            parsed.append(str(path))
+            super().__init__(path, *args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", CountingReader)
+    model, tokenizer = load_hf_model(gguf_file, dtype="float32", cache_dir=tmp_path, progress=False)
+    assert parsed == [str(gguf_file)]
+    assert gguf.GGUFReader is CountingReader
+    assert tokenizer("hello world").input_ids  # what the shared reader gave is whole
+    assert torch.allclose(_logits(model), _logits(_tiny_model()), atol=0.05)
 
 
 def test_each_dtype_has_its_own_entry(gguf_file: Path, tmp_path: Path) -> None:
