@@ -53,6 +53,19 @@ def test_an_unseen_shape_takes_the_ratio_of_its_batch_size_first() -> None:
     assert times.predict(RoundShape(1, 3, 0)) == pytest.approx(2 * times.seeded(RoundShape(1, 3, 0)))
 
 
+def test_a_prediction_asked_again_follows_every_round_observed_in_between() -> None:
+    """Predictions are kept between rounds (a plan asks for hundreds); each observed round renews them."""
+    times = RoundTimes(COSTS)
+    shape, other = RoundShape(1, 2, 0), RoundShape(2, 3, 1)
+    assert times.predict(shape) == times.predict(shape) == pytest.approx(0.12)
+    assert times.predict(other) == pytest.approx(0.30 + 0.04)
+    times.observe(shape, 0.24)  # twice the passes
+    assert times.predict(shape) == pytest.approx(0.24)
+    assert times.predict(other) == pytest.approx(2 * 0.34)  # the rounds' overall ratio, renewed too
+    times.observe(other, 0.34)
+    assert times.predict(other) == pytest.approx(0.34)  # its own first round decides its ratio
+
+
 def test_the_engine_times_every_planned_round_and_the_plan_follows_measured_times() -> None:
     target, draft = random_tabular_model(5, seed=1), random_tabular_model(5, seed=2)
     engine = build_engine(target, draft, Strategy("model", adaptive_gamma=True), 2, batch_costs=COSTS)
