@@ -209,9 +209,13 @@ def run(args: argparse.Namespace) -> int:
     )
     if gamma:
         gamma_text = f"adaptive gamma <= {gamma}" if chosen.adaptive_gamma else f"gamma {gamma}"
+        # No draft proposed (the planner kept every round plain): no acceptance to state.
+        accepted = (
+            f"acceptance {metrics.acceptance_rate:.2f}" if metrics.proposed_tokens else "no draft proposed"
+        )
         summary += (
             f", {chosen.drafter} drafter, {chosen.verifier} verification, {gamma_text}, "
-            f"acceptance {metrics.acceptance_rate:.2f}, {metrics.tokens_per_round:.2f} tokens/round"
+            f"{accepted}, {metrics.tokens_per_round:.2f} tokens/round"
         )
     if plain_reason:
         summary += f", {plain_reason}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -347,6 +348,18 @@ def test_generate_summary_names_the_strategy(
     )
     assert code == EXIT_OK
     assert "ngram drafter, block verification" in capsys.readouterr().err
+
+
+def test_a_summary_without_any_draft_states_no_acceptance(
+    models: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One new token leaves no room for a draft: the summary says so instead of "acceptance nan"."""
+    fixed = ("--gamma", "2", "--fixed-gamma")
+    assert run([*generate_args(models, *fixed, "--max-new-tokens", "1"), PROMPT]) == EXIT_OK
+    err = capsys.readouterr().err
+    assert "gamma 2, no draft proposed, 1.00 tokens/round" in err and "nan" not in err
+    assert run([*generate_args(models, *fixed), PROMPT]) == EXIT_OK
+    assert re.search(r"gamma 2, acceptance [01]\.\d\d, ", capsys.readouterr().err)
 
 
 def test_a_named_draft_with_a_drafter_that_runs_no_model_is_a_usage_error(
