@@ -22,6 +22,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$0" -nt "$stamp" ]
   # die of SIGILL), so the built wheel is kept in a folder named after its flags.
   wheels="${XDG_CACHE_HOME:-$HOME/.cache}/exactspec/wheels/llama-cpp-python-0.3.36-$(echo "$flags" | sha1sum | cut -c1-12)"
   build=""
+  # A setup that stops early (a failed install, Ctrl-C) stops the compile running beside it too.
+  trap 'if [ -n "$build" ]; then kill "$build" 2>/dev/null || true; fi' EXIT
   if ! ls "$wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
     # The compile is CPU-bound and the installs below mostly fetch and unpack, so the compile runs
     # beside them rather than after them.
@@ -39,7 +41,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$0" -nt "$stamp" ]
   .venv/bin/python -m pip install --quiet -e ".[hf,dev,serve,ray,onnx]"
   if [ -n "$build" ]; then
     echo "waiting for the llama-cpp-python compile ($((SECONDS - started)) s so far)" >&2
-    if ! wait "$build"; then
+    status=0
+    wait "$build" || status=$?
+    build=""
+    if [ "$status" -ne 0 ]; then
       tail -n 30 "$log" >&2
       echo "setup: the llama-cpp-python build failed (the last lines of $log above; the whole log" \
         "is there). A C++ compiler and Python headers are needed: apt-get install build-essential" \
