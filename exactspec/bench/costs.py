@@ -82,7 +82,8 @@ def measure_costs(
     The adapters are called with the same history again and again: each call
     rolls back the last k cached tokens and feeds them again, so every timed
     forward runs k tokens over a warm cache of len(context) - k tokens. The ks
-    are interleaved inside each repeat so that machine noise spreads over all.
+    are interleaved inside each repeat so that machine noise spreads over all; the
+    draft's steps are timed after all of the target's passes, not between them.
     Also timed: the per-token work outside the models (the sampling transforms over the
     whole vocabulary plus one categorical draw), which every decoding step pays, for each named
     sampling row of `settings` (temperatures are named by themselves: "0", "0.7"). Forward passes
@@ -107,18 +108,24 @@ def measure_costs(
         pair.target.logits([history], 1)  # prefill (untimed)
         pair.draft.logits([history], 1)
         pair.target.logits([history], min(2, max_k))  # untimed: first-call allocations
+        # The target's passes first, then the draft's steps: never one model's call right after the
+        # other's. ONNX Runtime's idle threads spin for milliseconds after a run, so a target pass timed
+        # right after a draft step shared the 2 cores with the draft session's spinning threads: on the
+        # Zen 4 a one-token step of 28.6 ms took 52.1 ms so (docs/bench/onnx-spinning), and the bench's
+        # v(4) read 2.37 (docs/bench/onnx-defaults) where a lone session's is 1.68.
         for _ in range(repeats):
-            for k in range(1, max_k + 1):
+            for k in range(1, max_k + 1):  # ks interleaved, so machine noise spreads over all
                 before = len(target_timer.calls)
                 started = time.perf_counter()
                 pair.target.logits([history], k)
                 target_times[k].append(time.perf_counter() - started)
                 target_forward[k].append(sum(s for _, s in target_timer.calls[before:]))
-                before = len(draft_timer.calls)
-                started = time.perf_counter()
-                pair.draft.logits([history], 1)
-                draft_times.append(time.perf_counter() - started)
-                draft_forward.append(sum(s for _, s in draft_timer.calls[before:]))
+        for _ in range(repeats * max_k):
+            before = len(draft_timer.calls)
+            started = time.perf_counter()
+            pair.draft.logits([history], 1)
+            draft_times.append(time.perf_counter() - started)
+            draft_forward.append(sum(s for _, s in draft_timer.calls[before:]))
     pair.target.clear_cache()
     pair.draft.clear_cache()
 

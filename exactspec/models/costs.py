@@ -23,6 +23,12 @@ COST_REPEATS = 5
 """Timed forwards per k; the fastest is kept (about 7 s in all for the default pair at max_gamma 4)."""
 
 
+COST_PROCEDURE = 2
+"""Which timing procedure made a cached measurement (part of its key in the cache): 2 times every pass
+of one model before any of the other's (1 alternated them, which measured each ONNX Runtime session
+slowed by the other's spinning threads)."""
+
+
 def measure_cost_model(
     target: LanguageModel,
     draft: LanguageModel | None,
@@ -45,7 +51,9 @@ def measure_cost_model(
 
     The minimum over repeats, not the median: other work on the machine only ever adds time, so
     the fastest run is the closest to what the forward itself costs. The ks are interleaved
-    inside each repeat so machine noise spreads over all of them. Both
+    inside each repeat so machine noise spreads over all of them; the draft's steps come after all
+    of the target's passes (a session whose threads still spin after its run slows the other's
+    next run: docs/bench/onnx-spinning). Both
     models' caches are cleared before and after, so a generation that follows starts clean.
     The history is a fixed pseudo-random token sequence (timing does not depend on which ids).
     """
@@ -69,10 +77,11 @@ def measure_cost_model(
             started = time.perf_counter()
             target.logits([history], k)
             target_times[k].append(time.perf_counter() - started)
-            if draft is not None:
-                started = time.perf_counter()
-                draft.logits([history], 1)
-                draft_times.append(time.perf_counter() - started)
+    if draft is not None:  # never between the target's passes
+        for _ in range(repeats * max_k):
+            started = time.perf_counter()
+            draft.logits([history], 1)
+            draft_times.append(time.perf_counter() - started)
     _clear(models)
     return fastest_costs(target_times, draft_times)
 
@@ -119,8 +128,9 @@ def measure_batch_costs(
     For each row count r in BATCH_ROWS up to `max_rows` (and `max_rows` itself): r rows with distinct
     pseudo-random histories are prefilled, then every width w = 1..max_gamma + 1 is timed as one
     `logits(histories, w)` call (the adapter rolls the last w tokens back and feeds them again),
-    interleaved over `repeats` rounds, the fastest of each kept. The draft model gets the same
-    shapes (its first draft step feeds each row what its cache lacks; later steps one token).
+    interleaved over `repeats` rounds, the fastest of each kept (the target's passes first, then the
+    draft's). The draft model gets the same shapes (its first draft step feeds each row what its
+    cache lacks; later steps one token).
     Both models' caches are cleared before and after. A few seconds for the default pair's int4
     weights at 8 rows; `progress` hears one line per row count.
     """
@@ -145,9 +155,9 @@ def measure_batch_costs(
         for model in models:
             model.logits(histories, 1, rows=ids)  # prefill, untimed
             model.logits(histories, min(2, widths[-1]), rows=ids)  # untimed: first-call allocations
-        for _ in range(repeats):
-            for width in widths:
-                for model in models:
+        for model in models:  # one model's passes, then the other's (`measure_cost_model` says why)
+            for _ in range(repeats):
+                for width in widths:
                     started = time.perf_counter()
                     model.logits(histories, width, rows=ids)
                     times[id(model)][width].append(time.perf_counter() - started)

@@ -23,7 +23,7 @@ from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.errors import InvalidArgument
 from exactspec.foundations.records import JsonRecord
 from exactspec.models.base import LanguageModel
-from exactspec.models.costs import measure_batch_costs, measure_cost_model
+from exactspec.models.costs import COST_PROCEDURE, measure_batch_costs, measure_cost_model
 from exactspec.models.tokenizers import check_tokenizers_compatible, end_of_generation_ids
 
 if TYPE_CHECKING:
@@ -219,7 +219,8 @@ class ModelPair:
             def measure() -> CostModel:
                 return measure_cost_model(self.target, self.draft, max_gamma)
 
-            self._costs, _ = self._measured("cost-model", {"max_gamma": max_gamma}, CostModel, measure)
+            key = {"max_gamma": max_gamma, "procedure": COST_PROCEDURE}
+            self._costs, _ = self._measured("cost-model", key, CostModel, measure)
         return self._costs.up_to(max_gamma)
 
     def batch_costs(
@@ -245,7 +246,7 @@ class ModelPair:
         def measure() -> BatchCosts:
             return measure_batch_costs(self.target, self.draft, max_gamma, max_rows, progress=progress)
 
-        key = {"max_gamma": max_gamma, "max_rows": max_rows}
+        key = {"max_gamma": max_gamma, "max_rows": max_rows, "procedure": COST_PROCEDURE}
         costs, stored = self._measured("batch-costs", key, BatchCosts, measure, cache_dir)
         if stored and progress is not None:
             progress("pass costs: measured before on this machine, read from the cache")

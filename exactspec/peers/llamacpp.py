@@ -185,7 +185,7 @@ def time_eval(
     llm: Any, context: Sequence[int], max_k: int, repeats: int, draft: Any | None = None
 ) -> tuple[dict[int, tuple[float, ...]], tuple[float, ...]]:
     """Seconds of `llm.eval` on k tokens over a warm cache of len(context) - k tokens, k = 1..max_k, and of
-    `draft.eval` on one token (empty without a draft Llama): every repeat, in turn.
+    `draft.eval` on one token (empty without a draft Llama), after all of the target's.
 
     The procedure of `exactspec.models.costs.measure_cost_model` for llama-cpp-python's own passes: the
     context is evaluated once (untimed), then each timed call drops the last k cached tokens (the
@@ -210,11 +210,12 @@ def time_eval(
             started = time.perf_counter()
             llm.eval(history[-k:])
             target[k].append(time.perf_counter() - started)
-            if draft is not None:
-                draft.n_tokens = len(history) - 1
-                started = time.perf_counter()
-                draft.eval(history[-1:])
-                steps.append(time.perf_counter() - started)
+    if draft is not None:  # after the target's passes, as in `bench.costs.measure_costs`
+        for _ in range(repeats * max_k):
+            draft.n_tokens = len(history) - 1
+            started = time.perf_counter()
+            draft.eval(history[-1:])
+            steps.append(time.perf_counter() - started)
     for model in llamas:
         model.reset()
     return {k: tuple(v) for k, v in target.items()}, tuple(steps)

@@ -19,6 +19,27 @@ def test_measured_cost_model_is_normalised() -> None:
         costs.up_to(5)
 
 
+def test_the_draft_steps_are_timed_after_every_target_pass() -> None:
+    """Never a target pass right after a draft step: a session whose threads still spin after its run
+    (ONNX Runtime's) slows the other's next run (docs/bench/onnx-spinning)."""
+    calls: list[str] = []
+
+    class Logged:
+        def __init__(self, name: str, model: object) -> None:
+            self.name, self.model = name, model
+
+        def __getattr__(self, attribute: str) -> object:
+            return getattr(self.model, attribute)
+
+        def logits(self, *args: object, **kwargs: object) -> object:
+            calls.append(self.name)
+            return self.model.logits(*args, **kwargs)  # type: ignore[attr-defined]
+
+    measure_cost_model(Logged("target", TARGET), Logged("draft", DRAFT), 3, repeats=2)  # type: ignore[arg-type]
+    timed = calls[3:]  # after both prefills and the target's untimed first-call pass
+    assert timed == ["target"] * (2 * 4) + ["draft"] * (2 * 4)
+
+
 def test_batch_costs_are_measured_for_every_shape_up_to_the_largest_batch() -> None:
     from exactspec.models.costs import measure_batch_costs
 

@@ -142,3 +142,22 @@ def test_the_reference_is_a_second_session_over_the_same_export(folders: tuple[s
     ids = pair.tokenizer(PROMPT)["input_ids"]
     assert pair.target.logits([ids], 3).equal(reference.logits([ids], 3))
     assert pair.draft is None and pair.describe_backend() == "backend onnx"
+
+
+def test_sessions_stop_spinning_after_each_run_only_where_the_drafter_runs_the_draft_model(
+    folders: tuple[str, str, str],
+) -> None:
+    """Two sessions that take turns stop their threads spinning as each run returns (else each holds the
+    cores the other's next run needs); a pair whose drafter runs no model keeps spinning, the faster
+    setting for a lone session (docs/bench/onnx-spinning)."""
+    from exactspec.models.backends.registry import Workload
+    from exactspec.models.pair import ModelPair
+
+    target, draft, cache = folders
+    common = {"backend": "onnx", "cache_dir": cache, "progress": False, "threads": 1}
+    drafting = Workload(drafter="model", draft_model=True)
+    pair = ModelPair.from_pretrained(target, draft, workload=drafting, **common)
+    assert pair.target.stop_spinning_after_run and pair.draft.stop_spinning_after_run  # type: ignore[union-attr]
+    lone = ModelPair.from_pretrained(target, draft, workload=Workload(), **common)  # the suffix drafter
+    assert not lone.target.stop_spinning_after_run  # type: ignore[attr-defined]
+    assert not lone.draft.stop_spinning_after_run  # type: ignore[union-attr]

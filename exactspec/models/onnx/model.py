@@ -103,6 +103,7 @@ class OnnxModel(RowCacheModel):
         threads: int | None = None,
         max_rows: int = DEFAULT_MAX_ROWS,
         spinning: bool = True,
+        stop_spinning_after_run: bool = False,
         dtype: torch.dtype = torch.float32,
     ) -> None:
         """
@@ -115,6 +116,11 @@ class OnnxModel(RowCacheModel):
             max_rows: rows held at a time.
             spinning: whether idle intra-op threads spin (faster passes; burns the cores between
                 passes: turn off on a machine shared with other work).
+            stop_spinning_after_run: whether the threads stop spinning as each run returns
+                (`session.force_spinning_stop`): for a process whose sessions take turns (a draft model's
+                steps, then the target's pass), where one session's spinning threads otherwise take
+                the cores from the other's next run; a lone session's steps are a little slower
+                (`scripts/onnx_spinning.py` measures both).
             dtype: of the returned logits: float32 (what the model computes) or float64 (the same values
                 widened exactly: `exactspec verify` enumerates in float64).
         """
@@ -145,6 +151,8 @@ class OnnxModel(RowCacheModel):
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+        if stop_spinning_after_run:
+            options.add_session_config_entry("session.force_spinning_stop", "1")
         options.log_severity_level = 3  # errors only: ONNX Runtime warns about unused initializers otherwise
         model_file = decoder.get("filename", "model.onnx")
         self._session, self._logits_from = None, False
@@ -163,6 +171,7 @@ class OnnxModel(RowCacheModel):
                 str(self.folder / model_file), options, providers=["CPUExecutionProvider"]
             )
         self._spinning = spinning
+        self._stop_spinning_after_run = stop_spinning_after_run
         if vocab_size is None:
             vocab_size = self._n_vocab
         if not 1 <= vocab_size <= self._n_vocab:
@@ -216,6 +225,10 @@ class OnnxModel(RowCacheModel):
     @property
     def spinning(self) -> bool:
         return self._spinning
+
+    @property
+    def stop_spinning_after_run(self) -> bool:
+        return self._stop_spinning_after_run
 
     @property
     def layers(self) -> int:
