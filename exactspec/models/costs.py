@@ -151,18 +151,17 @@ def measure_batch_costs(
         generator = torch.Generator().manual_seed(rows)
         histories = [torch.randint(0, vocab, (length,), generator=generator).tolist() for _ in range(rows)]
         ids = list(range(rows))
-        times: dict[int, dict[int, list[float]]] = {id(m): {w: [] for w in widths} for m in models}
+        # One model's passes, warm-up included, then the other's (`measure_cost_model` says why).
         for model in models:
             model.logits(histories, 1, rows=ids)  # prefill, untimed
             model.logits(histories, min(2, widths[-1]), rows=ids)  # untimed: first-call allocations
-        for model in models:  # one model's passes, then the other's (`measure_cost_model` says why)
+            times: dict[int, list[float]] = {w: [] for w in widths}
             for _ in range(repeats):
                 for width in widths:
                     started = time.perf_counter()
                     model.logits(histories, width, rows=ids)
-                    times[id(model)][width].append(time.perf_counter() - started)
-        for model in models:
-            tables[id(model)].append([min(times[id(model)][w]) for w in widths])
+                    times[width].append(time.perf_counter() - started)
+            tables[id(model)].append([min(times[w]) for w in widths])
         _clear(models)
 
     def frozen(model: LanguageModel | None) -> tuple[tuple[float, ...], ...] | None:
