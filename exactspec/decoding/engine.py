@@ -139,8 +139,6 @@ class SpeculativeEngine:
         seconds = self.target_stopwatch.take()
         self.metrics.prefill_seconds += seconds
         self._prefilled.add(row)
-        if self.gamma_policy is not None:
-            self.gamma_policy.prefilled(seconds)  # the step's cost includes it (`decoding.planner`)
 
     def joining(self, rows: int) -> None:
         """`rows` rows are about to join the running batch (the scheduler's rows being prefilled or waiting,

@@ -73,11 +73,6 @@ class GammaPolicy(RowLifecycle, Protocol):
         learns from it (`decoding.round_times`) and returns what it had predicted; None otherwise."""
         ...
 
-    def prefilled(self, seconds: float) -> None:
-        """Joining rows' prompt chunks took `seconds` of target passes since the last round (the scheduler
-        runs them in the same step, before the round): a policy that weighs whole steps counts them."""
-        ...
-
     def joining(self, rows: int) -> None:
         """`rows` rows are about to join the batch (the scheduler's prefilling and waiting rows, up to its
         free rows), told before each round: a policy that weighs the batch to come counts them."""
@@ -97,9 +92,6 @@ class PerRowGamma:
     def timed(self, shape: RoundShape, seconds: float) -> float | None:
         """Chosen from measured c and v(k) alone: round times teach nothing."""
         return None
-
-    def prefilled(self, seconds: float) -> None:
-        """Each row is chosen on its own: the step's prefill changes no row's choice."""
 
     def joining(self, rows: int) -> None:
         """Each row is chosen on its own: the rows to come change no row's choice."""

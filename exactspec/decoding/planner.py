@@ -30,13 +30,16 @@ spread over CATCH_UP_ROUNDS rounds, see `_cost`). For every cap G = 0..the large
 
 and the best drafts found over every G is the plan (a cap G keeps one well-accepted row from
 widening every row's block). Rows whose request fixed its gamma draft exactly that. No draft at
-all is a plain round (value B / T(B, 1)). The cost also holds P, the seconds a step spends on joining
-rows' prompt chunks besides its round (`prefilled`: the scheduler runs them before the round), as a
-running mean over the steps (weight 1 - PREFILL_MEMORY per step, steps without prefill included): the
-tokens per second that count are the whole serving loop's, E / (P + cost). Why the mean and not this
-step's own chunk: a step's prefill is paid whatever its round drafts, so what it changes is the rate
-a draft token has to beat (tokens per second over all steps), not this step's trade; a step that
-charged its own chunk would draft exactly when a prompt joins.
+all is a plain round (value B / T(B, 1)).
+
+Joining rows' prompt chunks (the scheduler runs them in the same step, before the round) are not in
+the value. They are fixed work: every prompt is fed once whatever the rounds draft, so the serving
+loop's time is all the chunks plus all the rounds, and only the rounds' seconds per token can be
+lowered by drafting. A plan that added the step's prefill P to the cost, E / (P + cost), drafted
+whenever the tokens a draft adds came cheaper than the loop's tokens with their prompts' share,
+(P + T(B, 1)) / B, not cheaper than the plain round's own T(B, 1) / B: under prefill load (short
+answers, many requests) almost any draft passed, and 4 served requests of 32 tokens drafted in a
+fifth of their rounds and ran at 0.88x of plain (docs/bench/serve-defaults-zen4, 4be981f).
 
 While rows are about to join (J rows prefilling, or waiting for a free row: `joining`, told by the
 scheduler before the round), the batch is about to grow, and a token drafted now competes with the
@@ -68,7 +71,7 @@ steps, and within the cap planned here each row's depth is cut further by its ma
 (`decoding.gamma.LookupGamma`, which the drafter asks through `length_for`).
 
 Exactness: the plan depends on the rows' finished rounds, their lengths, the measured costs and the
-wall times of finished rounds and prefill passes, the number of rows about to join, and the round's
+wall times of finished rounds, the number of rows about to join, and the round's
 number (the probe schedule), all known before the round's draws, so each round is exact given its
 history and so is the output (docs/algorithm.md 5). A row's draft length now depends on which rows
 share the batch and which are coming, so a seeded request's tokens may depend on the load; its law
@@ -98,9 +101,6 @@ position, little enough to keep the probe cheap."""
 
 POOL_MEMORY = 0.98
 """Weight of the session's pooled acceptance evidence one drafting row-round older (about the last 50)."""
-
-PREFILL_MEMORY = 0.9
-"""Weight of the mean prefill seconds per step one step older (about the last ten steps)."""
 
 BATCH_PRIOR_STRENGTH = 1.0
 """Weight, in rounds, of the pooled rate in the acceptance of a row that shares a round."""
@@ -163,9 +163,7 @@ class CostAwareGamma:
         self.batch_prior_strength = batch_prior_strength
         self.rounds_planned = 0
         self.last_plan_probe = False  # whether the last plan was a probe round
-        self._prefill_seconds = 0.0  # prompt chunks run since the last plan
         self._joining = 0  # rows about to join the batch (`joining`), as of the next plan
-        self.prefill_per_step = 0.0  # P: mean prefill seconds per step (PREFILL_MEMORY)
         self._pooled = (0.0, 0.0)  # (kept, reached) of every row's drafting rounds, decayed
         self._seen: dict[int, int] = {}  # row -> tokens of its history the draft model has seen
         self._planned: dict[int, tuple[int, int]] = {}  # row -> (length, draft) of this round's plan
@@ -239,10 +237,6 @@ class CostAwareGamma:
         probe = self.last_plan_probe = self.gains.is_probe_round(self.rounds_planned)
         self.rounds_planned += 1
         self._round.clear()  # a round that was not timed (it fed a prompt) teaches no gains
-        step_prefill, self._prefill_seconds = self._prefill_seconds, 0.0
-        prefill = self.prefill_per_step = (
-            PREFILL_MEMORY * self.prefill_per_step + (1.0 - PREFILL_MEMORY) * step_prefill
-        )
         fixed = [r.limit if r.fixed else 0 for r in rows]
         # Marginal expected tokens of each offered row's j-th draft token, j = 1..its limit.
         marginals: list[tuple[float, int, int]] = []  # (m_{b,j}, b, j)
@@ -273,7 +267,7 @@ class CostAwareGamma:
             candidates = iter(m for m in marginals if m[2] <= width_gamma)
             while True:
                 cost = self._cost(drafts, lags, fresh)
-                value = expected / (prefill + cost)
+                value = expected / cost
                 # While rows are about to join, drafts must also beat a plain token of the bigger batch.
                 affordable = reference is None or cost - plain_cost <= (expected - plain_expected) * reference
                 if affordable and value > best_value:
@@ -287,11 +281,6 @@ class CostAwareGamma:
         for b, r in enumerate(rows):
             self._planned[r.row] = (r.length, best[b])
         return best
-
-    def prefilled(self, seconds: float) -> None:
-        """Prompt chunks of joining rows ran `seconds` in this step: the next plan adds them to the mean."""
-        if seconds > 0.0:
-            self._prefill_seconds += seconds
 
     def joining(self, rows: int) -> None:
         """`rows` rows are about to join the batch (prefilling, or waiting for a free row): the next plans

@@ -131,27 +131,6 @@ def test_realized_gain_is_learned_from_the_round_times() -> None:
     assert policy.gains.gain(1) != policy.gains.gain(1)  # nan: row 1 never drafted
 
 
-def test_joining_rows_prefill_counts_in_the_cost_of_a_step_as_a_running_mean() -> None:
-    costs = BatchCosts(rows=(1,), widths=(1, 2), target=((1.0, 1.6),))
-    policy = planner(costs, 1)
-    for _ in range(20):
-        policy.plan([RoundRow(0, 1, length=30)])
-        policy.record(0, 1, 0)
-        policy.plan([RoundRow(0, 1, length=30)])
-        policy.record(0, 1, 1)  # half the draft tokens kept: 1.5 tokens for 1.6 steps does not pay alone
-    assert policy.plan([RoundRow(0, 1, length=30)]) == [0]
-    policy.prefilled(0.5)  # one joining prompt's chunk: its share of the mean step is small
-    assert policy.plan([RoundRow(0, 1, length=30)]) == [0]
-    chosen = []
-    for _ in range(30):  # prompts join all the time: every step pays 2.0 s of prefill besides its round
-        policy.prefilled(2.0)
-        chosen.append(policy.plan([RoundRow(0, 1, length=30)])[0])
-    assert policy.prefill_per_step == pytest.approx(2.0, rel=0.05)
-    assert chosen[-1] == 1  # 1.5 tokens / 3.6 s beats 1 / 3.0 s
-    after = [policy.plan([RoundRow(0, 1, length=30)])[0] for _ in range(30)]  # the joining stopped
-    assert after[-1] == 0
-
-
 def test_free_drafters_are_planned_for_the_batch_and_their_rounds_timed() -> None:
     target = random_tabular_model(5, seed=1)
     scheduler = build_scheduler(
