@@ -258,6 +258,8 @@ def _inverse_cdf_on_support(probs: torch.Tensor, uniforms: torch.Tensor) -> torc
     values = probs[row_of, ids]
     if not bool(((values > 0) & torch.isfinite(values)).all()):
         return None
+    if width == 1:  # one entry a row (greedy rows): its CDF is [1.0], and every u < 1 lands on it
+        return ids
     starts = torch.cumsum(counts, dim=0) - counts  # [N]
     slot = torch.arange(row_of.numel()) - starts[row_of]  # rank of each entry within its row
     compact = torch.zeros(num_rows, width, dtype=torch.float64)  # [N, W], zeros after a row's entries

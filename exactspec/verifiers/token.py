@@ -137,7 +137,10 @@ def verify(
     bonus_idx = (~finished).nonzero().squeeze(-1)  # [K]
     if bonus_idx.numel():
         position = draft_lengths[bonus_idx]  # [K]
-        bonus_probs = p[bonus_idx, position]  # [K, V]
+        if bonus_idx.numel() == 1:  # one row (a single stream): a view, not a copy of its V entries
+            bonus_probs = p[int(bonus_idx[0]), int(position[0])].unsqueeze(0)  # [1, V]
+        else:
+            bonus_probs = p[bonus_idx, position]  # [K, V]
         drawn = draw(bonus_probs, bonus_idx, position)  # [K]
         tokens[bonus_idx, position] = drawn
         hit_eos[bonus_idx] = torch.isin(drawn, eos)

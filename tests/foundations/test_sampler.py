@@ -220,6 +220,24 @@ def test_the_walk_over_the_nonzero_entries_finds_the_full_walks_index(dtype: tor
                 assert torch.equal(index, _full_walk(probs, u))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rows_with_one_nonzero_entry_draw_it_as_the_full_walk_does(dtype: torch.dtype) -> None:
+    # Greedy rows (one-hot), and rows whose one entry is not 1 (a float32 row that lost its other mass):
+    # the walk over the nonzero entries takes the entry itself, whatever the uniform.
+    generator = torch.Generator().manual_seed(1)
+    vocab_size, num_rows = 5000, 3
+    for case in range(50):
+        probs = torch.zeros(num_rows, vocab_size, dtype=dtype)
+        ids = torch.randint(vocab_size, (num_rows,), generator=generator)
+        probs[torch.arange(num_rows), ids] = 1.0 if case % 2 else torch.rand(num_rows, dtype=dtype) + 1e-3
+        for u in (torch.rand(num_rows, generator=generator, dtype=torch.float64), torch.zeros(num_rows)):
+            u = u.to(torch.float64)
+            index = _inverse_cdf_on_support(probs, u)
+            assert index is not None and torch.equal(index, ids) and torch.equal(index, _full_walk(probs, u))
+    almost_one = torch.full((num_rows,), 1.0 - 2.0**-53, dtype=torch.float64)
+    assert torch.equal(_inverse_cdf_on_support(probs, almost_one), _full_walk(probs, almost_one))
+
+
 def test_the_walk_over_the_nonzero_entries_declines_dense_empty_or_invalid_rows() -> None:
     u = torch.full((2,), 0.5, dtype=torch.float64)
     dense = torch.full((2, 80), 1 / 80)

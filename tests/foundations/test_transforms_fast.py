@@ -364,3 +364,18 @@ def test_top_candidates_give_torch_topk_values_and_ids_that_hold_them(vocab_size
             assert torch.equal(values, torch.topk(scores, width, dim=-1).values)
             assert torch.equal(scores.gather(1, ids), values)
             assert all(len(set(row)) == width for row in ids.tolist())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_greedy_rows_are_one_hot_on_the_first_maximal_id_as_torch_argmax(dtype: torch.dtype) -> None:
+    generator = torch.Generator().manual_seed(3)
+    rows = torch.randint(-3, 4, (64, 50), generator=generator).to(dtype)  # many ties at each row's maximum
+    rows[0] = float("-inf")  # every id banned: argmax is 0
+    rows[1, 7] = float("inf")
+    rows[2, [4, 9]] = float("nan")  # NaN counts as maximal in both: the first NaN
+    rows[3, [0, 1]] = torch.tensor([-0.0, 0.0], dtype=dtype)
+    rows[3, 2:] = -1.0
+    expected = torch.nn.functional.one_hot(rows.argmax(dim=-1), rows.shape[1]).to(dtype)
+    actual = transforms._one_hot_argmax(rows)
+    assert actual.dtype == dtype and torch.equal(actual, expected)
+    assert torch.equal(actual.argmax(dim=-1), torch.tensor([0, 7, 4, 0] + rows[4:].argmax(dim=-1).tolist()))
