@@ -109,9 +109,19 @@ class ExpectationRecorder:
     timings so that the timed work is the verifier's alone.
     """
 
-    def __init__(self, verifier: Verifier, tree_verifier: Callable[..., TreeVerifyResult]) -> None:
+    def __init__(
+        self,
+        verifier: Verifier,
+        tree_verifier: Callable[..., TreeVerifyResult],
+        greedy_verifier: Callable[..., VerifyResult] | None = None,
+        vocab_size: int = 0,
+    ) -> None:
+        """greedy_verifier, vocab_size: the engine's greedy rounds' verifier (`verify_greedy`), and the
+        vocabulary its rounds' one-hot p is rebuilt over for the scoring."""
         self.verifier = verifier
         self.tree_verifier = tree_verifier
+        self.greedy_verifier = greedy_verifier
+        self.vocab_size = vocab_size
         # E[kept | drafts] per rule, and block verification's weights summed (its estimate over drafts);
         # for trees, E[accepted | tree] walking the whole tree and its first branch alone.
         self.expected = {"token": 0.0, "block": 0.0, "block_weights": 0.0, "tree": 0.0, "first_branch": 0.0}
@@ -151,6 +161,32 @@ class ExpectationRecorder:
         self.seconds += time.perf_counter() - started
         options = {"validate": validate, "positions": positions}
         return self.verifier(draft_tokens, q, p, draft_lengths, eos_token_ids, sampler, rows, **options)
+
+    def verify_greedy(
+        self,
+        draft_tokens: torch.Tensor,
+        target_ids: torch.Tensor,
+        draft_lengths: torch.Tensor,
+        eos_token_ids: Any,
+    ) -> VerifyResult:
+        """The engine's greedy rounds (no p built, `verifiers.token.verify_greedy`): scored as `__call__`
+        scores a round, on the one-hot p they stand for (built here, on the scoring's clock), then
+        verified by the engine's own greedy verifier."""
+        assert self.greedy_verifier is not None
+        started = time.perf_counter()
+        batch, width = target_ids.shape
+        p = torch.zeros(batch, width, self.vocab_size, device=target_ids.device)  # [B, gamma + 1, V]
+        p.scatter_(2, target_ids.unsqueeze(-1), 1.0)
+        for rule in ("token", "block"):
+            self.expected[rule] += float(
+                expected_accepted(draft_tokens, None, p, draft_lengths, eos_token_ids, rule).sum()
+            )
+        self.expected["block_weights"] += float(
+            block_weight_sum(draft_tokens, None, p, draft_lengths, eos_token_ids).sum()
+        )
+        self.rounds += batch
+        self.seconds += time.perf_counter() - started
+        return self.greedy_verifier(draft_tokens, target_ids, draft_lengths, eos_token_ids)
 
     def verify_tree(
         self,
@@ -242,9 +278,13 @@ def run_engine(
     engine = session.scheduler.engine
     if learned is not None:
         learned.use(engine, strategy, gamma, settings)
-    recorder = ExpectationRecorder(engine.verifier, engine.tree_verifier)
+    recorder = ExpectationRecorder(
+        engine.verifier, engine.tree_verifier, engine.greedy_verifier, pair.target.vocab_size
+    )
     engine.verifier = recorder
     engine.tree_verifier = recorder.verify_tree
+    if engine.greedy_verifier is not None:
+        engine.greedy_verifier = recorder.verify_greedy
     engine.round_timer = recorder.round_timer
     pair.clear_caches()
     request = TextRequest(list(ids), settings=settings, max_tokens=max_new_tokens, seed=seed)

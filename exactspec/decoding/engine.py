@@ -43,7 +43,7 @@ from exactspec.foundations.sampler import Sampler
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.base import LanguageModel
 from exactspec.verifiers.base import Verifier, VerifyResult
-from exactspec.verifiers.token import verify
+from exactspec.verifiers.token import verify, verify_greedy
 from exactspec.verifiers.tree import TreeVerifyResult, verify_tree
 
 __all__ = [
@@ -105,6 +105,13 @@ class SpeculativeEngine:
         # Trees of candidates are walked by this function (`verifiers.tree.verify_tree`'s signature); a
         # slot like `verifier`, so that the bench can score the same trees another way as they pass.
         self.tree_verifier = verify_tree
+        # Rounds whose rows are all greedy and whose draft is deterministic (or empty) need no p: every
+        # draw from a one-hot row is its id, so token verification reduces to comparing ids
+        # (`verifiers.token.verify_greedy`). A slot, like `tree_verifier`; None (block verification,
+        # a verifier of the caller's) builds p for every round.
+        self.greedy_verifier: Callable[..., VerifyResult] | None = (
+            verify_greedy if verifier is verify else None
+        )
         self.gamma_policy = gamma_policy
         self.validate = validate
         self.draft_stopwatch = draft_stopwatch
@@ -332,6 +339,25 @@ class SpeculativeEngine:
         positions: list[int],
     ) -> VerifyResult:
         """2.2 - 2.5 for a draft block: one target pass over each history plus its block, the verifier."""
+        if (
+            self.greedy_verifier is not None
+            and (proposal.q is None or proposal.tokens.shape[1] == 0)
+            and all(row_settings.greedy for row_settings in settings)
+        ):
+            ids = chain_probabilities(
+                self.target,
+                histories,
+                proposal,
+                settings,
+                rows,
+                self.target_stopwatch,
+                self.metrics,
+                greedy=True,
+            )  # 2.2: [A, gamma + 1], the id p is one-hot on at each position
+            clock = time.perf_counter()
+            result = self.greedy_verifier(proposal.tokens, ids, proposal.lengths, self.target.eos_token_ids)
+            self.metrics.verify_seconds += time.perf_counter() - clock
+            return result
         p = chain_probabilities(
             self.target, histories, proposal, settings, rows, self.target_stopwatch, self.metrics
         )  # 2.2: [A, gamma + 1, V]

@@ -1,6 +1,7 @@
 """The target's side of a round (docs/algorithm.md 2.2): p for every drafted position of every row from one
-target pass, over each history plus its draft block (`chain_probabilities`) or over each row's tree of
-candidates (`tree_probabilities`).
+target pass, over each history plus its draft block (`chain_probabilities`; for rows that are all greedy,
+only the ids p is one-hot on) or over each row's tree of candidates
+(`tree_probabilities`).
 
 Both add to the round's metrics: the pass itself (`target_forward_seconds`, read from the target's
 stopwatch), the pass with the sampling transforms (`target_seconds`), and one target call.
@@ -15,7 +16,7 @@ import torch
 from exactspec.drafters.base import Proposal
 from exactspec.foundations.metrics import DecodeMetrics, Stopwatch
 from exactspec.foundations.settings import SamplingSettings
-from exactspec.foundations.transforms import probabilities_per_row
+from exactspec.foundations.transforms import greedy_ids, probabilities_per_row
 from exactspec.foundations.trees import heights as tree_heights
 from exactspec.foundations.trees import place_histories
 from exactspec.models.base import LanguageModel
@@ -30,8 +31,12 @@ def chain_probabilities(
     rows: list[int],
     stopwatch: Stopwatch,
     metrics: DecodeMetrics,
+    *,
+    greedy: bool = False,
 ) -> torch.Tensor:
-    """p [A, gamma + 1, V]: one target forward over each history plus its whole draft block.
+    """p [A, gamma + 1, V]: one target forward over each history plus its whole draft block. With
+    `greedy` (every row's settings at temperature 0), only the ids p is one-hot on, [A, gamma + 1] long
+    (`foundations.transforms.greedy_ids`): no [A, gamma + 1, V] rows are built.
 
     Rows that proposed fewer than gamma tokens are filled up with their own
     draft padding so that one call scores the same number of positions for
@@ -56,13 +61,16 @@ def chain_probabilities(
             ]
         flat = logits.reshape(-1, logits.shape[-1])  # [A * (gamma + 1), V]
         flat_settings = [row_settings for row_settings in settings for _ in range(width + 1)]
-        p = probabilities_per_row(flat, flat_settings, position_histories).reshape(logits.shape)
+        if greedy:
+            out = greedy_ids(flat, flat_settings, position_histories).reshape(logits.shape[:2])
+        else:
+            out = probabilities_per_row(flat, flat_settings, position_histories).reshape(logits.shape)
     finally:
         for history in histories:
             del history[len(history) - width :]
     metrics.target_seconds += time.perf_counter() - clock
     metrics.target_calls += 1
-    return p
+    return out
 
 
 def tree_probabilities(

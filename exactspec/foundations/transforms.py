@@ -80,20 +80,10 @@ def probabilities(
         the biased and penalised logits, ties broken by the lowest id.
         Bit-identical to `_probabilities_reference`.
     """
-    if logits.dim() != 2:
-        raise ValueError(f"logits must be [N, V], got shape {tuple(logits.shape)}")
-    num_rows, vocab_size = logits.shape
-    scores = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
-    if settings.logit_bias:
-        scores = _apply_logit_bias(scores, settings)
-    if settings.repetition_penalty != 1.0:
-        if histories is None or len(histories) != num_rows:
-            raise ValueError("the repetition penalty needs one history per row of logits")
-        scores = _apply_repetition_penalty(scores, histories, settings.repetition_penalty)
-    row_max = _check_rows(scores) if validate else None
-
     if settings.greedy:
-        return _one_hot_argmax(scores)
+        best = _greedy_ids(logits, settings, histories, validate)  # [N]
+        return torch.zeros_like(logits, dtype=_dtype_of(logits)).scatter_(1, best.unsqueeze(-1), 1.0)
+    scores, row_max = _penalised_scores(logits, settings, histories, validate)
 
     # Rows where scores / T would overflow take the greedy limit (`overflow.divide_by_temperature`).
     scores = divide_by_temperature(scores, settings.temperature, row_max)
@@ -113,20 +103,92 @@ def probabilities(
     return torch.softmax(scores, dim=-1)
 
 
-def _one_hot_argmax(scores: torch.Tensor) -> torch.Tensor:
-    """[N, V] scores -> [N, V] rows in their dtype, 1 at each row's first maximal id (ties go to the lowest
-    id, torch.argmax's choice) and 0 elsewhere: the reference's `one_hot(argmax)`, value for value.
+def _penalised_scores(
+    logits: torch.Tensor,
+    settings: SamplingSettings,
+    histories: Sequence[Sequence[int]] | None,
+    validate: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """[N, V] logits -> (scores, row maxima): float32 (float64 kept), the logit bias and the repetition
+    penalty applied, every row checked (`_check_rows`; row maxima None when `validate` is off)."""
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [N, V], got shape {tuple(logits.shape)}")
+    scores = logits.to(_dtype_of(logits))
+    if settings.logit_bias:
+        scores = _apply_logit_bias(scores, settings)
+    if settings.repetition_penalty != 1.0:
+        if histories is None or len(histories) != logits.shape[0]:
+            raise ValueError("the repetition penalty needs one history per row of logits")
+        scores = _apply_repetition_penalty(scores, histories, settings.repetition_penalty)
+    return scores, _check_rows(scores) if validate else None
+
+
+def _dtype_of(logits: torch.Tensor) -> torch.dtype:
+    """What the transforms compute in: float64 logits stay float64, everything else is float32."""
+    return torch.float64 if logits.dtype == torch.float64 else torch.float32
+
+
+def _greedy_ids(
+    logits: torch.Tensor,
+    settings: SamplingSettings,
+    histories: Sequence[Sequence[int]] | None,
+    validate: bool,
+) -> torch.Tensor:
+    """[N] each row's biased and penalised argmax (`_argmax_ids`), its rows checked as `_check_rows`
+    checks them but from the value at that id: one pass over the row instead of two."""
+    scores, _ = _penalised_scores(logits, settings, histories, validate=False)
+    best = _argmax_ids(scores)  # [N]
+    if validate:
+        _check_row_max(scores.gather(1, best.unsqueeze(-1)).squeeze(-1))
+    return best
+
+
+def _argmax_ids(scores: torch.Tensor) -> torch.Tensor:
+    """[N, V] scores -> [N] each row's first maximal id (ties go to the lowest id, as torch.argmax's do).
 
     On the CPU numpy's argmax finds the same id (it too returns the first maximal index, and takes NaN as
     maximal), vectorised: 0.06 against 0.16 ms over the built-in pair's 151,936 ids with cold caches,
-    as they are after a model pass (2-core Zen 4); zeros and one scatter write the row once, where
-    one_hot writes it in int64 and converts it.
+    as they are after a model pass (2-core Zen 4).
     """
     if scores.device.type == "cpu":
-        best = torch.from_numpy(scores.detach().numpy().argmax(axis=-1))  # [N]
-    else:
-        best = scores.argmax(dim=-1)  # [N]
-    return torch.zeros_like(scores).scatter_(1, best.unsqueeze(-1), 1.0)
+        return torch.from_numpy(scores.detach().numpy().argmax(axis=-1))
+    return scores.argmax(dim=-1)
+
+
+def greedy_ids(
+    logits: torch.Tensor,
+    settings: Sequence[SamplingSettings],
+    histories: Sequence[Sequence[int]] | None = None,
+) -> torch.Tensor:
+    """[N, V] logits of rows whose settings are all greedy -> [N] long: the id `probabilities_per_row`
+    puts each row's whole mass on (its biased and penalised argmax, the same checks and errors), without
+    building the one-hot rows. A draw from such a row is that id whatever the uniform, which is what
+    lets a round of greedy rows skip p (`decoding.target_pass.chain_probabilities` with greedy).
+
+    >>> greedy = SamplingSettings(temperature=0)
+    >>> greedy_ids(torch.tensor([[0.0, 1.0], [2.0, 2.0]]), [greedy, greedy]).tolist()
+    [1, 0]
+    """
+    settings = list(settings)
+    if logits.dim() != 2 or len(settings) != logits.shape[0]:
+        raise ValueError(
+            f"need one SamplingSettings per row of logits [N, V]: {len(settings)} for {tuple(logits.shape)}"
+        )
+    if not all(row_settings.greedy for row_settings in settings):
+        raise ValueError("greedy_ids is for rows at temperature 0; use probabilities_per_row")
+    groups: dict[SamplingSettings, list[int]] = {}
+    for n, row_settings in enumerate(settings):
+        groups.setdefault(row_settings, []).append(n)
+    if len(groups) == 1:
+        return _greedy_ids(logits, settings[0], histories, validate=True).to(logits.device)
+    out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)  # [N]
+    for group_settings, members in groups.items():
+        group_histories = None
+        if histories is not None and group_settings.repetition_penalty != 1.0:
+            group_histories = [histories[n] for n in members]
+        rows = logits[torch.tensor(members, device=logits.device)]
+        out[members] = _greedy_ids(rows, group_settings, group_histories, validate=True).to(logits.device)
+    return out
 
 
 def _check_rows(scores: torch.Tensor) -> torch.Tensor:
@@ -134,11 +196,20 @@ def _check_rows(scores: torch.Tensor) -> torch.Tensor:
     # One reduction checks every row: amax propagates NaN, is +inf if any entry is, and is -inf
     # only when the whole row is (no token possible).
     row_max = scores.amax(dim=-1)  # [N]
+    _check_row_max(row_max)
+    return row_max
+
+
+def _check_row_max(row_max: torch.Tensor) -> None:
+    """Raise unless every row maximum [N] is finite: NaN or +inf means invalid scores, -inf a row with no
+    possible token. Any reduction that propagates NaN gives the same verdict (amax, or the value at
+    argmax's id, which is the first NaN or else the first maximum)."""
+    if row_max.device.type == "cpu" and bool(np.isfinite(row_max.numpy()).all()):
+        return  # the usual case, without a torch call per test
     if (torch.isnan(row_max) | torch.isposinf(row_max)).any():
         raise ValueError("logits contain NaN or +inf; the model produced invalid scores")
     if torch.isneginf(row_max).any():
         raise ValueError("a row of logits is -inf everywhere: no token is possible")
-    return row_max
 
 
 def _apply_repetition_penalty(
@@ -380,7 +451,7 @@ def _probabilities_reference(
     if logits.dim() != 2:
         raise ValueError(f"logits must be [N, V], got shape {tuple(logits.shape)}")
     num_rows, vocab_size = logits.shape
-    scores = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
+    scores = logits.to(_dtype_of(logits))
     if settings.logit_bias:
         scores = _apply_logit_bias(scores, settings)
     if settings.repetition_penalty != 1.0:

@@ -149,6 +149,58 @@ def verify(
     return VerifyResult(tokens=tokens, num_emitted=num_emitted, num_accepted=num_accepted, hit_eos=hit_eos)
 
 
+def verify_greedy(
+    draft_tokens: torch.Tensor,
+    target_ids: torch.Tensor,
+    draft_lengths: torch.Tensor,
+    eos_token_ids: Collection[int],
+) -> VerifyResult:
+    """`verify` of a deterministic draft (q None, or no draft at all) against a p that is one-hot at every
+    position, given only where: target_ids [B, gamma + 1] long, the id p[b, i] puts its mass on
+    (`foundations.transforms.greedy_ids`). Every draw from a one-hot row is its id whatever the uniform,
+    so the coupled rule reduces to: emit target_ids[b, i]; go on while it equals X_i and is not EOS;
+    all kept earns target_ids[b, L] as the bonus. The same VerifyResult as `verify`, with no [B, V] row
+    built or read (tests/verifiers/test_token_greedy.py compares them).
+    """
+    batch_size, gamma = draft_tokens.shape
+    if tuple(target_ids.shape) != (batch_size, gamma + 1):
+        raise ValueError(
+            f"target_ids must be [B, gamma + 1] = {(batch_size, gamma + 1)}, got {tuple(target_ids.shape)}"
+        )
+    eos = set(eos_token_ids)
+    emitted_rows: list[list[int]] = []
+    accepted: list[int] = []
+    ended: list[bool] = []
+    for draft, targets, length in zip(
+        draft_tokens.tolist(), target_ids.tolist(), draft_lengths.tolist(), strict=True
+    ):
+        if not 0 <= length <= gamma:
+            raise ValueError(f"a draft length must lie in 0..{gamma}, got {length}")
+        emitted: list[int] = []
+        kept = 0
+        for i in range(length + 1):
+            token = targets[i]
+            emitted.append(token)
+            if i == length or token != draft[i]:  # the bonus, or the draw that replaces X_i
+                break
+            kept += 1  # X_i kept (an EOS kept ends the row's round with it)
+            if token in eos:
+                break
+        emitted_rows.append(emitted)
+        accepted.append(kept)
+        ended.append(emitted[-1] in eos)
+    device = target_ids.device
+    tokens = torch.full((batch_size, gamma + 1), NO_TOKEN, dtype=torch.long)  # [B, gamma + 1]
+    for b, emitted in enumerate(emitted_rows):
+        tokens[b, : len(emitted)] = torch.tensor(emitted, dtype=torch.long)
+    return VerifyResult(
+        tokens=tokens.to(device),
+        num_emitted=torch.tensor([len(e) for e in emitted_rows], dtype=torch.long, device=device),
+        num_accepted=torch.tensor(accepted, dtype=torch.long, device=device),
+        hit_eos=torch.tensor(ended, dtype=torch.bool, device=device),
+    )
+
+
 def _residual(p_rows: torch.Tensor, q_rows: torch.Tensor) -> torch.Tensor:
     """mu = [p - q]+ / beta for rows where a rejection happened: [R, V] -> [R, V].
 

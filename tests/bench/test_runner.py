@@ -301,6 +301,24 @@ def test_expectation_recorder_passes_the_verifier_through_and_scores_both_rules(
     assert recorder.expected["block_weights"] == pytest.approx(weights, abs=1e-12)
 
 
+def test_greedy_rounds_are_scored_as_the_one_hot_rounds_they_stand_for() -> None:
+    """The engine's greedy rounds build no p; the recorder scores them on the one-hot p they mean, with the
+    same sums `__call__` gives that p, and returns the engine's own greedy verification."""
+    from exactspec.verifiers.token import verify, verify_greedy
+
+    tokens, lengths = torch.tensor([[1, 2, 4], [3, 0, 0]]), torch.tensor([3, 1])
+    ids = torch.tensor([[1, 2, 0, 4], [3, 2, 2, 1]])  # row 0 keeps two and is replaced, row 1 keeps one
+    vocab = 5
+    p = torch.zeros(2, 4, vocab).scatter_(2, ids.unsqueeze(-1), 1.0)
+    greedy = ExpectationRecorder(verify, verify_tree, verify_greedy, vocab)
+    general = ExpectationRecorder(verify, verify_tree)
+    got = greedy.verify_greedy(tokens, ids, lengths, ())
+    want = general(tokens, None, p, lengths, (), SeededSampler(seed=5, num_rows=2), [0, 1])
+    assert torch.equal(got.tokens, want.tokens) and torch.equal(got.num_accepted, want.num_accepted)
+    assert greedy.expected == general.expected and greedy.rounds == general.rounds == 2
+    assert greedy.expected["token"] == 3.0  # deterministic: the kept tokens themselves
+
+
 def test_trials_repeat_each_method_and_keep_its_fastest_run(tmp_path: Path) -> None:
     """--trials 2: one record per method and row, the fastest of two same-seed runs, every speed listed."""
     prompts = [EncodedPrompt("code", "coding", [5, 6, 7, 8, 9, 10])]

@@ -323,6 +323,53 @@ def test_sampled_speculation_with_free_drafts_emits_plain_samplings_tokens(
     assert engine.metrics.accepted_tokens > 0  # drafts were kept: the equality is not plain vs plain
 
 
+@pytest.mark.parametrize("drafter", [None, "ngram", "suffix"])
+def test_greedy_rounds_take_the_path_without_p_and_emit_what_p_would(drafter: str | None) -> None:
+    """Rows at temperature 0 with a deterministic draft (or none) are verified from the target's argmax ids
+    alone (`verify_greedy`): the tokens are those of the general path over one-hot p, and plain greedy
+    decoding's, with a logit bias and a repetition penalty in the transforms."""
+    from exactspec.decoding.builder import build_engine
+    from exactspec.decoding.strategy import Strategy
+
+    target = _target()
+    settings = SamplingSettings(temperature=0.0, repetition_penalty=1.3, logit_bias={2: 0.5})
+    prompts = [[1, 2, 3, 1, 2], [4, 4, 4], [2, 3]]
+    config = DecodeConfig(gamma=0 if drafter is None else 3, max_new_tokens=20, settings=settings)
+    outputs = []
+    for fast in (True, False):
+        strategy = Strategy() if drafter is None else Strategy(drafter)
+        engine = build_engine(target, None, strategy, config.gamma)
+        calls = []
+        if fast:
+            greedy = engine.greedy_verifier
+            assert greedy is not None
+
+            def spy(*args, greedy=greedy, calls=calls):  # noqa: ANN001, ANN002, ANN202
+                calls.append(args[0].shape[1])
+                return greedy(*args)
+
+            engine.greedy_verifier = spy
+        else:
+            engine.greedy_verifier = None  # every round builds p and runs `verify`
+        states = engine.generate(prompts, config, SeededSampler(seeds=[5, 6, 7]))
+        outputs.append([state.generated for state in states])
+        if fast:
+            assert calls and (drafter is None or max(calls) > 0)  # the greedy path ran, drafted rounds too
+    assert outputs[0] == outputs[1]
+    assert outputs[0] == [_plain_greedy(target, prompt, settings, 20) for prompt in prompts]
+
+
+def test_the_greedy_path_is_only_for_token_verification_of_greedy_rows() -> None:
+    target = _target()
+    assert SpeculativeEngine(target, None, verify_block).greedy_verifier is None
+    engine = SpeculativeEngine(target, None)
+    calls = []
+    engine.greedy_verifier = lambda *args: calls.append(args)  # would fail the round if reached
+    config = DecodeConfig(gamma=0, max_new_tokens=3, settings=SamplingSettings(temperature=0.7))
+    engine.generate([[1, 2]], config, SeededSampler(0))
+    assert calls == []  # sampled rows build p
+
+
 def _plain_greedy(
     target: LanguageModel, prompt: list[int], settings: SamplingSettings, max_new: int
 ) -> list[int]:

@@ -7,6 +7,7 @@ case here asserts `torch.equal` (same values, same support) between the two.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -15,7 +16,7 @@ import torch
 
 from exactspec.foundations import transforms
 from exactspec.foundations.settings import SamplingSettings
-from exactspec.foundations.transforms import _probabilities_reference, probabilities
+from exactspec.foundations.transforms import _probabilities_reference, probabilities, probabilities_per_row
 
 NEG_INF = float("-inf")
 QWEN_VOCAB = 151936
@@ -375,7 +376,31 @@ def test_greedy_rows_are_one_hot_on_the_first_maximal_id_as_torch_argmax(dtype: 
     rows[2, [4, 9]] = float("nan")  # NaN counts as maximal in both: the first NaN
     rows[3, [0, 1]] = torch.tensor([-0.0, 0.0], dtype=dtype)
     rows[3, 2:] = -1.0
+    ids = transforms._argmax_ids(rows)
+    assert torch.equal(ids, rows.argmax(dim=-1))
+    assert ids[:4].tolist() == [0, 7, 4, 0]
     expected = torch.nn.functional.one_hot(rows.argmax(dim=-1), rows.shape[1]).to(dtype)
-    actual = transforms._one_hot_argmax(rows)
+    actual = probabilities(rows, SamplingSettings(temperature=0), validate=False)
     assert actual.dtype == dtype and torch.equal(actual, expected)
-    assert torch.equal(actual.argmax(dim=-1), torch.tensor([0, 7, 4, 0] + rows[4:].argmax(dim=-1).tolist()))
+
+
+def test_greedy_ids_are_the_ids_greedy_rows_put_their_mass_on() -> None:
+    rng = random.Random(4)
+    for _ in range(40):
+        vocab_size = rng.choice([3, 50, 1000])
+        num_rows = rng.randrange(1, 7)
+        logits = _random_logits(rng, num_rows, vocab_size, torch.float32)
+        settings = [
+            dataclasses.replace(_random_settings(rng, vocab_size), temperature=0.0) for _ in range(num_rows)
+        ]
+        histories = _random_histories(rng, num_rows, vocab_size, 20)
+        try:
+            expected = probabilities_per_row(logits, settings, histories)
+        except ValueError as error:  # a bias that bans every id: both refuse alike
+            with pytest.raises(ValueError, match=str(error)[:20]):
+                transforms.greedy_ids(logits, settings, histories)
+            continue
+        assert torch.equal(expected.argmax(dim=-1), transforms.greedy_ids(logits, settings, histories))
+        assert torch.equal(expected.sum(dim=-1), torch.ones(num_rows))  # one-hot rows: the id is all there is
+    with pytest.raises(ValueError, match="temperature 0"):
+        transforms.greedy_ids(torch.zeros(1, 3), [SamplingSettings(temperature=0.7)])
