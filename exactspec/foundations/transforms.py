@@ -204,7 +204,7 @@ def _check_row_max(row_max: torch.Tensor) -> None:
     """Raise unless every row maximum [N] is finite: NaN or +inf means invalid scores, -inf a row with no
     possible token. Any reduction that propagates NaN gives the same verdict (amax, or the value at
     argmax's id, which is the first NaN or else the first maximum)."""
-    if row_max.device.type == "cpu" and bool(np.isfinite(row_max.numpy()).all()):
+    if row_max.device.type == "cpu" and bool(np.isfinite(row_max.detach().numpy()).all()):
         return  # the usual case, without a torch call per test
     if (torch.isnan(row_max) | torch.isposinf(row_max)).any():
         raise ValueError("logits contain NaN or +inf; the model produced invalid scores")
