@@ -150,14 +150,7 @@ class ExpectationRecorder:
         positions: Sequence[int] | None = None,
     ) -> VerifyResult:
         started = time.perf_counter()
-        for rule in ("token", "block"):
-            self.expected[rule] += float(
-                expected_accepted(draft_tokens, q, p, draft_lengths, eos_token_ids, rule).sum()
-            )
-        self.expected["block_weights"] += float(
-            block_weight_sum(draft_tokens, q, p, draft_lengths, eos_token_ids).sum()
-        )
-        self.rounds += draft_tokens.shape[0]  # row-rounds: one per row verified
+        self._score(draft_tokens, q, p, draft_lengths, eos_token_ids)
         self.seconds += time.perf_counter() - started
         options = {"validate": validate, "positions": positions}
         return self.verifier(draft_tokens, q, p, draft_lengths, eos_token_ids, sampler, rows, **options)
@@ -177,16 +170,28 @@ class ExpectationRecorder:
         batch, width = target_ids.shape
         p = torch.zeros(batch, width, self.vocab_size, device=target_ids.device)  # [B, gamma + 1, V]
         p.scatter_(2, target_ids.unsqueeze(-1), 1.0)
-        for rule in ("token", "block"):
-            self.expected[rule] += float(
-                expected_accepted(draft_tokens, None, p, draft_lengths, eos_token_ids, rule).sum()
-            )
-        self.expected["block_weights"] += float(
-            block_weight_sum(draft_tokens, None, p, draft_lengths, eos_token_ids).sum()
-        )
-        self.rounds += batch
+        self._score(draft_tokens, None, p, draft_lengths, eos_token_ids)
         self.seconds += time.perf_counter() - started
         return self.greedy_verifier(draft_tokens, target_ids, draft_lengths, eos_token_ids)
+
+    def _score(
+        self,
+        draft_tokens: torch.Tensor,
+        q: torch.Tensor | None,
+        p: torch.Tensor,
+        draft_lengths: torch.Tensor,
+        eos_token_ids: Any,
+    ) -> None:
+        """Add one round's E[kept | drafts] under each rule, block verification's weights and its
+        row-rounds (one per row verified)."""
+        for rule in ("token", "block"):
+            self.expected[rule] += float(
+                expected_accepted(draft_tokens, q, p, draft_lengths, eos_token_ids, rule).sum()
+            )
+        self.expected["block_weights"] += float(
+            block_weight_sum(draft_tokens, q, p, draft_lengths, eos_token_ids).sum()
+        )
+        self.rounds += draft_tokens.shape[0]
 
     def verify_tree(
         self,

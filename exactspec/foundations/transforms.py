@@ -24,9 +24,10 @@ certain take the full route.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import chain
+from typing import Any
 
 import numpy as np
 import torch
@@ -170,25 +171,13 @@ def greedy_ids(
     [1, 0]
     """
     settings = list(settings)
-    if logits.dim() != 2 or len(settings) != logits.shape[0]:
-        raise ValueError(
-            f"need one SamplingSettings per row of logits [N, V]: {len(settings)} for {tuple(logits.shape)}"
-        )
     if not all(row_settings.greedy for row_settings in settings):
         raise ValueError("greedy_ids is for rows at temperature 0; use probabilities_per_row")
-    groups: dict[SamplingSettings, list[int]] = {}
-    for n, row_settings in enumerate(settings):
-        groups.setdefault(row_settings, []).append(n)
-    if len(groups) == 1:
-        return _greedy_ids(logits, settings[0], histories, validate=True).to(logits.device)
-    out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)  # [N]
-    for group_settings, members in groups.items():
-        group_histories = None
-        if histories is not None and group_settings.repetition_penalty != 1.0:
-            group_histories = [histories[n] for n in members]
-        rows = logits[torch.tensor(members, device=logits.device)]
-        out[members] = _greedy_ids(rows, group_settings, group_histories, validate=True).to(logits.device)
-    return out
+
+    def ids(rows: torch.Tensor, group: SamplingSettings, group_histories: Any) -> torch.Tensor:
+        return _greedy_ids(rows, group, group_histories, validate=True).to(logits.device)
+
+    return _by_settings(logits, settings, histories, ids)  # [N]
 
 
 def _check_rows(scores: torch.Tensor) -> torch.Tensor:
@@ -501,7 +490,18 @@ def probabilities_per_row(
     """
     if isinstance(settings, SamplingSettings):
         return probabilities(logits, settings, histories)
-    settings = list(settings)
+    return _by_settings(logits, list(settings), histories, probabilities)
+
+
+def _by_settings(
+    logits: torch.Tensor,
+    settings: list[SamplingSettings],
+    histories: Sequence[Sequence[int]] | None,
+    transform: Callable[[torch.Tensor, SamplingSettings, Any], torch.Tensor],
+) -> torch.Tensor:
+    """`transform`(rows, settings, their histories) once per group of rows with identical settings (all
+    rows at once when they share them), its [N_group, ...] results put back in row order: [N, ...].
+    Histories go to a group only when its repetition penalty needs them."""
     if logits.dim() != 2 or len(settings) != logits.shape[0]:
         raise ValueError(
             f"need one SamplingSettings per row of logits [N, V]: {len(settings)} for {tuple(logits.shape)}"
@@ -510,17 +510,17 @@ def probabilities_per_row(
     for n, row_settings in enumerate(settings):
         groups.setdefault(row_settings, []).append(n)
     if len(groups) == 1:
-        return probabilities(logits, settings[0], histories)
+        return transform(logits, settings[0], histories)
     out: torch.Tensor | None = None
     for group_settings, members in groups.items():
         index = torch.tensor(members, device=logits.device)
         group_histories = None
         if histories is not None and group_settings.repetition_penalty != 1.0:
             group_histories = [histories[n] for n in members]
-        probs = probabilities(logits[index], group_settings, group_histories)  # [N_group, V]
+        result = transform(logits[index], group_settings, group_histories)  # [N_group, ...]
         if out is None:
-            out = probs.new_empty(logits.shape)
-        out[index] = probs
+            out = result.new_empty((logits.shape[0], *result.shape[1:]))
+        out[index] = result
     assert out is not None
     return out
 

@@ -190,11 +190,9 @@ def verify_greedy(
         accepted.append(kept)
         ended.append(emitted[-1] in eos)
     device = target_ids.device
-    tokens = torch.full((batch_size, gamma + 1), NO_TOKEN, dtype=torch.long)  # [B, gamma + 1]
-    for b, emitted in enumerate(emitted_rows):
-        tokens[b, : len(emitted)] = torch.tensor(emitted, dtype=torch.long)
+    padded = [emitted + [NO_TOKEN] * (gamma + 1 - len(emitted)) for emitted in emitted_rows]
     return VerifyResult(
-        tokens=tokens.to(device),
+        tokens=torch.tensor(padded, dtype=torch.long, device=device).reshape(batch_size, gamma + 1),
         num_emitted=torch.tensor([len(e) for e in emitted_rows], dtype=torch.long, device=device),
         num_accepted=torch.tensor(accepted, dtype=torch.long, device=device),
         hit_eos=torch.tensor(ended, dtype=torch.bool, device=device),
