@@ -189,6 +189,8 @@ def test_buffers_grow_and_keep_what_rows_hold(
         want = reference.logits([histories[r] for r in rows], 1)
         assert (out.double() - want).abs().max() < FLOAT32_TOLERANCE
     assert small._keys[0].shape[0] == 2 and small._keys[0].shape[2] == 32  # grew 8 -> 16 -> 32
+    # Every buffer starts on a cache line (numpy's own start 16 bytes into a page).
+    assert all(buffer.ctypes.data % 64 == 0 for buffer in [*small._keys, *small._values])
 
 
 def test_the_cache_binding_is_kept_while_the_slots_stay_and_made_again_when_they_change(

@@ -44,8 +44,8 @@ def _progress(spec: LoadSpec) -> Any:
 def load(spec: LoadSpec, recipe: Any = None, **options: Any) -> ModelPair:
     """The pair exported to ONNX by `recipe` (default `export.DEFAULT_RECIPE`: int4) and run by ONNX
     Runtime; `options`: `OnnxModel` keyword arguments (max_rows, spinning, stop_spinning_after_run,
-    dtype; `spec.threads` sets threads, and a workload whose drafter runs the draft model stops spinning
-    after each run)."""
+    dtype, huge_pages; `spec.threads` sets threads; a workload whose drafter runs the draft model stops
+    spinning after each run, and only such a workload moves the draft's weights to huge pages)."""
     from exactspec.models.loading import gguf_path, load_tokenizer
     from exactspec.models.onnx.export import DEFAULT_RECIPE, exported_model
     from exactspec.models.onnx.model import OnnxModel
@@ -60,13 +60,13 @@ def load(spec: LoadSpec, recipe: Any = None, **options: Any) -> ModelPair:
         # drafter runs no model keeps them spinning (docs/bench/onnx-spinning, 2-core Zen 4).
         options = {"stop_spinning_after_run": True, **options}
 
-    def open_model(role: str, name: Any, eos: Any) -> tuple[OnnxModel, Any]:
+    def open_model(role: str, name: Any, eos: Any, **extra: Any) -> tuple[OnnxModel, Any]:
         tokenizer = load_tokenizer(name, cache_dir=spec.cache_dir, progress=spec.progress)
         source = gguf_path(name, spec.cache_dir, progress=spec.progress) or name
         folder = exported_model(source, recipe, cache_dir=spec.cache_dir, progress=_progress(spec))
         eos = end_of_generation_ids(tokenizer) if eos is None else eos
         try:
-            model = OnnxModel(folder, eos_token_ids=eos, **options)
+            model = OnnxModel(folder, eos_token_ids=eos, **{**extra, **options})
         except ValueError as error:
             raise InvalidArgument(f"the {role} model does not fit: {error}") from error
         if len(tokenizer) > model.vocab_size:
@@ -78,7 +78,11 @@ def load(spec: LoadSpec, recipe: Any = None, **options: Any) -> ModelPair:
     target, tokenizer = open_model("target", spec.target, None)
     draft = None
     if spec.draft is not None:
-        draft, draft_tokenizer = open_model("draft", spec.draft, target.eos_token_ids)
+        # Moving weights to huge pages costs about 2.5 s a GB at load (docs/performance.md): worth it
+        # for the draft model only when its steps run.
+        draft, draft_tokenizer = open_model(
+            "draft", spec.draft, target.eos_token_ids, huge_pages=spec.workload.draft_model
+        )
         check_tokenizers_compatible(tokenizer, draft_tokenizer)
         if draft.vocab_size > target.vocab_size:
             raise InvalidArgument("the draft vocabulary must be a prefix of the target's")
