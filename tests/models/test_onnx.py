@@ -279,3 +279,26 @@ def test_a_graph_the_variant_cannot_be_made_for_or_loaded_is_run_as_the_builder_
     )
     with pytest.raises(ValueError, match="logits_from graph variant"):
         refused._pass(0, [history[:4]], [4], wanted=1)
+
+
+def test_weights_move_to_huge_pages_only_for_a_model_big_enough_and_when_asked(
+    tiny_onnx: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tiny export is below HUGE_PAGES_FROM: no collapse; with the threshold at 0 the collapse runs
+    once the session has loaded (its bytes are `huge_page_bytes`), unless huge_pages=False."""
+    from exactspec.models.onnx import model as onnx_model
+
+    calls: list[int] = []
+
+    def collapse() -> int:
+        calls.append(1)
+        return 6 << 20
+
+    monkeypatch.setattr(onnx_model, "collapse_resident", collapse)
+    assert OnnxModel(tiny_onnx[0], eos_token_ids={0}, threads=1).huge_page_bytes == 0
+    assert calls == []
+    monkeypatch.setattr(onnx_model, "HUGE_PAGES_FROM", 0)
+    assert OnnxModel(tiny_onnx[0], eos_token_ids={0}, threads=1).huge_page_bytes == 6 << 20
+    assert calls == [1]
+    assert OnnxModel(tiny_onnx[0], eos_token_ids={0}, threads=1, huge_pages=False).huge_page_bytes == 0
+    assert calls == [1]

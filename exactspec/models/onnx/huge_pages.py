@@ -5,10 +5,11 @@ A one-token step streams every weight once (about 0.9 GB for the built-in target
 copies the weights into memory it allocates (MatMulNBits repacks them at load), in 4 KB pages unless
 the process asks for more: on a machine whose transparent huge pages are `madvise` (the common default)
 nothing does, so each step walks some 200,000 page translations, and on a virtual machine each walk is
-two-level. Measured on the 2-core Zen 4 VM (`docs/performance.md`, "Huge pages"): collapsing the
-process's resident mappings into 2 MB pages after a session loads took 0.46 s for 0.8 GB, and the step,
-alternated step by step with onnxruntime-genai's generator on the same model in one process, went from
-1.04-1.08x its time to 0.97-0.98x.
+two-level. Measured on the 2-core Zen 4 VM (`docs/performance.md`, "Huge pages: the ONNX backend's
+one-token step"; `scripts/onnx_huge_pages.py`): our step, alternated step by step with onnxruntime-genai's
+generator on the same model in one process, took 1.046 / 1.053 its time with 4 KB pages and 0.945 /
+0.953 with the process's resident mappings collapsed into 2 MB pages after the session loaded, which
+took 1.9 s for 0.85 GB.
 
 MADV_COLLAPSE (Linux 6.1+) collapses the pages in place, synchronously, whatever the system's THP mode
 short of `never`. Everything here is best effort: on another system, an older kernel or THP off, nothing
@@ -92,7 +93,8 @@ def collapse(regions: dict[tuple[int, int], Region], min_filled: float = MIN_FIL
         first = -(-start // HUGE_PAGE) * HUGE_PAGE
         last = end // HUGE_PAGE * HUGE_PAGE
         pieces = _not_yet_collapsed(first, last)
-        if region.huge < (last - first) - sum(end - start for start, end in pieces):
+        collapsed_before = (last - first) - sum(piece_end - piece_start for piece_start, piece_end in pieces)
+        if region.huge < collapsed_before:
             pieces = [(first, last)]  # fewer huge bytes than this process collapsed there: mapped anew
         for piece_start, piece_end in pieces:
             if madvise(piece_start, piece_end - piece_start, MADV_COLLAPSE) == 0:

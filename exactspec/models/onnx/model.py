@@ -17,8 +17,8 @@ Layout: one float32 buffer per layer for keys and one for values, [slots, kv_hea
 head_size]; a pass over B rows binds the contiguous run of their slots (rows are swapped into a run
 when a call names rows lying apart: `rows.contiguous_moves`). Capacity and slots grow on demand
 (doubling), up to the model's context and `max_rows`. Each buffer starts on a cache line
-(`_aligned_zeros`), and the session's weights are moved to 2 MB pages once it has loaded
-(`huge_pages`): both measured to matter for a step that streams every weight.
+(`_aligned_zeros`; not timed alone), and the session's weights are moved to 2 MB pages once it has
+loaded (`huge_pages`: about 10% off the one-token step, measured in docs/performance.md).
 
 What one call runs (GroupQueryAttention on the CPU takes several new tokens over a past for one row
 at a time: "batch_size must be 1 when sequence_length > 1 and past context is given"):
@@ -65,6 +65,10 @@ when the graph variant that computes the last position's alone (`logits_from`) c
 MIN_CAPACITY = 256
 """Positions per slot allocated first; capacity doubles from there as rows grow."""
 CACHE_LINE = 64
+HUGE_PAGES_FROM = 64 << 20
+"""Bytes of model files from which `huge_pages` moves the weights: a model of a few MB (the tests'
+exports) stays within the TLB's reach anyway, and the collapse still reads the process's whole memory
+map (about 40 ms in a test process)."""
 
 
 class OnnxUnavailable(ImportError):
@@ -129,8 +133,8 @@ class OnnxModel(RowCacheModel):
             dtype: of the returned logits: float32 (what the model computes) or float64 (the same values
                 widened exactly: `exactspec verify` enumerates in float64).
             huge_pages: back the session's weights (and the rest of the process's resident memory)
-                with 2 MB pages once it has loaded (`huge_pages`: Linux, best effort;
-                `huge_page_bytes` says how much was).
+                with 2 MB pages once it has loaded, when the folder holds at least `HUGE_PAGES_FROM`
+                bytes (`huge_pages`: Linux, best effort; `huge_page_bytes` says how much was).
         """
         ort = _onnxruntime()
         self.folder = Path(folder)
@@ -178,7 +182,8 @@ class OnnxModel(RowCacheModel):
             self._session = ort.InferenceSession(
                 str(self.folder / model_file), options, providers=["CPUExecutionProvider"]
             )
-        self.huge_page_bytes = collapse_resident() if huge_pages else 0
+        weights = sum(path.stat().st_size for path in self.folder.iterdir() if path.is_file())
+        self.huge_page_bytes = collapse_resident() if huge_pages and weights >= HUGE_PAGES_FROM else 0
         self._spinning = spinning
         self._stop_spinning_after_run = stop_spinning_after_run
         if vocab_size is None:
