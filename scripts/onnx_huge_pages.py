@@ -21,11 +21,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from _alternated import run_alternated, target_folder
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "bench" / "onnx-huge-pages"
 SETTINGS = {"4 KB pages": False, "huge pages (default)": True}
@@ -102,12 +102,7 @@ def main() -> None:
     parser.add_argument("--one", choices=list(SETTINGS), help=argparse.SUPPRESS)  # a child: print its times
     args = parser.parse_args()
 
-    from exactspec.models.loading import gguf_path
-    from exactspec.models.onnx.export import DEFAULT_RECIPE, exported_model
-
-    gguf = gguf_path("default-target", args.cache_dir, progress=False)
-    assert gguf is not None
-    folder = exported_model(gguf, DEFAULT_RECIPE, cache_dir=args.cache_dir, progress=print)
+    folder = target_folder(args.cache_dir)
     if args.one is not None:
         print(json.dumps(measure(folder, SETTINGS[args.one], args.threads, args.context, args.steps)))
         return
@@ -116,15 +111,9 @@ def main() -> None:
 
     provenance = Provenance.collect()
     load_before = os.getloadavg()
-    results: dict[str, list[dict[str, Any]]] = {setting: [] for setting in SETTINGS}
-    for index in range(args.processes):
-        for setting in SETTINGS if index % 2 == 0 else reversed(SETTINGS):
-            command = [sys.executable, __file__, "--one", setting, "--steps", str(args.steps)]
-            command += ["--threads", str(args.threads), "--context", str(args.context)]
-            command += ["--cache-dir", args.cache_dir] if args.cache_dir else []
-            child = subprocess.run(command, check=True, capture_output=True, text=True)
-            results[setting].append(json.loads(child.stdout.strip().splitlines()[-1]))
-            print(f"process {index + 1}/{args.processes}: {setting} done", flush=True)
+    arguments = ["--steps", str(args.steps), "--threads", str(args.threads), "--context", str(args.context)]
+    arguments += ["--cache-dir", args.cache_dir] if args.cache_dir else []
+    results = run_alternated(__file__, SETTINGS, args.processes, arguments)
     text = table(results)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)

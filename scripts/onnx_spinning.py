@@ -28,11 +28,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from _alternated import run_alternated, target_folder
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "bench" / "onnx-spinning"
 KS = (1, 2, 4, 8)
@@ -112,12 +112,7 @@ def main() -> None:
     parser.add_argument("--one", choices=list(SETTINGS), help=argparse.SUPPRESS)  # a child: print its times
     args = parser.parse_args()
 
-    from exactspec.models.loading import gguf_path
-    from exactspec.models.onnx.export import DEFAULT_RECIPE, exported_model
-
-    gguf = gguf_path("default-target", args.cache_dir, progress=False)
-    assert gguf is not None
-    folder = exported_model(gguf, DEFAULT_RECIPE, cache_dir=args.cache_dir, progress=print)
+    folder = target_folder(args.cache_dir)
     if args.one is not None:
         times = measure(folder, SETTINGS[args.one], args.threads, args.context, args.gamma, args.repeats)
         print(json.dumps(times))
@@ -127,25 +122,15 @@ def main() -> None:
 
     provenance = Provenance.collect()
     load_before = os.getloadavg()
-    # Each setting in fresh processes, the settings alternated, so that drift in the machine's speed
-    # falls on both (two settings' sessions in one process would disturb each other: what is measured).
+    # Two settings' sessions in one process would disturb each other: what is measured.
+    arguments = ["--repeats", str(args.repeats), "--threads", str(args.threads)]
+    arguments += ["--context", str(args.context), "--gamma", str(args.gamma)]
+    arguments += ["--cache-dir", args.cache_dir] if args.cache_dir else []
     results: dict[str, dict[str, list[float]]] = {setting: {} for setting in SETTINGS}
-    for index in range(args.processes):
-        for setting in SETTINGS if index % 2 == 0 else reversed(SETTINGS):
-            command = [sys.executable, __file__, "--one", setting, "--repeats", str(args.repeats)]
-            command += [
-                "--threads",
-                str(args.threads),
-                "--context",
-                str(args.context),
-                "--gamma",
-                str(args.gamma),
-            ]
-            command += ["--cache-dir", args.cache_dir] if args.cache_dir else []
-            child = subprocess.run(command, check=True, capture_output=True, text=True)
-            for name, seconds in json.loads(child.stdout.strip().splitlines()[-1]).items():
+    for setting, records in run_alternated(__file__, SETTINGS, args.processes, arguments).items():
+        for times in records:
+            for name, seconds in times.items():
                 results[setting].setdefault(name, []).extend(seconds)
-            print(f"process {index + 1}/{args.processes}: {setting} done", flush=True)
     text = table(results, args.gamma)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
