@@ -26,6 +26,14 @@ and the same requests (top_k and the repetition penalty under its own names; no 
 subprocess beside ours; only one of the two servers is under load at a time. Its server handles one
 request at a time (a lock around its one `Llama`), so concurrent requests queue there.
 
+Each request's prompt starts with its own number (a chat message "Request N: ...", a completion
+"# request N" line), so requests share no more than the chat template's system prompt. With
+`--same-prompts` the eight prompts repeat as they are (what load tests before 2026-12-06 sent), and a
+server that shares prompt prefixes (the ONNX backend: `OnnxModel.share_prefixes`) then finds most of a
+repeated prompt in the cells of an earlier request.
+The table's "prompt tokens shared" column is the server's own count (/health `shared_prompt_tokens`)
+over the level's prompt tokens.
+
 Before the first level each mode gets `--warmup-requests` unrecorded requests (16 tokens, 2 at a
 time), so that what a server pays for its first requests falls on no level. With `--repeats N` each
 level runs N times, the modes in the given order and then reversed, alternately; a mode's figures pool
@@ -119,6 +127,9 @@ def start_server(args: argparse.Namespace) -> str:
     return f"http://127.0.0.1:{port}"
 
 
+UNIQUE_PROMPTS: itertools.count | None = None
+"""The numbers that make each request's prompt its own (`one_request`; None with --same-prompts)."""
+
 PEER_NAMES = {"repetition_penalty": "repeat_penalty"}
 """vLLM-style extra fields under the names llama-cpp-python's server reads."""
 
@@ -177,6 +188,10 @@ async def one_request(
 
     coding = [p for p in PROMPTS if p.category == "coding"]
     prompt = coding[index % len(coding)]
+    text = prompt.text
+    if UNIQUE_PROMPTS is not None:  # no two requests of the run share their text (unless --same-prompts)
+        number = next(UNIQUE_PROMPTS)
+        text = f"Request {number}: {text}" if prompt.chat else f"# request {number}\n{text}"
     options = dict(SETTINGS_MIX[index % len(SETTINGS_MIX)])
     extra = dict(options.pop("extra_body", {}))
     if peer:
@@ -198,25 +213,23 @@ async def one_request(
     usage = None
     stats = None
     arrivals: list[float] = []  # when each streamed piece of text arrived
-    text = ""
+    answer = ""
     if prompt.chat:
-        stream = await client.chat.completions.create(
-            messages=[{"role": "user", "content": prompt.text}], **common
-        )
+        stream = await client.chat.completions.create(messages=[{"role": "user", "content": text}], **common)
     else:
-        stream = await client.completions.create(prompt=prompt.text, **common)
+        stream = await client.completions.create(prompt=text, **common)
     async for chunk in stream:
         if chunk.choices:
             piece = chunk.choices[0].delta.content if prompt.chat else chunk.choices[0].text
             if piece:
                 arrivals.append(time.perf_counter())
                 first = first or arrivals[-1]
-                text += piece
+                answer += piece
         if chunk.usage is not None:
             usage = chunk.usage
             stats = (chunk.model_extra or {}).get("exactspec")
     ended = time.perf_counter()
-    tokens = usage.completion_tokens if usage is not None else completion_tokens(text)
+    tokens = usage.completion_tokens if usage is not None else completion_tokens(answer)
     return {
         "prompt": prompt.name,
         "settings": SETTINGS_MIX[index % len(SETTINGS_MIX)],
@@ -226,6 +239,7 @@ async def one_request(
         "ttft": (first or ended) - started,
         "seconds": ended - started,
         "tokens": tokens,
+        "prompt_tokens": usage.prompt_tokens if usage is not None else None,
         "tokens_per_second": tokens / (ended - started),
         "acceptance_rate": (stats or {}).get("acceptance_rate"),
         "tokens_per_round": (stats or {}).get("tokens_per_round"),
@@ -285,6 +299,7 @@ def summarize(concurrency: int, runs: list[tuple[list[dict[str, Any]], float]]) 
         "repeats": len(runs),
         "wall_seconds": wall,
         "completion_tokens": total_tokens,
+        "prompt_tokens": sum(r["prompt_tokens"] or 0 for r in results),
         "ttft_p50": percentile(ttfts, 0.5),
         "ttft_p95": percentile(ttfts, 0.95),
         "tokens_per_second_per_request_p50": percentile(per_request, 0.5),
@@ -314,8 +329,9 @@ def table(levels: dict[str, list[dict]]) -> str:
         "| speculative / llama_cpp.server "
         "| TTFT p50 spec / plain (s) | TTFT p95 spec / plain (s) "
         "| inter-token p95 while a request joins, spec / plain (s) | acceptance | tokens/round "
-        "| predicted / measured round time, median error | tokens / drafted per row-round | plain rounds |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|",
+        "| predicted / measured round time, median error | tokens / drafted per row-round | plain rounds "
+        "| prompt tokens shared, spec / plain |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|---|",
     ]
     keys = sorted({(level["max_tokens"], level["concurrency"]) for rows in levels.values() for level in rows})
     by = {mode: {(lv["max_tokens"], lv["concurrency"]): lv for lv in rows} for mode, rows in levels.items()}
@@ -349,9 +365,17 @@ def table(levels: dict[str, list[dict]]) -> str:
             f"{pair('inter_token_p95_while_joining', key)} | "
             f"{'' if accept is None else f'{accept:.2f}'} | "
             f"{'' if per_round is None else f'{per_round:.2f}'} | "
-            f"{'' if error is None else f'{error:.1%}'} | {_per_round_cells(spec)} |"
+            f"{'' if error is None else f'{error:.1%}'} | {_per_round_cells(spec)} | "
+            f"{' / '.join(_shared_cell(lv) for lv in (spec, plain))} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _shared_cell(level: dict | None) -> str:
+    """The share of a level's prompt tokens the server copied rather than computed ('-': not reported)."""
+    if level is None or level.get("shared_prompt_tokens") is None or not level.get("prompt_tokens"):
+        return "-"
+    return f"{level['shared_prompt_tokens'] / level['prompt_tokens']:.0%}"
 
 
 def _per_round_cells(level: dict | None) -> str:
@@ -417,6 +441,7 @@ def write(out: Path, levels: dict[str, list[dict]], args: argparse.Namespace, ar
         "prefill_chunk": args.prefill_chunk,
         "max_batch": args.max_batch,
         "max_tokens": args.max_tokens,
+        "same_prompts": args.same_prompts,
         "settings_mix": SETTINGS_MIX,
         "total_seconds": seconds,
     }
@@ -474,8 +499,16 @@ def main(argv: list[str] | None = None) -> int:
         default=2,
         help="unrecorded 16-token requests per mode (2 at a time) before the levels (default 2; 0: none)",
     )
+    parser.add_argument(
+        "--same-prompts",
+        action="store_true",
+        help="send the eight prompts as they are (default: each numbered, so that requests share no more "
+        "than the chat template)",
+    )
     parser.add_argument("--out", default="load-out", help="output folder (default load-out)")
     args = parser.parse_args(argv)
+    global UNIQUE_PROMPTS
+    UNIQUE_PROMPTS = None if args.same_prompts else itertools.count()
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
     if args.peer == "llamacpp" and "llamacpp-server" not in args.modes:
@@ -503,16 +536,23 @@ def main(argv: list[str] | None = None) -> int:
             runs: dict[str, list[tuple[list[dict[str, Any]], float]]] = {mode: [] for mode in args.modes}
             zero = dict.fromkeys(ROUND_COUNTS, 0)
             counts: dict[str, dict[str, int] | None] = dict.fromkeys(args.modes, zero)
+            shared: dict[str, int | None] = dict.fromkeys(args.modes, 0)  # prompt tokens the server shared
             for repeat in range(args.repeats):
                 for mode in args.modes if repeat % 2 == 0 else args.modes[::-1]:
                     gamma = 0 if mode == "plain" else None
                     peer = mode == "llamacpp-server"
                     target = peer_base if peer else base
                     before = _round_counts(base) if not peer else None
+                    shared_before = _health_value(base, "shared_prompt_tokens") if not peer else None
                     runs[mode].append(
                         asyncio.run(send_level(target, concurrency, requests, gamma, max_tokens, peer))
                     )
                     after = _round_counts(base) if before is not None else None
+                    shared_after = _health_value(base, "shared_prompt_tokens") if not peer else None
+                    if shared[mode] is not None and shared_before is not None and shared_after is not None:
+                        shared[mode] += shared_after - shared_before
+                    else:
+                        shared[mode] = None
                     held = counts[mode]
                     counts[mode] = (
                         None
@@ -527,6 +567,7 @@ def main(argv: list[str] | None = None) -> int:
                     # tokens, drafts and plain rounds of the level
                     level.update(round_shares(dict.fromkeys(ROUND_COUNTS, 0), mode_counts))
                 level["max_tokens"] = max_tokens
+                level["shared_prompt_tokens"] = shared[mode]
                 levels.setdefault(mode, []).append(level)
                 report(mode, level)
             write(out, levels, args, argv, time.perf_counter() - started)  # after every level
@@ -545,6 +586,17 @@ def _round_times(base: str) -> float | None:
         return httpx.get(base + "/health", timeout=10).json().get("round_time_error")
     except (httpx.HTTPError, ValueError):
         return None
+
+
+def _health_value(base: str, name: str) -> int | None:
+    """One count from the server's /health (None: no server, or one that does not give it)."""
+    import httpx
+
+    try:
+        value = httpx.get(base + "/health", timeout=10).json().get(name)
+    except (httpx.HTTPError, ValueError):
+        return None
+    return None if value is None else int(value)
 
 
 def _round_counts(base: str) -> dict[str, int] | None:

@@ -41,7 +41,7 @@ from exactspec.foundations.metrics import DecodeMetrics, Stopwatch
 from exactspec.foundations.rows import RowLifecycle, RowStart
 from exactspec.foundations.sampler import Sampler
 from exactspec.foundations.settings import SamplingSettings
-from exactspec.models.base import LanguageModel
+from exactspec.models.base import LanguageModel, reusable_prefix
 from exactspec.verifiers.base import Verifier, VerifyResult
 from exactspec.verifiers.token import verify, verify_greedy
 from exactspec.verifiers.tree import TreeVerifyResult, verify_tree
@@ -146,6 +146,11 @@ class SpeculativeEngine:
         seconds = self.target_stopwatch.take()
         self.metrics.prefill_seconds += seconds
         self._prefilled.add(row)
+
+    def reusable_prefix(self, row: int, tokens: Sequence[int]) -> int:
+        """Leading `tokens` the target can give a joining row without computing them
+        (`models.base.reusable_prefix`): the scheduler spends its prefill budget on the rest."""
+        return reusable_prefix(self.target, row, tokens)
 
     def joining(self, rows: int) -> None:
         """`rows` rows are about to join the running batch (the scheduler's rows being prefilled or waiting,

@@ -74,6 +74,8 @@ class RoundEngine(Protocol):
 
     def prefill(self, row: int, tokens: Sequence[int]) -> None: ...
 
+    def reusable_prefix(self, row: int, tokens: Sequence[int]) -> int: ...
+
     def joining(self, rows: int) -> None: ...
 
     def round(
@@ -372,8 +374,15 @@ class Scheduler:
         time to first token from 13 s to 24 s between two levels of one run. Least remaining first makes
         the sum of the waits the least for requests that arrive together; counting the waited steps
         bounds how long short prompts that keep arriving can pass a long one over (by its length in
-        chunks)."""
-        if self.prefill_chunk is None or len(rows) < 2:
+        chunks). What the target says it can reuse of a prompt (`reusable_prefix`) counts as fed."""
+        if self.prefill_chunk is None:
+            return rows
+        for row in rows:
+            # Cells the target can copy or keep cost no budget (`reusable_prefix`: shared prompt prefixes).
+            goal = len(self._states[row].prompt) - 1
+            reusable = self.engine.reusable_prefix(row, self._states[row].prompt[:goal])
+            self._prefilled[row] = max(self._prefilled[row], min(goal, reusable))
+        if len(rows) < 2:
             return rows
         chunk = self.prefill_chunk
 
@@ -401,6 +410,9 @@ class Scheduler:
                 break
             state = self._states[row]
             done, goal = self._prefilled[row], len(state.prompt) - 1
+            if done >= goal:  # the target can copy or keep the whole prompt (`_prefill_order`)
+                self._finish_prefill(row)
+                continue
             upto = min(goal, done + budget)
             try:
                 self.engine.prefill(row, state.prompt[:upto])
@@ -413,10 +425,15 @@ class Scheduler:
                 continue
             budget -= upto - done
             if upto >= goal:
-                del self._prefilled[row]
-                self._admitted_at.pop(row, None)
+                self._finish_prefill(row)
             else:
                 self._prefilled[row] = upto
+
+    def _finish_prefill(self, row: int) -> None:
+        """The row's prompt is in the target's cache, or can be had without computing it: it joins the
+        next round."""
+        del self._prefilled[row]
+        self._admitted_at.pop(row, None)
 
     def drop_cancelled(self) -> None:
         """Let cancelled rows leave now (their caches freed) without running a round."""

@@ -129,6 +129,28 @@ class ModelWrapper:
         self.model.clear_cache()
 
 
+def unwrapped(model: LanguageModel) -> LanguageModel:
+    """The model under any `ModelWrapper`s (timing, EOS hiding, logging)."""
+    while isinstance(model, ModelWrapper):
+        model = model.model
+    return model
+
+
+def reusable_prefix(model: LanguageModel, row: int, tokens: Sequence[int]) -> int:
+    """How many leading `tokens` `model` can give row `row` without computing them: what its cache keeps
+    for the row, or cells another row's slot holds (`OnnxModel.reusable_prefix`); 0 for a model that
+    does not say. A hint for scheduling prefill: the model decides again when it is fed."""
+    method = getattr(unwrapped(model), "reusable_prefix", None)
+    return int(method(row, tokens)) if method is not None else 0
+
+
+def shared_prompt_tokens(model: LanguageModel) -> int | None:
+    """Prompt tokens `model` has copied or kept from cells computed for other rows rather than computed
+    (`OnnxModel.shared_tokens`), since it loaded; None for a model that does not share prefixes."""
+    shared = getattr(unwrapped(model), "shared_tokens", None)
+    return None if shared is None else int(shared)
+
+
 def logits_inputs(
     histories: Sequence[Sequence[int] | torch.Tensor], k: int, rows: Sequence[int] | None, vocab_size: int
 ) -> tuple[list[list[int]], list[int]]:

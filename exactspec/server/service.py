@@ -14,6 +14,7 @@ from exactspec.drafters.base import shared_state
 from exactspec.foundations.costs import BatchCosts
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.errors import InvalidArgument
+from exactspec.models.base import shared_prompt_tokens
 from exactspec.models.pair import ModelPair
 from exactspec.server.errors import ApiError
 from exactspec.server.metrics import ServerMetrics
@@ -115,6 +116,8 @@ class Service:
             "drafter": self.strategy.drafter if self.gamma else None,
             # A drafter that learns from finished requests (suffix) holds them here, in this process only.
             **shared_state(self.scheduler.engine.drafter),
+            # Prompt tokens copied from cells other requests computed (backends that share prefixes).
+            "shared_prompt_tokens": shared_prompt_tokens(self.scheduler.engine.target),
             "predicted_rounds": len(metrics.round_times),
             "round_time_error": None if error != error else error,
             # Round counts since start (a load test takes differences: foundations.metrics.round_shares).

@@ -263,3 +263,25 @@ def test_joining_prompts_are_prefilled_least_left_first_and_a_long_one_is_not_pa
     served_before = {row for row, _ in fed[:first_of_long]}
     assert short.row in served_before  # it was passed over for a while ...
     assert any(h.rounds == 0 for h in arrivals)  # ... but not until every later short prompt was served
+
+
+def test_prefill_budget_is_spent_only_on_the_prompt_tokens_the_target_cannot_reuse():
+    """A target that can copy a prompt's first tokens from another row (`reusable_prefix`: the ONNX
+    adapter's shared prefixes) costs no chunk budget for them: the rest is fed at once, and a prompt it
+    holds whole joins its first round without a prefill."""
+    target = random_tabular_model(VOCAB, seed=1)
+    reusable = {0: 0, 1: 6, 2: 9}  # row -> leading prompt tokens the target says it has
+    target.reusable_prefix = lambda row, tokens: min(reusable[row], len(tokens))  # type: ignore[attr-defined]
+    scheduler = Scheduler(
+        SpeculativeEngine(target), gamma=0, prefill_chunk=4, max_batch=8, sampler=SeededSampler(0)
+    )
+    fed = fed_prefixes(scheduler)
+    settings = SamplingSettings(temperature=0)
+    prompt = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5]  # 9 tokens to prefill
+    handles = [scheduler.submit(Request(prompt, settings, max_new_tokens=2, seed=row)) for row in range(3)]
+    scheduler.step()
+    # One step's budget of 4: row 2 needs none, row 1 its last 3 (6 reused), row 0 gets the 1 left.
+    assert fed == [(1, 9), (0, 1)]
+    assert handles[2].rounds == 1 and handles[1].rounds == 1 and handles[0].rounds == 0
+    scheduler.run_until_idle()
+    assert [h.generated for h in handles[1:]] == [handles[0].generated] * 2  # greedy: the same answer

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from exactspec.models.base import common_prefix_length
+from exactspec.checking.toy import random_tabular_model
+from exactspec.models.base import ModelWrapper, common_prefix_length, reusable_prefix, shared_prompt_tokens
 
 
 def testcommon_prefix_length():
@@ -13,3 +14,14 @@ def testcommon_prefix_length():
     assert common_prefix_length([], [1]) == 0
     long = list(range(1000))
     assert common_prefix_length(long, long[:617] + [-1] + long[618:]) == 617
+
+
+def test_prefix_sharing_is_read_through_wrappers_and_absent_where_a_model_does_not_share() -> None:
+    plain = random_tabular_model(4, seed=0)
+    assert reusable_prefix(plain, 0, [1, 2, 3]) == 0 and shared_prompt_tokens(plain) is None
+
+    sharing = random_tabular_model(4, seed=0)
+    sharing.reusable_prefix = lambda row, tokens: len(tokens) - 1  # type: ignore[attr-defined]
+    sharing.shared_tokens = 7  # type: ignore[attr-defined]
+    wrapped = ModelWrapper(ModelWrapper(sharing))
+    assert reusable_prefix(wrapped, 0, [1, 2, 3]) == 2 and shared_prompt_tokens(wrapped) == 7
