@@ -30,9 +30,10 @@ PROMPT = [1, 4, 2, 2, 3, 1, 4, 3, 2, 1]  # a "system prompt" every row below sta
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def folder() -> Path:
+    """The tiny target's export in the grid's folder, named by its weights (made once per machine)."""
     target, _ = tiny_hf_pair(SPEC)
-    return exported_module(target, SPEC.eos_token_id, tmp_path_factory.mktemp("tiny-onnx-sharing"))
+    return exported_module(target, SPEC.eos_token_id)
 
 
 @pytest.fixture(scope="module")
