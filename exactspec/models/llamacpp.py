@@ -24,6 +24,12 @@ one branch into the row's sequence and frees every branch:
         batch: c (seqs 0 20 21, pos 2), x (20 21, pos 3), y (20, pos 4), z (21, pos 3); logits on all
     next history [a b c x q]: seq_cp(20 -> 0, positions 3..3), seq_rm(20), seq_rm(21), feed q
 
+Shared prefixes (`share_prefixes`, on by default): a row whose history starts with tokens another live
+row's sequence holds takes those cells into its own sequence (`llama_memory_seq_cp` over their
+positions: in the unified cache the cells simply gain a sequence id) and feeds only the rest, so a
+system prompt that every request starts with is computed once while one of them runs. A row that
+leaves frees its cells, so only live rows lend.
+
 Exactness (docs/algorithm.md 2.6) asks that a token's p not depend on how it was computed beyond
 float32 rounding: llama.cpp's CPU kernels sum in an order that can depend on how many tokens a
 pass has and how many KV cells it spans, so a block's logits match a no-cache pass over the whole
@@ -50,6 +56,7 @@ import torch
 
 from exactspec.foundations.rows import RowStart
 from exactspec.foundations.trees import leaf_paths
+from exactspec.models.base import common_prefix_length
 from exactspec.models.llamacpp_lib import INSTALL_HINT as INSTALL_HINT
 from exactspec.models.llamacpp_lib import KV_TYPES, llama_cpp
 from exactspec.models.llamacpp_lib import LlamaCppUnavailable as LlamaCppUnavailable
@@ -101,6 +108,7 @@ class LlamaCppModel(RowCacheModel):
         kv_type: str = "f16",
         flash_attention: bool | None = None,
         dtype: torch.dtype = torch.float32,
+        share_prefixes: bool = True,
     ) -> None:
         """
         Args:
@@ -118,6 +126,9 @@ class LlamaCppModel(RowCacheModel):
                 flash attention rounds through float16: 2e-3 on the tiny float32 models).
             dtype: of the returned logits: float32 (what llama.cpp computes), or float64 (the same
                 float32 values widened, exactly: `exactspec verify` enumerates in float64).
+            share_prefixes: a row whose history starts with tokens another live row's sequence holds
+                gets those cells (`llama_memory_seq_cp`: the unified cache shares them, nothing is
+                computed or copied) instead of computing them; `shared_tokens` counts them.
         """
         lib = llama_cpp()
         self._lib = lib
@@ -194,6 +205,9 @@ class LlamaCppModel(RowCacheModel):
         if dtype not in (torch.float32, torch.float64):
             raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
         self._dtype = dtype
+        self._share_prefixes = share_prefixes
+        self.shared_tokens = 0
+        """Tokens whose cells a row took from another row's sequence instead of computing them."""
         self._seq_of: dict[int, int] = {}  # row id -> llama.cpp sequence id
         self._tokens: dict[int, list[int]] = {}  # row id -> tokens its sequence holds, positions 0..n-1
         # row id -> its last call's tree, if that was a tree call
@@ -294,7 +308,10 @@ class LlamaCppModel(RowCacheModel):
         """[B, k, V] logits (float32, or widened to `dtype`): each named row is fed the part of its history
         its sequence lacks (at least its last k tokens) in one batch of `llama_decode`s."""
         # (sequence id, first position, tokens) per row
-        feeds = [self._catch_up(row, history, k) for row, history in zip(row_ids, history_lists, strict=True)]
+        fed: set[int] = set()  # rows of this call: their cells are not there until the decode runs
+        feeds = [
+            self._catch_up(row, history, k, fed) for row, history in zip(row_ids, history_lists, strict=True)
+        ]
         out = torch.empty(len(feeds), k, self._vocab_size, dtype=self._dtype)  # [B, k, V]
         self._decode(feeds, k, out)
         return out
@@ -311,8 +328,9 @@ class LlamaCppModel(RowCacheModel):
         num_nodes = trees.width
         leaves = [leaf_paths(parents, len(parents)) if parents else [] for parents in trees.parents]
         feeds: list[tuple[int, int, list[int]]] = []  # (row's sequence id, first position, history tokens)
+        fed: set[int] = set()
         for row, history in zip(row_ids, history_lists, strict=True):
-            feeds.append(self._catch_up(row, history, 1))
+            feeds.append(self._catch_up(row, history, 1, fed))
         if sum(len(f) for _, _, f in feeds) + sum(len(t) for t in trees.tokens) > self._batch_tokens:
             # Long feeds (a prompt) go in first through the plain path; one decode then takes the trees.
             self._decode([(seq, start, f[:-1]) for seq, start, f in feeds if len(f) > 1], 0, None)
@@ -348,9 +366,11 @@ class LlamaCppModel(RowCacheModel):
         self._decode_tree(entries, out)
         return out
 
-    def _catch_up(self, row: int, history: list[int], k: int) -> tuple[int, int, list[int]]:
+    def _catch_up(self, row: int, history: list[int], k: int, fed: set[int]) -> tuple[int, int, list[int]]:
         """Make row's sequence hold the longest usable prefix of `history` (its pending tree's kept path
-        included) and return (sequence id, first position, tokens to feed): at least the last k."""
+        included, or cells another live row holds: `share_prefixes`) and return (sequence id, first
+        position, tokens to feed): at least the last k. `fed`: the rows this call caught up before (their
+        new cells are not decoded yet, so they lend nothing past what they held); `row` joins it."""
         if row not in self._seq_of:
             self._assign(row)
         seq = self._seq_of[row]
@@ -360,8 +380,37 @@ class LlamaCppModel(RowCacheModel):
         # Roll back: free this sequence's cells from position `keep` on (p1 = -1: to the end).
         if keep < len(cached) and not self._lib.llama_memory_seq_rm(self._memory, seq, keep, -1):
             raise RuntimeError(f"llama.cpp could not roll back sequence {seq} to {keep} tokens")
+        donor, shared = self._donor(row, history[: len(history) - k], fed)
+        if shared > keep:
+            # The same tokens at the same positions: the donor's cells join this row's sequence.
+            self._lib.llama_memory_seq_cp(self._memory, self._seq_of[donor], seq, keep, shared)
+            self.shared_tokens += shared - keep
+            keep = shared
+        fed.add(row)
         self._tokens[row] = history  # what the sequence holds once this call's decodes ran
         return seq, keep, history[keep:]
+
+    def _donor(self, row: int, tokens: list[int], fed: set[int]) -> tuple[int, int]:
+        """(row, n): another live row whose sequence holds tokens[:n] in cells now, n the most ((-1, 0) when
+        none, or without `share_prefixes`). Rows caught up earlier in this call (`fed`) are not asked:
+        their tokens name cells the decode has not written yet."""
+        best = (-1, 0)
+        if not self._share_prefixes:
+            return best
+        for other, held in self._tokens.items():
+            if other == row or other in fed:
+                continue
+            shared = common_prefix_length(held, tokens)
+            if shared > best[1]:
+                best = (other, shared)
+        return best
+
+    def reusable_prefix(self, row: int, tokens: Sequence[int]) -> int:
+        """Leading `tokens` row `row` would not compute if fed them now: its own cells, or another live
+        row's (`share_prefixes`; `models.base.reusable_prefix`)."""
+        wanted = list(tokens)
+        own = common_prefix_length(self._tokens[row], wanted) if row in self._seq_of else 0
+        return max(own, self._donor(row, wanted, set())[1])
 
     def _resolve_tree(self, row: int, history: list[int]) -> None:
         """The row's pending tree meets its new history: the cells of the path the history follows down the

@@ -190,3 +190,56 @@ def test_speculative_greedy_equals_plain_greedy(files: tuple, strategy: Strategy
     fast = build_engine(target, draft, strategy, 4).generate(prompts, config, SeededSampler(seed=0))
     assert [s.generated for s in fast] == [s.generated for s in plain]
     assert sum(len(s.generated) for s in plain) > 24  # EOS did not end every row at once
+
+
+def fed_tokens(model: LlamaCppModel, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that gets the number of tokens each of the model's `llama_decode` batches of feeds took."""
+    counts: list[int] = []
+    original = model._decode
+
+    def counting(feeds, k, out):  # type: ignore[no-untyped-def]
+        counts.append(sum(len(tokens) for _, _, tokens in feeds))
+        return original(feeds, k, out)
+
+    monkeypatch.setattr(model, "_decode", counting)
+    return counts
+
+
+def test_a_row_takes_the_cells_of_a_prefix_a_live_row_holds(
+    files: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shared prefixes: the second row feeds only what follows the first row's prompt, its logits are the
+    from-scratch ones, and it keeps the cells when the first row leaves."""
+    cached, scratch = open_model(files[0], max_rows=3), open_model(files[0])
+    fed = fed_tokens(cached, monkeypatch)
+    prompt = history(5, 12)
+    first, second = prompt + [3, 4], prompt + [9, 9, 2]
+    cached.logits([first], 1, rows=[0])
+    assert cached.reusable_prefix(1, second) == len(prompt)
+    got = cached.logits([second], 2, rows=[1])[0]
+    assert fed[-1] == len(second) - len(prompt) and cached.shared_tokens == len(prompt)
+    assert float((got - from_scratch(scratch, second, 2)).abs().max()) <= SAME_MODEL_TOLERANCE
+    cached.release_rows([0])  # row 0's sequence is freed; the cells row 1 shares stay
+    later = second + [5, 6]
+    got = cached.logits([later], 1, rows=[1])[0]
+    assert fed[-1] == 2 and float((got - from_scratch(scratch, later, 1)).abs().max()) <= SAME_MODEL_TOLERANCE
+
+
+def test_rows_of_one_call_lend_nothing_to_each_other_and_sharing_can_be_off(
+    files: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two rows joining in one call with one prompt: neither has cells when the other is caught up, so both
+    are fed whole (and right); with share_prefixes=False a later row computes its prompt too."""
+    scratch = open_model(files[0])
+    prompt = history(6, 10)
+    for share in (True, False):
+        cached = open_model(files[0], max_rows=3, share_prefixes=share)
+        fed = fed_tokens(cached, monkeypatch)
+        histories = [prompt + [1], prompt + [2]]
+        got = cached.logits(histories, 1, rows=[0, 1])
+        assert fed[-1] == 2 * len(histories[0])
+        for row, h in enumerate(histories):
+            assert float((got[row] - from_scratch(scratch, h, 1)).abs().max()) <= SAME_MODEL_TOLERANCE
+        cached.logits([prompt + [3]], 1, rows=[2])
+        assert fed[-1] == (1 if share else len(prompt) + 1)
+        assert cached.shared_tokens == (len(prompt) if share else 0)
