@@ -519,3 +519,30 @@ def sigint_not_ignored() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def shared_prefix_schedule(
+    rng: random.Random, prefixes: list[list[int]], vocab: int, calls: int, max_rows: int = 4
+) -> Iterator[tuple[str, Any]]:
+    """Random work for an adapter's per-row cache over prompts that share prefixes: yields ("leave", row),
+    ("join", (row, prompt)) and ("call", (rows, k, histories)), histories being every live row's tokens
+    (rows join with a random cut of a prefix plus one token, grow by k to k + 1 tokens a call, and are
+    rolled back 2 tokens now and then). The caller releases, adds and scores as told."""
+    histories: dict[int, list[int]] = {}
+    next_row = 0
+    for _ in range(calls):
+        if len(histories) >= max_rows or (histories and rng.random() < 0.25):
+            gone = rng.choice(sorted(histories))
+            del histories[gone]
+            yield "leave", gone
+        while len(histories) < 2 or (len(histories) < max_rows and rng.random() < 0.35):
+            histories[next_row] = rng.choice(prefixes)[: rng.randint(3, 12)] + [rng.randrange(1, vocab)]
+            yield "join", (next_row, list(histories[next_row]))
+            next_row += 1
+        rows = rng.sample(sorted(histories), rng.randint(1, len(histories)))
+        k = rng.choice([1, 1, 2])
+        for row in rows:
+            if len(histories[row]) > 4 and rng.random() < 0.3:
+                histories[row] = histories[row][:-2]
+            histories[row] += [rng.randrange(1, vocab) for _ in range(rng.randint(k, k + 1))]
+        yield "call", (rows, k, histories)

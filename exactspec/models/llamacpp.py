@@ -28,7 +28,9 @@ Shared prefixes (`share_prefixes`, on by default): a row whose history starts wi
 row's sequence holds takes those cells into its own sequence (`llama_memory_seq_cp` over their
 positions: in the unified cache the cells simply gain a sequence id) and feeds only the rest, so a
 system prompt that every request starts with is computed once while one of them runs. A row that
-leaves frees its cells, so only live rows lend.
+leaves frees its cells, so only live rows lend. Rows that join in one call and start alike are filled
+one after another up to what they share (`_prefill_sharing`), so that each takes the cells of the one
+before rather than all being computed in the call's one decode.
 
 Exactness (docs/algorithm.md 2.6) asks that a token's p not depend on how it was computed beyond
 float32 rounding: llama.cpp's CPU kernels sum in an order that can depend on how many tokens a
@@ -307,10 +309,12 @@ class LlamaCppModel(RowCacheModel):
     def _score(self, history_lists: list[list[int]], k: int, row_ids: list[int]) -> torch.Tensor:
         """[B, k, V] logits (float32, or widened to `dtype`): each named row is fed the part of its history
         its sequence lacks (at least its last k tokens) in one batch of `llama_decode`s."""
+        self._prefill_sharing(history_lists, k, row_ids)
         # (sequence id, first position, tokens) per row
-        fed: set[int] = set()  # rows of this call: their cells are not there until the decode runs
+        present: dict[int, int] = {}  # rows of this call -> their tokens in cells before its decode runs
         feeds = [
-            self._catch_up(row, history, k, fed) for row, history in zip(row_ids, history_lists, strict=True)
+            self._catch_up(row, history, k, present)
+            for row, history in zip(row_ids, history_lists, strict=True)
         ]
         out = torch.empty(len(feeds), k, self._vocab_size, dtype=self._dtype)  # [B, k, V]
         self._decode(feeds, k, out)
@@ -328,9 +332,9 @@ class LlamaCppModel(RowCacheModel):
         num_nodes = trees.width
         leaves = [leaf_paths(parents, len(parents)) if parents else [] for parents in trees.parents]
         feeds: list[tuple[int, int, list[int]]] = []  # (row's sequence id, first position, history tokens)
-        fed: set[int] = set()
+        present: dict[int, int] = {}
         for row, history in zip(row_ids, history_lists, strict=True):
-            feeds.append(self._catch_up(row, history, 1, fed))
+            feeds.append(self._catch_up(row, history, 1, present))
         if sum(len(f) for _, _, f in feeds) + sum(len(t) for t in trees.tokens) > self._batch_tokens:
             # Long feeds (a prompt) go in first through the plain path; one decode then takes the trees.
             self._decode([(seq, start, f[:-1]) for seq, start, f in feeds if len(f) > 1], 0, None)
@@ -366,11 +370,14 @@ class LlamaCppModel(RowCacheModel):
         self._decode_tree(entries, out)
         return out
 
-    def _catch_up(self, row: int, history: list[int], k: int, fed: set[int]) -> tuple[int, int, list[int]]:
+    def _catch_up(
+        self, row: int, history: list[int], k: int, present: dict[int, int]
+    ) -> tuple[int, int, list[int]]:
         """Make row's sequence hold the longest usable prefix of `history` (its pending tree's kept path
         included, or cells another live row holds: `share_prefixes`) and return (sequence id, first
-        position, tokens to feed): at least the last k. `fed`: the rows this call caught up before (their
-        new cells are not decoded yet, so they lend nothing past what they held); `row` joins it."""
+        position, tokens to feed): at least the last k. `present`: the rows this call caught up before,
+        with how many of their tokens are in cells already (the rest are written by the call's decode, so
+        they lend no more than that); `row` is added."""
         if row not in self._seq_of:
             self._assign(row)
         seq = self._seq_of[row]
@@ -380,27 +387,49 @@ class LlamaCppModel(RowCacheModel):
         # Roll back: free this sequence's cells from position `keep` on (p1 = -1: to the end).
         if keep < len(cached) and not self._lib.llama_memory_seq_rm(self._memory, seq, keep, -1):
             raise RuntimeError(f"llama.cpp could not roll back sequence {seq} to {keep} tokens")
-        donor, shared = self._donor(row, history[: len(history) - k], fed)
+        donor, shared = self._donor(row, history[: len(history) - k], present)
         if shared > keep:
             # The same tokens at the same positions: the donor's cells join this row's sequence.
             self._lib.llama_memory_seq_cp(self._memory, self._seq_of[donor], seq, keep, shared)
             self.shared_tokens += shared - keep
             keep = shared
-        fed.add(row)
+        present[row] = keep
         self._tokens[row] = history  # what the sequence holds once this call's decodes ran
         return seq, keep, history[keep:]
 
-    def _donor(self, row: int, tokens: list[int], fed: set[int]) -> tuple[int, int]:
+    def _prefill_sharing(self, history_lists: list[list[int]], k: int, row_ids: list[int]) -> None:
+        """Rows of one call that start alike: each row whose history before its last k tokens shares more
+        with an earlier row of the call than its own cells or a live row give it is first filled up to
+        there in a decode of its own (cache only), in call order, so that the rows after it take its cells
+        instead of computing them (the call's one decode would write every row's cells at once, with
+        nothing to share). Rows with a pending tree are left to `_catch_up`."""
+        if not self._share_prefixes or len(row_ids) < 2:
+            return
+        for i, (row, history) in enumerate(zip(row_ids, history_lists, strict=True)):
+            head = history[: len(history) - k]
+            if row in self._pending:
+                continue
+            later = max(
+                (common_prefix_length(head, other[: len(other) - k]) for other in history_lists[i + 1 :]),
+                default=0,
+            )
+            own = common_prefix_length(self._tokens.get(row, []), head) if row in self._seq_of else 0
+            if later <= max(own, self._donor(row, head, {})[1]):
+                continue  # no later row of the call needs more than is already in the cache
+            seq, start, feed = self._catch_up(row, head[:later], 0, {})
+            self._decode([(seq, start, feed)], 0, None)
+
+    def _donor(self, row: int, tokens: list[int], present: dict[int, int]) -> tuple[int, int]:
         """(row, n): another live row whose sequence holds tokens[:n] in cells now, n the most ((-1, 0) when
-        none, or without `share_prefixes`). Rows caught up earlier in this call (`fed`) are not asked:
-        their tokens name cells the decode has not written yet."""
+        none, or without `share_prefixes`). A row caught up earlier in this call lends only its first
+        `present[row]` tokens: the decode has not written the rest yet."""
         best = (-1, 0)
         if not self._share_prefixes:
             return best
         for other, held in self._tokens.items():
-            if other == row or other in fed:
+            if other == row:
                 continue
-            shared = common_prefix_length(held, tokens)
+            shared = min(common_prefix_length(held, tokens), present.get(other, len(held)))
             if shared > best[1]:
                 best = (other, shared)
         return best
@@ -410,7 +439,7 @@ class LlamaCppModel(RowCacheModel):
         row's (`share_prefixes`; `models.base.reusable_prefix`)."""
         wanted = list(tokens)
         own = common_prefix_length(self._tokens[row], wanted) if row in self._seq_of else 0
-        return max(own, self._donor(row, wanted, set())[1])
+        return max(own, self._donor(row, wanted, {})[1])
 
     def _resolve_tree(self, row: int, history: list[int]) -> None:
         """The row's pending tree meets its new history: the cells of the path the history follows down the

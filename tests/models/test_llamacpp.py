@@ -8,10 +8,12 @@ implementation), and plain greedy decoding against speculative greedy on the lla
 from __future__ import annotations
 
 import builtins
+import random
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import shared_prefix_schedule
 
 from exactspec.foundations.rows import RowStart
 from exactspec.models import llamacpp as llamacpp_module
@@ -225,11 +227,12 @@ def test_a_row_takes_the_cells_of_a_prefix_a_live_row_holds(
     assert fed[-1] == 2 and float((got - from_scratch(scratch, later, 1)).abs().max()) <= SAME_MODEL_TOLERANCE
 
 
-def test_rows_of_one_call_lend_nothing_to_each_other_and_sharing_can_be_off(
+def test_rows_joining_in_one_call_share_their_common_prompt_and_sharing_can_be_off(
     files: tuple, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two rows joining in one call with one prompt: neither has cells when the other is caught up, so both
-    are fed whole (and right); with share_prefixes=False a later row computes its prompt too."""
+    """Two rows joining in one call with one prompt: the first is filled with the prompt in a decode of its
+    own, the second takes its cells, and the call's decode feeds one token each; with
+    share_prefixes=False both prompts are computed, in the call's one decode, and so is a later row's."""
     scratch = open_model(files[0])
     prompt = history(6, 10)
     for share in (True, False):
@@ -237,9 +240,28 @@ def test_rows_of_one_call_lend_nothing_to_each_other_and_sharing_can_be_off(
         fed = fed_tokens(cached, monkeypatch)
         histories = [prompt + [1], prompt + [2]]
         got = cached.logits(histories, 1, rows=[0, 1])
-        assert fed[-1] == 2 * len(histories[0])
+        assert fed == ([len(prompt), 2] if share else [2 * (len(prompt) + 1)])
         for row, h in enumerate(histories):
             assert float((got[row] - from_scratch(scratch, h, 1)).abs().max()) <= SAME_MODEL_TOLERANCE
         cached.logits([prompt + [3]], 1, rows=[2])
         assert fed[-1] == (1 if share else len(prompt) + 1)
-        assert cached.shared_tokens == (len(prompt) if share else 0)
+        assert cached.shared_tokens == (2 * len(prompt) if share else 0)
+
+
+def test_random_calls_over_rows_sharing_prompts_get_the_from_scratch_logits(files: tuple) -> None:
+    """Rows join (several in one call), leave, roll back and decode at random over prompts drawn from
+    three shared prefixes (`shared_prefix_schedule`): every call's logits are the from-scratch ones, and
+    cells were shared."""
+    cached, scratch = open_model(files[0], max_rows=4), open_model(files[0])
+    prefixes = [history(7, 12), history(7, 6) + [2, 2], history(8, 9)]
+    worst = 0.0
+    for event, value in shared_prefix_schedule(random.Random(4), prefixes, SPEC.vocab_size, 30):
+        if event == "leave":
+            cached.release_rows([value])
+        elif event == "call":  # a row joins at its first call
+            rows, k, histories = value
+            got = cached.logits([histories[r] for r in rows], k, rows=rows)
+            for b, row in enumerate(rows):
+                worst = max(worst, float((got[b] - from_scratch(scratch, histories[row], k)).abs().max()))
+    assert worst <= SAME_MODEL_TOLERANCE
+    assert cached.shared_tokens > 0

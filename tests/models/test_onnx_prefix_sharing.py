@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import shared_prefix_schedule
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxruntime_genai")
@@ -137,33 +138,24 @@ def test_random_rows_sharing_prompts_get_the_references_logits(
     folder: Path, reference: FullForwardModel
 ) -> None:
     """Rows join (with or without their prompt), leave, roll back and decode at random over prompts
-    drawn from three shared prefixes: every call's logits are the reference's, and some cells were shared."""
+    drawn from three shared prefixes (`shared_prefix_schedule`): every call's logits are the
+    reference's, and some cells were shared."""
     model = OnnxModel(folder, eos_token_ids={0}, threads=1, max_rows=4)
     rng = random.Random(3)
     prefixes = [PROMPT, PROMPT[:6] + [4, 4], [2, 1, 1, 3, 4, 2, 2]]
-    histories: dict[int, list[int]] = {}
-    next_row, worst = 0, 0.0
-    for _ in range(50):
-        if len(histories) > 3 or (histories and rng.random() < 0.25):
-            gone = rng.choice(sorted(histories))
-            model.release_rows([gone])
-            del histories[gone]
-        while len(histories) < 2 or (len(histories) < 4 and rng.random() < 0.3):
-            prompt = rng.choice(prefixes)[: rng.randint(3, 10)] + [rng.randrange(1, 5)]
-            model.add_rows([RowStart(next_row, prompt=tuple(prompt) if rng.random() < 0.5 else ())])
-            histories[next_row] = list(prompt)
-            next_row += 1
-        rows = rng.sample(sorted(histories), rng.randint(1, len(histories)))
-        k = rng.choice([1, 1, 2])
-        for row in rows:
-            if len(histories[row]) > 4 and rng.random() < 0.3:
-                histories[row] = histories[row][:-2]
-            grown = [rng.randrange(1, 5) for _ in range(rng.randint(k, k + 1))]
-            histories[row] += grown
-        out = model.logits([histories[r] for r in rows], k, rows=rows)
-        want = reference.logits([histories[r] for r in rows], k)
-        worst = max(worst, float((out.double() - want).abs().max()))
-        assert all(model.cached_tokens(r) == histories[r] for r in rows)
+    worst = 0.0
+    for event, value in shared_prefix_schedule(rng, prefixes, SPEC.vocab_size, 50):
+        if event == "leave":
+            model.release_rows([value])
+        elif event == "join":
+            row, prompt = value
+            model.add_rows([RowStart(row, prompt=tuple(prompt) if rng.random() < 0.5 else ())])
+        else:
+            rows, k, histories = value
+            out = model.logits([histories[r] for r in rows], k, rows=rows)
+            want = reference.logits([histories[r] for r in rows], k)
+            worst = max(worst, float((out.double() - want).abs().max()))
+            assert all(model.cached_tokens(r) == histories[r] for r in rows)
     assert worst < FLOAT32_TOLERANCE
     assert model.shared_tokens > 0
 
