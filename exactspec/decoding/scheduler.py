@@ -406,13 +406,13 @@ class Scheduler:
         assert self.prefill_chunk is not None
         budget = self.prefill_chunk
         for row in rows:
-            if budget <= 0:
-                break
             state = self._states[row]
             done, goal = self._prefilled[row], len(state.prompt) - 1
-            if done >= goal:  # the target can copy or keep the whole prompt (`_prefill_order`)
+            if done >= goal:  # the target can copy or keep the whole prompt (`_prefill_order`): no budget
                 self._finish_prefill(row)
                 continue
+            if budget <= 0:
+                continue  # a later row may still need no budget
             upto = min(goal, done + budget)
             try:
                 self.engine.prefill(row, state.prompt[:upto])
