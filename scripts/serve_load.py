@@ -29,8 +29,8 @@ request at a time (a lock around its one `Llama`), so concurrent requests queue 
 Each request's prompt starts with its own number (a chat message "Request N: ...", a completion
 "# request N" line), so requests share no more than the chat template's system prompt. With
 `--same-prompts` the eight prompts repeat as they are (what load tests before 2026-12-06 sent), and a
-server that shares prompt prefixes (the ONNX backend: `OnnxModel.share_prefixes`) then finds most of a
-repeated prompt in the cells of an earlier request.
+server that shares prompt prefixes (ONNX Runtime and llama.cpp backends: `share_prefixes`) then finds
+most of a repeated prompt in the cells of an earlier request (on llama.cpp, of one still running).
 The table's "prompt tokens shared" column is the server's own count (/health `shared_prompt_tokens`)
 over the level's prompt tokens.
 
