@@ -1,5 +1,5 @@
 """What the ONNX Runtime measurement scripts share (`onnx_spinning.py`, `onnx_huge_pages.py`): the built-in
-target's export, and settings measured in fresh processes, alternated.
+target's export, settings measured in fresh processes, alternated, and the report they write.
 
 Each setting runs in its own processes because what is measured reaches the whole process (the other
 session's spinning threads; huge pages collapse every resident mapping), and the settings alternate
@@ -10,6 +10,7 @@ run as `python scripts/NAME.py` has this folder on its path).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -42,3 +43,18 @@ def run_alternated(
             records[name].append(json.loads(child.stdout.strip().splitlines()[-1]))
             print(f"process {index + 1}/{processes}: {name} done", flush=True)
     return records
+
+
+def machine_before() -> dict[str, Any]:
+    """The machine's provenance and load average, taken before the children run (`write_report`)."""
+    from exactspec.foundations.provenance import Provenance
+
+    return {"provenance": Provenance.collect().to_json(), "load_average_before": os.getloadavg()}
+
+
+def write_report(out: Path, text: str, before: dict[str, Any], record: dict[str, Any]) -> None:
+    """results.json (`before`, the load average now, then `record`) and table.md (`text`) in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    full = {**before, "load_average_after": os.getloadavg(), **record}
+    (out / "results.json").write_text(json.dumps(full, indent=2) + "\n")
+    (out / "table.md").write_text(text + "\n")

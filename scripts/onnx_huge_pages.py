@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _alternated import run_alternated, target_folder
+from _alternated import machine_before, run_alternated, target_folder, write_report
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "bench" / "onnx-huge-pages"
 SETTINGS = {"4 KB pages": False, "huge pages (default)": True}
@@ -107,28 +107,20 @@ def main() -> None:
         print(json.dumps(measure(folder, SETTINGS[args.one], args.threads, args.context, args.steps)))
         return
 
-    from exactspec.foundations.provenance import Provenance
-
-    provenance = Provenance.collect()
-    load_before = os.getloadavg()
+    before = machine_before()
     arguments = ["--steps", str(args.steps), "--threads", str(args.threads), "--context", str(args.context)]
     arguments += ["--cache-dir", args.cache_dir] if args.cache_dir else []
     results = run_alternated(__file__, SETTINGS, args.processes, arguments)
     text = table(results)
     print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
     record = {
-        "provenance": provenance.to_json(),
-        "load_average_before": load_before,
-        "load_average_after": os.getloadavg(),
         "threads": args.threads,
         "context": args.context,
         "steps": args.steps,
         "processes": args.processes,
         "runs": results,
     }
-    (args.out / "results.json").write_text(json.dumps(record, indent=2) + "\n")
-    (args.out / "table.md").write_text(text + "\n")
+    write_report(args.out, text, before, record)
 
 
 if __name__ == "__main__":

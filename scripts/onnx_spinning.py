@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-from _alternated import run_alternated, target_folder
+from _alternated import machine_before, run_alternated, target_folder, write_report
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "bench" / "onnx-spinning"
 KS = (1, 2, 4, 8)
@@ -118,10 +117,7 @@ def main() -> None:
         print(json.dumps(times))
         return
 
-    from exactspec.foundations.provenance import Provenance
-
-    provenance = Provenance.collect()
-    load_before = os.getloadavg()
+    before = machine_before()
     # Two settings' sessions in one process would disturb each other: what is measured.
     arguments = ["--repeats", str(args.repeats), "--threads", str(args.threads)]
     arguments += ["--context", str(args.context), "--gamma", str(args.gamma)]
@@ -133,11 +129,7 @@ def main() -> None:
                 results[setting].setdefault(name, []).extend(seconds)
     text = table(results, args.gamma)
     print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
     record = {
-        "provenance": provenance.to_json(),
-        "load_average_before": load_before,
-        "load_average_after": os.getloadavg(),
         "threads": args.threads,
         "context": args.context,
         "gamma": args.gamma,
@@ -145,8 +137,7 @@ def main() -> None:
         "processes": args.processes,
         "times": results,
     }
-    (args.out / "results.json").write_text(json.dumps(record, indent=2) + "\n")
-    (args.out / "table.md").write_text(text + "\n")
+    write_report(args.out, text, before, record)
 
 
 if __name__ == "__main__":
