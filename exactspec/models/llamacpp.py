@@ -405,16 +405,22 @@ class LlamaCppModel(RowCacheModel):
         nothing to share). Rows with a pending tree are left to `_catch_up`."""
         if not self._share_prefixes or len(row_ids) < 2:
             return
-        for i, (row, history) in enumerate(zip(row_ids, history_lists, strict=True)):
-            head = history[: len(history) - k]
+        heads = [history[: len(history) - k] for history in history_lists]
+        owns = [
+            common_prefix_length(self._tokens[row], head) if row in self._seq_of else 0
+            for row, head in zip(row_ids, heads, strict=True)
+        ]
+        # Only rows with tokens before their last k still to feed (joining rows, deep rollbacks) can gain:
+        # a decoding round, where every row's cells hold all but its newest tokens, stops here.
+        needy = [i for i, (head, own) in enumerate(zip(heads, owns, strict=True)) if own < len(head)]
+        if len(needy) < 2:
+            return
+        for place, i in enumerate(needy):
+            row, head = row_ids[i], heads[i]
             if row in self._pending:
                 continue
-            later = max(
-                (common_prefix_length(head, other[: len(other) - k]) for other in history_lists[i + 1 :]),
-                default=0,
-            )
-            own = common_prefix_length(self._tokens.get(row, []), head) if row in self._seq_of else 0
-            if later <= max(own, self._donor(row, head, {})[1]):
+            later = max((common_prefix_length(head, heads[j]) for j in needy[place + 1 :]), default=0)
+            if later <= max(owns[i], self._donor(row, head, {})[1]):
                 continue  # no later row of the call needs more than is already in the cache
             seq, start, feed = self._catch_up(row, head[:later], 0, {})
             self._decode([(seq, start, feed)], 0, None)
