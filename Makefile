@@ -16,7 +16,7 @@ serve: setup
 test: setup
 	.venv/bin/ruff check exactspec tests scripts
 	.venv/bin/ruff format --check exactspec tests scripts
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q -n 2
 
 # Opt-in real-model tests on the default pair (slow: fetches and converts the models on first use).
 slow: setup
