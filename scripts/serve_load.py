@@ -3,7 +3,8 @@
 For each output length (--max-tokens, default 32 and 128), each concurrency level (default 1, 2, 4,
 8, 16) and each mode (speculative: requests leave gamma to the server; plain: `"gamma": 0` per
 request, the same server decoding with the target alone), it sends `max(concurrency,
---min-requests)` streaming requests, at most `concurrency` in flight, and reports p50 / p95 time
+--min-requests)` streaming requests (default 8: each coding prompt once, so every level sends the same
+mix of prompt lengths), at most `concurrency` in flight, and reports p50 / p95 time
 to first token, tokens/s per request (completion tokens / request wall time) and in total (all
 completion tokens / wall time of the level), and the inter-token latency of the requests already
 streaming while another one waits for its first token (p95: what a joining prompt costs them).
@@ -35,7 +36,14 @@ The table's "prompt tokens shared" column is the server's own count (/health `sh
 over the level's prompt tokens.
 
 Before the first level each mode gets `--warmup-requests` unrecorded requests (16 tokens, 2 at a
-time), so that what a server pays for its first requests falls on no level. With `--repeats N` each
+time), so that what a server pays for its first requests falls on no level; then (`warm_buffers`) as
+many requests at once as the highest level sends, one of them longer than any level's prompt and
+answer together, so that the server's KV buffers already hold the rows and positions every level
+needs. They grow on demand and never shrink, so a growth is a one-time cost that fell on whichever
+mode first needed it: on 2026-12-06 (ONNX backend, Zen 4, 32-token prefill chunks) speculative
+decoding, the first mode at each level, ran 16 requests of 128 tokens at 0.92x of plain in two runs
+of two, and in one process the first of four alternated runs of that level (speculative) took 42.3 s,
+the three after it 39.7 to 40.4 s whatever their mode. With `--repeats N` each
 level runs N times, the modes in the given order and then reversed, alternately; a mode's figures pool
 its repeats (total tokens/s: all their tokens over all their time) and the table also gives each
 repeat's speculative / plain ratio.
@@ -266,6 +274,37 @@ async def send_level(
         return list(results), time.perf_counter() - started
 
 
+async def warm_buffers(base: str, rows: int, max_tokens: int, args: argparse.Namespace) -> None:
+    """Grow the server's KV buffers to what the levels need before the first one: `rows` requests at
+    once (the most a level runs together), plain, of `max_tokens` tokens each (the longest level's: rows
+    that join while the first ones still decode, as at that level, so that `rows` rows are cached at
+    once), one of them with a prompt longer than any coding prompt plus `max_tokens` plus a draft block
+    (the longest prompt's text repeated; 4 tokens of answer). Nothing is recorded."""
+    import openai
+
+    from exactspec.bench.prompts import PROMPTS
+
+    coding = [p for p in PROMPTS if p.category == "coding"]
+    longest = max(coding, key=lambda p: completion_tokens(p.text))
+    block = (args.gamma if args.gamma is not None else 8) + 1  # a draft block, at the server's gamma
+    needed = completion_tokens(longest.text) + max_tokens + block
+    copies = needed // completion_tokens(longest.text) + 1
+    long_text = "\n\n".join([longest.text] * copies)
+    async with openai.AsyncOpenAI(
+        base_url=base + "/v1", api_key="none", max_retries=0, timeout=3600
+    ) as client:
+
+        async def one(index: int) -> None:
+            text = long_text if index == 0 else f"Warm-up {index}: {coding[index % len(coding)].text}"
+            plain = {"gamma": 0}
+            length = 4 if index == 0 else max_tokens  # the long prompt alone reaches the positions needed
+            await client.completions.create(
+                model="exactspec", prompt=text, max_tokens=length, temperature=0.0, extra_body=plain
+            )
+
+        await asyncio.gather(*(one(i) for i in range(rows)))
+
+
 def summarize(concurrency: int, runs: list[tuple[list[dict[str, Any]], float]]) -> dict:
     """One level's figures over its repeats (`send_level`'s results and wall time, each), pooled: total
     tokens/s is all their tokens over all their wall time; each repeat's own is kept too."""
@@ -468,7 +507,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefill-chunk", type=int, default=DEFAULTS.prefill_chunk)
     parser.add_argument("--max-batch", type=int, default=16, help="server batch rows (default 16)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    parser.add_argument("--min-requests", type=int, default=4, help="requests per level at least (default 4)")
+    parser.add_argument(
+        "--min-requests",
+        type=int,
+        default=8,
+        help="requests per level at least (default 8: every coding prompt once, so that each level's prompts "
+        "are the same mix and levels compare)",
+    )
     parser.add_argument(
         "--repeats",
         type=int,
@@ -497,7 +542,8 @@ def main(argv: list[str] | None = None) -> int:
         "--warmup-requests",
         type=int,
         default=2,
-        help="unrecorded 16-token requests per mode (2 at a time) before the levels (default 2; 0: none)",
+        help="unrecorded 16-token requests per mode (2 at a time) before the levels, then the buffers' "
+        "warm-up (`warm_buffers`; default 2; 0: neither)",
     )
     parser.add_argument(
         "--same-prompts",
@@ -527,6 +573,9 @@ def main(argv: list[str] | None = None) -> int:
         gamma = 0 if mode == "plain" else None
         target = peer_base if peer else base
         run_level(target, min(2, args.warmup_requests), args.warmup_requests, gamma, 16, peer)
+    if args.warmup_requests > 0:
+        rows = min(max(args.concurrency), args.max_batch)
+        asyncio.run(warm_buffers(base, rows, max(args.max_tokens), args))
     # Every mode at each level, back to back, so that a run cut short still compares them; with --repeats
     # the level runs again with the modes in the reverse order (a slow stretch of the machine, or a
     # mode's first-run costs, falls on each mode alike), and each mode's repeats are pooled.
