@@ -41,7 +41,7 @@ from exactspec.foundations.metrics import DecodeMetrics, Stopwatch
 from exactspec.foundations.rows import RowLifecycle, RowStart
 from exactspec.foundations.sampler import Sampler
 from exactspec.foundations.settings import SamplingSettings
-from exactspec.models.base import LanguageModel, reusable_prefix
+from exactspec.models.base import LanguageModel, prefill, reusable_prefix
 from exactspec.verifiers.base import Verifier, VerifyResult
 from exactspec.verifiers.token import verify, verify_greedy
 from exactspec.verifiers.tree import TreeVerifyResult, verify_tree
@@ -142,7 +142,7 @@ class SpeculativeEngine:
         if not tokens:
             return
         with self.target_stopwatch.timing():
-            self.target.logits([list(tokens)], 1, rows=[row])
+            prefill(self.target, row, tokens)
         seconds = self.target_stopwatch.take()
         self.metrics.prefill_seconds += seconds
         self._prefilled.add(row)

@@ -144,6 +144,17 @@ def reusable_prefix(model: LanguageModel, row: int, tokens: Sequence[int]) -> in
     return int(method(row, tokens)) if method is not None else 0
 
 
+def prefill(model: LanguageModel, row: int, tokens: Sequence[int]) -> None:
+    """Put `tokens` in row `row`'s cache of `model` (a joining row's prompt, ahead of its first round):
+    through the model's own `prefill` where it has one (`OnnxModel.prefill`, which computes no logits the
+    caller would drop), else one `logits` call whose result is dropped."""
+    method = getattr(unwrapped(model), "prefill", None)
+    if method is not None:
+        method(row, tokens)
+    else:
+        model.logits([list(tokens)], 1, rows=[row])
+
+
 def shared_prompt_tokens(model: LanguageModel) -> int | None:
     """Prompt tokens `model` has copied or kept from cells computed for other rows rather than computed
     (`OnnxModel.shared_tokens`), since it loaded; None for a model that does not share prefixes."""

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from exactspec.checking.toy import random_tabular_model
-from exactspec.models.base import ModelWrapper, common_prefix_length, reusable_prefix, shared_prompt_tokens
+from exactspec.models.base import (
+    ModelWrapper,
+    common_prefix_length,
+    prefill,
+    reusable_prefix,
+    shared_prompt_tokens,
+)
 
 
 def testcommon_prefix_length():
@@ -25,3 +31,22 @@ def test_prefix_sharing_is_read_through_wrappers_and_absent_where_a_model_does_n
     sharing.shared_tokens = 7  # type: ignore[attr-defined]
     wrapped = ModelWrapper(ModelWrapper(sharing))
     assert reusable_prefix(wrapped, 0, [1, 2, 3]) == 2 and shared_prompt_tokens(wrapped) == 7
+
+
+def test_prefill_goes_through_a_models_own_prefill_else_one_logits_call() -> None:
+    calls: list[tuple[str, list[list[int]] | list[int], object]] = []
+
+    plain = random_tabular_model(4, seed=0)
+    original = plain.logits
+    plain.logits = lambda histories, k=1, rows=None: (  # type: ignore[method-assign]
+        calls.append(("logits", [list(h) for h in histories], rows)) or original(histories, k, rows=rows)
+    )
+    prefill(ModelWrapper(plain), 3, [1, 2, 0])
+    assert calls == [("logits", [[1, 2, 0]], [3])]
+
+    calls.clear()
+    own = random_tabular_model(4, seed=0)
+    own.prefill = lambda row, tokens: calls.append(("prefill", list(tokens), row))  # type: ignore[attr-defined]
+    own.logits = lambda *args, **kwargs: calls.append(("logits", [], None))  # type: ignore[method-assign]
+    prefill(ModelWrapper(own), 3, [1, 2, 0])
+    assert calls == [("prefill", [1, 2, 0], 3)]  # through the wrapper, and no logits call

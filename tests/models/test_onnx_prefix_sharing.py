@@ -1,4 +1,5 @@
-"""Shared prefixes in the ONNX Runtime adapter: prompt cells another slot holds are copied, not computed.
+"""Shared prefixes in the ONNX Runtime adapter: prompt cells another slot holds are copied, not computed; and
+prompt chunks fed without a pass of their own for the last token (`OnnxModel.prefill`).
 
 Each test counts the tokens the adapter feeds ONNX Runtime (the widths of its passes) and checks the
 logits against the float64 module (`FullForwardModel`), so a cell copied from the wrong slot or the
@@ -186,3 +187,27 @@ def test_a_row_takes_the_free_slot_with_most_of_its_prompt_else_the_lowest() -> 
     assert 0 not in slots.held and 1 not in slots.held  # taken slots hold rows, not leftovers
     slots.swap(2, 0)  # slot 2's leftovers [1, 2] move to slot 0, row 11 to slot 2
     assert slots.held[0] == [1, 2] and slots.slot_of[11] == 2
+
+
+def test_prefill_feeds_a_whole_chunk_in_one_pass_and_the_round_scores_from_its_cells(
+    folder: Path, reference: FullForwardModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = OnnxModel(folder, eos_token_ids={0}, threads=1, max_rows=4)
+    widths: list[tuple[int, int]] = []  # (rows, tokens) of every pass
+    original = model._pass
+
+    def recording(first_slot, ids, lengths, out=None, wanted=None):  # type: ignore[no-untyped-def]
+        widths.append((len(ids), len(ids[0])))
+        return original(first_slot, ids, lengths, out, wanted)
+
+    monkeypatch.setattr(model, "_pass", recording)
+    prompt = PROMPT + [2, 4, 3]
+    model.add_rows([RowStart(0, prompt=tuple(prompt))])
+    model.prefill(0, prompt[:6])
+    model.prefill(0, prompt[:-1])  # the next chunk: only the tokens after the first one's
+    # One pass a chunk, its last token included (through `logits` a second, one-token pass fed that).
+    assert widths == [(1, 6), (1, len(prompt) - 1 - 6)]
+    assert model.cached_tokens(0) == prompt[:-1]
+    widths.clear()
+    assert close(model.logits([prompt], 1, rows=[0]), reference, [prompt], 1)
+    assert widths == [(1, 1)]  # the first round feeds the prompt's last token alone
