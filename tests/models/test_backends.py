@@ -196,6 +196,13 @@ def test_auto_measures_the_candidates_once_runs_the_fastest_and_says_why(
         again = ModelPair.from_pretrained("t", "d", backend="auto", cache_dir=tmp_path)
         assert again.backend == "quick-test" and loads[3:] == ["quick-test"]
         assert again.backend_choice == choice
+        # Another ONNX Runtime (or llama.cpp) can change a backend's step: the candidates are measured again.
+        installed = auto._installed_version
+        monkeypatch.setattr(
+            auto, "_installed_version", lambda name: "0.0.1" if name == "onnxruntime" else installed(name)
+        )
+        ModelPair.from_pretrained("t", "d", backend="auto", cache_dir=tmp_path)
+        assert loads[4:] == ["slow-test", "quick-test", "quick-test"]
     finally:
         for name in ("slow-test", "quick-test"):
             registry.BACKENDS.unregister(name)

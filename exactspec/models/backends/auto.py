@@ -9,7 +9,7 @@ plain one-token step, the draft step c and v(1..9) through the adapters
 (`models.costs.measure_cost_model`), and for a batch workload (the server) the seconds of a pass of
 r rows x 1 token for a few r up to the expected batch (`models.costs.measure_batch_costs`), and caches
 the measurement under the artefacts cache (`artefacts.measurements`, keyed by the target, the
-machine's CPU and flags, cores, torch and llama-cpp-python versions and threads, and, where the
+machine's CPU and flags, cores, torch, llama-cpp-python and onnxruntime versions and threads, and, where the
 workload needs them, the draft whose step c counts and the batch sizes measured), with its provenance.
 Later runs read the measurement from the cache and load only the winner.
 
@@ -252,6 +252,21 @@ def _candidates(spec: LoadSpec) -> list[tuple[str, str, str]]:
     return found
 
 
+MEASURED_PACKAGES = ("llama-cpp-python", "onnxruntime")
+"""Packages whose version is part of a measurement's key (beside torch's): a new llama.cpp or ONNX Runtime
+can change a backend's step, so it is measured again."""
+
+
+def _installed_version(name: str) -> str:
+    """The installed version of package `name`; "" when it is not installed (then no backend needs it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return ""
+
+
 def choose(spec: LoadSpec) -> BackendChoice:
     """The candidate predicted fastest on `spec.workload` on this machine, from a measurement taken once
     and then read from the cache."""
@@ -264,13 +279,7 @@ def choose(spec: LoadSpec) -> BackendChoice:
         label, name, weights = candidates[0]
         return BackendChoice(name, weights, (), machine().describe(), "", workload)
     here = machine()
-    versions = {}
-    try:
-        from importlib.metadata import version
-
-        versions["llama-cpp-python"] = version("llama-cpp-python")
-    except Exception:  # not installed: not a candidate either
-        versions["llama-cpp-python"] = ""
+    versions = {name: _installed_version(name) for name in MEASURED_PACKAGES}
     # Keyed by the target, and by what the workload needs measured beyond it: the draft, when the drafter
     # runs it (c), and the batch sizes timed, for a batch. A single stream with a drafter that runs no
     # model keeps the key of measurements cached before workloads, so those still load.
