@@ -131,7 +131,8 @@ def test_a_choice_cached_before_workloads_still_loads_and_is_scored(
     loaded = BackendChoice.from_json(old)
     assert loaded.workload is None and loaded.timings[1].batch_rows == ()
     assert decide(loaded, Workload()).backend == "cheap-wide"
-    # Through `choose`: the same key as before workloads for a single stream without a draft model.
+    # Through `choose`: the same key as before workloads for a single stream without a draft model (the
+    # runtimes' versions aside).
     candidates = [(t.label, t.backend, t.weights) for t in (STEP_FAST, CHEAP_WIDE)]
     monkeypatch.setattr(auto, "_candidates", lambda spec: candidates)
     monkeypatch.setattr(
@@ -152,16 +153,11 @@ def test_a_choice_cached_before_workloads_still_loads_and_is_scored(
 
 
 def _old_key(spec: LoadSpec, candidates: list[tuple[str, str, str]]) -> dict:
-    """The key the version before workloads hashed (models/backends/auto.py, `choose`)."""
-    from importlib.metadata import version
-
+    """The key the version before workloads hashed (models/backends/auto.py, `choose`), with the ONNX
+    Runtime version every key has held since (feea200: a new runtime is measured again)."""
     from exactspec.foundations.provenance import machine
 
     here = machine()
-    try:
-        llama = version("llama-cpp-python")
-    except Exception:
-        llama = ""
     return {
         "target": str(spec.target),
         "dtype": str(spec.dtype),
@@ -170,7 +166,8 @@ def _old_key(spec: LoadSpec, candidates: list[tuple[str, str, str]]) -> dict:
         "machine": {"cpu": here.cpu, "features": here.cpu_features, "cores": here.cores},
         "torch": here.torch,
         "torch_threads": here.torch_threads,
-        "llama-cpp-python": llama,
+        "llama-cpp-python": auto._installed_version("llama-cpp-python"),
+        "onnxruntime": auto._installed_version("onnxruntime"),
     }
 
 

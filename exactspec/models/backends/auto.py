@@ -282,7 +282,8 @@ def choose(spec: LoadSpec) -> BackendChoice:
     versions = {name: _installed_version(name) for name in MEASURED_PACKAGES}
     # Keyed by the target, and by what the workload needs measured beyond it: the draft, when the drafter
     # runs it (c), and the batch sizes timed, for a batch. A single stream with a drafter that runs no
-    # model keeps the key of measurements cached before workloads, so those still load.
+    # model keeps the key of measurements cached before workloads, so those still load (measured with the
+    # same runtimes: an onnxruntime version joined the key in feea200).
     batch_rows = _batch_rows(workload.rows)
     key = {
         "target": str(spec.target),
