@@ -19,7 +19,7 @@ import platform
 import shlex
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,6 +90,19 @@ class Provenance(JsonRecord):
             f"- machine: {self.machine.describe()}",
             f"- date: {self.created}",
         ]
+
+
+def installed_versions(names: Iterable[str]) -> dict[str, str]:
+    """The installed version of each package in `names` ("" for one that is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = {}
+    for name in names:
+        try:
+            versions[name] = version(name)
+        except PackageNotFoundError:
+            versions[name] = ""
+    return versions
 
 
 def git_commit(source: str | Path = SOURCE) -> str:

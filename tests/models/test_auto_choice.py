@@ -155,7 +155,7 @@ def test_a_choice_cached_before_workloads_still_loads_and_is_scored(
 def _old_key(spec: LoadSpec, candidates: list[tuple[str, str, str]]) -> dict:
     """The key the version before workloads hashed (models/backends/auto.py, `choose`), with the ONNX
     Runtime version every key has held since (feea200: a new runtime is measured again)."""
-    from exactspec.foundations.provenance import machine
+    from exactspec.foundations.provenance import installed_versions, machine
 
     here = machine()
     return {
@@ -166,8 +166,7 @@ def _old_key(spec: LoadSpec, candidates: list[tuple[str, str, str]]) -> dict:
         "machine": {"cpu": here.cpu, "features": here.cpu_features, "cores": here.cores},
         "torch": here.torch,
         "torch_threads": here.torch_threads,
-        "llama-cpp-python": auto._installed_version("llama-cpp-python"),
-        "onnxruntime": auto._installed_version("onnxruntime"),
+        **installed_versions(("llama-cpp-python", "onnxruntime")),
     }
 
 

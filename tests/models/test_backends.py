@@ -17,6 +17,7 @@ from exactspec.bench.runner import describe_model
 from exactspec.checking.grid import exact_grid, run_exact_case
 from exactspec.checking.toy import random_tabular_model
 from exactspec.cli.main import build_parser, main
+from exactspec.foundations import provenance
 from exactspec.foundations.errors import InvalidArgument
 from exactspec.models.backends import auto, registry
 from exactspec.models.backends.registry import (
@@ -197,9 +198,9 @@ def test_auto_measures_the_candidates_once_runs_the_fastest_and_says_why(
         assert again.backend == "quick-test" and loads[3:] == ["quick-test"]
         assert again.backend_choice == choice
         # Another ONNX Runtime (or llama.cpp) can change a backend's step: the candidates are measured again.
-        installed = auto._installed_version
+        installed = provenance.installed_versions
         monkeypatch.setattr(
-            auto, "_installed_version", lambda name: "0.0.1" if name == "onnxruntime" else installed(name)
+            provenance, "installed_versions", lambda names: {**installed(names), "onnxruntime": "0.0.1"}
         )
         ModelPair.from_pretrained("t", "d", backend="auto", cache_dir=tmp_path)
         assert loads[4:] == ["slow-test", "quick-test", "quick-test"]

@@ -257,21 +257,11 @@ MEASURED_PACKAGES = ("llama-cpp-python", "onnxruntime")
 can change a backend's step, so it is measured again."""
 
 
-def _installed_version(name: str) -> str:
-    """The installed version of package `name`; "" when it is not installed (then no backend needs it)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return ""
-
-
 def choose(spec: LoadSpec) -> BackendChoice:
     """The candidate predicted fastest on `spec.workload` on this machine, from a measurement taken once
     and then read from the cache."""
     from exactspec.artefacts.measurements import measured
-    from exactspec.foundations.provenance import machine
+    from exactspec.foundations.provenance import installed_versions, machine
 
     workload = spec.workload
     candidates = _candidates(spec)
@@ -279,7 +269,7 @@ def choose(spec: LoadSpec) -> BackendChoice:
         label, name, weights = candidates[0]
         return BackendChoice(name, weights, (), machine().describe(), "", workload)
     here = machine()
-    versions = {name: _installed_version(name) for name in MEASURED_PACKAGES}
+    versions = installed_versions(MEASURED_PACKAGES)  # "" for one not installed: no backend needs it
     # Keyed by the target, and by what the workload needs measured beyond it: the draft, when the drafter
     # runs it (c), and the batch sizes timed, for a batch. A single stream with a drafter that runs no
     # model keeps the key of measurements cached before workloads, so those still load (measured with the

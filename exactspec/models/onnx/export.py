@@ -27,7 +27,6 @@ export never leaves a half-written entry. Progress lines go to the caller's `pro
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import os
 import re
@@ -45,6 +44,7 @@ from exactspec.artefacts.cache import cache_root
 from exactspec.artefacts.conversion import content_fingerprint, content_key, staged_entry
 from exactspec.artefacts.locks import exclusive_lock
 from exactspec.artefacts.stamps import stamped_sha256, write_stamp
+from exactspec.foundations.provenance import installed_versions
 
 EXPORT_CACHE = "onnx-exported-v1"
 PROVENANCE_FILE = "exactspec-export.json"
@@ -116,13 +116,7 @@ FP32_RECIPE = ExportRecipe(precision="fp32")
 
 def library_versions() -> dict[str, str]:
     """Installed versions of the libraries an export depends on ("" when one is missing)."""
-    versions = {}
-    for name in LIBRARIES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = ""
-    return versions
+    return installed_versions(LIBRARIES)
 
 
 def source_content(source: Path) -> dict[str, Any]:
