@@ -332,15 +332,7 @@ class OnnxModel(RowCacheModel):
     def _score(self, histories: list[list[int]], k: int, row_ids: list[int]) -> torch.Tensor:
         """[B, k, V] logits at the last k positions of each history (the module docstring says which passes
         run); rows the call does not name are untouched."""
-        longest = max(len(h) for h in histories)
-        if longest > self._context:
-            raise ValueError(
-                f"a history of {longest} tokens is longer than the model's context ({self._context})"
-            )
-        for row, history in zip(row_ids, histories, strict=True):
-            if row not in self._rows.slot_of:
-                self._assign(row, history)
-        self._reserve(self._rows.slots_in_use(), max(len(h) for h in histories))
+        self._place(histories, row_ids)
         for row, history in zip(row_ids, histories, strict=True):
             self._prefill(row, history, len(history) - k)
         out = torch.empty(len(row_ids), k, self._vocab_size, dtype=self._dtype)  # [B, k, V]
@@ -369,14 +361,21 @@ class OnnxModel(RowCacheModel):
 
     def _fill(self, history: list[int], row: int) -> None:
         """`prefill`'s work: the row's slot holds `history` after it (`_prefill` up to its end)."""
-        if len(history) > self._context:
-            raise ValueError(
-                f"a history of {len(history)} tokens is longer than the model's context ({self._context})"
-            )
-        if row not in self._rows.slot_of:
-            self._assign(row, history)
-        self._reserve(self._rows.slots_in_use(), len(history))
+        self._place([history], [row])
         self._prefill(row, history, len(history))
+
+    def _place(self, histories: list[list[int]], row_ids: list[int]) -> None:
+        """Before a call feeds these rows: histories within the context, a slot for every row that has
+        none, and buffers long enough for the longest history."""
+        longest = max(len(h) for h in histories)
+        if longest > self._context:
+            raise ValueError(
+                f"a history of {longest} tokens is longer than the model's context ({self._context})"
+            )
+        for row, history in zip(row_ids, histories, strict=True):
+            if row not in self._rows.slot_of:
+                self._assign(row, history)
+        self._reserve(self._rows.slots_in_use(), longest)
 
     def _prefill(self, row: int, history: list[int], end: int) -> None:
         """Make `row`'s slot hold history[:end] (keeping the longest cached prefix, feeding the rest alone in
