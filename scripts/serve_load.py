@@ -189,12 +189,17 @@ def completion_tokens(text: str) -> int:
 _TOKENIZER: Any = None
 
 
+def coding_prompts() -> list[Any]:
+    """The built-in coding benchmark prompts, the load test's requests (`BenchPrompt`s)."""
+    from exactspec.bench.prompts import PROMPTS
+
+    return [p for p in PROMPTS if p.category == "coding"]
+
+
 async def one_request(
     client: Any, index: int, gamma: int | None, max_tokens: int, peer: bool = False
 ) -> dict[str, Any]:
-    from exactspec.bench.prompts import PROMPTS
-
-    coding = [p for p in PROMPTS if p.category == "coding"]
+    coding = coding_prompts()
     prompt = coding[index % len(coding)]
     text = prompt.text
     if UNIQUE_PROMPTS is not None:  # no two requests of the run share their text (unless --same-prompts)
@@ -282,14 +287,12 @@ async def warm_buffers(base: str, rows: int, max_tokens: int, args: argparse.Nam
     (the longest prompt's text repeated; 4 tokens of answer). Nothing is recorded."""
     import openai
 
-    from exactspec.bench.prompts import PROMPTS
-
-    coding = [p for p in PROMPTS if p.category == "coding"]
-    longest = max(coding, key=lambda p: completion_tokens(p.text))
+    coding = coding_prompts()
+    tokens = {p.text: completion_tokens(p.text) for p in coding}
+    longest = max(tokens, key=tokens.__getitem__)
     block = (args.gamma if args.gamma is not None else 8) + 1  # a draft block, at the server's gamma
-    needed = completion_tokens(longest.text) + max_tokens + block
-    copies = needed // completion_tokens(longest.text) + 1
-    long_text = "\n\n".join([longest.text] * copies)
+    copies = (tokens[longest] + max_tokens + block) // tokens[longest] + 1
+    long_text = "\n\n".join([longest] * copies)
     async with openai.AsyncOpenAI(
         base_url=base + "/v1", api_key="none", max_retries=0, timeout=3600
     ) as client:
