@@ -135,6 +135,7 @@ class SpeculativeDecoder:
         backend: str = DEFAULTS.backend,
         report: Callable[[str], None] | None = None,
         workload: Workload | None = None,
+        batch_invariant: bool = False,
     ) -> SpeculativeDecoder:
         """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair).
 
@@ -145,7 +146,8 @@ class SpeculativeDecoder:
         one predicted fastest for `workload` from what it measured on this machine, `pair.backend_choice`
         says why) or any registered one. `report`:
         where a backend's lines for the user go (`ModelPair.from_pretrained`). `workload`: what it will
-        decode, for "auto" to choose by (`ModelPair.from_pretrained`).
+        decode, for "auto" to choose by (`ModelPair.from_pretrained`). `batch_invariant`: the backend's
+        batch-invariant mode, where speculative output is plain decoding's bit for bit (`LoadSpec`).
         """
         return cls.from_pair(
             ModelPair.from_pretrained(
@@ -159,6 +161,7 @@ class SpeculativeDecoder:
                 backend=backend,
                 report=report,
                 workload=workload,
+                batch_invariant=batch_invariant,
             )
         )
 

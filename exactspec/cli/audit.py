@@ -28,6 +28,7 @@ from exactspec.cli.common import (
     command_provenance,
     finite_float,
     gamma_argument,
+    load_options,
     output_folder,
     positive_int,
     report_lines,
@@ -344,13 +345,9 @@ def _load_pair(args: argparse.Namespace, backend: str, progress: bool) -> tuple[
     pair = ModelPair.from_pretrained(
         args.target,
         args.draft,
-        dtype=args.dtype,
-        cache_dir=args.cache_dir,
         progress=progress,
-        weights=args.weights,
-        backend=backend,
         report=report_lines(progress),
-        threads=args.threads,
+        **{**load_options(args), "backend": backend},
     )
     print(f"exactspec audit: {pair.describe_backend()}", file=sys.stderr, flush=True)
     prompt = SpeculativeDecoder.from_pair(pair).encode([args.prompt], chat=args.chat)[0]

@@ -29,6 +29,7 @@ from exactspec.cli.common import (
     backend_name,
     check_model_arguments,
     command_provenance,
+    load_options,
     output_folder,
     report_lines,
     strategy,
@@ -211,12 +212,8 @@ def _load_pair(
         args.target,
         args.draft,
         report=report_lines(progress),
-        dtype=args.dtype,
-        cache_dir=args.cache_dir,
         progress=progress,
-        weights=args.weights,
-        backend=backend,
-        threads=args.threads,
+        **{**load_options(args), "backend": backend},
     )
     load_seconds = time.perf_counter() - started
     say(pair.describe_backend())  # "auto" resolved to what runs, and why

@@ -408,6 +408,30 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="exactspec cache (default $XDG_CACHE_HOME/exactspec)",
     )
+    group.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="every pass gives a position the same bits however the work is cut (rows, tokens a row, "
+        "prefill chunks, shared prefixes), so speculative output is plain decoding's bit for bit: the onnx "
+        "backend, int4 weights in blocks of 32, attention one query at a time (its cost: docs/numerics.md)",
+    )
+
+
+def load_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The `ModelPair.from_pretrained` keywords every command reads off its model flags the same way
+    (dtype, cache, weights, backend, the batch-invariant mode, and device and threads where the command
+    has those flags); each site adds its own (target, draft, progress, workload)."""
+    options: dict[str, Any] = {
+        "dtype": args.dtype,
+        "cache_dir": args.cache_dir,
+        "weights": args.weights,
+        "backend": args.backend,
+        "batch_invariant": args.batch_invariant,
+    }
+    for name in ("device", "threads"):
+        if getattr(args, name, None) is not None:
+            options[name] = getattr(args, name)
+    return options
 
 
 def check_model_arguments(args: argparse.Namespace, *, draft: bool = True) -> None:

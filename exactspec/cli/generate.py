@@ -17,6 +17,7 @@ from exactspec.cli.common import (
     decode_utf8,
     draft_to_load,
     gamma_argument,
+    load_options,
     non_empty,
     positive_int,
     report_lines,
@@ -138,12 +139,8 @@ def run(args: argparse.Namespace) -> int:
     decoder = SpeculativeDecoder.from_pretrained(
         args.target,
         draft,
-        dtype=args.dtype,
-        cache_dir=args.cache_dir,
         progress=progress,
-        device=args.device,
-        weights=args.weights,
-        backend=args.backend,
+        **load_options(args),
         report=report_lines(progress),
         workload=workload(args, chosen, plain=plain),
     )

@@ -22,6 +22,7 @@ from exactspec.cli.common import (
     backend_name,
     command_provenance,
     gamma_argument,
+    load_options,
     output_folder,
     positive_int,
 )
@@ -117,12 +118,8 @@ def run(args: argparse.Namespace) -> int:
     pair = ModelPair.from_pretrained(
         args.target,
         None,
-        dtype=args.dtype,
-        cache_dir=args.cache_dir,
-        weights=args.weights,
-        backend=chosen,
-        threads=args.threads,
         report=say,
+        **{**load_options(args), "backend": chosen},
     )
     weights = pair.weights
     say(pair.describe_backend())  # "auto" resolved to what runs, and why
@@ -151,10 +148,7 @@ def run(args: argparse.Namespace) -> int:
         pair32 = ModelPair.from_pretrained(
             args.target,
             None,
-            dtype="float32",
-            cache_dir=args.cache_dir,
-            weights=weights,
-            backend=pair_backend,
+            **{**load_options(args), "dtype": "float32", "weights": weights, "backend": pair_backend},
         )
         clock = time.perf_counter()
         reference = [

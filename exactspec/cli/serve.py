@@ -14,6 +14,7 @@ from exactspec.cli.common import (
     draft_to_load,
     finite_float,
     gamma_argument,
+    load_options,
     positive_int,
     report_lines,
     strategy,
@@ -122,13 +123,9 @@ def run(args: argparse.Namespace) -> int:
     pair = ModelPair.from_pretrained(
         args.target,
         draft,
-        dtype=args.dtype,
-        cache_dir=args.cache_dir,
         progress=not args.no_progress,
         report=report_lines(not args.no_progress),
-        device=args.device,
-        weights=args.weights,
-        backend=args.backend,
+        **load_options(args),
         workload=workload(args, chosen, plain=args.plain, rows=args.max_batch),
     )
     service = Service(
@@ -176,12 +173,8 @@ def run_replicas(args: argparse.Namespace, chosen: Strategy, draft: str | None) 
     pair_options = dict(
         target=args.target,
         draft=draft,
-        dtype=args.dtype,
-        cache_dir=args.cache_dir,
         progress=False,
-        device=args.device,
-        weights=args.weights,
-        backend=args.backend,
+        **load_options(args),
         workload=workload(args, chosen, plain=args.plain, rows=args.max_batch),
     )
     service_options = dict(

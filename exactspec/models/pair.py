@@ -124,6 +124,7 @@ class ModelPair:
         threads: int | None = None,
         report: Callable[[str], None] | None = None,
         workload: Workload | None = None,
+        batch_invariant: bool = False,
     ) -> ModelPair:
         """Load by hub id, folder, GGUF file, or "default-target" / "default-draft" (the built-in pair).
 
@@ -142,8 +143,10 @@ class ModelPair:
         go (what `--backend auto` measured and chose); None: nowhere (the library never prints).
         `workload`: what the pair will decode (`exactspec.models.backends.registry.Workload`; None: one
         stream with the default drafter), which `--backend auto` predicts each backend's throughput on.
+        `batch_invariant`: load the pair in its backend's batch-invariant mode (`LoadSpec.batch_invariant`;
+        an error on a backend without one).
         """
-        from exactspec.models.backends.registry import LoadSpec
+        from exactspec.models.backends.registry import LoadSpec, backends
         from exactspec.models.backends.registry import backend as backend_named
 
         try:
@@ -153,7 +156,24 @@ class ModelPair:
         why_not = chosen.unavailable()
         if why_not is not None:
             raise InvalidArgument(f"--backend {backend} cannot run here: {why_not}")
-        spec = LoadSpec(target, draft, dtype, weights, device, threads, cache_dir, progress, report)
+        if batch_invariant and not chosen.chooses and "batch_invariant" not in chosen.options:
+            having = [b.name for b in backends().values() if "batch_invariant" in b.options]
+            raise InvalidArgument(
+                f"--batch-invariant: --backend {backend} has no batch-invariant mode; "
+                f"{', '.join(having) or 'no backend'} has one (docs/numerics.md)"
+            )
+        spec = LoadSpec(
+            target,
+            draft,
+            dtype,
+            weights,
+            device,
+            threads,
+            cache_dir,
+            progress,
+            report,
+            batch_invariant=batch_invariant,
+        )
         if workload is not None:
             spec = dataclasses.replace(spec, workload=workload)
         pair = chosen.load(spec)

@@ -260,7 +260,7 @@ def test_prefill_runs_the_logits_from_variant_and_leaves_the_builders_graph_alon
 def test_a_graph_the_variant_cannot_be_made_for_or_loaded_is_run_as_the_builder_wrote_it(
     tiny_onnx: tuple[Path, Path], reference: FullForwardModel, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from exactspec.models.onnx import model as onnx_model
+    from exactspec.models.onnx import session as onnx_model
 
     history = [1 + (i * 3) % 4 for i in range(20)]
     monkeypatch.setattr(onnx_model, "variant_path", lambda folder, name: None)

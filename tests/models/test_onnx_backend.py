@@ -17,7 +17,7 @@ PROMPT = "def f(x):"
 
 
 def test_onnx_is_registered_and_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert "onnx" in backends() and backend("onnx").options == frozenset({"threads"})
+    assert "onnx" in backends() and backend("onnx").options == frozenset({"threads", "batch_invariant"})
     import importlib.util
 
     real = importlib.util.find_spec

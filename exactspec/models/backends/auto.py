@@ -43,6 +43,7 @@ import time
 from dataclasses import dataclass, replace
 
 from exactspec.foundations.costs import BatchCosts, expected_tokens
+from exactspec.foundations.errors import InvalidArgument
 from exactspec.foundations.records import JsonRecord
 from exactspec.models.backends.registry import Backend, LoadSpec, Pair, Workload, backend, backends, register
 from exactspec.models.base import LanguageModel
@@ -238,11 +239,15 @@ def _candidates(spec: LoadSpec) -> list[tuple[str, str, str]]:
     for name, candidate in backends().items():
         if candidate is BACKEND:
             continue
-        if (not on_cpu and "device" not in candidate.options) or (
-            named_weights and "weights" not in candidate.options
+        if (
+            (not on_cpu and "device" not in candidate.options)
+            or (named_weights and "weights" not in candidate.options)
+            or (spec.batch_invariant and "batch_invariant" not in candidate.options)
         ):
             continue
-        why_not = candidate.unavailable() or candidate.accepts(spec)
+        # In the batch-invariant mode only backends that have one are candidates, and the first run
+        # exports what it needs rather than leave the mode's only backend out.
+        why_not = candidate.unavailable() or (None if spec.batch_invariant else candidate.accepts(spec))
         if why_not is not None:
             if name not in _TOLD:
                 _TOLD.add(name)
@@ -265,6 +270,11 @@ def choose(spec: LoadSpec) -> BackendChoice:
 
     workload = spec.workload
     candidates = _candidates(spec)
+    if not candidates and spec.batch_invariant:
+        raise InvalidArgument(
+            "--batch-invariant: no installed backend has a batch-invariant mode (the onnx backend has one: "
+            'pip install -e ".[onnx]")'
+        )
     if len(candidates) == 1:
         label, name, weights = candidates[0]
         return BackendChoice(name, weights, (), machine().describe(), "", workload)
@@ -279,6 +289,7 @@ def choose(spec: LoadSpec) -> BackendChoice:
         "target": str(spec.target),
         "dtype": str(spec.dtype),
         "threads": spec.threads,
+        **({"batch_invariant": True} if spec.batch_invariant else {}),
         "candidates": [label for label, _, _ in candidates],
         "machine": {"cpu": here.cpu, "features": here.cpu_features, "cores": here.cores},
         "torch": here.torch,
@@ -385,7 +396,7 @@ BACKEND = register(
         "its measured step and k-token passes), measured on first use and cached",
         load=load,
         reference=reference,
-        options=frozenset({"dtype", "weights", "device", "threads"}),
+        options=frozenset({"dtype", "weights", "device", "threads", "batch_invariant"}),
         rank=-1,
         chooses=True,
     )

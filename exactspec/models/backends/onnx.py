@@ -28,6 +28,7 @@ from exactspec.models.backends.registry import (
     two_row_cells,
 )
 from exactspec.models.base import LanguageModel
+from exactspec.models.onnx.invariant import InvariantGraphError
 from exactspec.models.pair import ModelPair
 from exactspec.models.tokenizers import check_tokenizers_compatible, end_of_generation_ids
 
@@ -47,10 +48,11 @@ def load(spec: LoadSpec, recipe: Any = None, **options: Any) -> ModelPair:
     dtype, huge_pages; `spec.threads` sets threads; a workload whose drafter runs the draft model stops
     spinning after each run, and only such a workload moves the draft's weights to huge pages)."""
     from exactspec.models.loading import gguf_path, load_tokenizer
-    from exactspec.models.onnx.export import DEFAULT_RECIPE, exported_model
     from exactspec.models.onnx.model import OnnxModel
 
-    recipe = DEFAULT_RECIPE if recipe is None else recipe
+    recipe = _recipe(spec) if recipe is None else recipe
+    if spec.batch_invariant:
+        options = {"batch_invariant": True, **options}
     if spec.threads is not None:
         options = {"threads": spec.threads, **options}
     if spec.draft is not None and spec.workload.draft_model:
@@ -62,11 +64,17 @@ def load(spec: LoadSpec, recipe: Any = None, **options: Any) -> ModelPair:
 
     def open_model(role: str, name: Any, eos: Any, **extra: Any) -> tuple[OnnxModel, Any]:
         tokenizer = load_tokenizer(name, cache_dir=spec.cache_dir, progress=spec.progress)
+        from exactspec.models.onnx.export import exported_model
+
         source = gguf_path(name, spec.cache_dir, progress=spec.progress) or name
         folder = exported_model(source, recipe, cache_dir=spec.cache_dir, progress=_progress(spec))
         eos = end_of_generation_ids(tokenizer) if eos is None else eos
         try:
             model = OnnxModel(folder, eos_token_ids=eos, **{**extra, **options})
+        except InvariantGraphError as error:
+            raise InvalidArgument(
+                f"--batch-invariant: the {role} model cannot run invariant: {error}"
+            ) from error
         except ValueError as error:
             raise InvalidArgument(f"the {role} model does not fit: {error}") from error
         if len(tokenizer) > model.vocab_size:
@@ -97,13 +105,25 @@ def load(spec: LoadSpec, recipe: Any = None, **options: Any) -> ModelPair:
     return pair
 
 
+def _recipe(spec: LoadSpec) -> Any:
+    """The export a spec runs: int4 in blocks of 32 in the batch-invariant mode, else the default."""
+    from exactspec.models.onnx.export import DEFAULT_RECIPE, INVARIANT_RECIPE
+
+    return INVARIANT_RECIPE if spec.batch_invariant else DEFAULT_RECIPE
+
+
 def reference(pair: ModelPair) -> LanguageModel:
-    """A second session over the target's exported folder, with its own KV buffers."""
+    """A second session over the target's exported folder, with its own KV buffers (and its mode)."""
     from exactspec.models.onnx.model import OnnxModel
 
     target = pair.target
     assert isinstance(target, OnnxModel)
-    return OnnxModel(target.folder, eos_token_ids=pair.eos_token_ids, threads=target.threads)
+    return OnnxModel(
+        target.folder,
+        eos_token_ids=pair.eos_token_ids,
+        threads=target.threads,
+        batch_invariant=target.batch_invariant,
+    )
 
 
 def unavailable() -> str | None:
@@ -135,7 +155,7 @@ def accepts(spec: LoadSpec) -> str | None:
             source = Path(text)
         else:
             return f"it exports GGUF files and model folders, and {text} is neither"
-        if cached_export(source, cache_dir=spec.cache_dir) is None:
+        if cached_export(source, _recipe(spec), cache_dir=spec.cache_dir) is None:
             return f"{text} is not exported to ONNX yet (one run with --backend onnx exports it)"
     return None
 
@@ -244,7 +264,7 @@ BACKEND = register(
         reference=reference,
         unavailable=unavailable,
         accepts=accepts,
-        options=frozenset({"threads"}),
+        options=frozenset({"threads", "batch_invariant"}),
         rank=2,
         own_threads=True,
         describe=describe,

@@ -86,6 +86,9 @@ class LoadSpec:
         report: where a backend's lines for the user go (what `--backend auto` measured and chose);
             None: nowhere (the library never prints; the CLI passes a printer).
         workload: what the pair will run (`--backend auto` chooses by its predicted throughput).
+        batch_invariant: every pass gives a position the same bits however the work is cut (rows,
+            tokens a row, prefill chunks, shared prefixes), so speculative output is plain decoding's
+            bit for bit; only a backend whose `options` name "batch_invariant" has the mode.
     """
 
     target: str | os.PathLike[str] = DEFAULTS.target
@@ -98,6 +101,7 @@ class LoadSpec:
     progress: bool = True
     report: Callable[[str], None] | None = None
     workload: Workload = Workload()
+    batch_invariant: bool = False
 
 
 @dataclass(frozen=True)
@@ -308,9 +312,9 @@ class Backend:
             fetching anything; `--backend auto` leaves out a backend that cannot).
         reference: pair -> a second model over the pair's target weights with a cache of its own (exact
             probabilities beside a running engine: the audit).
-        options: the shared model options it reads ("dtype", "weights", "device", "threads"); `--backend
-            auto` leaves it out when a spec sets one it does not read (a device other than the CPU,
-            a weight format).
+        options: the shared model options it reads ("dtype", "weights", "device", "threads",
+            "batch_invariant"); `--backend auto` leaves it out when a spec sets one it does not read (a
+            device other than the CPU, a weight format, the batch-invariant mode).
         rank: where it is listed; lower first.
         describe: a loaded adapter -> what it is (`ModelFacts`; default `describe_any`).
         candidates: LoadSpec -> the ways `--backend auto` measures it (default: one, under its name).

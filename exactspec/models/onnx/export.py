@@ -112,6 +112,10 @@ DEFAULT_RECIPE = ExportRecipe()
 (docs/bench/onnx-costs: 36.0 ms against block 32's 43.0 on a shared machine; issue 36's quiet probe:
 29.9 ms, llama.cpp's Q4_K_M 29.5), with no steeper v(k) and the same NLL on real text."""
 FP32_RECIPE = ExportRecipe(precision="fp32")
+INVARIANT_RECIPE = ExportRecipe(block_size=32)
+"""int4 in blocks of 32, int8 compute: the weights whose products ONNX Runtime computes the same way for a
+row whatever the rows beside it (at blocks of 64 and 128 it computes rows in pairs and a lone row another
+way), which the batch-invariant mode needs (`invariant`; docs/numerics.md)."""
 
 
 def library_versions() -> dict[str, str]:

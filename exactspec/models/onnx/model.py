@@ -51,7 +51,6 @@ where a row's cells live (`rows.RowSlots`). Install: the optional extra `onnx` (
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -63,13 +62,26 @@ import torch
 
 from exactspec.foundations.rows import RowStart
 from exactspec.models.base import common_prefix_length, logits_inputs
+from exactspec.models.onnx.feeds import causal_feeds, mask_feeds
 from exactspec.models.onnx.huge_pages import collapse_resident
 from exactspec.models.onnx.logits_from import INPUT_NAME as LOGITS_FROM
-from exactspec.models.onnx.logits_from import variant_path
 from exactspec.models.onnx.rows import RowSlots, contiguous_moves
+from exactspec.models.onnx.session import (
+    INSTALL_HINT as INSTALL_HINT,
+)
+from exactspec.models.onnx.session import (
+    OnnxUnavailable as OnnxUnavailable,
+)
+from exactspec.models.onnx.session import (
+    aligned_zeros,
+    default_threads,
+    io_names,
+    open_session,
+)
+from exactspec.models.onnx.session import (
+    available as available,
+)
 from exactspec.models.rows_cache import RowCacheModel, TreeBatch, keep_length
-
-INSTALL_HINT = 'pip install -e ".[onnx]" (onnxruntime and onnxruntime-genai\'s model builder, pinned)'
 
 DEFAULT_MAX_ROWS = 16
 """Rows (KV slots) one model holds at a time."""
@@ -78,38 +90,10 @@ PREFILL_CHUNK = 256
 when the graph variant that computes the last position's alone (`logits_from`) could not be used."""
 MIN_CAPACITY = 256
 """Positions per slot allocated first; capacity doubles from there as rows grow."""
-CACHE_LINE = 64
 HUGE_PAGES_FROM = 64 << 20
 """Bytes of model files from which `huge_pages` moves the weights: a model of a few MB (the tests'
 exports) stays within the TLB's reach anyway, and the collapse still reads the process's whole memory
 map (about 40 ms in a test process)."""
-
-
-class OnnxUnavailable(ImportError):
-    """onnxruntime is not installed; the message says how to install it."""
-
-
-def available() -> bool:
-    """True when onnxruntime can be imported."""
-    return importlib.util.find_spec("onnxruntime") is not None
-
-
-def default_threads() -> int:
-    """The cores this process may run on (ONNX Runtime's intra-op threads)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def _onnxruntime() -> Any:
-    try:
-        import onnxruntime
-    except ImportError as error:
-        raise OnnxUnavailable(
-            f"the ONNX backend needs onnxruntime, which is not installed: {INSTALL_HINT}"
-        ) from error
-    return onnxruntime
 
 
 class OnnxModel(RowCacheModel):
@@ -129,6 +113,7 @@ class OnnxModel(RowCacheModel):
         dtype: torch.dtype = torch.float32,
         huge_pages: bool = True,
         share_prefixes: bool = True,
+        batch_invariant: bool = False,
     ) -> None:
         """
         Args:
@@ -153,8 +138,11 @@ class OnnxModel(RowCacheModel):
             share_prefixes: a row's prompt prefix that another slot already holds (a live row's, or a
                 left row's still in its free slot) is copied from there instead of computed
                 (`shared_tokens` counts them; the module docstring).
+            batch_invariant: run the invariant variant of the graph (`invariant`): a position's logits
+                and a cell's keys and values are the same bits however the pass is cut, so long as the
+                weights' products are invariant too (int4 in blocks of 32: `export.INVARIANT_RECIPE`);
+                every call is then one pass over all its rows.
         """
-        ort = _onnxruntime()
         self.folder = Path(folder)
         config_path = self.folder / "genai_config.json"
         if not config_path.is_file():
@@ -169,37 +157,23 @@ class OnnxModel(RowCacheModel):
         self._head_size = int(decoder["head_size"])
         self._context = int(config["context_length"])
         self._n_vocab = int(config["vocab_size"])
-        self._names = _io_names(decoder, self._layers)
+        self._names = io_names(decoder, self._layers)
         if max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         self._threads = default_threads() if threads is None else int(threads)
         if self._threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = self._threads
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-        if stop_spinning_after_run:
-            options.add_session_config_entry("session.force_spinning_stop", "1")
-        options.log_severity_level = 3  # errors only: ONNX Runtime warns about unused initializers otherwise
-        model_file = decoder.get("filename", "model.onnx")
-        self._session, self._logits_from = None, False
-        variant = variant_path(self.folder, model_file)  # prefill passes skip the output layer
-        if variant is not None:
-            try:
-                self._session = ort.InferenceSession(
-                    str(variant), options, providers=["CPUExecutionProvider"]
-                )
-                self._logits_from = True
-            except Exception:
-                # ONNX Runtime refused the variant (its error types vary): run the builder's graph.
-                self._session = None
-        if self._session is None:
-            self._session = ort.InferenceSession(
-                str(self.folder / model_file), options, providers=["CPUExecutionProvider"]
-            )
+        choice = open_session(
+            self.folder,
+            decoder.get("filename", "model.onnx"),
+            threads=self._threads,
+            spinning=spinning,
+            stop_spinning_after_run=stop_spinning_after_run,
+            batch_invariant=batch_invariant,
+            head_size=self._head_size,
+        )
+        self._session, self._logits_from = choice.session, choice.logits_from
+        self._invariant = choice.invariant
         weights = sum(path.stat().st_size for path in self.folder.iterdir() if path.is_file())
         self.huge_page_bytes = collapse_resident() if huge_pages and weights >= HUGE_PAGES_FROM else 0
         self._spinning = spinning
@@ -265,6 +239,11 @@ class OnnxModel(RowCacheModel):
     @property
     def stop_spinning_after_run(self) -> bool:
         return self._stop_spinning_after_run
+
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether every pass runs the invariant graph (`invariant`)."""
+        return self._invariant
 
     @property
     def layers(self) -> int:
@@ -339,14 +318,14 @@ class OnnxModel(RowCacheModel):
         # ONNX Runtime writes the logits straight into `out` when it is what the session returns (float32,
         # every column, rows in slot order); otherwise they are copied in.
         direct = self._dtype == torch.float32 and self._vocab_size == self._n_vocab
-        if k == 1:
+        if k == 1 or self._invariant:  # one pass over every row (the builder's graph: one token each)
             self._gather(row_ids)
             order = sorted(range(len(row_ids)), key=lambda b: self._rows.slot_of[row_ids[b]])
             first = self._rows.slot_of[row_ids[order[0]]]
-            ids = [[histories[b][-1]] for b in order]
+            ids = [histories[b][-k:] for b in order]
             in_order = direct and order == list(range(len(order)))
             target = out.numpy() if in_order else None
-            logits = self._pass(first, ids, [len(histories[b]) for b in order], target)  # [B, 1, Vm]
+            logits = self._pass(first, ids, [len(histories[b]) for b in order], target)  # [B, k, Vm]
             if not in_order:
                 out[order] = torch.from_numpy(logits[:, :, : self._vocab_size]).to(self._dtype)
         else:
@@ -432,7 +411,7 @@ class OnnxModel(RowCacheModel):
         shape = (new_slots, self._kv_heads, new_capacity, self._head_size)
 
         def grown(old: np.ndarray | None) -> np.ndarray:
-            new = _aligned_zeros(shape)
+            new = aligned_zeros(shape)
             if old is not None:
                 new[: old.shape[0], :, : old.shape[2]] = old
             return new
@@ -457,13 +436,14 @@ class OnnxModel(RowCacheModel):
         wanted = width if wanted is None else wanted
         if wanted != width and not self._logits_from:
             raise ValueError("only the logits_from graph variant computes fewer positions than it is fed")
-        total = max(lengths)
-        mask = np.zeros((batch, total), dtype=np.int64)  # [B, W]: only each row's sum is read (seqlens_k)
-        for b, length in enumerate(lengths):
-            mask[b, :length] = 1
         binding = self._cache_binding(first_slot, batch)
         binding.bind_cpu_input(self._names["input_ids"], np.asarray(ids, dtype=np.int64))
-        binding.bind_cpu_input(self._names["attention_mask"], mask)
+        if self._invariant:
+            capacity = self._keys[0].shape[2]
+            for name, value in causal_feeds(lengths, width, self._kv_heads, capacity).items():
+                binding.bind_cpu_input(name, value)
+        else:
+            binding.bind_cpu_input(self._names["attention_mask"], mask_feeds(lengths))
         if self._logits_from:
             binding.bind_cpu_input(LOGITS_FROM, np.asarray([width - wanted], dtype=np.int64))
         logits = (
@@ -499,33 +479,3 @@ class OnnxModel(RowCacheModel):
                 )
         self._binding, self._binding_key = binding, key
         return binding
-
-
-def _aligned_zeros(shape: tuple[int, ...]) -> np.ndarray:
-    """A zeroed float32 array of `shape` whose first element sits on a cache line (64 bytes).
-
-    numpy's large arrays start 16 bytes into a page (the allocator's header), so every head's row of
-    the cache (head_size float32) would straddle one more cache line than it fills and every 64-byte
-    load of the attention kernel would span two lines.
-    """
-    count = int(np.prod(shape))
-    raw = np.zeros(count + CACHE_LINE // 4, dtype=np.float32)
-    skip = (-raw.ctypes.data % CACHE_LINE) // 4
-    return raw[skip : skip + count].reshape(shape)
-
-
-def _io_names(decoder: dict[str, Any], layers: int) -> dict[str, str]:
-    """The graph's input and output names, read from the genai config (matched by name, never by order:
-    the session lists every present key before the values)."""
-    inputs, outputs = decoder["inputs"], decoder["outputs"]
-    names = {
-        "input_ids": inputs["input_ids"],
-        "attention_mask": inputs["attention_mask"],
-        "logits": outputs["logits"],
-    }
-    for layer in range(layers):
-        names[f"past.{layer}.key"] = inputs["past_key_names"] % layer
-        names[f"past.{layer}.value"] = inputs["past_value_names"] % layer
-        names[f"present.{layer}.key"] = outputs["present_key_names"] % layer
-        names[f"present.{layer}.value"] = outputs["present_value_names"] % layer
-    return names

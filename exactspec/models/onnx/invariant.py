@@ -1,0 +1,239 @@
+"""A variant of an exported graph whose every position's result is independent of how the pass is cut.
+
+The model builder's attention is ONNX Runtime's GroupQueryAttention. Its CPU kernel multiplies each head's
+S new queries by the keys as one [S, hd] x [hd, T] product, and the matrix library takes another kernel
+for a product of one row (S = 1) than for several: a one-token step and a k-token pass round the same
+query differently, and from the first layer on everything downstream differs (docs/numerics.md). It
+also takes several new tokens over a past for one row at a time only.
+
+The variant replaces every GroupQueryAttention node with attention in which **each query is a product
+of its own** (a batch entry of one row), so the same kernels run for a query whatever else is in the
+pass, and its softmax and value sums see exactly the keys it may attend, at the same offsets:
+
+    qkv [B, S, (H + 2 kvH) hd] -> Split -> q [B, S, H hd], k, v [B, S, kvH hd]
+    q, k -> RotaryEmbedding(position_ids [B, S])              positions given, not derived from a mask
+    k, v -> [B, kvH, S, hd] -> ScatterND(past, cache_indices)  -> present [B, kvH, T, hd]
+        (present is bound to past's memory, so only the S new cells are written: `OnnxModel`)
+    q -> [B, kvH, S, G, 1, hd]  x  present keys [B, kvH, 1, 1, T, hd]^T  -> scores [B, kvH, S, G, 1, T]
+        x scale, + attention_bias [B, 1, S, 1, 1, T] (0 where a query may attend, -inf elsewhere)
+        -> Softmax -> x present values [B, kvH, 1, 1, T, hd] -> [B, kvH, S, G, 1, hd] -> [B, S, H hd]
+
+G = H / kvH query heads share a key head. Every product has one row (M = 1), and a one-row product
+reduces over its inner dimension in order, so the keys past a query's own (masked to a weight of 0)
+add exact zeros: T, the bound capacity, does not change a query's result either. The attention bias
+is the caller's, so a row's queries may attend to any subset of the cells: a tree of candidates is
+scored in one pass (each node sees the history and its ancestors), and rows of different lengths
+share a pass (a row with fewer new tokens pads its queries, `OnnxModel`).
+
+Inputs the variant adds: `position_ids` [B, S] int64 (rotary positions), `cache_indices`
+[B, kvH, S, 3] int64 ((row, head, cell) of each new key and value) and `attention_bias` [B, S, T]
+float32; `attention_mask` goes, with the nodes that only fed GroupQueryAttention. The matrix products
+with the model's weights are batch invariant on their own only with int4 weights in blocks of 32
+(`export.INVARIANT_RECIPE`; measured in docs/numerics.md): the variant is meant for those exports.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from exactspec.models.onnx.graph_files import write_variant
+
+VARIANT_FILE = "model.invariant.onnx"
+POSITION_IDS = "position_ids"
+CACHE_INDICES = "cache_indices"
+ATTENTION_BIAS = "attention_bias"
+NEW_INPUTS = (POSITION_IDS, CACHE_INDICES, ATTENTION_BIAS)
+
+
+class InvariantGraphError(ValueError):
+    """The graph has an attention this variant cannot replace (named in the message)."""
+
+
+def invariant_path(folder: Path, source_file: str, head_size: int) -> Path:
+    """The invariant variant of `folder / source_file` (written on first use, reused after).
+
+    Raises:
+        InvariantGraphError: the graph's attention is not one this variant can replace.
+        OSError: the folder cannot be written.
+    """
+    return write_variant(folder, source_file, VARIANT_FILE, lambda model: _rewrite(model, head_size))
+
+
+def _rewrite(model: Any, head_size: int) -> Any:
+    """`model` with every GroupQueryAttention replaced (the module docstring); edits it in place."""
+    from onnx import TensorProto, helper
+
+    graph = model.graph
+    if any(i.name == POSITION_IDS for i in graph.input):
+        return model
+    nodes = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
+    if not nodes:
+        raise InvariantGraphError("the graph has no GroupQueryAttention node to replace")
+    kv_heads = _attribute(nodes[0], "kv_num_heads")
+    graph.input.extend(
+        [
+            helper.make_tensor_value_info(POSITION_IDS, TensorProto.INT64, ["batch_size", "sequence_length"]),
+            helper.make_tensor_value_info(
+                CACHE_INDICES, TensorProto.INT64, ["batch_size", kv_heads, "sequence_length", 3]
+            ),
+            helper.make_tensor_value_info(
+                ATTENTION_BIAS, TensorProto.FLOAT, ["batch_size", "sequence_length", "total_sequence_length"]
+            ),
+        ]
+    )
+    shared = _SharedNodes(graph)
+    rewritten = []
+    for node in graph.node:
+        if node.op_type == "GroupQueryAttention":
+            rewritten.extend(_attention(node, head_size, shared))
+        else:
+            rewritten.append(node)
+    del graph.node[:]
+    graph.node.extend([*shared.nodes, *rewritten])
+    _prune(graph)
+    # The builder's shapes of intermediate values name the dimensions GroupQueryAttention gave them;
+    # ONNX Runtime infers the new graph's shapes itself.
+    del graph.value_info[:]
+    return model
+
+
+class _SharedNodes:
+    """Constants and the reshaped attention bias, made once and used by every layer."""
+
+    def __init__(self, graph: Any) -> None:
+        from onnx import helper
+
+        self.graph = graph
+        self.nodes: list[Any] = []
+        self.bias = "/invariant/attention_bias_6d"
+        axes = self.constant("axes_1_3_4", [1, 3, 4])
+        # [B, S, T] -> [B, 1, S, 1, 1, T], broadcast over the key heads and the heads of a group.
+        self.nodes.append(
+            helper.make_node(
+                "Unsqueeze", [ATTENTION_BIAS, axes], [self.bias], name="/invariant/bias/Unsqueeze"
+            )
+        )
+
+    def constant(self, name: str, values: list[int]) -> str:
+        import numpy as np
+        from onnx import numpy_helper
+
+        full = f"/invariant/constants/{name}"
+        if not any(i.name == full for i in self.graph.initializer):
+            self.graph.initializer.append(numpy_helper.from_array(np.asarray(values, dtype=np.int64), full))
+        return full
+
+    def scalar(self, name: str, value: float) -> str:
+        import numpy as np
+        from onnx import numpy_helper
+
+        full = f"/invariant/constants/{name}"
+        if not any(i.name == full for i in self.graph.initializer):
+            self.graph.initializer.append(numpy_helper.from_array(np.asarray(value, dtype=np.float32), full))
+        return full
+
+
+def _attention(gqa: Any, head_size: int, shared: _SharedNodes) -> list[Any]:
+    """The nodes that replace one GroupQueryAttention node (same outputs, same names)."""
+    from onnx import helper
+
+    heads, kv_heads = _attribute(gqa, "num_heads"), _attribute(gqa, "kv_num_heads")
+    if _attribute(gqa, "do_rotary", 0) != 1:
+        raise InvariantGraphError(f"{gqa.name}: only attention with rotary inside (do_rotary=1) is replaced")
+    if _attribute(gqa, "softcap", 0.0) or _attribute(gqa, "local_window_size", -1) != -1:
+        raise InvariantGraphError(f"{gqa.name}: soft-capping and local windows are not supported")
+    inputs = list(gqa.input) + [""] * (12 - len(gqa.input))
+    query, key, value, past_key, past_value = inputs[:5]
+    cos, sin = inputs[7], inputs[8]
+    if any(inputs[9:]):
+        raise InvariantGraphError(f"{gqa.name}: position ids, attention bias or head sinks as inputs")
+    scale = _attribute(gqa, "scale", 0.0) or head_size**-0.5
+    interleaved = _attribute(gqa, "rotary_interleaved", 0)
+    groups = heads // kv_heads
+    out, present_key, present_value = gqa.output
+    nodes: list[Any] = []
+
+    def name(part: str) -> str:
+        return f"{gqa.name}/invariant/{part}"
+
+    def add(op: str, inputs: list[str], output: str, **attributes: Any) -> None:
+        domain = "com.microsoft" if op in ("RotaryEmbedding", "FusedMatMul") else ""
+        nodes.append(
+            helper.make_node(op, inputs, [output], name=f"{output}/{op}", domain=domain, **attributes)
+        )
+
+    if not key:  # packed: the query input holds q, k and v side by side
+        sizes = [heads * head_size, kv_heads * head_size, kv_heads * head_size]
+        split = shared.constant(f"split_{'_'.join(map(str, sizes))}", sizes)
+        query, key, value = name("q"), name("k"), name("v")
+        nodes.append(
+            helper.make_node("Split", [inputs[0], split], [query, key, value], axis=2, name=name("Split"))
+        )
+    for source, count, rotated in ((query, heads, name("q_rotated")), (key, kv_heads, name("k_rotated"))):
+        add(
+            "RotaryEmbedding",
+            [source, POSITION_IDS, cos, sin],
+            rotated,
+            interleaved=interleaved,
+            num_heads=count,
+        )
+    new_shape = shared.constant(f"kv_shape_{kv_heads}_{head_size}", [0, 0, kv_heads, head_size])
+    axes = shared.constant("axes_2_3", [2, 3])
+    for source, past, present, part in (
+        (name("k_rotated"), past_key, present_key, "key"),
+        (value, past_value, present_value, "value"),
+    ):
+        # [B, S, kvH hd] -> [B, S, kvH, hd] -> [B, kvH, S, hd]: the cells ScatterND writes in place.
+        add("Reshape", [source, new_shape], name(f"{part}_4d"))
+        add("Transpose", [name(f"{part}_4d")], name(f"{part}_new"), perm=[0, 2, 1, 3])
+        nodes.append(
+            helper.make_node(
+                "ScatterND",
+                [past, CACHE_INDICES, name(f"{part}_new")],
+                [present],
+                name=name(f"{part}/ScatterND"),
+            )
+        )
+        add("Unsqueeze", [present, axes], name(f"{part}_6d"))  # [B, kvH, 1, 1, T, hd]
+    q_shape = shared.constant(
+        f"q_shape_{kv_heads}_{groups}_{head_size}", [0, 0, kv_heads, groups, 1, head_size]
+    )
+    add("Reshape", [name("q_rotated"), q_shape], name("q_6d"))  # [B, S, kvH, G, 1, hd]
+    add("Transpose", [name("q_6d")], name("q_heads"), perm=[0, 2, 1, 3, 4, 5])  # [B, kvH, S, G, 1, hd]
+    # x [B, kvH, 1, 1, T, hd]^T -> [B, kvH, S, G, 1, T]: one-row products (alpha 1 keeps them one-row ones).
+    add("FusedMatMul", [name("q_heads"), name("key_6d")], name("scores"), transA=0, transB=1, alpha=1.0)
+    add("Mul", [name("scores"), shared.scalar(f"scale_{scale!r}", scale)], name("scaled"))
+    add("Add", [name("scaled"), shared.bias], name("biased"))
+    add("Softmax", [name("biased")], name("weights"), axis=-1)
+    add("MatMul", [name("weights"), name("value_6d")], name("context"))  # [B, kvH, S, G, 1, hd]
+    add("Transpose", [name("context")], name("context_t"), perm=[0, 2, 1, 3, 4, 5])  # [B, S, kvH, G, 1, hd]
+    flat = shared.constant(f"out_shape_{heads}_{head_size}", [0, 0, heads * head_size])
+    nodes.append(helper.make_node("Reshape", [name("context_t"), flat], [out], name=name("context/Reshape")))
+    return nodes
+
+
+def _attribute(node: Any, name: str, default: Any = None) -> Any:
+    from onnx import helper
+
+    for attribute in node.attribute:
+        if attribute.name == name:
+            return helper.get_attribute_value(attribute)
+    if default is None:
+        raise InvariantGraphError(f"{node.name} has no attribute {name}")
+    return default
+
+
+def _prune(graph: Any) -> None:
+    """Drop nodes nothing reads any more (the mask's reformatting) and inputs no node reads."""
+    needed = {output.name for output in graph.output}
+    kept: list[Any] = []
+    for node in reversed(list(graph.node)):
+        if any(name in needed for name in node.output):
+            kept.append(node)
+            needed.update(name for name in node.input if name)
+    del graph.node[:]
+    graph.node.extend(reversed(kept))
+    unused = [i for i in graph.input if i.name not in needed]
+    for value in unused:
+        graph.input.remove(value)
