@@ -23,10 +23,12 @@ from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.errors import InvalidArgument
 from exactspec.foundations.records import JsonRecord
 from exactspec.models.base import LanguageModel
-from exactspec.models.costs import COST_PROCEDURE, measure_batch_costs, measure_cost_model
+from exactspec.models.costs import COST_PROCEDURE, checked_batch_costs, checked_cost_model
 from exactspec.models.tokenizers import check_tokenizers_compatible, end_of_generation_ids
 
 if TYPE_CHECKING:
+    from exactspec.artefacts.measurements import Reading
+    from exactspec.foundations.measuring import Checked
     from exactspec.models.backends.registry import Workload
 
 M = TypeVar("M", bound=JsonRecord)
@@ -50,6 +52,10 @@ class ModelPair:
             (`exactspec.foundations.defaults.DEFAULTS.gamma`).
         backend: the registered backend that loaded the pair (`models.backends.registry`).
         source: what was loaded (specs, options): the key of measurements cached for the pair.
+        report: where the pair's lines for the user go (a measurement not cached, and why); None: they
+            are Python warnings (`DoubtedMeasurement`).
+        readings: the last reading of each measurement kind ("cost-model", "batch-costs"): the value and
+            the conditions it was measured in, or read from the cache with (`exactspec measure` prints them).
     """
 
     target_model: Any
@@ -62,6 +68,8 @@ class ModelPair:
     backend: str = ""  # set by whoever loads the pair ('' for one put together by hand)
     backend_choice: Any = None  # for a pair "auto" loaded: its `BackendChoice` (which backend, and why)
     source: dict[str, str] | None = None  # what was loaded (specs, dtype, weights, device): keys cached costs
+    report: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
+    readings: dict[str, Reading[Any]] = field(default_factory=dict, repr=False, compare=False)
     _costs: CostModel | None = field(default=None, init=False, repr=False, compare=False)
     _batch_costs: BatchCosts | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -177,6 +185,7 @@ class ModelPair:
         if workload is not None:
             spec = dataclasses.replace(spec, workload=workload)
         pair = chosen.load(spec)
+        pair.report = report
         if pair.backend and backend_named(pair.backend).own_threads:  # what ran ("auto": its choice)
             import torch
 
@@ -223,24 +232,26 @@ class ModelPair:
 
         return backend(self.backend).reference(self)
 
-    def cost_model(self, max_gamma: int) -> CostModel:
+    def cost_model(self, max_gamma: int, *, again: bool = False) -> CostModel:
         """c and v(1..max_gamma + 1) of this pair's backend, measured once per pair and machine.
 
-        `exactspec.models.costs.measure_cost_model` times a few forwards through the adapters (about 7 s
-        for the default pair at max_gamma 4). Kept on the pair and, like `batch_costs`, on disk under
-        the pair's source and the machine, so every run on one machine plans its draft lengths from
-        the same numbers: with a draft model a row's seeded tokens depend on its draft lengths, and a
-        batch job's output must not depend on how one start's timing came out (docs/batch.md). A
-        later call with a larger max_gamma measures again, a smaller one reuses the cached numbers.
-        Without a draft model c is 0. Clears both KV caches.
+        `exactspec.models.costs.checked_cost_model` times forwards through the adapters in rounds until
+        they are stable (about 7 s a round for the default pair at max_gamma 4). Kept on the pair and,
+        like `batch_costs`, on disk under the pair's source and the machine when the measurement passed
+        its checks (`exactspec.foundations.measuring`), so every run on one machine plans its draft
+        lengths from the same numbers: with a draft model a row's seeded tokens depend on its draft
+        lengths, and a batch job's output must not depend on how one start's timing came out
+        (docs/batch.md). A later call with a larger max_gamma measures again, a smaller one reuses the
+        cached numbers; `again` measures again in any case (`exactspec measure`). Without a draft model
+        c is 0. Clears both KV caches.
         """
-        if self._costs is None or self._costs.max_gamma < max_gamma:
+        if again or self._costs is None or self._costs.max_gamma < max_gamma:
 
-            def measure() -> CostModel:
-                return measure_cost_model(self.target, self.draft, max_gamma)
+            def measure() -> Checked[CostModel]:
+                return checked_cost_model(self.target, self.draft, max_gamma)
 
             key = {"max_gamma": max_gamma, "procedure": COST_PROCEDURE}
-            self._costs, _ = self._measured("cost-model", key, CostModel, measure)
+            self._costs = self._measured("cost-model", key, CostModel, measure, again=again).value
         return self._costs.up_to(max_gamma)
 
     def batch_costs(
@@ -250,53 +261,78 @@ class ModelPair:
         *,
         cache_dir: str | os.PathLike[str] | None = None,
         progress: Callable[[str], None] | None = None,
+        again: bool = False,
     ) -> BatchCosts:
-        """Seconds of a pass by shape (`models.costs.measure_batch_costs`): the server plans rounds with it.
+        """Seconds of a pass by shape (`models.costs.checked_batch_costs`): the server plans rounds with it.
 
         Measured once per pair and machine: kept on the pair, and on disk in the cache folder
         (`artefacts.measurements`) under the pair's source (specs, dtype, weights, device) and the
-        machine (CPU, cores, torch version and threads), for pairs loaded by `from_pretrained`; a
-        pair built from modules in memory measures on first use. About a minute for the default
-        pair on 2 CPU cores at 8 rows. Clears both KV caches.
+        machine (CPU, cores, torch version and threads), for pairs loaded by `from_pretrained`, when
+        the measurement passed its checks; a pair built from modules in memory measures on first use.
+        About a minute for the default pair on 2 CPU cores at 8 rows. `again` measures again in any
+        case (`exactspec measure`). Clears both KV caches.
         """
         held = self._batch_costs
-        if held is not None and held.widths[-1] >= max_gamma + 1 and held.rows[-1] >= max_rows:
+        if not again and held is not None and held.widths[-1] >= max_gamma + 1 and held.rows[-1] >= max_rows:
             return held
 
-        def measure() -> BatchCosts:
-            return measure_batch_costs(self.target, self.draft, max_gamma, max_rows, progress=progress)
+        def measure() -> Checked[BatchCosts]:
+            return checked_batch_costs(self.target, self.draft, max_gamma, max_rows, progress=progress)
 
         key = {"max_gamma": max_gamma, "max_rows": max_rows, "procedure": COST_PROCEDURE}
-        costs, stored = self._measured("batch-costs", key, BatchCosts, measure, cache_dir)
-        if stored and progress is not None:
+        reading = self._measured("batch-costs", key, BatchCosts, measure, cache_dir, again=again)
+        if reading.from_cache and progress is not None:
             progress("pass costs: measured before on this machine, read from the cache")
-        self._batch_costs = costs
-        return costs
+        self._batch_costs = reading.value
+        return reading.value
 
     def _measured(
         self,
         kind: str,
         key: dict[str, Any],
         record: type[M],
-        measure: Callable[[], M],
+        measure: Callable[[], Checked[M]],
         cache_dir: str | os.PathLike[str] | None = None,
-    ) -> tuple[M, bool]:
+        *,
+        again: bool = False,
+    ) -> Reading[M]:
         """`measure()`, kept on disk (`artefacts.measurements`) under `kind`, `key`, the pair's source and
         the machine (CPU, cores, torch version and threads) for pairs loaded by `from_pretrained`; a
-        pair built from modules in memory measures every time. Also whether it was read from disk."""
-        if self.source is None:
-            return measure(), False
-        from exactspec.artefacts.measurements import measured
+        pair built from modules in memory measures every time. A measurement that would have been kept
+        but failed its checks is said (`report`) and used for this run only."""
+        from exactspec.artefacts.measurements import Reading, measured
         from exactspec.foundations.provenance import machine
 
-        here = machine()
-        full_key = {
-            **self.source,
-            **key,
-            "machine": {"cpu": here.cpu, "cores": here.cores, "torch": here.torch},
-            "threads": here.torch_threads,
-        }
-        return measured(kind, full_key, record, measure, cache_dir)
+        if self.source is None:
+            checked = measure()
+            reading: Reading[M] = Reading(checked.value, False, checked.conditions)
+        else:
+            here = machine()
+            full_key = {
+                **self.source,
+                **key,
+                "machine": {"cpu": here.cpu, "cores": here.cores, "torch": here.torch},
+                "threads": here.torch_threads,
+            }
+            reading = measured(kind, full_key, record, measure, cache_dir, again=again)
+            if not reading.conditions.trusted:
+                self._say(
+                    f"{kind} measurement not cached, used for this run only: "
+                    + "; ".join(reading.conditions.doubts)
+                )
+        self.readings[kind] = reading
+        return reading
+
+    def _say(self, line: str) -> None:
+        """One line for the user: through `report`, else as a Python warning (the library prints nothing)."""
+        if self.report is not None:
+            self.report(line)
+        else:
+            import warnings
+
+            from exactspec.foundations.measuring import DoubtedMeasurement
+
+            warnings.warn(line, DoubtedMeasurement, stacklevel=4)
 
     def clear_caches(self) -> None:
         """Drop every KV cache (the next call starts from the prompt)."""

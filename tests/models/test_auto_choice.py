@@ -12,6 +12,7 @@ import pytest
 from exactspec.artefacts.measurements import stored_path
 from exactspec.decoding.gamma import AdaptiveGamma
 from exactspec.foundations.costs import CostModel, expected_tokens
+from exactspec.foundations.measuring import Conditions, MachineLoad
 from exactspec.models.backends import auto
 from exactspec.models.backends.auto import PRIOR_ACCEPTANCE, BackendChoice, BackendTiming, decide, predict
 from exactspec.models.backends.registry import LoadSpec, Workload
@@ -83,6 +84,15 @@ def test_the_reason_names_the_choice_its_prediction_and_the_other_candidate() ->
     assert plain.startswith("step-fast: predicted") and "against cheap-wide" in plain and "v(" not in plain
 
 
+QUIET = Conditions(MachineLoad(20.0, 2, 0.8, 0.05), rounds=2, spread=0.03)
+BUSY = Conditions(
+    MachineLoad(20.0, 2, 3.9, 1.9),
+    rounds=6,
+    spread=0.7,
+    doubts=("v(2) = 0.37 < 1: a 2-token pass measured faster than a one-token pass",),
+)
+
+
 def batch_timing(name: str, step: float, steps_by_rows: dict[int, float]) -> BackendTiming:
     rows = tuple(sorted(steps_by_rows))
     return BackendTiming(
@@ -142,7 +152,9 @@ def test_a_choice_cached_before_workloads_still_loads_and_is_scored(
     key = _old_key(spec, candidates)
     path = stored_path("backend-choice", key, tmp_path)
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"key": key, "value": old}))
+    # With the conditions a checked measurement keeps beside it (a file without them is measured again:
+    # `test_a_busy_machine_choice_is_used_for_the_run_and_not_cached`).
+    path.write_text(json.dumps({"key": key, "value": old, "conditions": QUIET.to_json()}))
     said: list[str] = []
     chosen = auto.choose(LoadSpec("t", None, cache_dir=tmp_path, report=said.append))
     assert chosen.backend == "cheap-wide" and chosen.workload == Workload()
@@ -196,3 +208,44 @@ def test_a_batch_or_draft_model_workload_measures_what_it_needs(
     auto.choose(LoadSpec("t", None, cache_dir=tmp_path, workload=Workload(rows=8)))
     assert len(measured) == 6  # read from the cache
     assert math.isfinite(served.predictions[0][1].tokens_per_second)
+
+
+def test_a_busy_machine_choice_is_used_for_the_run_and_not_cached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A candidate measured while other work loaded the cores (v(2) below 1, say) makes the choice for this
+    run only: said, never written; a later quiet measurement is kept and read back."""
+    conditions = {"cheap-wide": BUSY, "step-fast": QUIET}
+    timed: list[str] = []
+
+    def fake_timing(spec: LoadSpec, label: str, name: str, weights: str, batch_rows: tuple[int, ...] = ()):
+        timed.append(name)
+        base = CHEAP_WIDE if name == "cheap-wide" else STEP_FAST
+        return BackendTiming(
+            label, name, weights, base.step_seconds, 0.4, base.verify_costs, (), (), conditions[name]
+        )
+
+    candidates = [(t.label, t.backend, t.weights) for t in (STEP_FAST, CHEAP_WIDE)]
+    monkeypatch.setattr(auto, "_candidates", lambda spec: candidates)
+    monkeypatch.setattr(auto, "_timing", fake_timing)
+    said: list[str] = []
+    spec = LoadSpec("t", None, cache_dir=tmp_path, report=said.append)
+    choice = auto.choose(spec)
+    assert choice.backend == "cheap-wide" and choice.conditions is not None and not choice.conditions.trusted
+    assert choice.conditions.doubts == (f"cheap-wide: {BUSY.doubts[0]}",)
+    assert not stored_path("backend-choice", _key(spec, candidates), tmp_path).exists()
+    assert said[-1].startswith(
+        "--backend auto: this measurement is not cached, only this run uses it (cheap-wide:"
+    )
+    auto.choose(spec)
+    assert timed == ["step-fast", "cheap-wide"] * 2  # nothing was kept: measured again
+    conditions["cheap-wide"] = QUIET
+    kept = auto.choose(spec)
+    assert kept.conditions is not None and kept.conditions.trusted and kept.conditions.load is not None
+    assert auto.choose(spec).timings == kept.timings and len(timed) == 6  # read from the cache
+    stored = json.loads(stored_path("backend-choice", _key(spec, candidates), tmp_path).read_text())
+    assert stored["value"]["timings"][1]["conditions"]["load"]["others_cores"] == 0.05  # each one's load
+
+
+def _key(spec: LoadSpec, candidates: list[tuple[str, str, str]]) -> dict:
+    return auto._measurement_key(spec, candidates, ())

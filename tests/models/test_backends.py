@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from conftest import TOKENIZER_EOS_ID, TOKENIZER_VOCAB, tiny_causal_lm, tiny_tokenizer
+from fake_timing import ClockedModel, FakeClock, quiet, quiet_load
 
 from exactspec.bench.runner import describe_model
 from exactspec.checking.grid import exact_grid, run_exact_case
@@ -19,6 +20,7 @@ from exactspec.checking.toy import random_tabular_model
 from exactspec.cli.main import build_parser, main
 from exactspec.foundations import provenance
 from exactspec.foundations.errors import InvalidArgument
+from exactspec.models import costs as model_costs
 from exactspec.models.backends import auto, registry
 from exactspec.models.backends.registry import (
     Backend,
@@ -171,12 +173,20 @@ def test_auto_measures_the_candidates_once_runs_the_fastest_and_says_why(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     loads: list[str] = []
+    # Passes on a fake clock and a quiet machine: what is cached must not depend on this machine's load.
+    clock = FakeClock()
+    real = model_costs.checked_cost_model
+    monkeypatch.setattr(
+        model_costs,
+        "checked_cost_model",
+        lambda target, draft, gamma, **kw: real(target, draft, gamma, clock=clock, load=quiet_load()),
+    )
 
     def toy(name: str, seconds: float) -> Backend:
         def load(spec: LoadSpec) -> ModelPair:
             loads.append(name)
-            target = random_tabular_model(VOCAB, seed=1)
-            return ModelPair(None, Slow(target, seconds), None, None, tiny_tokenizer(), backend=name)
+            target = ClockedModel(random_tabular_model(VOCAB, seed=1), clock, quiet(seconds))
+            return ModelPair(None, target, None, None, tiny_tokenizer(), backend=name)
 
         return Backend(name, "toy", load, lambda pair: pair.target)
 

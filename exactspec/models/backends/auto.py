@@ -10,8 +10,10 @@ plain one-token step, the draft step c and v(1..9) through the adapters
 r rows x 1 token for a few r up to the expected batch (`models.costs.measure_batch_costs`), and caches
 the measurement under the artefacts cache (`artefacts.measurements`, keyed by the target, the
 machine's CPU and flags, cores, torch, llama-cpp-python and onnxruntime versions and threads, and, where the
-workload needs them, the draft whose step c counts and the batch sizes measured), with its provenance.
-Later runs read the measurement from the cache and load only the winner.
+workload needs them, the draft whose step c counts and the batch sizes measured), with its provenance,
+when it passed its checks (`foundations.measuring`: stable over rounds, v(k) sensible, the machine quiet
+enough while it ran); one that did not is used for this run and said. Later runs read the measurement
+from the cache and load only the winner; `exactspec measure` measures again.
 
 The choice (`predict`): each candidate's predicted tokens per second on the run's `Workload`, the best
 over draft lengths g = 0..cap (a fixed gamma: that g alone) of
@@ -44,6 +46,7 @@ from dataclasses import dataclass, replace
 
 from exactspec.foundations.costs import BatchCosts, expected_tokens
 from exactspec.foundations.errors import InvalidArgument
+from exactspec.foundations.measuring import Conditions, LoadMeter, joined
 from exactspec.foundations.records import JsonRecord
 from exactspec.models.backends.registry import Backend, LoadSpec, Pair, Workload, backend, backends, register
 from exactspec.models.base import LanguageModel
@@ -76,7 +79,8 @@ _TOLD: set[str] = set()  # what this process has already said once
 class BackendTiming(JsonRecord):
     """One candidate's measurement: its plain one-token step, c and v(k), and for a batch workload the
     seconds of a pass of r rows x 1 token (`batch_rows`, `batch_seconds`; empty when not measured, as in
-    measurements cached before they were)."""
+    measurements cached before they were), with the conditions they were measured in (`conditions`:
+    rounds, spread, the machine's load and any doubts; None in a record made by hand)."""
 
     label: str  # `Candidate.label`
     backend: str
@@ -86,6 +90,7 @@ class BackendTiming(JsonRecord):
     verify_costs: tuple[float, ...]
     batch_rows: tuple[int, ...] = ()
     batch_seconds: tuple[float, ...] = ()
+    conditions: Conditions | None = None
 
 
 @dataclass(frozen=True)
@@ -140,8 +145,10 @@ def predict(timing: BackendTiming, workload: Workload, alpha: float = PRIOR_ACCE
 
 @dataclass(frozen=True)
 class BackendChoice(JsonRecord):
-    """What "auto" chose and why, with every candidate's measurement (cached per machine and pair) and the
-    workload it chose for (None: a choice cached before workloads, read as the default one)."""
+    """What "auto" chose and why, with every candidate's measurement (cached per machine and pair), the
+    workload it chose for (None: a choice cached before workloads, read as the default one) and the
+    conditions of the whole measurement (None until `choose` has read or measured it: kept beside the
+    record in the cache, not in it)."""
 
     backend: str
     weights: str
@@ -149,6 +156,7 @@ class BackendChoice(JsonRecord):
     machine: str
     measured_at: str
     workload: Workload | None = None
+    conditions: Conditions | None = None
 
     @property
     def predictions(self) -> list[tuple[BackendTiming, Prediction]]:
@@ -262,11 +270,14 @@ MEASURED_PACKAGES = ("llama-cpp-python", "onnxruntime")
 can change a backend's step, so it is measured again."""
 
 
-def choose(spec: LoadSpec) -> BackendChoice:
+def choose(spec: LoadSpec, *, again: bool = False) -> BackendChoice:
     """The candidate predicted fastest on `spec.workload` on this machine, from a measurement taken once
-    and then read from the cache."""
+    and then read from the cache. A measurement that fails its checks (`exactspec.foundations.measuring`)
+    is used for this choice, said, and not cached. `again`: measure even when a measurement is cached,
+    and replace it only with one that passed (`exactspec measure`)."""
     from exactspec.artefacts.measurements import measured
-    from exactspec.foundations.provenance import installed_versions, machine
+    from exactspec.foundations.measuring import Checked
+    from exactspec.foundations.provenance import machine
 
     workload = spec.workload
     candidates = _candidates(spec)
@@ -279,13 +290,59 @@ def choose(spec: LoadSpec) -> BackendChoice:
         label, name, weights = candidates[0]
         return BackendChoice(name, weights, (), machine().describe(), "", workload)
     here = machine()
-    versions = installed_versions(MEASURED_PACKAGES)  # "" for one not installed: no backend needs it
-    # Keyed by the target, and by what the workload needs measured beyond it: the draft, when the drafter
-    # runs it (c), and the batch sizes timed, for a batch. A single stream with a drafter that runs no
-    # model keeps the key of measurements cached before workloads, so those still load (measured with the
-    # same runtimes: an onnxruntime version joined the key in feea200).
     batch_rows = _batch_rows(workload.rows)
-    key = {
+    key = _measurement_key(spec, candidates, batch_rows)
+
+    def measure() -> Checked[BackendChoice]:
+        what = f" and passes of {'/'.join(map(str, batch_rows))} rows" if batch_rows else ""
+        _say(
+            spec,
+            f"--backend auto: measuring {', '.join(c[0] for c in candidates)}{what} once on this machine",
+        )
+        meter = LoadMeter()
+        meter.start()
+        timings = tuple(_timing(spec, *candidate, batch_rows=batch_rows) for candidate in candidates)
+        # Each candidate's doubts named by it; its load was judged with it, the whole one is kept to read.
+        parts = [
+            replace(t.conditions, doubts=tuple(f"{t.label}: {doubt}" for doubt in t.conditions.doubts))
+            for t in timings
+            if t.conditions is not None
+        ]
+        choice = BackendChoice(
+            timings[0].backend,
+            timings[0].weights,
+            timings,
+            here.describe(),
+            time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        )
+        return Checked(choice, replace(joined(parts, None), load=meter.reading()))
+
+    reading = measured("backend-choice", key, BackendChoice, measure, spec.cache_dir, again=again)
+    choice = replace(decide(reading.value, workload), conditions=reading.conditions)
+    if reading.from_cache:
+        _say(spec, f"--backend auto: {choice.backend} ({choice.reason}; measured {choice.measured_at})")
+    elif not reading.conditions.trusted:
+        _say(
+            spec,
+            "--backend auto: this measurement is not cached, only this run uses it ("
+            + "; ".join(reading.conditions.doubts)
+            + "); `exactspec measure` measures again",
+        )
+    return choice
+
+
+def _measurement_key(
+    spec: LoadSpec, candidates: list[tuple[str, str, str]], batch_rows: tuple[int, ...]
+) -> dict[str, object]:
+    """What a cached measurement is keyed by: the target, the machine and runtimes, and what the workload
+    needs measured beyond the target: the draft, when the drafter runs it (c), and the batch sizes timed,
+    for a batch. A single stream with a drafter that runs no model keeps the key of measurements cached
+    before workloads (measured with the same runtimes: an onnxruntime version joined the key later)."""
+    from exactspec.foundations.provenance import installed_versions, machine
+
+    here = machine()
+    versions = installed_versions(MEASURED_PACKAGES)  # "" for one not installed: no backend needs it
+    key: dict[str, object] = {
         "target": str(spec.target),
         "dtype": str(spec.dtype),
         "threads": spec.threads,
@@ -296,31 +353,11 @@ def choose(spec: LoadSpec) -> BackendChoice:
         "torch_threads": here.torch_threads,
         **versions,
     }
-    if workload.draft_model and workload.max_gamma:
+    if spec.workload.draft_model and spec.workload.max_gamma:
         key["draft"] = str(spec.draft)
     if batch_rows:
         key["batch_rows"] = list(batch_rows)
-
-    def measure() -> BackendChoice:
-        what = f" and passes of {'/'.join(map(str, batch_rows))} rows" if batch_rows else ""
-        _say(
-            spec,
-            f"--backend auto: measuring {', '.join(c[0] for c in candidates)}{what} once on this machine",
-        )
-        timings = tuple(_timing(spec, *candidate, batch_rows=batch_rows) for candidate in candidates)
-        return BackendChoice(
-            timings[0].backend,
-            timings[0].weights,
-            timings,
-            here.describe(),
-            time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        )
-
-    stored_choice, stored = measured("backend-choice", key, BackendChoice, measure, spec.cache_dir)
-    choice = decide(stored_choice, workload)
-    if stored:
-        _say(spec, f"--backend auto: {choice.backend} ({choice.reason}; measured {choice.measured_at})")
-    return choice
+    return key
 
 
 def _batch_rows(rows: int) -> tuple[int, ...]:
@@ -334,15 +371,16 @@ def _batch_rows(rows: int) -> tuple[int, ...]:
 def _timing(
     spec: LoadSpec, label: str, name: str, weights: str, batch_rows: tuple[int, ...] = ()
 ) -> BackendTiming:
-    from exactspec.models.costs import measure_batch_costs, measure_cost_model
+    from exactspec.models.costs import checked_batch_costs, checked_cost_model
 
     started = time.perf_counter()
     pair = backend(name).load(replace(spec, weights=weights))
     loaded = time.perf_counter() - started
-    costs = measure_cost_model(pair.target, pair.draft, MEASURED_GAMMA)
+    checked = checked_cost_model(pair.target, pair.draft, MEASURED_GAMMA)
+    costs, conditions = checked.value, checked.conditions
     batch_seconds: tuple[float, ...] = ()
     if batch_rows:
-        batch = measure_batch_costs(
+        batch = checked_batch_costs(
             pair.target,
             None,
             max_gamma=0,
@@ -350,7 +388,9 @@ def _timing(
             repeats=BATCH_REPEATS,
             context_tokens=BATCH_CONTEXT_TOKENS,
         )
-        batch_rows, batch_seconds = batch.rows, tuple(line[0] for line in batch.target)
+        batch_rows, batch_seconds = batch.value.rows, tuple(line[0] for line in batch.value.target)
+        # Each part judged its own load; the cost measurement's load is the one kept.
+        conditions = replace(joined([conditions, batch.conditions], None), load=conditions.load)
     timing = BackendTiming(
         label,
         name,
@@ -360,6 +400,7 @@ def _timing(
         costs.verify_costs,
         batch_rows,
         batch_seconds,
+        conditions,
     )
     passes = ""
     if batch_rows:
@@ -369,7 +410,8 @@ def _timing(
     _say(
         spec,
         f"  {label}: {costs.step_seconds * 1000:.1f} ms a plain step, c {costs.draft_cost:.2f}, "
-        f"v(2..9) {' '.join(f'{v:.2f}' for v in costs.verify_costs[1:])}{passes} (loaded in {loaded:.0f} s)",
+        f"v(2..9) {' '.join(f'{v:.2f}' for v in costs.verify_costs[1:])}{passes} (loaded in {loaded:.0f} s; "
+        f"{conditions.describe()})",
     )
     del pair
     gc.collect()  # the next candidate's weights should not share memory with this one's
