@@ -3,10 +3,9 @@
 The verifier scores k = gamma + 1 positions in one forward pass (the block
 pass); plain decoding scores one new token per pass. In exact arithmetic the
 two give the same p; in floating point they differ in the last bits, and in
-bfloat16 visibly (docs/algorithm.md 7). This module measures that difference
-on real prompts, beside the precision's own error (the dtype against float32,
-both one-token passes), so the size of the numerical effect is stated, not
-guessed.
+bfloat16 visibly (docs/algorithm.md 7). This module measures that difference on real
+prompts, beside the precision's own error (the dtype against float32, both one-token
+passes), so the size of the numerical effect is stated, not guessed.
 
 For each prompt, with k = gamma + 1 and `blocks` blocks:
 

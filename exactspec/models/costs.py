@@ -53,7 +53,7 @@ def measure_cost_model(
     the fastest run is the closest to what the forward itself costs. The ks are interleaved
     inside each repeat so machine noise spreads over all of them; the draft's steps come after all
     of the target's passes (a session whose threads still spin after its run slows the other's
-    next run: docs/bench/onnx-spinning). Both
+    next run: docs/performance.md, "Threads on a small CPU"). Both
     models' caches are cleared before and after, so a generation that follows starts clean.
     The history is a fixed pseudo-random token sequence (timing does not depend on which ids).
     """

@@ -55,9 +55,9 @@ def load(spec: LoadSpec, recipe: Any = None, **options: Any) -> ModelPair:
         options = {"threads": spec.threads, **options}
     if spec.draft is not None and spec.workload.draft_model:
         # The draft's steps and the target's pass take turns: each session's threads stop spinning as its
-        # run returns, else they hold the cores the other's next run needs. A round of 4 draft steps and
-        # a 5-token pass, 249 -> 189 ms (median); a lone session's step, 31.9 -> 32.4 ms, so a pair whose
-        # drafter runs no model keeps them spinning (docs/bench/onnx-spinning, 2-core Zen 4).
+        # run returns, else they hold the cores the other's next run needs. A lone session's step is a
+        # little faster spinning, so a pair whose drafter runs no model keeps them spinning
+        # (docs/performance.md, "Threads on a small CPU").
         options = {"stop_spinning_after_run": True, **options}
 
     def open_model(role: str, name: Any, eos: Any, **extra: Any) -> tuple[OnnxModel, Any]:
