@@ -45,7 +45,8 @@ from exactspec.models.base import LanguageModel
 
 DEFAULT_GAMMA = DEFAULTS.check_gamma
 DEFAULT_BLOCKS = 3
-DEFAULT_TEMPERATURES = (1.0, 0.7)
+NUMERICS_TEMPERATURES = (1.0, 0.7)
+"""The temperatures at which the passes' p are compared: the model's own law, and a common sampling one."""
 
 COMPARISONS = {
     "block_vs_single": "dtype: block pass vs one-token passes",
@@ -238,7 +239,7 @@ def summarize(positions: Sequence[PositionStats], temperatures: Sequence[float])
 def compare(
     dtype_passes: Sequence[Passes],
     float32_passes: Sequence[Passes] | None,
-    temperatures: Sequence[float] = DEFAULT_TEMPERATURES,
+    temperatures: Sequence[float] = NUMERICS_TEMPERATURES,
 ) -> dict[str, Comparison]:
     """Comparison key -> its `Comparison` over every prompt's positions."""
     pairs: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {"block_vs_single": []}

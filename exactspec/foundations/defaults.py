@@ -71,11 +71,19 @@ class Defaults:
         backend: "auto": the installed backend predicted fastest for the work at hand (the drafter and its
             draft lengths, plain decoding, the server's batch) from its step and k-token passes measured
             on this machine on first use and cached (`exactspec.models.backends.auto`).
+        threads: the intra-op threads of llama.cpp (the backend and the bench's peer) and of the bench's
+            onnxruntime-genai peer when `--threads` gives none: the cores of the small CPUs this project
+            is measured on, and the same for every side a bench compares.
+        max_rows: the rows one llama.cpp context holds at a time (its sequences, n_seq_max).
     Serving and batching:
         max_batch: rows decoded together in one round (each row costs KV cache memory).
         max_waiting: requests that may wait for a free row; beyond that the server answers 429.
         prefill_chunk: prompt tokens prefilled per round for joining requests, so that the running
             rows wait for at most one such chunk's forward per round.
+    On Ray (`serve --ray-serve`, `batch --ray`):
+        replicas, cpus_per_replica: Ray Serve replicas, each one model pair with its own batching, and
+            the CPUs each reserves (also its torch threads).
+        ray_workers: Ray Data actors of a batch job, each one model pair.
     """
 
     temperature: float = 1.0
@@ -96,9 +104,14 @@ class Defaults:
     weights: str = "auto"
     device: str = "auto"
     backend: str = "auto"
+    threads: int = 2
+    max_rows: int = 16
     max_batch: int = 8
     max_waiting: int = 64
     prefill_chunk: int = 32
+    replicas: int = 1
+    cpus_per_replica: int = 1
+    ray_workers: int = 1
 
     def fixed_gamma(self, weights: str) -> int:
         """The draft length when none is given and gamma is fixed, for a target with these weights."""

@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.rows import RowStart
 from exactspec.foundations.trees import leaf_paths
 from exactspec.models.base import common_prefix_length
@@ -50,12 +51,9 @@ from exactspec.models.llamacpp_lib import check_vocabulary as check_vocabulary
 from exactspec.models.rows_cache import PendingTree, RowCacheModel, TreeBatch, keep_length
 from exactspec.models.tree import path_tree_logits
 
-DEFAULT_THREADS = 2
 DEFAULT_CONTEXT = 8192
 """KV cells of one context, shared by all its rows (unified cache): 8192 tokens of the built-in
 target take about 230 MB as float16."""
-DEFAULT_MAX_ROWS = 16
-"""Sequences one context can hold at a time (llama.cpp's n_seq_max)."""
 DEFAULT_BATCH_TOKENS = 512
 """Most tokens one `llama_decode` takes (n_batch = n_ubatch); longer feeds go in several decodes."""
 DEFAULT_TREE_SEQUENCES = 16
@@ -85,9 +83,9 @@ class LlamaCppModel(RowCacheModel):
         *,
         eos_token_ids: Iterable[int] | None = None,
         vocab_size: int | None = None,
-        threads: int = DEFAULT_THREADS,
+        threads: int = DEFAULTS.threads,
         context: int = DEFAULT_CONTEXT,
-        max_rows: int = DEFAULT_MAX_ROWS,
+        max_rows: int = DEFAULTS.max_rows,
         batch_tokens: int = DEFAULT_BATCH_TOKENS,
         tree_sequences: int = DEFAULT_TREE_SEQUENCES,
         kv_type: str = "f16",

@@ -40,10 +40,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.settings import SamplingSettings
 
 __all__ = [
-    "DEFAULT_THREADS",
     "GENAI_CONFIG",
     "INSTALL_HINT",
     "NGRAM_SIZE",
@@ -55,8 +55,6 @@ __all__ = [
     "search_options",
 ]
 
-DEFAULT_THREADS = 2
-"""ONNX Runtime's intra-op threads: as many as the llama.cpp peer's (`peers.llamacpp.DEFAULT_THREADS`)."""
 NGRAM_SIZE = 3
 """The n-gram decoding's ngram_size: match the last 2 committed tokens (docs/SpeculativeDecoding.md's
 'start with ngram_size=3 or 4'; 3 matches as much history as llama-cpp-python's prompt lookup, 2 tokens)."""
@@ -90,7 +88,7 @@ class OrtGenaiModel:
         return f"onnxruntime-genai {self.version} on {self.folder.name} ({self.threads} threads)"
 
 
-def load(folder: str | os.PathLike[str], *, threads: int = DEFAULT_THREADS) -> OrtGenaiModel:
+def load(folder: str | os.PathLike[str], *, threads: int = DEFAULTS.threads) -> OrtGenaiModel:
     """The generator's model over `folder`, on the CPU with `threads` intra-op threads (set through the
     config's decoder session options; everything else as the builder wrote it)."""
     import onnxruntime_genai as og
