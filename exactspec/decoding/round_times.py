@@ -78,8 +78,8 @@ class RoundTimes:
         self._overall = (0.0, 0)
         self._predictions: collections.deque[tuple[float, float]] = collections.deque(maxlen=PREDICTIONS_KEPT)
         # shape -> `seeded` (the table never changes) and -> `predict` (until the next round is observed):
-        # a plan of 16 rows asks for some 600 round times, and computing each anew was 7 of the 7.5 ms such
-        # a plan took on the Zen 3, 2 to 3% of the round it planned
+        # a plan of many rows asks for hundreds of round times, and computing each anew was most of the
+        # plan's time
         self._seeded: dict[RoundShape, float] = {}
         self._predicted: dict[RoundShape, float] = {}
 

@@ -78,8 +78,8 @@ def load(spec: LoadSpec, recipe: Any = None, **options: Any) -> ModelPair:
     target, tokenizer = open_model("target", spec.target, None)
     draft = None
     if spec.draft is not None:
-        # Moving weights to huge pages costs about 2.2 to 2.5 s a GB at load on the Zen 4 VM
-        # (docs/performance.md): worth it for the draft model only when its steps run.
+        # Moving weights to huge pages costs seconds at load (docs/performance.md, "Huge pages"): worth it
+        # for the draft model only when its steps run.
         draft, draft_tokenizer = open_model(
             "draft", spec.draft, target.eos_token_ids, huge_pages=spec.workload.draft_model
         )
