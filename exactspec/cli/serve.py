@@ -79,6 +79,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     add_model_arguments(parser)
     add_device_argument(parser)
     add_strategy_arguments(parser)
+    _add_ray_arguments(parser)
+    parser.set_defaults(run=run)
+
+
+def _add_ray_arguments(parser: argparse.ArgumentParser) -> None:
+    """--ray-serve and what it takes: the replicas, the cluster, what each replica reserves."""
     replicas = parser.add_argument_group("Ray Serve (docs/serving.md)")
     replicas.add_argument(
         "--ray-serve",
@@ -107,7 +113,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     replicas.add_argument(
         "--gpus-per-replica", type=finite_float, default=None, help="GPUs each replica reserves (default 0)"
     )
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
