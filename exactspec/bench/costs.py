@@ -110,9 +110,8 @@ def measure_costs(
         pair.target.logits([history], min(2, max_k))  # untimed: first-call allocations
         # The target's passes first, then the draft's steps: never one model's call right after the
         # other's. ONNX Runtime's idle threads spin for milliseconds after a run, so a target pass timed
-        # right after a draft step shared the 2 cores with the draft session's spinning threads: on the
-        # Zen 4 a one-token step of 28.6 ms took 52.1 ms so (docs/bench/onnx-spinning), and the bench's
-        # v(4) read 2.37 (docs/bench/onnx-defaults) where a lone session's is 1.68.
+        # right after a draft step shares the cores with the draft session's spinning threads and reads
+        # far slower than it is (docs/performance.md, "Threads on a small CPU").
         for _ in range(repeats):
             for k in range(1, max_k + 1):  # ks interleaved, so machine noise spreads over all
                 before = len(target_timer.calls)

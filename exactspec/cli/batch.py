@@ -127,7 +127,10 @@ def _add_ray_arguments(parser: argparse.ArgumentParser) -> None:
         "after INPUT or write --ray=ADDRESS",
     )
     ray.add_argument(
-        "--workers", type=positive_int, default=None, help="Ray actors, each one model pair (default 1)"
+        "--workers",
+        type=positive_int,
+        default=None,
+        help=f"Ray actors, each one model pair (default {DEFAULTS.ray_workers})",
     )
     ray.add_argument(
         "--cpus-per-worker",
@@ -255,7 +258,7 @@ def run_job(args: argparse.Namespace, job: BatchJob, output: OutputFile) -> int:
         elif records:
             from exactspec.batch.on_ray import run_on_ray
 
-            workers = args.workers or 1
+            workers = args.workers or DEFAULTS.ray_workers
 
             def started_on(cpus: int) -> None:
                 say(f"Ray: {workers} worker(s) x {cpus} CPU(s), {args.gpus_per_worker:g} GPU(s) each")

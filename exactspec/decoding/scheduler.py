@@ -368,10 +368,8 @@ class Scheduler:
         join order).
 
         Why: a step feeds one chunk in all, so in join order one long prompt held back every prompt that
-        joined after it: in the load test (scripts/serve_load.py, 16 requests arriving together, two of
-        them py-refactor-long's 383 tokens against 64 to 98 for the others) each put a gap of about 9 s
-        between two first tokens on the Zen 3, and where it fell in the arrival order moved the median
-        time to first token from 13 s to 24 s between two levels of one run. Least remaining first makes
+        joined after it, and where a long prompt fell in the arrival order moved the median time to first
+        token of a whole load test (scripts/serve_load.py; docs/serving.md). Least remaining first makes
         the sum of the waits the least for requests that arrive together; counting the waited steps
         bounds how long short prompts that keep arriving can pass a long one over (by its length in
         chunks). What the target says it can reuse of a prompt (`reusable_prefix`) counts as fed."""

@@ -33,12 +33,12 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.llamacpp import INSTALL_HINT
 
 __all__ = [
     "DEFAULT_CONTEXT",
-    "DEFAULT_THREADS",
     "INSTALL_HINT",
     "LOOKUP_NGRAM",
     "LookupRecorder",
@@ -48,7 +48,6 @@ __all__ = [
     "time_eval",
 ]
 
-DEFAULT_THREADS = 2
 DEFAULT_CONTEXT = 4096
 LOOKUP_NGRAM = 2
 """`LlamaPromptLookupDecoding`'s max_ngram_size: its default, which llama-cpp-python's README keeps."""
@@ -87,7 +86,7 @@ class LookupRecorder:
 def load(
     gguf_path: str | os.PathLike[str],
     *,
-    threads: int = DEFAULT_THREADS,
+    threads: int = DEFAULTS.threads,
     context: int = DEFAULT_CONTEXT,
     lookup_tokens: int | None = None,
 ) -> Any:
