@@ -343,7 +343,10 @@ class SpeculativeEngine:
         rows: list[int],
         positions: list[int],
     ) -> VerifyResult:
-        """2.2 - 2.5 for a draft block: one target pass over each history plus its block, the verifier."""
+        """2.2 - 2.5 for a draft block: one target pass over each history plus its block, the verifier.
+        `positions` are each row's generated tokens so far, so history length - position is where its
+        prompt ends (what the presence and frequency penalties count from)."""
+        prompt_lengths = _prompt_lengths(histories, positions)
         if (
             self.greedy_verifier is not None
             and (proposal.q is None or proposal.tokens.shape[1] == 0)
@@ -358,13 +361,21 @@ class SpeculativeEngine:
                 self.target_stopwatch,
                 self.metrics,
                 greedy=True,
+                prompt_lengths=prompt_lengths,
             )  # 2.2: [A, gamma + 1], the id p is one-hot on at each position
             clock = time.perf_counter()
             result = self.greedy_verifier(proposal.tokens, ids, proposal.lengths, self.target.eos_token_ids)
             self.metrics.verify_seconds += time.perf_counter() - clock
             return result
         p = chain_probabilities(
-            self.target, histories, proposal, settings, rows, self.target_stopwatch, self.metrics
+            self.target,
+            histories,
+            proposal,
+            settings,
+            rows,
+            self.target_stopwatch,
+            self.metrics,
+            prompt_lengths=prompt_lengths,
         )  # 2.2: [A, gamma + 1, V]
         clock = time.perf_counter()
         result = self.verifier(
@@ -396,8 +407,17 @@ class SpeculativeEngine:
 
         The engine's verifier (token or block) is for chains; a tree is always walked by `verify_tree`.
         """
+        prompt_lengths = _prompt_lengths(histories, positions)
         p = tree_probabilities(
-            self.target, histories, proposal, max_draft, settings, rows, self.target_stopwatch, self.metrics
+            self.target,
+            histories,
+            proposal,
+            max_draft,
+            settings,
+            rows,
+            self.target_stopwatch,
+            self.metrics,
+            prompt_lengths,
         )  # [A, N + 1, V]
         clock = time.perf_counter()
         result = self.tree_verifier(
@@ -499,6 +519,11 @@ class SpeculativeEngine:
             if reason is not None:
                 finished[row] = reason
         return RoundOutput(new_tokens=new_tokens, finished=finished)
+
+
+def _prompt_lengths(histories: list[list[int]], positions: list[int]) -> list[int]:
+    """Where each row's prompt ends: its history less the `positions` tokens it generated so far."""
+    return [len(history) - position for history, position in zip(histories, positions, strict=True)]
 
 
 def _max_new_tokens(state: RowState, config: DecodeConfig) -> int:

@@ -33,10 +33,13 @@ def chain_probabilities(
     metrics: DecodeMetrics,
     *,
     greedy: bool = False,
+    prompt_lengths: list[int] | None = None,
 ) -> torch.Tensor:
     """p [A, gamma + 1, V]: one target forward over each history plus its whole draft block. With
     `greedy` (every row's settings at temperature 0), only the ids p is one-hot on, [A, gamma + 1] long
-    (`foundations.transforms.greedy_ids`): no [A, gamma + 1, V] rows are built.
+    (`foundations.transforms.greedy_ids`): no [A, gamma + 1, V] rows are built. `prompt_lengths` (A
+    ints, where each row's generated tokens begin) are needed when a row has a presence or frequency
+    penalty.
 
     Rows that proposed fewer than gamma tokens are filled up with their own
     draft padding so that one call scores the same number of positions for
@@ -53,18 +56,19 @@ def chain_probabilities(
         with stopwatch.timing():
             logits = target.logits(histories, width + 1, rows=rows)  # [A, gamma + 1, V]
         metrics.target_forward_seconds += stopwatch.take()
-        # The repetition penalty needs each position's real history; build it only when it is on.
+        # The penalties need each position's real history; build it only when one is on.
         position_histories = None
-        if any(row_settings.repetition_penalty != 1.0 for row_settings in settings):
+        if any(row_settings.uses_history for row_settings in settings):
             position_histories = [
                 sequence[: len(sequence) - width + i] for sequence in histories for i in range(width + 1)
             ]
         flat = logits.reshape(-1, logits.shape[-1])  # [A * (gamma + 1), V]
         flat_settings = [row_settings for row_settings in settings for _ in range(width + 1)]
+        starts = _per_place(prompt_lengths, width + 1)
         if greedy:
-            out = greedy_ids(flat, flat_settings, position_histories).reshape(logits.shape[:2])
+            out = greedy_ids(flat, flat_settings, position_histories, starts).reshape(logits.shape[:2])
         else:
-            out = probabilities_per_row(flat, flat_settings, position_histories).reshape(logits.shape)
+            out = probabilities_per_row(flat, flat_settings, position_histories, starts).reshape(logits.shape)
     finally:
         for history in histories:
             del history[len(history) - width :]
@@ -82,9 +86,11 @@ def tree_probabilities(
     rows: list[int],
     stopwatch: Stopwatch,
     metrics: DecodeMetrics,
+    prompt_lengths: list[int] | None = None,
 ) -> torch.Tensor:
     """p [A, N + 1, V] at the root and after every node of each row's tree of deterministic candidates, from
-    one target pass (`models.tree.tree_logits`); raises when a tree is deeper than its row may draft."""
+    one target pass (`models.tree.tree_logits`); raises when a tree is deeper than its row may draft.
+    `prompt_lengths` as in `chain_probabilities`."""
     assert proposal.parents is not None
     deepest = tree_heights(proposal.parents, proposal.lengths)[:, 0]  # [A] the root's height: the deepest
     if (deepest > torch.tensor(max_draft, device=deepest.device)).any():
@@ -99,9 +105,9 @@ def tree_probabilities(
         )  # [A, N + 1, V]
     metrics.target_forward_seconds += stopwatch.take()
     places = logits.shape[1]
-    # Each place's true history, for the repetition penalty (built only when it is on).
+    # Each place's true history, for the penalties (built only when one is on).
     place_history = None
-    if any(row_settings.repetition_penalty != 1.0 for row_settings in settings):
+    if any(row_settings.uses_history for row_settings in settings):
         tokens, parents, lengths = (t.tolist() for t in (proposal.tokens, proposal.parents, proposal.lengths))
         place_history = [
             history
@@ -110,7 +116,17 @@ def tree_probabilities(
         ]
     flat = logits.reshape(-1, logits.shape[-1])  # [A * (N + 1), V]
     flat_settings = [row_settings for row_settings in settings for _ in range(places)]
-    p = probabilities_per_row(flat, flat_settings, place_history).reshape(logits.shape)  # [A, N + 1, V]
+    starts = _per_place(prompt_lengths, places)
+    p = probabilities_per_row(flat, flat_settings, place_history, starts)  # [A * (N + 1), V]
+    p = p.reshape(logits.shape)  # [A, N + 1, V]
     metrics.target_seconds += time.perf_counter() - clock
     metrics.target_calls += 1
     return p
+
+
+def _per_place(prompt_lengths: list[int] | None, places: int) -> list[int] | None:
+    """Each row's prompt length repeated for its `places` scored positions (rows flattened row-major):
+    every position of a row counts its generated tokens from the same place."""
+    if prompt_lengths is None:
+        return None
+    return [length for length in prompt_lengths for _ in range(places)]

@@ -1,9 +1,10 @@
 """Request bodies of the OpenAI-compatible routes, and their translation into exactspec's settings.
 
-Field names and defaults follow OpenAI's completions and chat completions APIs; `top_k`, `min_p`
+Field names and defaults follow OpenAI's completions and chat completions APIs (`presence_penalty`
+and `frequency_penalty` with OpenAI's definitions: `exactspec.foundations.penalties`); `top_k`, `min_p`
 and `repetition_penalty` are vLLM's extra fields (with vLLM's meaning: top_k = -1 or 0 is off);
 `gamma` is exactspec's own (draft tokens per round for this request; 0 = plain decoding).
-Fields exactspec cannot honour exactly (logprobs, penalties other than repetition, tools) are
+Fields exactspec cannot honour exactly (logprobs, tools, response formats other than text) are
 refused with a 400 rather than silently ignored.
 
 Every numeric field carries its documented range (`exactspec.foundations.settings`) as
@@ -24,6 +25,7 @@ from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.errors import InvalidArgument
 from exactspec.foundations.settings import (
     LOGIT_BIAS_MAX,
+    OUTPUT_PENALTY_MAX,
     REPETITION_PENALTY_MAX,
     REPETITION_PENALTY_MIN,
     TEMPERATURE_MAX,
@@ -101,6 +103,8 @@ class SamplingFields(BaseModel):
         default=None, json_schema_extra={"propertyNames": {"pattern": "^[0-9]+$"}}
     )
     user: str | None = None
+    presence_penalty: float | None = Field(default=None, ge=-OUTPUT_PENALTY_MAX, le=OUTPUT_PENALTY_MAX)
+    frequency_penalty: float | None = Field(default=None, ge=-OUTPUT_PENALTY_MAX, le=OUTPUT_PENALTY_MAX)
     # vLLM's extra sampling fields
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
@@ -110,8 +114,6 @@ class SamplingFields(BaseModel):
     # exactspec's own: draft tokens per round for this request (0 = plain decoding)
     gamma: int | None = Field(default=None, ge=0, le=MAX_GAMMA)
     # accepted only at their "off" values
-    presence_penalty: float | None = off_only(None, 0)
-    frequency_penalty: float | None = off_only(None, 0)
     logprobs: Any = off_only(None, False, 0)
     top_logprobs: int | None = off_only(None, 0)
     tools: list[Any] | None = Field(default=None, json_schema_extra={"maxItems": 0})
@@ -121,9 +123,6 @@ class SamplingFields(BaseModel):
 
     def unsupported(self) -> tuple[str, str] | None:
         """(field, message) for the first field set to something exactspec does not do, else None."""
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                return name, f"{name} is not supported; use repetition_penalty (Hugging Face's definition)"
         if self.logprobs not in (None, False, 0) or self.top_logprobs:
             return "logprobs", "logprobs are not supported"
         if self.tools:
@@ -158,6 +157,8 @@ class SamplingFields(BaseModel):
             min_p=self.min_p or 0.0,
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
             logit_bias=bias,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
         )
 
 
