@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from exactspec.decoding.logprobs import reported_log_probs
 from exactspec.drafters.base import Proposal
 from exactspec.foundations.metrics import DecodeMetrics, Stopwatch
 from exactspec.foundations.settings import SamplingSettings
@@ -34,12 +35,14 @@ def chain_probabilities(
     *,
     greedy: bool = False,
     prompt_lengths: list[int] | None = None,
-) -> torch.Tensor:
-    """p [A, gamma + 1, V]: one target forward over each history plus its whole draft block. With
-    `greedy` (every row's settings at temperature 0), only the ids p is one-hot on, [A, gamma + 1] long
-    (`foundations.transforms.greedy_ids`): no [A, gamma + 1, V] rows are built. `prompt_lengths` (A
-    ints, where each row's generated tokens begin) are needed when a row has a presence or frequency
-    penalty.
+    report: list[bool] | None = None,
+) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """(p [A, gamma + 1, V], reported): one target forward over each history plus its whole draft block.
+    With `greedy` (every row's settings at temperature 0), only the ids p is one-hot on, [A, gamma + 1]
+    long (`foundations.transforms.greedy_ids`): no [A, gamma + 1, V] rows are built. `prompt_lengths`
+    (A ints, where each row's generated tokens begin) are needed when a row has a presence or frequency
+    penalty. `reported`: for each row b with report[b], its [gamma + 1, V] log-probabilities to report
+    (`decoding.logprobs.reported_log_probs`); empty when no row asks.
 
     Rows that proposed fewer than gamma tokens are filled up with their own
     draft padding so that one call scores the same number of positions for
@@ -69,12 +72,14 @@ def chain_probabilities(
             out = greedy_ids(flat, flat_settings, position_histories, starts).reshape(logits.shape[:2])
         else:
             out = probabilities_per_row(flat, flat_settings, position_histories, starts).reshape(logits.shape)
+        p = None if greedy else out.reshape(flat.shape)  # [A * (gamma + 1), V]
+        reported = _reported(report, width + 1, flat, p, flat_settings, position_histories, starts)
     finally:
         for history in histories:
             del history[len(history) - width :]
     metrics.target_seconds += time.perf_counter() - clock
     metrics.target_calls += 1
-    return out
+    return out, reported
 
 
 def tree_probabilities(
@@ -87,10 +92,12 @@ def tree_probabilities(
     stopwatch: Stopwatch,
     metrics: DecodeMetrics,
     prompt_lengths: list[int] | None = None,
-) -> torch.Tensor:
-    """p [A, N + 1, V] at the root and after every node of each row's tree of deterministic candidates, from
-    one target pass (`models.tree.tree_logits`); raises when a tree is deeper than its row may draft.
-    `prompt_lengths` as in `chain_probabilities`."""
+    report: list[bool] | None = None,
+) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """(p [A, N + 1, V], reported): p at the root and after every node of each row's tree of deterministic
+    candidates, from one target pass (`models.tree.tree_logits`); raises when a tree is deeper than its
+    row may draft. `prompt_lengths`, `report` and `reported` as in `chain_probabilities` (a row's
+    reported tensor is [N + 1, V], by place)."""
     assert proposal.parents is not None
     deepest = tree_heights(proposal.parents, proposal.lengths)[:, 0]  # [A] the root's height: the deepest
     if (deepest > torch.tensor(max_draft, device=deepest.device)).any():
@@ -118,10 +125,11 @@ def tree_probabilities(
     flat_settings = [row_settings for row_settings in settings for _ in range(places)]
     starts = _per_place(prompt_lengths, places)
     p = probabilities_per_row(flat, flat_settings, place_history, starts)  # [A * (N + 1), V]
+    reported = _reported(report, places, flat, p, flat_settings, place_history, starts)
     p = p.reshape(logits.shape)  # [A, N + 1, V]
     metrics.target_seconds += time.perf_counter() - clock
     metrics.target_calls += 1
-    return p
+    return p, reported
 
 
 def _per_place(prompt_lengths: list[int] | None, places: int) -> list[int] | None:
@@ -130,3 +138,27 @@ def _per_place(prompt_lengths: list[int] | None, places: int) -> list[int] | Non
     if prompt_lengths is None:
         return None
     return [length for length in prompt_lengths for _ in range(places)]
+
+
+def _reported(
+    report: list[bool] | None,
+    places: int,
+    flat: torch.Tensor,
+    p: torch.Tensor | None,
+    settings: list[SamplingSettings],
+    histories: list[list[int]] | None,
+    starts: list[int] | None,
+) -> dict[int, torch.Tensor]:
+    """Row b -> [places, V] log-probabilities to report, for the rows with report[b] only (flat rows are
+    row-major: row b's places are b * places .. (b + 1) * places - 1)."""
+    asking = [b for b, wants in enumerate(report or ()) if wants]
+    if not asking:
+        return {}
+    index = [b * places + i for b in asking for i in range(places)]
+
+    def pick(values: list | None) -> list | None:
+        return None if values is None else [values[j] for j in index]
+
+    chosen_p = None if p is None else p[index]  # [R * places, V]
+    log_probs = reported_log_probs(flat[index], chosen_p, pick(settings), pick(histories), pick(starts))
+    return {b: log_probs[k * places : (k + 1) * places] for k, b in enumerate(asking)}

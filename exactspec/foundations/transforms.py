@@ -135,6 +135,19 @@ def _penalised_scores(
     return scores, _check_rows(scores) if validate else None
 
 
+def penalised_scores(
+    logits: torch.Tensor,
+    settings: SamplingSettings,
+    histories: Sequence[Sequence[int]] | None = None,
+    prompt_lengths: Sequence[int] | None = None,
+) -> torch.Tensor:
+    """[N, V] logits -> the scores before the temperature: float32 (float64 kept), the logit bias and the
+    repetition, presence and frequency penalties applied, unchecked. A greedy row's argmax is taken over
+    these (what a greedy row reports as its log-probabilities: `decoding.logprobs`)."""
+    scores, _ = _penalised_scores(logits, settings, histories, False, prompt_lengths)
+    return scores
+
+
 def _apply_output_penalties(
     scores: torch.Tensor,
     settings: SamplingSettings,

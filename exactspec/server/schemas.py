@@ -4,8 +4,9 @@ Field names and defaults follow OpenAI's completions and chat completions APIs (
 and `frequency_penalty` with OpenAI's definitions: `exactspec.foundations.penalties`); `top_k`, `min_p`
 and `repetition_penalty` are vLLM's extra fields (with vLLM's meaning: top_k = -1 or 0 is off);
 `gamma` is exactspec's own (draft tokens per round for this request; 0 = plain decoding).
-Fields exactspec cannot honour exactly (logprobs, tools, response formats other than text) are
-refused with a 400 rather than silently ignored.
+`logprobs` (and chat's `top_logprobs`) report the target's log-probabilities after the request's
+transforms (`exactspec.decoding.logprobs`). Fields exactspec cannot honour exactly (tools, response
+formats other than text) are refused with a 400 rather than silently ignored.
 
 Every numeric field carries its documented range (`exactspec.foundations.settings`) as
 `minimum`/`maximum`/`exclusiveMinimum` in the OpenAPI schema, so clients and schema-driven fuzzers see
@@ -20,6 +21,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
+from exactspec.decoding.logprobs import TOP_LOGPROBS_MAX
 from exactspec.decoding.records import MAX_GAMMA
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.errors import InvalidArgument
@@ -114,8 +116,6 @@ class SamplingFields(BaseModel):
     # exactspec's own: draft tokens per round for this request (0 = plain decoding)
     gamma: int | None = Field(default=None, ge=0, le=MAX_GAMMA)
     # accepted only at their "off" values
-    logprobs: Any = off_only(None, False, 0)
-    top_logprobs: int | None = off_only(None, 0)
     tools: list[Any] | None = Field(default=None, json_schema_extra={"maxItems": 0})
     response_format: dict[str, Any] | None = Field(
         default=None, json_schema_extra={"properties": {"type": {"enum": ["text"]}}}
@@ -123,8 +123,6 @@ class SamplingFields(BaseModel):
 
     def unsupported(self) -> tuple[str, str] | None:
         """(field, message) for the first field set to something exactspec does not do, else None."""
-        if self.logprobs not in (None, False, 0) or self.top_logprobs:
-            return "logprobs", "logprobs are not supported"
         if self.tools:
             return "tools", "tools are not supported"
         if self.response_format and self.response_format.get("type", "text") != "text":
@@ -136,6 +134,10 @@ class SamplingFields(BaseModel):
             return []
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop)
         return [s for s in stops if s]
+
+    def top_alternatives(self) -> int | None:
+        """None: no log-probabilities; k: each token's and its k most likely alternatives."""
+        raise NotImplementedError  # each route names the fields its own way
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -167,6 +169,15 @@ class CompletionRequest(SamplingFields):
     echo: bool = off_only(False, default=False)
     best_of: int | None = off_only(None, 1)  # n is accepted too
     suffix: str | None = off_only(None, "")
+    logprobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=TOP_LOGPROBS_MAX,
+        description="Report each token's log-probability and this many most likely alternatives",
+    )
+
+    def top_alternatives(self) -> int | None:
+        return self.logprobs
 
     def prompts(self) -> list[str | list[int]]:
         """The prompts as text or token-id lists (OpenAI accepts either, one or many)."""
@@ -189,6 +200,21 @@ class CompletionRequest(SamplingFields):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[Message] = Field(min_length=1)
+    logprobs: bool | None = Field(default=None, description="Report each token's log-probability")
+    top_logprobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=TOP_LOGPROBS_MAX,
+        description="Most likely alternatives per token (needs logprobs)",
+    )
+
+    def top_alternatives(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        if self.top_logprobs and not self.logprobs:
+            return "top_logprobs", "top_logprobs needs logprobs: true"
+        return super().unsupported()
 
 
 class ErrorDetail(BaseModel):

@@ -65,3 +65,119 @@ def test_penalised_greedy_completions_follow_openais_formula(
     # The equality says something: the penalties change the output, and counting the prompt would too.
     assert expected != openai_penalised_greedy(pair, 0.0, 0.0)
     assert expected != openai_penalised_greedy(pair, presence, frequency, count_prompt=True)
+
+
+# ---------------------------------------------------------------- logprobs
+
+
+def test_chat_logprobs_come_with_top_logprobs_streamed_and_not(
+    served: tuple[openai.OpenAI, ModelPair],
+) -> None:
+    client, pair = served
+    common = dict(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Write a loop."}],
+        max_tokens=8,
+        temperature=0.8,
+        seed=3,
+        logit_bias=NO_EOS,
+        logprobs=True,
+        top_logprobs=3,
+    )
+    whole = client.chat.completions.create(**common)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == whole.usage.completion_tokens == 8
+    assert "".join(item.token for item in content) == whole.choices[0].message.content
+    for item in content:
+        assert item.logprob <= 0 and len(item.top_logprobs) == 3
+        values = [top.logprob for top in item.top_logprobs]
+        assert values == sorted(values, reverse=True) and item.logprob <= values[0]
+        assert item.bytes == list(item.token.encode())
+    streamed = [
+        item
+        for chunk in client.chat.completions.create(**common, stream=True)
+        if chunk.choices and chunk.choices[0].logprobs is not None
+        for item in chunk.choices[0].logprobs.content
+    ]
+    # Two runs of one seeded request: the same tokens; the numbers agree to the float32 rounding that
+    # target passes of different widths give (each run's draft lengths are planned from its timings).
+    assert [i.token for i in streamed] == [i.token for i in content]
+    assert [i.logprob for i in streamed] == pytest.approx([i.logprob for i in content], abs=1e-5)
+    for mine, theirs in zip(streamed, content, strict=True):
+        mine_top, their_top = [t.logprob for t in mine.top_logprobs], [t.logprob for t in theirs.top_logprobs]
+        assert mine_top == pytest.approx(their_top, abs=1e-5)
+    plain = client.chat.completions.create(**{**common, "logprobs": None, "top_logprobs": None})
+    assert (
+        plain.choices[0].logprobs is None
+        and plain.choices[0].message.content == whole.choices[0].message.content
+    )
+
+
+def test_completion_logprobs_have_openais_legacy_shape(served: tuple[openai.OpenAI, ModelPair]) -> None:
+    client, _ = served
+    response = client.completions.create(
+        model=MODEL, prompt="def fib(n):", max_tokens=6, temperature=0, logit_bias=NO_EOS, logprobs=2
+    )
+    logprobs = response.choices[0].logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == 6
+    assert "".join(logprobs.tokens) == response.choices[0].text
+    assert logprobs.text_offset[0] == 0 and logprobs.text_offset[1] == len(logprobs.tokens[0])
+    for token, value, top in zip(
+        logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs, strict=True
+    ):
+        # Greedy: the log-softmax of the biased logits, the emitted token the most likely of them.
+        assert len(top) <= 2 and max(top.values()) == value and top[token] == value
+
+
+def _tokens_and_logprobs(
+    client: openai.OpenAI, gamma: int | None, temperature: float
+) -> tuple[list[tuple[str, float]], int]:
+    """(each token's text and log-probability, draft tokens proposed) of one seeded completion."""
+    extra = {} if gamma is None else {"gamma": gamma}
+    response = client.completions.create(
+        model=MODEL,
+        prompt=PROMPT_IDS,
+        max_tokens=16,
+        temperature=temperature,
+        seed=11,
+        logit_bias=NO_EOS,
+        logprobs=1,
+        presence_penalty=0.5,
+        extra_body=extra,
+    )
+    logprobs = response.choices[0].logprobs
+    proposed = response.model_extra["exactspec"]["proposed_tokens"]
+    return list(zip(logprobs.tokens, logprobs.token_logprobs, strict=True)), proposed
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_a_seeded_request_gives_the_same_tokens_and_logprobs_with_speculation_and_with_gamma_0(
+    served: tuple[openai.OpenAI, ModelPair], temperature: float
+) -> None:
+    """The tiny float32 models on the CPU: the drafted rounds' wider target passes give the same
+    log-probabilities as plain decoding's up to the float32 rounding of a wider pass's logits (the HF
+    backend is not batch-invariant; measured: at most 4.8e-7 apart, some tokens equal bit for bit)."""
+    client, _ = served
+    plain, proposed_plain = _tokens_and_logprobs(client, 0, temperature)
+    speculative, proposed = _tokens_and_logprobs(client, None, temperature)
+    assert proposed_plain == 0 and proposed > 0  # the defaults did draft
+    assert [token for token, _ in speculative] == [token for token, _ in plain]
+    differences = [abs(mine - theirs) for (_, mine), (_, theirs) in zip(speculative, plain, strict=True)]
+    assert max(differences) <= 1e-5
+
+
+def test_top_logprobs_without_logprobs_and_out_of_range_are_400s(
+    served: tuple[openai.OpenAI, ModelPair],
+) -> None:
+    client, _ = served
+    chat = dict(model=MODEL, messages=[{"role": "user", "content": "a"}], max_tokens=2)
+    for fields, param in (
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(**chat, **fields)
+        assert caught.value.response.json()["error"]["param"] == param
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model=MODEL, prompt="a", max_tokens=2, logprobs=21)
+    assert caught.value.response.json()["error"]["param"] == "logprobs"
