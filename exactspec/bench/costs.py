@@ -15,6 +15,7 @@ import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -132,14 +133,15 @@ def measure_costs(
     logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(0))
     sampler = SeededSampler(0)
     step_overhead: dict[str, list[float]] = {}
-    seen = [list(context)]  # the repetition penalty's history: the cost context
+    seen = [list(context)]  # the penalties' history: the cost context, all of it counted as generated
     for name, row_settings in settings.items():
-        histories = seen if row_settings.repetition_penalty != 1.0 else None
-        sampler.categorical(probabilities(logits, row_settings, histories), [0])  # untimed warm-up
+        histories = seen if row_settings.uses_history else None
+        step = partial(probabilities, logits, row_settings, histories, prompt_lengths=[0])
+        sampler.categorical(step(), [0])  # untimed warm-up
         samples = []
         for _ in range(repeats):
             started = time.perf_counter()
-            sampler.categorical(probabilities(logits, row_settings, histories), [0])
+            sampler.categorical(step(), [0])
             samples.append(time.perf_counter() - started)
         step_overhead[name] = samples
     return CostMeasurement(

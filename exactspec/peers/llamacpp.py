@@ -135,6 +135,9 @@ def generate(
     greedy), top-k (0 = off), top-p, min-p, repetition penalty. Logit bias is not passed (the bench
     does not use it). `seed` is taken modulo 2**32 - 1 (llama.cpp's 2**32 - 1 means a random seed).
     """
+    if settings.penalises_output:
+        # llama.cpp's penalties count the last tokens of the whole context, prompt included: not OpenAI's.
+        raise ValueError("llama.cpp's presence and frequency penalties count the prompt too; not comparable")
     draft_model = getattr(llm, "draft_model", None)
     recorder = draft_model if isinstance(draft_model, LookupRecorder) else None
     if recorder is not None:

@@ -118,14 +118,17 @@ def search_options(settings: SamplingSettings, max_length: int, vocab_size: int,
 
     Greedy at temperature 0; otherwise sampling with the temperature, top-k (0 = off, as ours; capped at
     the vocabulary, which the generator requires), top-p (1 = off) and repetition penalty (Hugging Face's
-    rule over the whole sequence, as ours). It has no min-p and no logit bias: settings with either raise
-    ValueError (the bench reports the method as failed at that sampling row). `seed` is taken modulo 2**31
-    (the generator's seed is a 32-bit int; -1 means a random one).
+    rule over the whole sequence, as ours). It has no min-p, no logit bias and no presence or frequency
+    penalty: settings with any of them raise ValueError (the bench reports the method as failed at that
+    sampling row). `seed` is taken modulo 2**31 (the generator's seed is a 32-bit int; -1 means a random
+    one).
     """
     if settings.min_p > 0:
         raise ValueError(f"onnxruntime-genai has no min-p (asked min_p={settings.min_p})")
     if settings.logit_bias:
         raise ValueError("onnxruntime-genai has no logit bias")
+    if settings.penalises_output:
+        raise ValueError("onnxruntime-genai has no presence or frequency penalty")
     options: dict[str, Any] = {
         "max_length": max_length,
         "min_length": 0,

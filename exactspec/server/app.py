@@ -103,13 +103,24 @@ async def _generate(service: Service, body: SamplingFields, request: Request, *,
     created = int(time.time())
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        stream = stream_events(service.model_name, submission, events, ident, created, chat, include_usage)
+        stream = stream_events(
+            service.model_name,
+            submission,
+            events,
+            ident,
+            created,
+            chat,
+            include_usage,
+            service.pair.tokenizer,
+        )
         return StreamingResponse(
             stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
         )
     if not await _all_finished(submission, events, request):
         return PlainTextResponse("", status_code=499)
-    return completion_body(service.model_name, submission, ident, created, chat=chat)
+    return completion_body(
+        service.model_name, submission, ident, created, chat=chat, tokenizer=service.pair.tokenizer
+    )
 
 
 async def _all_finished(

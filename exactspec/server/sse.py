@@ -20,6 +20,7 @@ from pydantic.json_schema import models_json_schema
 from exactspec.api.session import Choice, Submission
 from exactspec.decoding.records import RowEvent
 from exactspec.server.errors import ApiError
+from exactspec.server.logprobs import completion_characters, logprobs_body
 from exactspec.server.responses import finish_reason
 from exactspec.server.schemas import ErrorResponse
 
@@ -95,10 +96,16 @@ async def stream_events(
     created: int,
     chat: bool,
     include_usage: bool,
+    tokenizer: Any = None,
 ) -> AsyncIterator[str]:
     """The events of `submission`'s rows (from `events`, fed on the round thread) as server-sent events;
-    its rows are cancelled when the stream ends early (a client that went away)."""
+    its rows are cancelled when the stream ends early (a client that went away). A request that asked for
+    log-probabilities gets those of the tokens each chunk adds (tokens whose text is held back, at a
+    possible stop string or inside a UTF-8 character, come with the chunk that shows it)."""
     obj = "chat.completion.chunk" if chat else "text_completion"
+    asked = any(request.logprobs is not None for request in submission.requests)
+    pending: dict[int, list] = {choice.index: [] for choice in submission.choices}  # not yet sent
+    offsets = dict.fromkeys(pending, 0)  # completion characters the sent tokens cover
 
     def chunk(entries: list[dict[str, Any]], **extra: Any) -> str:
         payload = {
@@ -115,6 +122,14 @@ async def stream_events(
 
     def entry(choice: Choice, text: str, finish: str | None, first: bool = False) -> dict[str, Any]:
         item: dict[str, Any] = {"index": choice.index, "finish_reason": finish, "logprobs": None}
+        if asked and not first:
+            body = logprobs_body(
+                pending[choice.index], tokenizer, chat=chat, text_offset=offsets[choice.index]
+            )
+            if not chat:
+                offsets[choice.index] += completion_characters(body)
+            pending[choice.index] = []
+            item["logprobs"] = body
         if chat:
             item["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
         else:
@@ -133,6 +148,7 @@ async def stream_events(
                 submission.cancel()
                 break
             delta = choice.apply(event)
+            pending[choice.index].extend(event.logprobs or ())
             if event.finish_reason is not None:
                 remaining -= 1
                 extra = {} if remaining or include_usage else {"exactspec": submission.statistics()}
