@@ -22,7 +22,7 @@ import transformers
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from exactspec.models.hf import HFLanguageModel
+from exactspec.models.hf.model import HFLanguageModel
 
 
 def rowwise(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):

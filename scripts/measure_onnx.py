@@ -51,7 +51,7 @@ def candidates(
     assert gguf is not None
     models: dict[str, LanguageModel] = {}
     try:
-        from exactspec.models.llamacpp import LlamaCppModel, available
+        from exactspec.models.llamacpp.model import LlamaCppModel, available
 
         if available():
             models["llama.cpp Q4_K_M"] = LlamaCppModel(gguf, threads=threads, max_rows=ROWS + 1)

@@ -1,6 +1,6 @@
 """Packed weights on the default pair: cost ratios v(k), c, step times, and the distribution gap to bf16.
 
-For each weight format (`--weights` names, `exactspec.models.packed`) the pair is loaded,
+For each weight format (`--weights` names, `exactspec.models.hf.packed`) the pair is loaded,
 packed, and measured through the same adapters the engine uses (`exactspec.bench.costs`):
 the target's k-token forward on a warm KV cache for k = 1..--max-k, and the draft's
 1-token step. v(k) = target k-token time / 1-token time, c = draft step / target step.
@@ -31,7 +31,7 @@ import torch
 from exactspec.api.decoder import SpeculativeDecoder
 from exactspec.bench.costs import cost_ratios, measure_costs
 from exactspec.bench.prompts import select_prompts
-from exactspec.models.packed import WeightFormat, set_max_rows
+from exactspec.models.hf.packed import WeightFormat, set_max_rows
 from exactspec.models.pair import ModelPair
 
 

@@ -10,7 +10,7 @@ fi
 stamp=.venv/.exactspec-setup
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$0" -nt "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
-  # llama.cpp backend (exactspec.models.llamacpp), built from source once per machine and set of flags.
+  # llama.cpp backend (exactspec/models/llamacpp/), built from source once per machine and set of flags.
   # A native build (-march=native) segfaults on its first decode on some of our CPUs, and an AVX-512
   # build dies of SIGILL on a CPU without avx512f: the flags follow /proc/cpuinfo. LLAVA_BUILD=OFF
   # leaves out llama-cpp-python's multimodal library (mtmd), which exactspec never loads: on a 2-core

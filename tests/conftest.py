@@ -296,7 +296,7 @@ def tiny_llamacpp_backend(monkeypatch: pytest.MonkeyPatch, tiny_gguf_files: tupl
     from dataclasses import replace
 
     from exactspec.models.backends import registry
-    from exactspec.models.llamacpp import LlamaCppModel
+    from exactspec.models.llamacpp.model import LlamaCppModel
     from exactspec.models.pair import ModelPair
 
     target_path, draft_path = tiny_gguf_files

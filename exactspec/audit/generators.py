@@ -172,7 +172,7 @@ def unavailable(kind: str, pair: ModelPair) -> str | None:
     if kind in TRANSFORMERS_KINDS and pair.target_model is None:
         return f"the {pair.backend} backend loads no transformers modules"
     if kind in LLAMACPP_KINDS:
-        from exactspec.models.llamacpp import LlamaCppModel
+        from exactspec.models.llamacpp.model import LlamaCppModel
 
         if not llamacpp_peer.available():
             return f"llama-cpp-python is not installed ({llamacpp_peer.INSTALL_HINT})"

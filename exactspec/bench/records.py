@@ -238,7 +238,7 @@ class ModelRecord(JsonRecord):
     vocab_size: int | None
     layers: int | None
     hidden_size: int | None
-    weights: str = "dense"  # or the packed format (`models.packed.pack_model`)
+    weights: str = "dense"  # or the packed format (`models.hf.packed.pack_model`)
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,12 @@ from exactspec.models.base import LanguageModel
 def engine_module(model: LanguageModel | None) -> Any | None:
     """The transformers module an engine model runs (the HF adapter's own copy), else None.
 
-    The adapters work on copies of the stock modules (`exactspec.models.hf.module_copy`), so hooks on
+    The adapters work on copies of the stock modules (`exactspec.models.hf.modules.module_copy`), so hooks on
     `ModelPair.target_model` see the transformers peer's forwards, never the engine's.
     """
     # Imported here: the command line imports this module to build its parser, and transformers takes
     # seconds to import (`exactspec --help` and every usage error would wait for it).
-    from exactspec.models.hf import HFLanguageModel
+    from exactspec.models.hf.model import HFLanguageModel
 
     return model.module if isinstance(model, HFLanguageModel) else None
 

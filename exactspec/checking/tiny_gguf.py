@@ -1,7 +1,7 @@
 """Tiny random GGUF models (llama architecture, float32), so a GGUF backend can be checked exactly.
 
 Each file is the GGUF form of a tiny Hugging Face Llama model (`tiny_hf`), written by
-`models.gguf_writer` (which says how); the float64 module of the same spec is the reference.
+`models.llamacpp.gguf_writer` (which says how); the float64 module of the same spec is the reference.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from transformers import PreTrainedModel
 
 from exactspec.checking.tiny_hf import TinyHFSpec, tiny_hf_pair
-from exactspec.models.gguf_writer import CONTEXT_LENGTH, gguf_file, token_texts, write_gguf
+from exactspec.models.llamacpp.gguf_writer import CONTEXT_LENGTH, gguf_file, token_texts, write_gguf
 
 __all__ = ["CONTEXT_LENGTH", "tiny_gguf_pair", "token_texts", "write_gguf"]
 

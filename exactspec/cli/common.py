@@ -31,7 +31,7 @@ from exactspec.foundations.settings import (
     SamplingSettings,
 )
 from exactspec.models.backends.registry import Workload, backends
-from exactspec.models.packed import WEIGHT_CHOICES
+from exactspec.models.hf.packed import WEIGHT_CHOICES
 
 __all__ = [
     "EXIT_BROKEN_PIPE",

@@ -24,7 +24,7 @@ class LanguageModel(RowLifecycle, Protocol):
     """A causal language model seen as a function of token histories.
 
     Implementations: `exactspec.checking.toy.TabularModel` (any Python function of the
-    history), `exactspec.models.hf.HFLanguageModel` (Hugging Face, with a KV
+    history), `exactspec.models.hf.model.HFLanguageModel` (Hugging Face, with a KV
     cache). A test can implement it in a few lines (`StatelessModel` gives the
     lifecycle of a model without a cache).
 

@@ -11,7 +11,7 @@ dtype "auto" per device:
   development machine has no GPU.
 
 weights "auto" per device (`auto_weights`):
-- CPU: "int4", torch's packed 4-bit CPU kernel (`exactspec.models.packed`): on the 2-core
+- CPU: "int4", torch's packed 4-bit CPU kernel (`exactspec.models.hf.packed`): on the 2-core
   development machine the default pair decodes faster than with dense bfloat16 weights
   (docs/performance.md, "Packed weights and llama.cpp"). The packed model is the
   target; "bf16" gives the dense (dequantized GGUF) model instead.

@@ -3,7 +3,7 @@
 It holds both views of each model: the stock Hugging Face module as loaded (what
 transformers' own `generate` runs, for the peers: dense weights, transformers' own
 attention) and our `HFLanguageModel` adapter (what the engine runs), which works on
-its own structural copy of the module (`models.hf.module_copy`: the weight tensors
+its own structural copy of the module (`models.hf.modules.module_copy`: the weight tensors
 are shared, never duplicated). With packed weights (`weights="int4"`, ...) the
 adapter's copy has its linear layers packed; the stock module keeps its dense ones.
 """
@@ -47,7 +47,7 @@ class ModelPair:
         tokenizer: the shared tokenizer, or None (token ids only).
         lock: held by whoever runs the adapters, whose KV caches one call at a time may use
             (every `SpeculativeDecoder` over this pair holds it for each call).
-        weights: the target's weight format ("bf16" = dense, "int4", ...: `models.packed`; "gguf" for
+        weights: the target's weight format ("bf16" = dense, "int4", ...: `models.hf.packed`; "gguf" for
             llama.cpp), read from the module `pack_model` marked; it picks the default draft length
             (`exactspec.foundations.defaults.DEFAULTS.gamma`).
         backend: the registered backend that loaded the pair (`models.backends.registry`).
@@ -94,8 +94,8 @@ class ModelPair:
         is checked against the target's (shared ids must mean the same token),
         and the draft's vocabulary must be a prefix of the target's.
         """
-        from exactspec.models.hf import HFLanguageModel
-        from exactspec.models.hf_modules import BACKEND_NAME, model_eos_ids, output_rows
+        from exactspec.models.hf.model import HFLanguageModel
+        from exactspec.models.hf.modules import BACKEND_NAME, model_eos_ids, output_rows
 
         if draft_tokenizer is not None and tokenizer is not None:
             check_tokenizers_compatible(tokenizer, draft_tokenizer)
@@ -114,7 +114,7 @@ class ModelPair:
                     f"{target.vocab_size}; the draft vocabulary must be a prefix of the target's"
                 )
             draft = _adapter("draft", HFLanguageModel, engine_draft, target.eos_token_ids)
-        weights = getattr(engine_target, "exactspec_weights", "bf16")  # set by models.packed
+        weights = getattr(engine_target, "exactspec_weights", "bf16")  # set by models.hf.packed
         return cls(target_model, target, draft_model, draft, tokenizer, weights=weights, backend=BACKEND_NAME)
 
     @classmethod
@@ -146,7 +146,7 @@ class ModelPair:
         then means the device's default (`exactspec.models.device.auto_dtype`). `weights`: "auto"
         (default) is "int4" on the CPU and "bf16" on CUDA (`exactspec.models.device.auto_weights`);
         "bf16" keeps the dense weights in `dtype`; "int4", "int4-g128", "int4-gguf", "int8" pack both
-        models' linear layers for torch's CPU kernels (`exactspec.models.packed`). `threads`: CPU
+        models' linear layers for torch's CPU kernels (`exactspec.models.hf.packed`). `threads`: CPU
         threads of a backend that takes them (llama.cpp). `report`: where a backend's lines for the user
         go (what `--backend auto` measured and chose); None: nowhere (the library never prints).
         `workload`: what the pair will decode (`exactspec.models.backends.registry.Workload`; None: one

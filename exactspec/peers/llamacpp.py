@@ -35,7 +35,7 @@ from typing import Any
 
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.settings import SamplingSettings
-from exactspec.models.llamacpp import INSTALL_HINT
+from exactspec.models.llamacpp.library import INSTALL_HINT
 
 __all__ = [
     "DEFAULT_CONTEXT",

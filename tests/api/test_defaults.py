@@ -10,7 +10,7 @@ from exactspec.api.decoder import SpeculativeDecoder
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.device import auto_weights
-from exactspec.models.packed import WeightFormat, pack_model
+from exactspec.models.hf.packed import WeightFormat, pack_model
 from exactspec.models.pair import ModelPair
 
 VOCAB = len(TOKENIZER_VOCAB)

@@ -13,7 +13,7 @@ from conftest import tiny_causal_lm  # noqa: E402
 
 from exactspec.bench import numerics  # noqa: E402
 from exactspec.checking.tiny_hf import FullForwardModel  # noqa: E402
-from exactspec.models.hf import HFLanguageModel  # noqa: E402
+from exactspec.models.hf.model import HFLanguageModel  # noqa: E402
 
 VOCAB = 41
 PROMPT = [5, 9, 2, 17, 30]

@@ -27,7 +27,7 @@ from exactspec.checking.grid import (  # noqa: E402
     run_exact_case,
 )
 from exactspec.decoding.engine import SpeculativeEngine  # noqa: E402
-from exactspec.models.hf import HFLanguageModel  # noqa: E402
+from exactspec.models.hf.model import HFLanguageModel  # noqa: E402
 
 CASES = grid_cases("hf")
 CAUGHT = 1e-6

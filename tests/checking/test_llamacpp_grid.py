@@ -14,7 +14,7 @@ from conftest import grid_cases  # noqa: E402
 
 from exactspec.checking.grid import backend_cases, run_exact_case  # noqa: E402
 from exactspec.models.backends.llamacpp import TOLERANCE  # noqa: E402
-from exactspec.models.llamacpp import LlamaCppModel  # noqa: E402
+from exactspec.models.llamacpp.model import LlamaCppModel  # noqa: E402
 
 CASES = grid_cases("llamacpp")
 

@@ -18,7 +18,7 @@ from exactspec.foundations.sampler import SeededSampler
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.foundations.transforms import probabilities_per_row
 from exactspec.models.device import auto_dtype, resolve_device
-from exactspec.models.hf import HFLanguageModel
+from exactspec.models.hf.model import HFLanguageModel
 
 CUDA = torch.cuda.is_available()
 needs_gpu = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="no CUDA device here")]

@@ -15,7 +15,7 @@ from exactspec.foundations.sampler import Sampler, SeededSampler
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.foundations.transforms import probabilities
 from exactspec.models.base import LanguageModel
-from exactspec.models.hf import HFLanguageModel
+from exactspec.models.hf.model import HFLanguageModel
 from exactspec.verifiers.block import verify_block
 from exactspec.verifiers.token import verify
 

@@ -16,7 +16,7 @@ from exactspec.decoding.scheduler import QueueFull, Request, Scheduler
 from exactspec.drafters.model import ModelDrafter
 from exactspec.foundations.sampler import SeededSampler
 from exactspec.foundations.settings import SamplingSettings
-from exactspec.models.hf import HFLanguageModel
+from exactspec.models.hf.model import HFLanguageModel
 
 VOCAB = 6
 SETTINGS = [

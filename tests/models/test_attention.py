@@ -1,4 +1,4 @@
-"""exactspec.models.attention: the grouped-query CPU attention computes what SDPA computes."""
+"""exactspec.models.hf.attention: the grouped-query CPU attention computes what SDPA computes."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from exactspec.models.attention import NAME, grouped_query_attention, use_grouped_attention
-from exactspec.models.hf import HFLanguageModel
+from exactspec.models.hf.attention import NAME, grouped_query_attention, use_grouped_attention
+from exactspec.models.hf.model import HFLanguageModel
 from tests.conftest import tiny_causal_lm
 
 VOCAB = 40

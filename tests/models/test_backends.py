@@ -35,7 +35,7 @@ from exactspec.models.backends.registry import (
     backends,
 )
 from exactspec.models.base import LanguageModel, ModelWrapper
-from exactspec.models.hf import HFLanguageModel
+from exactspec.models.hf.model import HFLanguageModel
 from exactspec.models.pair import ModelPair
 
 VOCAB = len(TOKENIZER_VOCAB)

@@ -8,7 +8,7 @@ import torch
 
 gguf = pytest.importorskip("gguf")
 
-from exactspec.models.gguf_int4 import module_path, packed_from_q4k, q4k_groups  # noqa: E402
+from exactspec.models.hf.gguf_int4 import module_path, packed_from_q4k, q4k_groups  # noqa: E402
 
 
 def random_q4k(rows: int, columns: int, seed: int = 0) -> np.ndarray:

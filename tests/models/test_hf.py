@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 from conftest import tiny_causal_lm  # noqa: E402
 
 from exactspec.models.base import LanguageModel  # noqa: E402
-from exactspec.models.hf import HFLanguageModel  # noqa: E402
+from exactspec.models.hf.model import HFLanguageModel  # noqa: E402
 
 VOCAB = 97
 EOS = 3

@@ -30,7 +30,7 @@ from exactspec.drafters.model import ModelDrafter  # noqa: E402
 from exactspec.foundations.sampler import SeededSampler  # noqa: E402
 from exactspec.foundations.settings import SamplingSettings  # noqa: E402
 from exactspec.models.base import ModelWrapper  # noqa: E402
-from exactspec.models.hf import HFLanguageModel  # noqa: E402
+from exactspec.models.hf.model import HFLanguageModel  # noqa: E402
 
 VOCAB = 64
 EOS = 3

@@ -16,7 +16,7 @@ import torch
 from conftest import shared_prefix_schedule
 
 from exactspec.foundations.rows import RowStart
-from exactspec.models import llamacpp as llamacpp_module
+from exactspec.models.llamacpp import model as llamacpp_module
 
 SAME_MODEL_TOLERANCE = 1e-5
 """|cached block logits - from-scratch logits| on the same GGUF. llama.cpp's CPU kernels sum in an order
@@ -52,7 +52,7 @@ from exactspec.decoding.engine import DecodeConfig  # noqa: E402
 from exactspec.decoding.strategy import Strategy  # noqa: E402
 from exactspec.foundations.sampler import SeededSampler  # noqa: E402
 from exactspec.foundations.settings import SamplingSettings  # noqa: E402
-from exactspec.models.llamacpp import LlamaCppModel, check_vocabulary  # noqa: E402
+from exactspec.models.llamacpp.model import LlamaCppModel, check_vocabulary  # noqa: E402
 
 SPEC = TinyHFSpec(family="llama", vocab_size=32, hidden_size=32, layers=2, init_std=0.2, seed=3)
 

@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 from exactspec.checking.tiny_gguf import tiny_gguf_pair  # noqa: E402
 from exactspec.checking.tiny_hf import TinyHFSpec  # noqa: E402
 from exactspec.models.base import StatelessModel  # noqa: E402
-from exactspec.models.llamacpp import LlamaCppModel  # noqa: E402
+from exactspec.models.llamacpp.model import LlamaCppModel  # noqa: E402
 from exactspec.models.tree import path_tree_logits, tree_logits  # noqa: E402
 
 SPEC = TinyHFSpec(family="llama", vocab_size=12, hidden_size=32, layers=2, init_std=0.2, seed=3)

@@ -1,4 +1,4 @@
-"""Packed int4 / int8 weights (`exactspec.models.packed`): the packing, then the engine on packed models.
+"""Packed int4 / int8 weights (`exactspec.models.hf.packed`): the packing, then the engine on packed models.
 
 Packing: a packed linear multiplies by exactly the weight it stores (read back through the
 kernel), reproduces weights that lie on its grid bit for bit, and stays within half a
@@ -26,8 +26,8 @@ from exactspec.drafters.model import ModelDrafter  # noqa: E402
 from exactspec.foundations.sampler import SeededSampler  # noqa: E402
 from exactspec.foundations.settings import SamplingSettings  # noqa: E402
 from exactspec.models.base import ModelWrapper  # noqa: E402
-from exactspec.models.hf import HFLanguageModel  # noqa: E402
-from exactspec.models.packed import (  # noqa: E402
+from exactspec.models.hf.model import HFLanguageModel  # noqa: E402
+from exactspec.models.hf.packed import (  # noqa: E402
     PackedInt4Linear,
     PackedInt8Linear,
     WeightFormat,

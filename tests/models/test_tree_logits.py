@@ -18,7 +18,7 @@ from exactspec.checking.tiny_hf import FullForwardModel
 from exactspec.checking.toy import random_tabular_model
 from exactspec.foundations.trees import node_paths
 from exactspec.models.base import ModelWrapper
-from exactspec.models.hf import HFLanguageModel
+from exactspec.models.hf.model import HFLanguageModel
 from exactspec.models.tree import TreeScoringModel, path_tree_logits, tree_logits
 
 VOCAB = 7

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from exactspec.models.two_rows import TwoRowLinear, use_two_row_linears
+from exactspec.models.hf.two_rows import TwoRowLinear, use_two_row_linears
 
 
 def _switched(in_features: int, out_features: int, bias: bool = True) -> nn.Linear:
@@ -62,8 +62,8 @@ def test_only_dense_bfloat16_cpu_linears_are_switched() -> None:
 def test_the_adapter_switches_its_model_and_packing_still_finds_the_layers() -> None:
     from conftest import tiny_causal_lm
 
-    from exactspec.models.hf import HFLanguageModel
-    from exactspec.models.packed import pack_model
+    from exactspec.models.hf.model import HFLanguageModel
+    from exactspec.models.hf.packed import pack_model
 
     model = tiny_causal_lm(vocab_size=64, seed=0, eos_token_id=3).to(torch.bfloat16)
     adapter = HFLanguageModel(model)

@@ -1,8 +1,8 @@
 """The "hf" backend: transformers modules run by torch's kernels, dense or with packed int4/int8 weights.
 
-The adapter is `exactspec.models.hf.HFLanguageModel` (one KV cache row per row id); loading, the
+The adapter is `exactspec.models.hf.model.HFLanguageModel` (one KV cache row per row id); loading, the
 built-in pair's GGUF conversion and weight packing are `exactspec.models.loading` and
-`exactspec.models.packed`. The stock transformers module stays beside the adapter's copy, so the
+`exactspec.models.hf.packed`. The stock transformers module stays beside the adapter's copy, so the
 transformers peers (`exactspec.peers.hf`) run exactly as transformers' users run them.
 """
 
@@ -26,7 +26,7 @@ from exactspec.models.backends.registry import (
     register,
 )
 from exactspec.models.base import LanguageModel
-from exactspec.models.hf_modules import BACKEND_NAME
+from exactspec.models.hf.modules import BACKEND_NAME
 from exactspec.models.pair import ModelPair
 
 
@@ -69,10 +69,10 @@ def load(spec: LoadSpec) -> ModelPair:
 
 def packed_copy(model: Any, spec: str | os.PathLike[str], weights: str, cache_dir: Any) -> Any:
     """The module the engine's adapter runs: `model` itself for dense weights, else a copy whose linear
-    layers are packed as `weights` says (models.packed; "int4-gguf": models.gguf_int4). The stock
+    layers are packed as `weights` says (models.hf.packed; "int4-gguf": models.hf.gguf_int4). The stock
     module keeps its dense layers for the transformers peers."""
-    from exactspec.models.hf_modules import module_copy
-    from exactspec.models.packed import WeightFormat, pack_model
+    from exactspec.models.hf.modules import module_copy
+    from exactspec.models.hf.packed import WeightFormat, pack_model
 
     fmt = WeightFormat.parse(weights)
     if fmt.bits is None:
@@ -81,7 +81,7 @@ def packed_copy(model: Any, spec: str | os.PathLike[str], weights: str, cache_di
     if not fmt.from_gguf:
         pack_model(model, weights)
         return model
-    from exactspec.models.gguf_int4 import pack_model_from_gguf
+    from exactspec.models.hf.gguf_int4 import pack_model_from_gguf
     from exactspec.models.loading import gguf_path
 
     path = gguf_path(spec, cache_dir, progress=False)
@@ -93,7 +93,7 @@ def packed_copy(model: Any, spec: str | os.PathLike[str], weights: str, cache_di
 
 def reference(pair: ModelPair) -> LanguageModel:
     """A second adapter over the engine's target module (packed as the engine's is), with its own cache."""
-    from exactspec.models.hf import HFLanguageModel
+    from exactspec.models.hf.model import HFLanguageModel
 
     assert isinstance(pair.target, HFLanguageModel)
     return HFLanguageModel(pair.target.module, eos_token_ids=pair.eos_token_ids)
@@ -102,8 +102,8 @@ def reference(pair: ModelPair) -> LanguageModel:
 def describe(model: LanguageModel) -> ModelFacts:
     """What the adapter's own module is (packed when --weights says: its tensors counted at one weight per
     packed entry); any other model says what it can (`describe_any`)."""
-    from exactspec.models.hf import HFLanguageModel
-    from exactspec.models.packed import weight_count
+    from exactspec.models.hf.model import HFLanguageModel
+    from exactspec.models.hf.packed import weight_count
 
     if not isinstance(model, HFLanguageModel):
         return describe_any(model)
@@ -112,7 +112,7 @@ def describe(model: LanguageModel) -> ModelFacts:
         class_name=type(module).__name__,
         parameters=weight_count(module),
         dtype=str(next(module.parameters()).dtype).removeprefix("torch."),
-        weights=getattr(module, "exactspec_weights", "dense"),  # set by models.packed.pack_model
+        weights=getattr(module, "exactspec_weights", "dense"),  # set by models.hf.packed.pack_model
         vocab_size=int(module.config.get_text_config().vocab_size),
         layers=getattr(module.config, "num_hidden_layers", None),
         hidden_size=getattr(module.config, "hidden_size", None),
@@ -136,7 +136,7 @@ def candidates(spec: LoadSpec) -> list[Candidate]:
 
 def tiny_adapters(target: Any, draft: Any, eos: int, options: Mapping[str, Any]) -> tuple[Any, Any]:
     """The grid's adapters: `HFLanguageModel`s over the tiny modules (`options`: max_hole_fraction)."""
-    from exactspec.models.hf import HFLanguageModel
+    from exactspec.models.hf.model import HFLanguageModel
 
     return (
         HFLanguageModel(target, eos_token_ids={eos}, **options),

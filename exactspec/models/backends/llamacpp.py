@@ -1,4 +1,4 @@
-"""The "llamacpp" backend: the GGUF files run by llama.cpp on the CPU (`exactspec.models.llamacpp`).
+"""The "llamacpp" backend: the GGUF files run by llama.cpp on the CPU (`exactspec.models.llamacpp.model`).
 
 The tokenizer (and its chat template) is the one exactspec loads for the spec on the "hf" backend
 (`models.loading.load_tokenizer`), checked id by id against each GGUF's vocabulary. There is no
@@ -33,7 +33,7 @@ NAME = "llamacpp"
 def load(spec: LoadSpec, **options: Any) -> ModelPair:
     """The pair as GGUF files run by llama.cpp; `options`: `LlamaCppModel` keyword arguments (context,
     max_rows, ...; `spec.threads` sets threads)."""
-    from exactspec.models.llamacpp import LlamaCppModel, check_vocabulary
+    from exactspec.models.llamacpp.model import LlamaCppModel, check_vocabulary
     from exactspec.models.loading import gguf_path, load_tokenizer
 
     if spec.threads is not None:
@@ -77,7 +77,7 @@ def load(spec: LoadSpec, **options: Any) -> ModelPair:
 
 def reference(pair: ModelPair) -> LanguageModel:
     """A second llama.cpp context over the target's GGUF file, with its own cells."""
-    from exactspec.models.llamacpp import LlamaCppModel
+    from exactspec.models.llamacpp.model import LlamaCppModel
 
     target = pair.target
     # The engine's threads: a reference on llama.cpp's default threads beside a running engine competes
@@ -86,7 +86,7 @@ def reference(pair: ModelPair) -> LanguageModel:
 
 
 def unavailable() -> str | None:
-    from exactspec.models.llamacpp import INSTALL_HINT, available
+    from exactspec.models.llamacpp.library import INSTALL_HINT, available
 
     return None if available() else f"llama-cpp-python is not installed: {INSTALL_HINT}"
 
@@ -123,7 +123,8 @@ bug (a stale cell, a wrong position, a lost rollback) moves it by 1e-2 or more."
 
 TINY_OPTIONS = {"threads": 1, "context": 256}
 """How a tiny pair's `LlamaCppModel`s are opened: one thread (on tiny models llama.cpp's threads wait on each
-other far longer than they compute) and the tiny models' own context (`models.gguf_writer.CONTEXT_LENGTH`)."""
+other far longer than they compute) and the tiny models' own context
+(`models.llamacpp.gguf_writer.CONTEXT_LENGTH`)."""
 
 
 def tiny_adapters(target: Any, draft: Any, eos: int, options: Mapping[str, Any]) -> tuple[Any, Any]:
@@ -131,8 +132,8 @@ def tiny_adapters(target: Any, draft: Any, eos: int, options: Mapping[str, Any])
     cells and no flash attention (llama.cpp's default float16 cache and its CPU flash attention, which
     rounds through float16, each put the logits about 2e-3 off), float64 logits (llama.cpp's float32
     values widened exactly, for the float64 enumeration)."""
-    from exactspec.models.gguf_writer import gguf_file
-    from exactspec.models.llamacpp import LlamaCppModel
+    from exactspec.models.llamacpp.gguf_writer import gguf_file
+    from exactspec.models.llamacpp.model import LlamaCppModel
 
     settings = {"eos_token_ids": {eos}, "threads": 1, "context": 256, "max_rows": 4, "dtype": torch.float64}
     settings.update(kv_type="f32", flash_attention=False, **options)
@@ -143,8 +144,8 @@ def tiny_pair(target: Any, draft: Any, eos: int) -> TinyPair:
     """The tiny modules as float32 GGUF files loaded as `load` loads a pair (llama.cpp's own KV type and
     attention, one thread), without a tokenizer (prompts are token ids); the reference is a second
     context over the target's file with the same settings."""
-    from exactspec.models.gguf_writer import gguf_file
-    from exactspec.models.llamacpp import LlamaCppModel
+    from exactspec.models.llamacpp.gguf_writer import gguf_file
+    from exactspec.models.llamacpp.model import LlamaCppModel
 
     options = {**TINY_OPTIONS, "eos_token_ids": {eos}}
     target_path = gguf_file(target, eos)

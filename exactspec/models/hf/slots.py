@@ -1,5 +1,5 @@
-"""The bookkeeping of the transformers adapter's KV cache (`models.hf.HFLanguageModel`): which batch index
-holds which row, which slots hold which real tokens, which are holes, and the pending trees.
+"""The bookkeeping of the transformers adapter's KV cache (`models.hf.model.HFLanguageModel`): which batch
+index holds which row, which slots hold which real tokens, which are holes, and the pending trees.
 
 The cache is one `DynamicCache` whose batch index b holds one row id (any order) and whose S slots are
 shared by all rows. A slot is either valid for its row (it holds the K/V of one real token of that row's

@@ -1,4 +1,4 @@
-"""llama-cpp-python for the llama.cpp adapter (`models.llamacpp`): whether it is installed and how to
+"""llama-cpp-python for the llama.cpp adapter (`models.llamacpp.model`): whether it is installed and how to
 install it, its module loaded once with its backend initialised and its log quiet, the KV cache types,
 and the check that a tokenizer's ids mean the same tokens in a GGUF vocabulary.
 """

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from exactspec.models.two_rows import TwoRowLinear
+from exactspec.models.hf.two_rows import TwoRowLinear
 
 INT4_LEVELS = 15  # codes 0..15
 INT4_CENTER = 8  # the kernel computes (q - 8) * scale + zero
@@ -45,7 +45,7 @@ DEFAULT_INT4_GROUP_SIZE = 32
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 
 DENSE = "bf16"
-GGUF_INT4 = "int4-gguf"  # Q4_K codes taken from the GGUF file (exactspec.models.gguf_int4)
+GGUF_INT4 = "int4-gguf"  # Q4_K codes taken from the GGUF file (exactspec.models.hf.gguf_int4)
 AUTO = "auto"  # resolved per device by exactspec.models.device.auto_weights
 WEIGHT_CHOICES = (AUTO, "bf16", "int8", "int4", GGUF_INT4, "int4-g32", "int4-g64", "int4-g128", "int4-g256")
 
@@ -268,7 +268,7 @@ def weight_count(model: nn.Module) -> int:
 def _linears(model: nn.Module) -> Iterator[tuple[nn.Module, str, nn.Linear]]:
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            # TwoRowLinear: a dense layer an adapter already switched (models.two_rows) packs too.
+            # TwoRowLinear: a dense layer an adapter already switched (models.hf.two_rows) packs too.
             if type(child) in (nn.Linear, TwoRowLinear):
                 yield parent, name, child
 
@@ -283,7 +283,7 @@ def pack_model(model: nn.Module, weights: str | WeightFormat) -> dict[str, int]:
     fmt = WeightFormat.parse(weights)
     if fmt.from_gguf:
         raise ValueError(
-            f"{GGUF_INT4} reads the GGUF file: use exactspec.models.gguf_int4.pack_model_from_gguf"
+            f"{GGUF_INT4} reads the GGUF file: use exactspec.models.hf.gguf_int4.pack_model_from_gguf"
         )
     counts = {"packed": 0, "dense": 0}
     if fmt.bits is None:

@@ -24,7 +24,7 @@ tolerance measured). The logits are copied once, from llama.cpp's output buffer 
 [B, k, V] float32 tensor that is returned.
 
 Install: the optional extra `llamacpp` (`INSTALL_HINT`); loading the library and checking a tokenizer
-against a GGUF vocabulary are `models.llamacpp_lib` (exported here too).
+against a GGUF vocabulary are `models.llamacpp.library` (exported here too).
 """
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.rows import RowStart
 from exactspec.foundations.trees import leaf_paths
 from exactspec.models.base import common_prefix_length
-from exactspec.models.llamacpp_lib import INSTALL_HINT as INSTALL_HINT
-from exactspec.models.llamacpp_lib import KV_TYPES, llama_cpp
-from exactspec.models.llamacpp_lib import LlamaCppUnavailable as LlamaCppUnavailable
-from exactspec.models.llamacpp_lib import available as available
-from exactspec.models.llamacpp_lib import check_vocabulary as check_vocabulary
+from exactspec.models.llamacpp.library import INSTALL_HINT as INSTALL_HINT
+from exactspec.models.llamacpp.library import KV_TYPES, llama_cpp
+from exactspec.models.llamacpp.library import LlamaCppUnavailable as LlamaCppUnavailable
+from exactspec.models.llamacpp.library import available as available
+from exactspec.models.llamacpp.library import check_vocabulary as check_vocabulary
 from exactspec.models.rows_cache import PendingTree, RowCacheModel, TreeBatch, keep_length
 from exactspec.models.tree import path_tree_logits
 

@@ -3,7 +3,7 @@
 A Q4_K super-block holds 256 weights as 8 sub-blocks of 32; sub-block j has a 6-bit
 scale sc_j and a 6-bit min m_j, and the block an fp16 d and dmin, so weight i of
 sub-block j is  d * sc_j * q_i - dmin * m_j  with a 4-bit code q_i. That is one int4
-group of 32 (`exactspec.models.packed`): scale s = d * sc_j, and since the kernel
+group of 32 (`exactspec.models.hf.packed`): scale s = d * sc_j, and since the kernel
 computes (q - 8) * s + z, zero z = 8 s - dmin * m_j. The codes are taken as they are;
 only s and z are rounded, to the activation dtype. Tensors stored in another format
 (Q6_K in a Q4_K_M file: some attn_v / ffn_down layers and the output head) are
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from exactspec.models.packed import INT4_CENTER, PackedInt4Linear, int4_shape_ok
+from exactspec.models.hf.packed import INT4_CENTER, PackedInt4Linear, int4_shape_ok
 
 Q4K_BLOCK_WEIGHTS = 256
 Q4K_GROUP = 32
@@ -104,7 +104,7 @@ def pack_model_from_gguf(model: nn.Module, path: str | os.PathLike[str]) -> dict
     """
     from gguf import GGMLQuantizationType, GGUFReader
 
-    from exactspec.models.packed import pack_model
+    from exactspec.models.hf.packed import pack_model
 
     reader = GGUFReader(os.fspath(path))
     modules = dict(model.named_modules())

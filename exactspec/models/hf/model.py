@@ -15,12 +15,12 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
-from exactspec.models.attention import NAME as GROUPED_ATTENTION
-from exactspec.models.attention import use_grouped_attention
-from exactspec.models.hf_modules import model_eos_ids, module_copy, output_rows
-from exactspec.models.hf_slots import CacheSlots
+from exactspec.models.hf.attention import NAME as GROUPED_ATTENTION
+from exactspec.models.hf.attention import use_grouped_attention
+from exactspec.models.hf.modules import model_eos_ids, module_copy, output_rows
+from exactspec.models.hf.slots import CacheSlots
+from exactspec.models.hf.two_rows import use_two_row_linears
 from exactspec.models.rows_cache import PendingTree, RowCacheModel, TreeBatch, keep_length
-from exactspec.models.two_rows import use_two_row_linears
 
 # Token written into padding slots. Its value never matters: padding slots are
 # masked out of every attention, so any valid id will do.
@@ -105,10 +105,10 @@ class HFLanguageModel(CacheSlots, RowCacheModel):
                 its slots could be freed by compaction (0 compacts whenever
                 possible, 1 never compacts).
             grouped_attention: on CPU, switch a model that uses transformers' "sdpa" attention to
-                `exactspec.models.attention` (torch's fused CPU kernel is several times slower
+                `exactspec.models.hf.attention` (torch's fused CPU kernel is several times slower
                 for decoding's few query tokens in bfloat16; the module says what was measured).
             two_row_linears: on CPU, multiply a dense bfloat16 linear layer's lone input row as
-                two equal rows (`exactspec.models.two_rows`): a one-token pass then computes
+                two equal rows (`exactspec.models.hf.two_rows`): a one-token pass then computes
                 each row as the verifier's k-token pass does, bit for bit, and faster.
 
         The adapter wraps, it does not patch: both switches (and eval mode) are made on its own
