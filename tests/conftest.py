@@ -277,9 +277,10 @@ TINY_GGUF_CONTEXT = 2048
 
 @pytest.fixture(scope="session")
 def tiny_gguf_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(target, draft): tiny float32 GGUF files, as many ids as the tiny tokenizer has (`tiny_gguf`)."""
+    """(target, draft): tiny float32 GGUF files, as many ids as the tiny tokenizer has (`tiny_gguf.py`)."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the `llamacpp` extra)")
-    from exactspec.checking.tiny_gguf import tiny_gguf_pair
+    from tiny_gguf import tiny_gguf_pair
+
     from exactspec.checking.tiny_hf import TinyHFSpec
 
     vocab = len(TOKENIZER_VOCAB)

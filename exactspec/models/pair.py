@@ -143,8 +143,8 @@ class ModelPair:
         registered itself. Each reads the options it names (`Backend.options`) and ignores the others.
 
         For transformers: `device` is "cpu", "cuda" or "auto" (CUDA when available); dtype "auto"
-        then means the device's default (`exactspec.models.device.auto_dtype`). `weights`: "auto"
-        (default) is "int4" on the CPU and "bf16" on CUDA (`exactspec.models.device.auto_weights`);
+        then means the device's default (`exactspec.models.hf.auto_options.auto_dtype`). `weights`: "auto"
+        (default) is "int4" on the CPU and "bf16" on CUDA (`exactspec.models.hf.auto_options.auto_weights`);
         "bf16" keeps the dense weights in `dtype`; "int4", "int4-g128", "int4-gguf", "int8" pack both
         models' linear layers for torch's CPU kernels (`exactspec.models.hf.packed`). `threads`: CPU
         threads of a backend that takes them (llama.cpp). `report`: where a backend's lines for the user

@@ -9,7 +9,7 @@ from conftest import TOKENIZER_EOS_ID, TOKENIZER_VOCAB, tiny_causal_lm, tiny_tok
 from exactspec.api.decoder import SpeculativeDecoder
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.settings import SamplingSettings
-from exactspec.models.device import auto_weights
+from exactspec.models.hf.auto_options import auto_weights
 from exactspec.models.hf.packed import WeightFormat, pack_model
 from exactspec.models.pair import ModelPair
 

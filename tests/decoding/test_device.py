@@ -17,7 +17,8 @@ from exactspec.drafters.model import ModelDrafter
 from exactspec.foundations.sampler import SeededSampler
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.foundations.transforms import probabilities_per_row
-from exactspec.models.device import auto_dtype, resolve_device
+from exactspec.models.device import resolve_device
+from exactspec.models.hf.auto_options import auto_dtype
 from exactspec.models.hf.model import HFLanguageModel
 
 CUDA = torch.cuda.is_available()

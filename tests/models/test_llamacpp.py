@@ -1,4 +1,4 @@
-"""The llama.cpp adapter (`LlamaCppModel`) on tiny float32 GGUF models written by `checking.tiny_gguf`.
+"""The llama.cpp adapter (`LlamaCppModel`) on tiny float32 GGUF models written by `tests/tiny_gguf.py`.
 
 Three references: the same GGUF scored from scratch (one no-cache pass per history through a
 fresh sequence), the float64 Hugging Face model the GGUF was written from (an independent
@@ -45,7 +45,8 @@ def test_missing_llama_cpp_names_the_extra_and_the_build_flags(monkeypatch: pyte
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the `llamacpp` extra)")
 pytest.importorskip("transformers")
 
-from exactspec.checking.tiny_gguf import tiny_gguf_pair, token_texts  # noqa: E402
+from tiny_gguf import tiny_gguf_pair, token_texts  # noqa: E402
+
 from exactspec.checking.tiny_hf import FullForwardModel, TinyHFSpec  # noqa: E402
 from exactspec.decoding.builder import build_engine  # noqa: E402
 from exactspec.decoding.engine import DecodeConfig  # noqa: E402

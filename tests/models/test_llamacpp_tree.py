@@ -14,7 +14,8 @@ from conftest import assert_place_logits, place_logits, random_tree, tree_batch,
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the `llamacpp` extra)")
 pytest.importorskip("transformers")
 
-from exactspec.checking.tiny_gguf import tiny_gguf_pair  # noqa: E402
+from tiny_gguf import tiny_gguf_pair  # noqa: E402
+
 from exactspec.checking.tiny_hf import TinyHFSpec  # noqa: E402
 from exactspec.models.base import StatelessModel  # noqa: E402
 from exactspec.models.llamacpp.model import LlamaCppModel  # noqa: E402

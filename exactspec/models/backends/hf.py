@@ -32,7 +32,8 @@ from exactspec.models.pair import ModelPair
 
 def load(spec: LoadSpec) -> ModelPair:
     """The pair on `spec.device`, in `spec.dtype`, with `spec.weights` (module docstring of pair.py)."""
-    from exactspec.models.device import auto_dtype, auto_weights, resolve_device
+    from exactspec.models.device import resolve_device
+    from exactspec.models.hf.auto_options import auto_dtype, auto_weights
     from exactspec.models.loading import load_hf_model
 
     where = resolve_device(spec.device)

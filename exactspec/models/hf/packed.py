@@ -46,7 +46,7 @@ INT4_GROUP_SIZES = (32, 64, 128, 256)
 
 DENSE = "bf16"
 GGUF_INT4 = "int4-gguf"  # Q4_K codes taken from the GGUF file (exactspec.models.hf.gguf_int4)
-AUTO = "auto"  # resolved per device by exactspec.models.device.auto_weights
+AUTO = "auto"  # resolved per device by exactspec.models.hf.auto_options.auto_weights
 WEIGHT_CHOICES = (AUTO, "bf16", "int8", "int4", GGUF_INT4, "int4-g32", "int4-g64", "int4-g128", "int4-g256")
 
 
@@ -70,7 +70,7 @@ class WeightFormat:
         name = (text or DENSE).lower()
         if name == AUTO:
             raise ValueError(
-                'weights "auto" depend on the device: resolve them with models.device.auto_weights'
+                'weights "auto" depend on the device: resolve them with models.hf.auto_options.auto_weights'
             )
         if name in ("bf16", "dense", "none"):
             return cls()

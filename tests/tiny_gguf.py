@@ -1,4 +1,4 @@
-"""Tiny random GGUF models (llama architecture, float32), so a GGUF backend can be checked exactly.
+"""Tiny random GGUF models (llama architecture, float32), so the llama.cpp backend can be checked exactly.
 
 Each file is the GGUF form of a tiny Hugging Face Llama model (`tiny_hf`), written by
 `models.llamacpp.gguf_writer` (which says how); the float64 module of the same spec is the reference.
