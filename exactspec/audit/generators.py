@@ -42,6 +42,7 @@ from exactspec.decoding.scheduler import Scheduler
 from exactspec.decoding.strategy import CostSource, Strategy
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.settings import SamplingSettings
+from exactspec.models.backends.registry import running_from, target_files
 from exactspec.models.base import LanguageModel
 from exactspec.models.pair import ModelPair
 from exactspec.peers import llamacpp as llamacpp_peer
@@ -165,30 +166,34 @@ def unavailable(kind: str, pair: ModelPair) -> str | None:
     """Why generator `kind` cannot run on `pair` (None when it can).
 
     The transformers peers run the pair's stock transformers modules; llama-cpp-python's run the
-    target's GGUF file, beside a llama.cpp target only (the audit's reference then scores that same
-    file: against a transformers reference the two would differ by more than chance); onnxruntime-genai's
-    run the target's ONNX export, beside a target loaded from one (`--backend onnx`), for the same reason.
+    target's GGUF file, beside a target that runs that very file only (`Backend.on_disk`: the audit's
+    reference then scores that same file; against a transformers reference the two would differ by more
+    than chance); onnxruntime-genai's run the target's ONNX export, beside a target that runs that
+    export folder, for the same reason.
     """
     if kind in TRANSFORMERS_KINDS and pair.target_model is None:
         return f"the {pair.backend} backend loads no transformers modules"
+    files = target_files(pair)
     if kind in LLAMACPP_KINDS:
-        from exactspec.models.llamacpp.model import LlamaCppModel
-
         if not llamacpp_peer.available():
             return f"llama-cpp-python is not installed ({llamacpp_peer.INSTALL_HINT})"
-        if not isinstance(pair.target, LlamaCppModel):
+        if files is None or files.folder:
             return (
-                "it samples the target's GGUF file through llama-cpp-python: audit it with --backend llamacpp"
+                f"it samples the target's GGUF file through llama-cpp-python: audit it with {_running(False)}"
             )
     if kind in ORTGENAI_KINDS:
         if not ortgenai_peer.available():
             return f"onnxruntime-genai is not installed ({ortgenai_peer.INSTALL_HINT})"
-        folder = getattr(pair.target, "folder", None)
-        if folder is None or not ortgenai_peer.is_model_folder(folder):
-            return (
-                "it samples the target's ONNX export through onnxruntime-genai: audit it with --backend onnx"
+        if files is None or not files.folder or not ortgenai_peer.is_model_folder(files.path):
+            return "it samples the target's ONNX export through onnxruntime-genai: audit it with " + _running(
+                True
             )
     return None
+
+
+def _running(folder: bool) -> str:
+    """'--backend NAME' for each backend whose target runs a model folder (`folder`) or one model file."""
+    return " or ".join(f"--backend {name}" for name in running_from(folder)) or "a backend that runs it"
 
 
 def _scheduler(
@@ -237,14 +242,16 @@ def make_generator(
         return HFSampleGenerator(pair.target_model, pair.eos_token_ids, batch_size)
     if kind in LLAMACPP_KINDS:
         lookup = kind == "llamacpp-lookup"
-        path, threads = pair.target.path, pair.target.threads  # type: ignore[attr-defined]
-        llm = llamacpp_peer.load(path, threads=threads, lookup_tokens=gamma if lookup else None)
+        files = target_files(pair)
+        assert files is not None  # `unavailable` checked it
+        llm = llamacpp_peer.load(files.path, threads=files.threads, lookup_tokens=gamma if lookup else None)
         name = f"llamacpp-lookup gamma={gamma}" if lookup else "llamacpp-plain"
         return LlamaCppGenerator(llm, gamma if lookup else 0, pair.eos_token_ids, name)
     if kind in ORTGENAI_KINDS:
         ngram = kind == "ortgenai-ngram"
-        threads = getattr(pair.target, "threads", None) or DEFAULTS.threads
-        model = ortgenai_peer.load(pair.target.folder, threads=threads)  # type: ignore[attr-defined]
+        files = target_files(pair)
+        assert files is not None  # `unavailable` checked it
+        model = ortgenai_peer.load(files.path, threads=files.threads or DEFAULTS.threads)
         name = f"ortgenai-ngram gamma={gamma}" if ngram else "ortgenai-plain"
         return OrtGenaiGenerator(model, gamma if ngram else 0, pair.eos_token_ids, name)
     raise ValueError(f"unknown generator {kind!r}; choose from {', '.join(GENERATOR_KINDS)}")

@@ -97,14 +97,14 @@ def measure_costs(
         raise ValueError(f"the cost context needs more than {max_k} tokens, got {len(history)}")
     pair.target.clear_cache()
     pair.draft.clear_cache()
-    hooked = engine_module(pair.target) is not None
+    hooked = engine_module(pair, pair.target) is not None
     target_times: dict[int, list[float]] = {k: [] for k in range(1, max_k + 1)}
     target_forward: dict[int, list[float]] = {k: [] for k in range(1, max_k + 1)}
     draft_times: list[float] = []
     draft_forward: list[float] = []
     with (
-        ForwardTimer(engine_module(pair.target)) as target_timer,
-        ForwardTimer(engine_module(pair.draft)) as draft_timer,
+        ForwardTimer(engine_module(pair, pair.target)) as target_timer,
+        ForwardTimer(engine_module(pair, pair.draft)) as draft_timer,
     ):
         pair.target.logits([history], 1)  # prefill (untimed)
         pair.draft.logits([history], 1)

@@ -42,7 +42,7 @@ PEER_COSTS = "llama.cpp peer"
 
 def costs_in_run(result: BenchResult) -> dict[str, BackendCosts]:
     """The costs measured in the run, by name: our engine's backend first, then llama.cpp's peer."""
-    ours = result.costs.name or f"exactspec on {result.models.backend or 'hf'}"
+    ours = result.costs.name or f"exactspec on {result.models.ran_on}"
     out = {ours: BackendCosts.of(result.costs, ours)}
     if result.peer_costs is not None:
         out[PEER_COSTS] = BackendCosts.of(result.peer_costs, PEER_COSTS)

@@ -106,7 +106,7 @@ def _header(result: BenchResult, summary: Summary) -> list[str]:
     mix = ", ".join(f"{n} {c}" for c, n in sorted(categories.items()))
     estimate = summary.estimated_full_run_seconds
     methods = ", ".join(label(m, g) for m, g in configured_methods(result) if is_engine_method(m))
-    backend = models.backend or "hf"
+    backend = models.ran_on
     lines = [
         *_provenance(result),
         f"- backend of our engine: `{backend}` (every method of ours ran its passes there)",

@@ -34,13 +34,14 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.provenance import Provenance
 from exactspec.foundations.records import JsonRecord
+from exactspec.models.backends.registry import unnamed_results_backend
 from exactspec.models.base import LanguageModel
 
 DEFAULT_GAMMA = DEFAULTS.check_gamma
@@ -105,7 +106,8 @@ class NumericsPrompt(JsonRecord):
 class NumericsResult(JsonRecord):
     """A whole `exactspec numerics` run (numerics.json).
 
-    `backend`: what ran the passes (`models.backends`; "hf" in files from before it was kept).
+    `backend`: what ran the passes (`models.backends`; in files from before it was kept, the one backend
+    there was: `models.backends.registry.unnamed_results_backend`).
     `dtype`, `weights`: the target as measured (e.g. bfloat16, int4; float32, gguf on llama.cpp);
     `timings`: seconds of each
     part ("bfloat16_seconds", "float32_seconds", and with padded passes the mean seconds of a
@@ -114,7 +116,7 @@ class NumericsResult(JsonRecord):
 
     provenance: Provenance
     target: str
-    backend: str = "hf"
+    backend: str = field(default_factory=unnamed_results_backend)
     dtype: str
     weights: str
     gamma: int

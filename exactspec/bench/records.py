@@ -238,19 +238,27 @@ class ModelRecord(JsonRecord):
     vocab_size: int | None
     layers: int | None
     hidden_size: int | None
-    weights: str = "dense"  # or the packed format (`models.hf.packed.pack_model`)
+    weights: str = "dense"  # or the weight format its backend names (`Backend.describe`)
 
 
 @dataclass(frozen=True)
 class ModelSpecs(JsonRecord):
     """How the models were asked for (the command line's specs, the weights chosen, the load time) and the
-    backend that ran our engine's passes (None in results from before it was kept: "hf")."""
+    backend that ran our engine's passes (None in results from before it was kept: `ran_on` says which)."""
 
     target_spec: str | None = None
     draft_spec: str | None = None
     weights: str | None = None
     load_seconds: float | None = None
     backend: str | None = None
+
+    @property
+    def ran_on(self) -> str:
+        """The backend that ran our engine's passes; for results that name none, the one backend there
+        was before it was kept (`models.backends.registry.unnamed_results_backend`)."""
+        from exactspec.models.backends.registry import unnamed_results_backend
+
+        return self.backend or unnamed_results_backend()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -306,8 +306,8 @@ def run_engine(
         finish_reason = event.finish_reason or finish_reason
 
     with (
-        ForwardTimer(engine_module(pair.target)) as target_timer,
-        ForwardTimer(engine_module(pair.draft)) as draft_timer,
+        ForwardTimer(engine_module(pair, pair.target)) as target_timer,
+        ForwardTimer(engine_module(pair, pair.draft)) as draft_timer,
     ):
         started = time.perf_counter()
         session.submit(request, on_event)
@@ -320,7 +320,7 @@ def run_engine(
     if isinstance(costs, BatchCosts):  # a planned round: one row's c and v(k) of the costs it plans from
         costs = costs.single_row()
     # Forward hooks where the backend runs transformers modules; else each adapter call is the pass.
-    hooked = engine_module(pair.target) is not None
+    hooked = engine_module(pair, pair.target) is not None
     target_forwards = tuple(target_timer.calls) if hooked else tuple(log.target_calls)
     draft_forwards = tuple(draft_timer.calls) if hooked else tuple(log.draft_calls)
     record = Measurement(

@@ -1,7 +1,8 @@
 """Timing that is the same for every side of the benchmark: forward-pass hooks and round timestamps.
 
-* model time: forward hooks on the two HF models time every forward pass, so
-  "time outside the models" is measured the same way for our engine and HF.
+* model time: forward hooks time every forward pass of the modules the engine's backend names
+  (`Backend.timed_module`: the transformers adapters' own copies) and of the stock modules the
+  transformers peers run, so "time outside the models" is measured the same way for both.
 * steady state: tokens after the first round / time after the first round.
   The first round holds the prefill, which no decoding method speeds up.
 """
@@ -18,17 +19,14 @@ from exactspec.bench.records import SteadyState
 from exactspec.models.base import LanguageModel
 
 
-def engine_module(model: LanguageModel | None) -> Any | None:
-    """The transformers module an engine model runs (the HF adapter's own copy), else None.
+def engine_module(pair: Any, model: LanguageModel | None) -> Any | None:
+    """The module whose forward passes the hooks time for `model`, one of `pair`'s adapters (its
+    backend's `Backend.timed_module`: the adapter's own copy, since hooks on `ModelPair.target_model`
+    see the transformers peer's forwards, never the engine's); None when its passes are timed by the
+    round alone."""
+    from exactspec.models.backends.registry import timed_module
 
-    The adapters work on copies of the stock modules (`exactspec.models.hf.modules.module_copy`), so hooks on
-    `ModelPair.target_model` see the transformers peer's forwards, never the engine's.
-    """
-    # Imported here: the command line imports this module to build its parser, and transformers takes
-    # seconds to import (`exactspec --help` and every usage error would wait for it).
-    from exactspec.models.hf.model import HFLanguageModel
-
-    return model.module if isinstance(model, HFLanguageModel) else None
+    return timed_module(pair, model)
 
 
 class ForwardTimer:

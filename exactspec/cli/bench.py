@@ -287,24 +287,27 @@ def _load_llamacpp(args: argparse.Namespace, say: Callable[[str], None]) -> Any:
 
 def _load_ortgenai(args: argparse.Namespace, pair: ModelPair, say: Callable[[str], None]) -> Any:
     """onnxruntime-genai's model for the ortgenai methods (`peers.ortgenai.load`): over --ortgenai's folder,
-    else over the onnx backend's export of the target; None (with a line saying why) to skip them."""
+    else over the export folder the target runs (`Backend.on_disk`); None (with a line saying why) to skip
+    them."""
+    from exactspec.models.backends.registry import running_from, target_files
     from exactspec.peers import ortgenai
 
     folder = getattr(args, "ortgenai", None)
-    # A target loaded from a folder (the onnx backend's export) may be one the peer can run: asked of the
-    # model, not of the backend's name.
-    on_export = getattr(pair.target, "folder", None) is not None and not getattr(args, "no_ortgenai", False)
+    # A target that runs a model folder (`Backend.on_disk`) may run one the peer can run too.
+    files = target_files(pair) if not getattr(args, "no_ortgenai", False) else None
+    on_export = files is not None and files.folder
     if folder is None and not on_export:
         return None
     if not ortgenai.available():
         say(f"onnxruntime-genai column skipped: onnxruntime-genai is not installed ({ortgenai.INSTALL_HINT})")
         return None
-    if not folder:  # the folder the onnx backend's target was loaded from
-        folder = getattr(pair.target, "folder", None)
+    if not folder:  # the folder the target was loaded from
+        folder = files.path if files is not None and files.folder else None
         if folder is None or not ortgenai.is_model_folder(folder):
+            runs = " or ".join(f"--backend {name}" for name in running_from(True))
             say(
                 "onnxruntime-genai column skipped: the target is no ONNX model builder export "
-                "(give its folder to --ortgenai, or run with --backend onnx)"
+                f"(give its folder to --ortgenai, or run with {runs or 'a backend that runs one'})"
             )
             return None
     if not ortgenai.is_model_folder(folder):

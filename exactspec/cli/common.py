@@ -30,8 +30,7 @@ from exactspec.foundations.settings import (
     TEMPERATURE_MAX,
     SamplingSettings,
 )
-from exactspec.models.backends.registry import Workload, backends
-from exactspec.models.hf.packed import WEIGHT_CHOICES
+from exactspec.models.backends.registry import Workload, backends, weight_choices, weights_help
 
 __all__ = [
     "EXIT_BROKEN_PIPE",
@@ -403,11 +402,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--weights",
         default=DEFAULTS.weights,
-        choices=WEIGHT_CHOICES,
-        help="linear-layer weights: auto (default: int4 on the CPU, where it is fastest, bf16 on CUDA), "
-        "bf16 (dense, in --dtype: the dequantized GGUF), int4 (packed 4-bit, group 32, re-quantized), "
-        "int4-gguf (the GGUF's own 4-bit codes; slower to load), int4-g128 etc. (other group sizes), "
-        "int8; torch CPU kernels; the packed model is the target",
+        choices=weight_choices(),
+        help=f"linear-layer weights: {weights_help()}",
     )
     registered = backends()
     group.add_argument(

@@ -9,7 +9,7 @@ the reason.
 (1.0, 0.0)
 >>> DEFAULTS.fixed_gamma("int4"), DEFAULTS.fixed_gamma("bf16"), DEFAULTS.adaptive_gamma_cap
 (2, 4, 4)
->>> DEFAULTS.drafter, DEFAULTS.gamma("llamacpp", adaptive=True, free=True)
+>>> DEFAULTS.drafter, DEFAULTS.gamma("gguf", adaptive=True, free=True)
 ('suffix', 8)
 """
 

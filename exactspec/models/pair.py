@@ -1,11 +1,9 @@
 """A target and an optional draft, loaded once: the one pair class of the API, the benchmark and the audit.
 
-It holds both views of each model: the stock Hugging Face module as loaded (what
-transformers' own `generate` runs, for the peers: dense weights, transformers' own
-attention) and our `HFLanguageModel` adapter (what the engine runs), which works on
-its own structural copy of the module (`models.hf.modules.module_copy`: the weight tensors
-are shared, never duplicated). With packed weights (`weights="int4"`, ...) the
-adapter's copy has its linear layers packed; the stock module keeps its dense ones.
+It holds the adapters the engine runs (`target`, `draft`: `LanguageModel`s, loaded by the backend
+named in `backend`) and, on a backend that runs transformers modules, the stock modules as loaded
+beside them (`target_model`, `draft_model`: what transformers' own `generate` runs, for the peers), the
+adapters working on structural copies of them (the weight tensors shared, never duplicated).
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ from exactspec.foundations.errors import InvalidArgument
 from exactspec.foundations.records import JsonRecord
 from exactspec.models.base import LanguageModel
 from exactspec.models.costs import COST_PROCEDURE, checked_batch_costs, checked_cost_model
-from exactspec.models.tokenizers import check_tokenizers_compatible, end_of_generation_ids
 
 if TYPE_CHECKING:
     from exactspec.artefacts.measurements import Reading
@@ -40,15 +37,16 @@ class ModelPair:
     """The models one run decodes with.
 
     Attributes:
-        target_model: the target's transformers module, stock (what the transformers peers run).
-        target: our adapter (KV cache per row) over its own copy of it, packed when `weights` says.
-        draft_model: the draft's transformers module, or None (plain decoding only).
-        draft: our adapter over its own copy of it, or None.
+        target_model: the target's transformers module, stock (what the transformers peers run), or
+            None on a backend that loads none.
+        target: our adapter (a cache per row), over its own copy of that module where there is one.
+        draft_model: the draft's transformers module, or None.
+        draft: our adapter for the draft, or None (plain decoding only).
         tokenizer: the shared tokenizer, or None (token ids only).
         lock: held by whoever runs the adapters, whose KV caches one call at a time may use
             (every `SpeculativeDecoder` over this pair holds it for each call).
-        weights: the target's weight format ("bf16" = dense, "int4", ...: `models.hf.packed`; "gguf" for
-            llama.cpp), read from the module `pack_model` marked; it picks the default draft length
+        weights: the target's weight format, as its backend names it ("bf16" = dense, "int4", "gguf",
+            ...); it picks the default draft length
             (`exactspec.foundations.defaults.DEFAULTS.gamma`).
         backend: the registered backend that loaded the pair (`models.backends.registry`).
         source: what was loaded (specs, options): the key of measurements cached for the pair.
@@ -84,7 +82,8 @@ class ModelPair:
         eos_token_ids: Collection[int] | None = None,
         engine_modules: tuple[Any, Any | None] | None = None,
     ) -> ModelPair:
-        """Wrap loaded transformers models (which stay as they are: the adapters work on copies).
+        """Wrap loaded transformers models (which stay as they are: the adapters work on copies), on the
+        backend that runs transformers modules (`Backend.from_modules`).
 
         `engine_modules`: (target, draft) modules for the adapters to wrap instead, e.g. copies with
         packed linear layers (`from_pretrained` makes them); default the models themselves.
@@ -94,28 +93,18 @@ class ModelPair:
         is checked against the target's (shared ids must mean the same token),
         and the draft's vocabulary must be a prefix of the target's.
         """
-        from exactspec.models.hf.model import HFLanguageModel
-        from exactspec.models.hf.modules import BACKEND_NAME, model_eos_ids, output_rows
+        from exactspec.models.backends.registry import modules_backend
 
-        if draft_tokenizer is not None and tokenizer is not None:
-            check_tokenizers_compatible(tokenizer, draft_tokenizer)
-        if eos_token_ids is None:
-            eos_token_ids = model_eos_ids(target_model)
-            if tokenizer is not None:
-                eos_token_ids = end_of_generation_ids(tokenizer, eos_token_ids)
-        engine_target, engine_draft = engine_modules or (target_model, draft_model)
-        target = _adapter("target", HFLanguageModel, engine_target, eos_token_ids)
-        draft = None
-        if draft_model is not None:
-            draft_vocab = output_rows(engine_draft)
-            if draft_vocab > target.vocab_size:
-                raise InvalidArgument(
-                    f"the draft model has {draft_vocab} output rows, more than the target's "
-                    f"{target.vocab_size}; the draft vocabulary must be a prefix of the target's"
-                )
-            draft = _adapter("draft", HFLanguageModel, engine_draft, target.eos_token_ids)
-        weights = getattr(engine_target, "exactspec_weights", "bf16")  # set by models.hf.packed
-        return cls(target_model, target, draft_model, draft, tokenizer, weights=weights, backend=BACKEND_NAME)
+        wrap = modules_backend().from_modules
+        assert wrap is not None
+        return wrap(
+            target_model,
+            draft_model,
+            tokenizer=tokenizer,
+            draft_tokenizer=draft_tokenizer,
+            eos_token_ids=eos_token_ids,
+            engine_modules=engine_modules,
+        )
 
     @classmethod
     def from_pretrained(
@@ -217,7 +206,7 @@ class ModelPair:
     @property
     def context_length(self) -> int:
         """The target's maximum number of positions (0 when its config does not say)."""
-        if self.target_model is None:  # llama.cpp: the context's cells
+        if self.target_model is None:  # an adapter without a transformers module: what it holds
             return int(getattr(self.target, "context_length", 0) or 0)
         return int(getattr(self.target_model.config, "max_position_embeddings", 0) or 0)
 
@@ -340,17 +329,3 @@ class ModelPair:
             clear = getattr(model, "clear_cache", None)
             if clear is not None:
                 clear()
-
-
-def _adapter(role: str, adapter: Any, model: Any, eos_token_ids: Collection[int] | None) -> Any:
-    """The adapter around `model`; a model that does not fit says whether it is the target or the draft."""
-    try:
-        return adapter(model, eos_token_ids=eos_token_ids)
-    except ValueError as error:
-        hint = (
-            " (the end-of-generation ids are the target's and its tokenizer's; the draft's vocabulary "
-            "must hold every one of them)"
-            if role == "draft"
-            else ""
-        )
-        raise InvalidArgument(f"the {role} model does not fit: {error}{hint}") from error

@@ -14,7 +14,9 @@ import pytest
 from conftest import TOKENIZER_EOS_ID, TOKENIZER_VOCAB, tiny_causal_lm, tiny_tokenizer
 from fake_timing import ClockedModel, FakeClock, quiet, quiet_load
 
+from exactspec.audit import generators
 from exactspec.bench.runner import describe_model
+from exactspec.bench.timing import engine_module
 from exactspec.checking.grid import exact_grid, run_exact_case
 from exactspec.checking.toy import random_tabular_model
 from exactspec.cli.main import build_parser, main
@@ -28,6 +30,8 @@ from exactspec.models.backends.registry import (
     GridCell,
     LoadSpec,
     ModelFacts,
+    OnDisk,
+    TargetFiles,
     TinyModels,
     TinyPair,
     Workload,
@@ -90,6 +94,11 @@ TOY = Backend(
         tolerance=1e-12,
         pair=_tiny_pair,
     ),
+    runtime_packages=("toy-runtime-test",),
+    weight_formats=("toy-int3",),
+    weights_help="toy-int3 (the toy backend's three-bit weights)",
+    timed_module=lambda model: model.model.module if isinstance(model, ToyAdapter) else None,
+    on_disk=OnDisk(folder=False, path=lambda model: "/toy/model.file", threads=lambda model: 3),
 )
 
 
@@ -249,20 +258,32 @@ def test_auto_on_explicit_torch_weights_is_the_hf_backend() -> None:
 def test_a_backend_registered_here_alone_reaches_every_part_that_asks_the_registry(
     toy: Backend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The toy backend is named in this test only: the CLI offers it, auto measures it, the bench
-    describes its models as it says, `audit --tiny` audits its tiny pair and the verify grid enumerates
-    its cells through its adapters."""
-    # The CLI's choices, with its summary in --help.
+    """The toy backend is named in this test only: the CLI offers it and its weight formats, auto
+    measures it and keys its measurements by its runtime's version, the bench describes its models as it
+    says and times the module it names, the audit's peers ask it what its target runs from, `audit
+    --tiny` audits its tiny pair and the verify grid enumerates its cells through its adapters."""
+    # The CLI's choices, with its summary and its weight formats in --help.
     assert build_parser().parse_args(["serve", "--backend", toy.name]).backend == toy.name
+    assert build_parser().parse_args(["generate", "x", "--weights", "toy-int3"]).weights == "toy-int3"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["generate", "--help"])
-    assert "toy-test: a backend registered by a test" in " ".join(capsys.readouterr().out.split())
-    # Auto's candidates, as the backend says to measure it.
+    said = " ".join(capsys.readouterr().out.split())
+    assert "toy-test: a backend registered by a test" in said
+    assert "toy-int3 (the toy backend's three-bit weights)" in said
+    # Auto's candidates, as the backend says to measure it, and its runtime in a measurement's key.
     assert ("toy-test fast", toy.name, "auto") in auto._candidates(LoadSpec())
-    # The bench's description of a loaded model.
+    assert "toy-runtime-test" in auto._measurement_key(LoadSpec(), [("toy-test fast", toy.name, "auto")], ())
+    # The bench's description of a loaded model, and the module its hooks time.
     pair = ModelPair.from_pretrained("some-target", None, backend=toy.name)
     record = describe_model(pair, pair.target)
     assert (record.class_name, record.parameters, record.weights) == ("ToyAdapter", 1234, "toy weights")
+    toy_pair = _tiny_pair(
+        tiny_causal_lm(vocab_size=VOCAB, seed=0), tiny_causal_lm(vocab_size=VOCAB, seed=1), 0
+    )
+    assert engine_module(toy_pair.pair, toy_pair.pair.target) is toy_pair.pair.target.model.module
+    # What its target runs from, for the peers that run the same file: the audit points to it.
+    assert registry.target_files(toy_pair.pair) == TargetFiles("/toy/model.file", False, 3)
+    assert "--backend toy-test" in generators._running(folder=False)
     # The verify grid: its cell, through its adapters, exact.
     cases = [case for case in exact_grid() if case.name.startswith("toy-test")]
     assert [case.name for case in cases] == ["toy-test float64: batch of 2, gamma=2"]

@@ -275,10 +275,10 @@ def test_the_audit_finds_its_samples_distributed_as_the_target(
     target, _ = tiny_hf_pair(SPEC)
     reference = FullForwardModel(target, frozenset({EOS}), SPEC.vocab_size)
     pair: Any = SimpleNamespace(
-        target=SimpleNamespace(folder=tiny_export, threads=1), eos_token_ids=frozenset({EOS})
+        target=SimpleNamespace(folder=tiny_export, threads=1), eos_token_ids=frozenset({EOS}), backend="onnx"
     )
     assert unavailable(kind, pair) is None
-    assert "--backend onnx" in (unavailable(kind, SimpleNamespace(target=reference)) or "")
+    assert "--backend onnx" in (unavailable(kind, SimpleNamespace(target=reference, backend="")) or "")
     generator = make_generator(kind, pair, gamma, 1)
     settings = SamplingSettings(temperature=0.5)
     case = AuditCase(tuple(PROMPT), 3, settings, 400, seed=1, max_new_tokens=3 + gamma)

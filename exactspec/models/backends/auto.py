@@ -9,8 +9,9 @@ plain one-token step, the draft step c and v(1..9) through the adapters
 (`models.costs.measure_cost_model`), and for a batch workload (the server) the seconds of a pass of
 r rows x 1 token for a few r up to the expected batch (`models.costs.measure_batch_costs`), and caches
 the measurement under the artefacts cache (`artefacts.measurements`, keyed by the target, the
-machine's CPU and flags, cores, torch, llama-cpp-python and onnxruntime versions and threads, and, where the
-workload needs them, the draft whose step c counts and the batch sizes measured), with its provenance,
+machine's CPU and flags, cores, the versions of torch and of every backend's runtime
+(`Backend.runtime_packages`) and threads, and, where the workload needs them, the draft whose step c
+counts and the batch sizes measured), with its provenance,
 when it passed its checks (`foundations.measuring`: stable over rounds, v(k) sensible, the machine quiet
 enough while it ran); one that did not is used for this run and said. Later runs read the measurement
 from the cache and load only the winner; `exactspec measure` measures again.
@@ -48,7 +49,16 @@ from exactspec.foundations.costs import BatchCosts, expected_tokens
 from exactspec.foundations.errors import InvalidArgument
 from exactspec.foundations.measuring import Conditions, LoadMeter, joined
 from exactspec.foundations.records import JsonRecord
-from exactspec.models.backends.registry import Backend, LoadSpec, Pair, Workload, backend, backends, register
+from exactspec.models.backends.registry import (
+    Backend,
+    LoadSpec,
+    Pair,
+    Workload,
+    backend,
+    backends,
+    register,
+    runtime_packages,
+)
 from exactspec.models.base import LanguageModel
 
 MEASURED_GAMMA = 8
@@ -265,11 +275,6 @@ def _candidates(spec: LoadSpec) -> list[tuple[str, str, str]]:
     return found
 
 
-MEASURED_PACKAGES = ("llama-cpp-python", "onnxruntime")
-"""Packages whose version is part of a measurement's key (beside torch's): a new llama.cpp or ONNX Runtime
-can change a backend's step, so it is measured again."""
-
-
 def choose(spec: LoadSpec, *, again: bool = False) -> BackendChoice:
     """The candidate predicted fastest on `spec.workload` on this machine, from a measurement taken once
     and then read from the cache. A measurement that fails its checks (`exactspec.foundations.measuring`)
@@ -282,9 +287,10 @@ def choose(spec: LoadSpec, *, again: bool = False) -> BackendChoice:
     workload = spec.workload
     candidates = _candidates(spec)
     if not candidates and spec.batch_invariant:
+        having = [b for b in backends().values() if "batch_invariant" in b.options]
+        why = "; ".join(f"the {b.name} backend has one: {b.unavailable() or 'installed'}" for b in having)
         raise InvalidArgument(
-            "--batch-invariant: no installed backend has a batch-invariant mode (the onnx backend has one: "
-            'pip install -e ".[onnx]")'
+            f"--batch-invariant: no installed backend has a batch-invariant mode ({why or 'none registered'})"
         )
     if len(candidates) == 1:
         label, name, weights = candidates[0]
@@ -341,7 +347,9 @@ def _measurement_key(
     from exactspec.foundations.provenance import installed_versions, machine
 
     here = machine()
-    versions = installed_versions(MEASURED_PACKAGES)  # "" for one not installed: no backend needs it
+    # Every backend's runtime (`Backend.runtime_packages`; "" for one not installed): a new runtime can
+    # change a backend's step, so it is measured again.
+    versions = installed_versions(runtime_packages())
     key: dict[str, object] = {
         "target": str(spec.target),
         "dtype": str(spec.dtype),

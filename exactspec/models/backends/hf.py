@@ -9,9 +9,10 @@ transformers peers (`exactspec.peers.hf`) run exactly as transformers' users run
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
+from exactspec.foundations.errors import InvalidArgument
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.backends.registry import (
     FLOAT64_TOLERANCE,
@@ -26,8 +27,11 @@ from exactspec.models.backends.registry import (
     register,
 )
 from exactspec.models.base import LanguageModel
-from exactspec.models.hf.modules import BACKEND_NAME
+from exactspec.models.hf.packed import AUTO, WEIGHT_CHOICES
 from exactspec.models.pair import ModelPair
+from exactspec.models.tokenizers import check_tokenizers_compatible, end_of_generation_ids
+
+NAME = "hf"
 
 
 def load(spec: LoadSpec) -> ModelPair:
@@ -51,7 +55,7 @@ def load(spec: LoadSpec) -> ModelPair:
         )
         draft_model = draft_model.to(where)
         engine_draft = packed_copy(draft_model, spec.draft, weights, spec.cache_dir)
-    pair = ModelPair.from_models(
+    pair = from_modules(
         target_model,
         draft_model,
         tokenizer=tokenizer,
@@ -66,6 +70,55 @@ def load(spec: LoadSpec) -> ModelPair:
         "device": str(where),
     }
     return pair
+
+
+def from_modules(
+    target_model: Any,
+    draft_model: Any | None = None,
+    *,
+    tokenizer: Any | None = None,
+    draft_tokenizer: Any | None = None,
+    eos_token_ids: Collection[int] | None = None,
+    engine_modules: tuple[Any, Any | None] | None = None,
+) -> ModelPair:
+    """Loaded transformers modules as a pair (`ModelPair.from_models`, whose docstring says what each
+    argument means): `HFLanguageModel`s over `engine_modules` (default the modules themselves)."""
+    from exactspec.models.hf.model import HFLanguageModel
+    from exactspec.models.hf.modules import model_eos_ids, output_rows
+
+    if draft_tokenizer is not None and tokenizer is not None:
+        check_tokenizers_compatible(tokenizer, draft_tokenizer)
+    if eos_token_ids is None:
+        eos_token_ids = model_eos_ids(target_model)
+        if tokenizer is not None:
+            eos_token_ids = end_of_generation_ids(tokenizer, eos_token_ids)
+    engine_target, engine_draft = engine_modules or (target_model, draft_model)
+    target = _adapter("target", HFLanguageModel, engine_target, eos_token_ids)
+    draft = None
+    if draft_model is not None:
+        draft_vocab = output_rows(engine_draft)
+        if draft_vocab > target.vocab_size:
+            raise InvalidArgument(
+                f"the draft model has {draft_vocab} output rows, more than the target's "
+                f"{target.vocab_size}; the draft vocabulary must be a prefix of the target's"
+            )
+        draft = _adapter("draft", HFLanguageModel, engine_draft, target.eos_token_ids)
+    weights = getattr(engine_target, "exactspec_weights", "bf16")  # set by models.hf.packed
+    return ModelPair(target_model, target, draft_model, draft, tokenizer, weights=weights, backend=NAME)
+
+
+def _adapter(role: str, adapter: Any, model: Any, eos_token_ids: Collection[int] | None) -> Any:
+    """The adapter around `model`; a model that does not fit says whether it is the target or the draft."""
+    try:
+        return adapter(model, eos_token_ids=eos_token_ids)
+    except ValueError as error:
+        hint = (
+            " (the end-of-generation ids are the target's and its tokenizer's; the draft's vocabulary "
+            "must hold every one of them)"
+            if role == "draft"
+            else ""
+        )
+        raise InvalidArgument(f"the {role} model does not fit: {error}{hint}") from error
 
 
 def packed_copy(model: Any, spec: str | os.PathLike[str], weights: str, cache_dir: Any) -> Any:
@@ -120,6 +173,14 @@ def describe(model: LanguageModel) -> ModelFacts:
     )
 
 
+def timed_module(model: LanguageModel) -> Any | None:
+    """The adapter's own copy of its module, whose forward passes the bench's hooks time (hooks on the
+    stock module, `ModelPair.target_model`, see the transformers peer's passes, never the engine's)."""
+    from exactspec.models.hf.model import HFLanguageModel
+
+    return model.module if isinstance(model, HFLanguageModel) else None
+
+
 def candidates(spec: LoadSpec) -> list[Candidate]:
     """What `--backend auto` measures: on the CPU with weights "auto", packed int4 and dense bfloat16;
     on another device dense bfloat16; the weight format the spec names otherwise."""
@@ -146,8 +207,8 @@ def tiny_adapters(target: Any, draft: Any, eos: int, options: Mapping[str, Any])
 
 
 def tiny_pair(target: Any, draft: Any, eos: int) -> TinyPair:
-    """The tiny float32 modules as a transformers pair (`ModelPair.from_models`)."""
-    pair = ModelPair.from_models(target, draft, eos_token_ids={eos})
+    """The tiny float32 modules as a transformers pair (`from_modules`)."""
+    pair = from_modules(target, draft, eos_token_ids={eos})
     return TinyPair(pair, f"tiny random {type(target).__name__.removesuffix('ForCausalLM')} models")
 
 
@@ -234,7 +295,7 @@ TINY = TinyModels(
 
 BACKEND = register(
     Backend(
-        name=BACKEND_NAME,
+        name=NAME,
         summary="transformers with torch's kernels (--weights: int4 packed on the CPU, bf16 dense, ...)",
         load=load,
         reference=reference,
@@ -243,5 +304,13 @@ BACKEND = register(
         describe=describe,
         candidates=candidates,
         tiny=TINY,
+        weight_formats=tuple(w for w in WEIGHT_CHOICES if w != AUTO),
+        weights_help="auto (default: int4 on the CPU, where it is fastest, bf16 on CUDA), bf16 (dense, in "
+        "--dtype: the dequantized GGUF), int4 (packed 4-bit, group 32, re-quantized), int4-gguf (the GGUF's "
+        "own 4-bit codes; slower to load), int4-g128 etc. (other group sizes), int8; torch CPU kernels; the "
+        "packed model is the target",
+        timed_module=timed_module,
+        from_modules=from_modules,
+        unnamed_results=True,
     )
 )

@@ -18,6 +18,7 @@ from exactspec.models.backends.registry import (
     GridCell,
     LoadSpec,
     ModelFacts,
+    OnDisk,
     TinyModels,
     TinyPair,
     register,
@@ -207,5 +208,8 @@ BACKEND = register(
         own_threads=True,
         describe=describe,
         tiny=TINY,
+        runtime_packages=("llama-cpp-python",),
+        # Its target runs the GGUF file as it is: llama-cpp-python's own generators run beside it.
+        on_disk=OnDisk(folder=False, path=lambda model: model.path, threads=lambda model: model.threads),  # type: ignore[attr-defined]
     )
 )

@@ -22,6 +22,7 @@ from exactspec.models.backends.registry import (
     GridCell,
     LoadSpec,
     ModelFacts,
+    OnDisk,
     TinyModels,
     TinyPair,
     register,
@@ -269,5 +270,8 @@ BACKEND = register(
         own_threads=True,
         describe=describe,
         tiny=_tiny(),
+        runtime_packages=("onnxruntime",),
+        # Its target runs the model builder's export folder: onnxruntime-genai's generators run beside it.
+        on_disk=OnDisk(folder=True, path=lambda model: model.folder, threads=lambda model: model.threads),  # type: ignore[attr-defined]
     )
 )

@@ -1,16 +1,18 @@
 """The backend registry: one name map from `--backend NAME` to everything the rest of exactspec knows
 about a backend (STYLE.md 14 and 18).
 
-A backend is its adapter (a `LanguageModel`, usually a `models.rows_cache.RowCacheModel`) plus one file
-in `exactspec/models/backends/` that registers a `Backend`: its name, whether it can run on this machine
-(and, if not, how to install what it needs), which models it accepts, how it loads a pair, its
-reference model, how a loaded model describes itself (`describe`: the bench, reports, `--json`), the
-candidates `--backend auto` measures for it (`candidates`), and how it runs tiny random models
-(`tiny`: its exactness cases in `exactspec verify`, its pair for `audit --tiny` and the tests).
-`ModelPair.from_pretrained(backend=...)`, the CLI's `--backend` choices, `--backend auto`, the bench,
-the audit and the verify grid read `backends()`, so a new backend touches no other file
-(docs/architecture.md, "Adding a backend"). `backends()` imports every module of that folder once,
-which is how a new file is found.
+A backend is its folder `exactspec/models/<name>/` (its adapter, a `LanguageModel`, usually a
+`models.rows_cache.RowCacheModel`, and its helpers) plus one file in `exactspec/models/backends/` that
+registers a `Backend`: its name, whether it can run on this machine (and, if not, how to install what it
+needs), which models it accepts, how it loads a pair, its reference model, how a loaded model describes
+itself (`describe`: the bench, reports, `--json`), what the bench times of it (`timed_module`), what its
+target runs from on disk (`on_disk`: the peers that run the same files), the runtime packages whose
+versions key its measurements, the weight formats it reads, the candidates `--backend auto` measures for
+it (`candidates`), and how it runs tiny random models (`tiny`: its exactness cases in `exactspec
+verify`, its pair for `audit --tiny` and the tests). `ModelPair.from_pretrained(backend=...)`, the CLI's
+`--backend` and `--weights` choices, `--backend auto`, the bench, the audit and the verify grid read
+`backends()`, so a new backend touches no other file (docs/architecture.md, "Adding a backend").
+`backends()` imports every module of that folder once, which is how a new file is found.
 
 >>> list(backends())[:3]
 ['auto', 'hf', 'llamacpp']
@@ -285,7 +287,41 @@ class TinyModels:
     grid_spec: tuple[tuple[str, Any], ...] = ()
 
 
+@dataclass(frozen=True)
+class TargetFiles:
+    """What a loaded target runs from on disk, for the peers that run the very same files beside it (the
+    audit's llama-cpp-python and onnxruntime-genai generators, the bench's onnxruntime-genai column).
+
+    Attributes:
+        path: one model file (a GGUF file) or a model folder (an exported model).
+        folder: `path` is a folder.
+        threads: the threads the target runs on (a peer beside it runs on as many; None: its default).
+    """
+
+    path: os.PathLike[str] | str
+    folder: bool
+    threads: int | None = None
+
+
+@dataclass(frozen=True)
+class OnDisk:
+    """How a backend's loaded target is read from files it runs as they are (`Backend.on_disk`).
+
+    Attributes:
+        folder: it runs a model folder (an exported model), not one model file (a GGUF file).
+        path, threads: a loaded target -> that file or folder; the threads it runs on.
+    """
+
+    folder: bool
+    path: Callable[[LanguageModel], os.PathLike[str] | str]
+    threads: Callable[[LanguageModel], int | None] = lambda model: None
+
+
 def _runs_here() -> str | None:
+    return None
+
+
+def _no_module(model: LanguageModel) -> Any | None:
     return None
 
 
@@ -322,6 +358,19 @@ class Backend:
         own_threads: its passes run on a thread pool of its own (ONNX Runtime's, llama.cpp's), not
             torch's: once such a pair is loaded, torch keeps one thread for the sampling
             (`ModelPair.from_pretrained`; see `SAMPLING_THREADS`).
+        runtime_packages: the packages that run its passes, whose installed versions key `--backend
+            auto`'s cached measurements (a new runtime can change its step; torch's is in every key).
+        weight_formats, weights_help: the `--weights` values it reads beside "auto" (a backend whose
+            `options` name "weights"), and what they mean for `--help`.
+        timed_module: a loaded adapter -> the torch module whose forward passes the bench's hooks time
+            (the adapter's own copy, never the stock module the peers run); None: its passes are timed
+            by the round alone.
+        on_disk: what its target runs from on disk, for the peers that run the same files beside it
+            (None: modules in memory).
+        from_modules: (target module, draft module, keywords of `ModelPair.from_models`) -> a pair over
+            transformers modules already in memory; one backend has it (`modules_backend`).
+        unnamed_results: bench and numerics results that name no backend (written before the backend
+            was recorded) ran on it; one backend has it (`unnamed_results_backend`).
     """
 
     name: str
@@ -337,6 +386,13 @@ class Backend:
     tiny: TinyModels | None = None
     chooses: bool = False
     own_threads: bool = False
+    runtime_packages: tuple[str, ...] = ()
+    weight_formats: tuple[str, ...] = ()
+    weights_help: str = ""
+    timed_module: Callable[[LanguageModel], Any | None] = _no_module
+    on_disk: OnDisk | None = None
+    from_modules: Callable[..., Pair] | None = None
+    unnamed_results: bool = False
 
     def auto_candidates(self, spec: LoadSpec) -> list[Candidate]:
         """The ways `--backend auto` measures this backend for `spec` (`candidates`, default its name)."""
@@ -360,3 +416,55 @@ def backends() -> dict[str, Backend]:
 def backend(name: str) -> Backend:
     """The backend registered as `name`; ValueError naming the known ones."""
     return BACKENDS.get(name)
+
+
+def of_pair(pair: Pair) -> Backend | None:
+    """The backend that loaded `pair`; None for a pair put together by hand (or by a backend this build
+    does not register)."""
+    return backends().get(pair.backend)
+
+
+def runtime_packages() -> tuple[str, ...]:
+    """Every backend's runtime packages (`Backend.runtime_packages`), by rank, each once."""
+    return tuple(dict.fromkeys(p for b in backends().values() for p in b.runtime_packages))
+
+
+def weight_choices() -> tuple[str, ...]:
+    """`--weights`' choices: "auto" (each backend's own choice), then every backend's weight formats."""
+    return tuple(dict.fromkeys(["auto", *(w for b in backends().values() for w in b.weight_formats)]))
+
+
+def weights_help() -> str:
+    """What `--weights` means, in the words of each backend that reads it."""
+    return "; ".join(b.weights_help for b in backends().values() if b.weights_help)
+
+
+def timed_module(pair: Pair, model: LanguageModel | None) -> Any | None:
+    """The module whose forward passes the bench times for `model`, one of `pair`'s adapters
+    (`Backend.timed_module`); None when its backend's passes are timed by the round alone."""
+    found = of_pair(pair)
+    return None if found is None or model is None else found.timed_module(model)
+
+
+def target_files(pair: Pair) -> TargetFiles | None:
+    """What `pair`'s target runs from on disk (`Backend.on_disk`); None for modules in memory."""
+    found = of_pair(pair)
+    if found is None or found.on_disk is None:
+        return None
+    disk = found.on_disk
+    return TargetFiles(disk.path(pair.target), disk.folder, disk.threads(pair.target))
+
+
+def running_from(folder: bool) -> list[str]:
+    """The backends whose target runs a model folder (`folder`) or one model file as it is."""
+    return [b.name for b in backends().values() if b.on_disk is not None and b.on_disk.folder == folder]
+
+
+def modules_backend() -> Backend:
+    """The backend that runs transformers modules already in memory (`Backend.from_modules`)."""
+    return next(b for b in backends().values() if b.from_modules is not None)
+
+
+def unnamed_results_backend() -> str:
+    """The backend that results naming none ran on (`Backend.unnamed_results`)."""
+    return next(b.name for b in backends().values() if b.unnamed_results)

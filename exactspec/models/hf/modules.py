@@ -1,8 +1,5 @@
 """What exactspec reads from a transformers causal LM module, without importing transformers itself: its
 structural copy (what an adapter switches), its logits rows and its end-of-generation ids.
-
-`BACKEND_NAME` is the name the transformers backend registers (`models.backends.hf`): a pair made of
-transformers modules (`ModelPair.from_models`) says it.
 """
 
 from __future__ import annotations
@@ -12,9 +9,6 @@ import itertools
 from typing import Any
 
 import torch
-
-BACKEND_NAME = "hf"
-"""The transformers backend's registered name."""
 
 
 def module_copy(model: torch.nn.Module) -> torch.nn.Module:
