@@ -30,19 +30,18 @@ against a GGUF vocabulary are `models.llamacpp.library` (exported here too).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-import numpy as np
 import torch
 
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.rows import RowStart
 from exactspec.foundations.trees import leaf_paths
 from exactspec.models.base import common_prefix_length
+from exactspec.models.llamacpp.context import LlamaContext
 from exactspec.models.llamacpp.library import INSTALL_HINT as INSTALL_HINT
 from exactspec.models.llamacpp.library import KV_TYPES, llama_cpp
 from exactspec.models.llamacpp.library import LlamaCppUnavailable as LlamaCppUnavailable
@@ -59,6 +58,24 @@ DEFAULT_BATCH_TOKENS = 512
 DEFAULT_TREE_SEQUENCES = 16
 """Sequence ids kept for tree branches beyond the rows' own (one per leaf of every tree of one call); a
 call whose trees need more is scored path by path."""
+
+
+def _check_sizes(
+    threads: int, context: int, max_rows: int, batch_tokens: int, tree_sequences: int, kv_type: str
+) -> None:
+    """ValueError unless the context's options make sense together (`LlamaCppModel`'s arguments)."""
+    if kv_type not in KV_TYPES:
+        raise ValueError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
+    if max_rows < 1 or context < 1 or batch_tokens < 1 or threads < 1:
+        raise ValueError("threads, context, max_rows and batch_tokens must be >= 1")
+    if tree_sequences < 0:
+        raise ValueError(f"tree_sequences must be >= 0, got {tree_sequences}")
+    if batch_tokens < max_rows + tree_sequences:
+        # llama.cpp reserves an output row per sequence in a batch of n_batch (it aborts otherwise).
+        raise ValueError(
+            f"batch_tokens ({batch_tokens}) must be at least max_rows + tree_sequences "
+            f"({max_rows} + {tree_sequences}): llama.cpp keeps an output per sequence in every batch"
+        )
 
 
 class _Branches(NamedTuple):
@@ -113,64 +130,24 @@ class LlamaCppModel(RowCacheModel):
                 gets those cells (`llama_memory_seq_cp`: the unified cache shares them, nothing is
                 computed or copied) instead of computing them; `shared_tokens` counts them.
         """
-        lib = llama_cpp()
-        self._lib = lib
+        llama_cpp()  # a missing llama-cpp-python is said before anything else
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"no GGUF file at {self.path}")
-        if kv_type not in KV_TYPES:
-            raise ValueError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
-        if max_rows < 1 or context < 1 or batch_tokens < 1 or threads < 1:
-            raise ValueError("threads, context, max_rows and batch_tokens must be >= 1")
-        if tree_sequences < 0:
-            raise ValueError(f"tree_sequences must be >= 0, got {tree_sequences}")
-        if batch_tokens < max_rows + tree_sequences:
-            # llama.cpp reserves an output row per sequence in a batch of n_batch (it aborts otherwise).
-            raise ValueError(
-                f"batch_tokens ({batch_tokens}) must be at least max_rows + tree_sequences "
-                f"({max_rows} + {tree_sequences}): llama.cpp keeps an output per sequence in every batch"
-            )
-        model_params = lib.llama_model_default_params()
-        model_params.n_gpu_layers = 0  # the CPU backend; the logits are returned on the CPU
-        self._model = lib.llama_model_load_from_file(os.fsencode(self.path), model_params)
-        if not self._model:
-            raise ValueError(f"llama.cpp could not load {self.path} (not a GGUF model it supports)")
-        self._vocab = lib.llama_model_get_vocab(self._model)
-        self._n_vocab = int(lib.llama_vocab_n_tokens(self._vocab))
-        params = lib.llama_context_default_params()
-        params.n_ctx = context
-        params.n_batch = batch_tokens
-        params.n_ubatch = batch_tokens
-        params.n_seq_max = max_rows + tree_sequences
-        params.n_threads = threads
-        params.n_threads_batch = threads
-        params.type_k = params.type_v = KV_TYPES[kv_type]
-        params.kv_unified = True  # one pool of cells for all rows: a row may use the whole context
-        params.no_perf = True
-        if flash_attention is not None:
-            params.flash_attn_type = (
-                lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attention else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
-            )
-        self._ctx = lib.llama_init_from_model(self._model, params)
-        if not self._ctx:
-            lib.llama_model_free(self._model)
-            raise ValueError(f"llama.cpp could not create a context for {self.path} ({context} cells)")
-        self._memory = lib.llama_get_memory(self._ctx)
-        self._context = int(lib.llama_n_ctx(self._ctx))
-        self._batch_tokens = batch_tokens
+        _check_sizes(threads, context, max_rows, batch_tokens, tree_sequences, kv_type)
+        self._llama = LlamaContext(
+            self.path,
+            threads=threads,
+            context=context,
+            sequences=max_rows + tree_sequences,
+            batch_tokens=batch_tokens,
+            kv_type=kv_type,
+            flash_attention=flash_attention,
+        )
+        self._n_vocab = self._llama.n_vocab
         self._max_rows = max_rows
         self._threads = threads
         self._sequences = max_rows + tree_sequences
-        self._tree_batch: Any = (
-            None  # a llama_batch whose tokens may belong to several sequences, made on first use
-        )
-        self._batch = lib.llama_batch_init(batch_tokens, 0, 1)
-        # numpy views of the batch's arrays: filling a block is then a few vector writes.
-        self._batch_token = np.ctypeslib.as_array(self._batch.token, shape=(batch_tokens,))
-        self._batch_pos = np.ctypeslib.as_array(self._batch.pos, shape=(batch_tokens,))
-        self._batch_n_seq = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(batch_tokens,))
-        self._batch_logits = np.ctypeslib.as_array(self._batch.logits, shape=(batch_tokens,))
-        self._batch_n_seq[:] = 1  # every token belongs to exactly one row's sequence
 
         if vocab_size is None:
             vocab_size = self._n_vocab
@@ -179,7 +156,11 @@ class LlamaCppModel(RowCacheModel):
                 f"vocab_size must lie in 1..{self._n_vocab} (the GGUF's vocabulary), got {vocab_size}"
             )
         self._vocab_size = vocab_size
-        eos = frozenset(int(t) for t in eos_token_ids) if eos_token_ids is not None else self._gguf_eos_ids()
+        eos = (
+            frozenset(int(t) for t in eos_token_ids)
+            if eos_token_ids is not None
+            else self._llama.end_of_generation_ids()
+        )
         if not eos:
             raise ValueError(f"no end-of-generation id known for {self.path}; pass eos_token_ids")
         if any(not 0 <= t < vocab_size for t in eos):
@@ -213,7 +194,7 @@ class LlamaCppModel(RowCacheModel):
     @property
     def context_length(self) -> int:
         """KV cells of the context (all rows together)."""
-        return self._context
+        return self._llama.cells
 
     @property
     def max_rows(self) -> int:
@@ -229,22 +210,20 @@ class LlamaCppModel(RowCacheModel):
     def description(self) -> str:
         """llama.cpp's description of the model: architecture, size and weight type ("qwen2 1.5B Q4_K -
         Medium")."""
-        buffer = (ctypes.c_char * 256)()
-        self._lib.llama_model_desc(self._model, buffer, len(buffer))
-        return buffer.value.decode("utf-8", errors="replace")
+        return self._llama.description()
 
     @property
     def parameters(self) -> int:
         """Weights of the model, as llama.cpp counts them."""
-        return int(self._lib.llama_model_n_params(self._model))
+        return self._llama.parameters()
 
     @property
     def layers(self) -> int:
-        return int(self._lib.llama_model_n_layer(self._model))
+        return self._llama.layers()
 
     @property
     def hidden_size(self) -> int:
-        return int(self._lib.llama_model_n_embd(self._model))
+        return self._llama.hidden_size()
 
     @property
     def cached_rows(self) -> list[int]:
@@ -257,7 +236,7 @@ class LlamaCppModel(RowCacheModel):
 
     def token_text(self, token: int) -> str:
         """The GGUF vocabulary's text of `token` (as the tokenizer's vocabulary spells it)."""
-        raw = self._lib.llama_vocab_get_text(self._vocab, token)
+        raw = self._llama.token_text(token)
         return raw.decode("utf-8", errors="surrogateescape") if raw is not None else ""
 
     def add_rows(self, rows: Sequence[RowStart]) -> None:
@@ -273,7 +252,7 @@ class LlamaCppModel(RowCacheModel):
 
     def clear_cache(self) -> None:
         """Drop every row (all cells freed)."""
-        self._lib.llama_memory_clear(self._memory, True)
+        self._llama.clear()
         self._seq_of.clear()
         self._tokens.clear()
         self._pending.clear()
@@ -329,11 +308,11 @@ class LlamaCppModel(RowCacheModel):
         present: dict[int, int] = {}
         for row, history in zip(row_ids, history_lists, strict=True):
             feeds.append(self._catch_up(row, history, 1, present))
-        if sum(len(f) for _, _, f in feeds) + sum(len(t) for t in trees.tokens) > self._batch_tokens:
+        if sum(len(f) for _, _, f in feeds) + sum(len(t) for t in trees.tokens) > self._llama.batch_tokens:
             # Long feeds (a prompt) go in first through the plain path; one decode then takes the trees.
             self._decode([(seq, start, f[:-1]) for seq, start, f in feeds if len(f) > 1], 0, None)
             feeds = [(seq, start + len(f) - 1, f[-1:]) for seq, start, f in feeds]
-            if len(feeds) + sum(len(t) for t in trees.tokens) > self._batch_tokens:
+            if len(feeds) + sum(len(t) for t in trees.tokens) > self._llama.batch_tokens:
                 # one decode cannot take these trees
                 return path_tree_logits(self, history_lists, *trees.tensors(), row_ids)  # type: ignore[arg-type]
         used = set(self._seq_of.values()) | {s for t in self._pending.values() for s in t.place.sequences}
@@ -346,7 +325,7 @@ class LlamaCppModel(RowCacheModel):
             row = row_ids[b]
             branches = [next(spare) for _ in row_leaves]
             for branch in branches:
-                self._lib.llama_memory_seq_cp(self._memory, seq, branch, -1, -1)  # the row's cells, shared
+                self._llama.copy(seq, branch)  # the row's cells, shared
             for i, token in enumerate(feed):
                 last = i == len(feed) - 1
                 entries.append((token, start + i, [seq, *branches], (b, 0) if last else None))
@@ -379,12 +358,12 @@ class LlamaCppModel(RowCacheModel):
         cached = self._tokens[row]
         keep = keep_length(cached, history, k)
         # Roll back: free this sequence's cells from position `keep` on (p1 = -1: to the end).
-        if keep < len(cached) and not self._lib.llama_memory_seq_rm(self._memory, seq, keep, -1):
+        if keep < len(cached) and not self._llama.remove(seq, keep):
             raise RuntimeError(f"llama.cpp could not roll back sequence {seq} to {keep} tokens")
         donor, shared = self._donor(row, history[: len(history) - k], present)
         if shared > keep:
             # The same tokens at the same positions: the donor's cells join this row's sequence.
-            self._lib.llama_memory_seq_cp(self._memory, self._seq_of[donor], seq, keep, shared)
+            self._llama.copy(self._seq_of[donor], seq, keep, shared)
             self.shared_tokens += shared - keep
             keep = shared
         present[row] = keep
@@ -455,82 +434,23 @@ class LlamaCppModel(RowCacheModel):
                 for leaf, s in zip(pending.place.leaves, pending.place.sequences, strict=True)
                 if leaf[: len(path)] == path
             )
-            self._lib.llama_memory_seq_cp(
-                self._memory, branch, self._seq_of[row], len(base), len(base) + len(path)
-            )
+            self._llama.copy(branch, self._seq_of[row], len(base), len(base) + len(path))
             self._tokens[row] = base + [pending.tokens[n] for n in path]
         for branch in pending.place.sequences:
-            self._lib.llama_memory_seq_rm(self._memory, branch, -1, -1)  # a whole sequence: never fails
+            self._llama.remove(branch)  # a whole sequence: never fails
 
     def _decode_tree(
         self, entries: list[tuple[int, int, list[int], tuple[int, int] | None]], out: torch.Tensor
     ) -> None:
         """One `llama_decode` of `entries` (token, position, sequence ids, (b, j) of out or None); the logits
         of each entry that has a place go to out[b, j]."""
-        lib = self._lib
-        if self._tree_batch is None:
-            self._tree_batch = lib.llama_batch_init(self._batch_tokens, 0, self._sequences)
-        batch = self._tree_batch
-        for i, (token, position, seqs, place) in enumerate(entries):
-            batch.token[i] = token
-            batch.pos[i] = position
-            batch.n_seq_id[i] = len(seqs)
-            for j, seq in enumerate(seqs):
-                batch.seq_id[i][j] = seq
-            batch.logits[i] = int(place is not None)
-        batch.n_tokens = len(entries)
-        status = lib.llama_decode(self._ctx, batch)
-        if status != 0:
-            raise RuntimeError(f"llama_decode of a tree failed with status {status}")
-        out_np = out.numpy()
-        for i, (_, _, _, place) in enumerate(entries):
-            if place is not None:
-                logits = np.ctypeslib.as_array(lib.llama_get_logits_ith(self._ctx, i), shape=(self._n_vocab,))
-                out_np[place] = logits[: self._vocab_size]
+        self._llama.decode_tree(entries, out, self._vocab_size)
 
     def _decode(self, feeds: list[tuple[int, int, list[int]]], k: int, out: torch.Tensor | None) -> None:
         """Run every feed through `llama_decode` in batches of at most `batch_tokens` tokens; write the
         logits of each feed's last k tokens into out[b] ([B, k, V] float32 or float64; k = 0 and out None:
         fill the cache only)."""
-        if not feeds:
-            return
-        tokens = np.concatenate([np.asarray(f, dtype=np.int32) for _, _, f in feeds])  # [T]
-        positions = np.concatenate([np.arange(p, p + len(f), dtype=np.int32) for _, p, f in feeds])  # [T]
-        seqs = np.concatenate([np.full(len(f), s, dtype=np.int32) for s, _, f in feeds])  # [T]
-        lengths = np.array([len(f) for _, _, f in feeds])
-        ends = np.cumsum(lengths)  # [B] one past each feed's last token in the flat order
-        wanted = np.zeros(len(tokens), dtype=np.int8)  # [T] 1 where logits are returned
-        owner: dict[int, tuple[int, int]] = {}  # flat index -> (b, j) of out
-        for b, end in enumerate(ends.tolist()):
-            for j in range(k):
-                wanted[end - k + j] = 1
-                owner[end - k + j] = (b, j)
-        out_np = None if out is None else out.numpy()  # shares out's memory: the one copy of the logits
-        step = self._batch_tokens
-        for start in range(0, len(tokens), step):
-            stop = min(start + step, len(tokens))
-            n = stop - start
-            self._batch_token[:n] = tokens[start:stop]
-            self._batch_pos[:n] = positions[start:stop]
-            self._batch_logits[:n] = wanted[start:stop]
-            seq_ids = self._batch.seq_id
-            for i, seq in enumerate(seqs[start:stop].tolist()):
-                seq_ids[i][0] = seq
-            self._batch.n_tokens = n
-            status = self._lib.llama_decode(self._ctx, self._batch)
-            if status != 0:
-                hint = (
-                    f": the context's {self._context} KV cells are full (load with a larger context, "
-                    "or fewer rows)"
-                    if status == 1
-                    else ""
-                )
-                raise RuntimeError(f"llama_decode failed with status {status}{hint}")
-            for i in np.flatnonzero(wanted[start:stop]).tolist():
-                b, j = owner[start + i]
-                row = self._lib.llama_get_logits_ith(self._ctx, i)  # float* to this token's n_vocab logits
-                assert out_np is not None  # logits are only asked for when there is somewhere to put them
-                out_np[b, j] = np.ctypeslib.as_array(row, shape=(self._n_vocab,))[: self._vocab_size]
+        self._llama.decode(feeds, k, out, self._vocab_size)
 
     def _assign(self, row: int) -> None:
         if len(self._seq_of) >= self._max_rows:
@@ -546,24 +466,14 @@ class LlamaCppModel(RowCacheModel):
         self._tokens.pop(row, None)
         pending = self._pending.pop(row, None)
         for branch in [] if pending is None else pending.place.sequences:
-            self._lib.llama_memory_seq_rm(self._memory, branch, -1, -1)
+            self._llama.remove(branch)
         if seq is not None:
-            self._lib.llama_memory_seq_rm(self._memory, seq, -1, -1)  # a whole sequence: never fails
-
-    def _gguf_eos_ids(self) -> frozenset[int]:
-        """The GGUF vocabulary's end-of-generation ids (EOS, end-of-turn, ...)."""
-        is_eog = self._lib.llama_vocab_is_eog
-        return frozenset(t for t in range(self._n_vocab) if is_eog(self._vocab, t))
+            self._llama.remove(seq)  # a whole sequence: never fails
 
     def close(self) -> None:
         """Free the context, the batch and the model (the object is unusable after)."""
-        if getattr(self, "_ctx", None):
-            self._lib.llama_batch_free(self._batch)
-            if self._tree_batch is not None:
-                self._lib.llama_batch_free(self._tree_batch)
-            self._lib.llama_free(self._ctx)
-            self._lib.llama_model_free(self._model)
-            self._ctx = None
+        if getattr(self, "_llama", None) is not None:
+            self._llama.close()
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown: the library may be gone already
