@@ -21,8 +21,9 @@ from dataclasses import replace
 
 import torch
 
+from exactspec.decoding.emitting import append_emitted, max_new_tokens
 from exactspec.decoding.gamma import GammaPolicy, RoundRow, record_round
-from exactspec.decoding.logprobs import TokenLogprob, round_logprobs
+from exactspec.decoding.logprobs import round_logprobs
 from exactspec.decoding.records import (
     MAX_GAMMA,
     DecodeConfig,
@@ -171,26 +172,16 @@ class SpeculativeEngine:
         max_new_tokens: int | None = None,
         index: int = 0,
     ) -> RowState:
-        """A validated RowState for one prompt, with optional per-row settings (see `RowState`).
-
-        `index` only names the prompt in error messages.
-        """
-        tokens = [int(t) for t in prompt]
-        if not tokens:
-            raise ValueError(f"prompt {index} is empty; give at least one token")
-        if any(not 0 <= t < self.target.vocab_size for t in tokens):
-            raise ValueError(f"prompt {index} has token ids outside 0..{self.target.vocab_size - 1}")
-        if settings is not None:
-            settings.check_vocab(self.target.vocab_size)
-        if gamma is not None or max_new_tokens is not None:
-            # DecodeConfig holds the validation rules for both.
-            checked = DecodeConfig(
-                gamma=0 if gamma is None else gamma,
-                max_new_tokens=1 if max_new_tokens is None else max_new_tokens,
-            )
-            if checked.gamma > 0 and self.drafter is None:
-                raise ValueError("gamma > 0 needs a drafter; use gamma = 0 for plain decoding")
-        return RowState(prompt=tokens, settings=settings, gamma=gamma, max_new_tokens=max_new_tokens)
+        """A validated RowState for one prompt, with optional per-row settings (`RowState.checked`)."""
+        return RowState.checked(
+            prompt,
+            self.target.vocab_size,
+            drafts=self.drafter is not None,
+            settings=settings,
+            gamma=gamma,
+            max_new_tokens=max_new_tokens,
+            index=index,
+        )
 
     # ------------------------------------------------------------------ whole generations
 
@@ -273,27 +264,7 @@ class SpeculativeEngine:
         )
         histories = [states[row].history for row in active]
         settings = [states[row].settings or config.settings for row in active]
-        # A round emits at most draft_length + 1 tokens, so never propose past max_new_tokens.
-        max_draft = [
-            min(
-                config.gamma if states[row].gamma is None else states[row].gamma,
-                _max_new_tokens(states[row], config) - len(states[row].generated) - 1,
-            )
-            for row in active
-        ]
-        if self.gamma_policy is not None:
-            # docs/algorithm.md 5: draft lengths chosen before the round's draws keep the round exact.
-            max_draft = self.gamma_policy.plan(
-                [
-                    RoundRow(
-                        row,
-                        limit,
-                        states[row].fixed_gamma,
-                        len(states[row].prompt) + len(states[row].generated),
-                    )
-                    for row, limit in zip(active, max_draft, strict=True)
-                ]
-            )
+        max_draft = self._draft_limits(states, active, config)
         # A drafter gets one SamplingSettings when every row shares it (drafters written for
         # one batch-wide setting keep working), else one per row.
         shared = all(row_settings == settings[0] for row_settings in settings)
@@ -317,7 +288,8 @@ class SpeculativeEngine:
         if self.gamma_policy is not None:
             record_round(self.gamma_policy, active, proposed, accepted)
         logprobs = round_logprobs(reported, result, active, top)
-        output = self._append(states, active, result, config, stop, logprobs)
+        output = append_emitted(states, active, result, config, stop, logprobs)
+        self.metrics.emitted_tokens += sum(len(tokens) for tokens in output.new_tokens.values())
         if self.drafter is not None:
             self.drafter.observe(output.new_tokens)  # every row of the round, in order (RowObserver)
         output.proposed.update(zip(active, proposed, strict=True))
@@ -325,16 +297,42 @@ class SpeculativeEngine:
         elapsed = time.perf_counter() - started
         self.metrics.total_seconds += elapsed
         if self.gamma_policy is not None and not feeds_prompt:
-            # What the round cost, by its shape, teaches a policy that plans from round times.
-            width = proposal.tokens.shape[1] + 1
-            steps = 0 if proposal.deterministic else int(proposal.lengths.max())
-            shape = RoundShape(len(active), width, steps)
-            if self.round_timer is not None:
-                elapsed = self.round_timer(shape, elapsed)
-            predicted = self.gamma_policy.timed(shape, elapsed)
-            if predicted is not None:
-                self.metrics.record_round_time(predicted, elapsed)
+            self._teach_round_time(proposal, len(active), elapsed)
         return output
+
+    def _draft_limits(self, states: RowStates, active: list[int], config: DecodeConfig) -> list[int]:
+        """Each active row's most draft tokens this round: its gamma, never past its length limit (a round
+        emits at most draft length + 1 tokens), then the gamma policy's choice up to that."""
+        max_draft = [
+            min(
+                config.gamma if states[row].gamma is None else states[row].gamma,
+                max_new_tokens(states[row], config) - len(states[row].generated) - 1,
+            )
+            for row in active
+        ]
+        if self.gamma_policy is None:
+            return max_draft
+        # docs/algorithm.md 5: draft lengths chosen before the round's draws keep the round exact.
+        return self.gamma_policy.plan(
+            [
+                RoundRow(
+                    row, limit, states[row].fixed_gamma, len(states[row].prompt) + len(states[row].generated)
+                )
+                for row, limit in zip(active, max_draft, strict=True)
+            ]
+        )
+
+    def _teach_round_time(self, proposal: Proposal, rows: int, elapsed: float) -> None:
+        """What the round cost, by its shape, teaches a gamma policy that plans from round times."""
+        assert self.gamma_policy is not None
+        width = proposal.tokens.shape[1] + 1
+        steps = 0 if proposal.deterministic else int(proposal.lengths.max())
+        shape = RoundShape(rows, width, steps)
+        if self.round_timer is not None:
+            elapsed = self.round_timer(shape, elapsed)
+        predicted = self.gamma_policy.timed(shape, elapsed)
+        if predicted is not None:
+            self.metrics.record_round_time(predicted, elapsed)
 
     @property
     def device(self) -> torch.device:
@@ -457,26 +455,13 @@ class SpeculativeEngine:
         rows: list[int],
     ) -> Proposal:
         if self.drafter is None or max(max_draft) <= 0:
-            device = self.device
-            empty_q = torch.zeros(len(rows), 0, self.target.vocab_size, device=device)
-            return Proposal(
-                tokens=torch.zeros(len(rows), 0, dtype=torch.long, device=device),
-                q=empty_q,
-                lengths=torch.zeros(len(rows), dtype=torch.long, device=device),
-            )
+            return Proposal.empty(len(rows), self.target.vocab_size, self.device)
         clock = time.perf_counter()
         proposal = self.drafter.propose(histories, max_draft, settings, sampler, rows)
         self.metrics.draft_seconds += time.perf_counter() - clock
         if self.draft_stopwatch is not None:
             self.metrics.draft_forward_seconds += self.draft_stopwatch.take()
-        if proposal.tokens.device != self.device:  # a host-side drafter (prompt lookup) on a GPU run
-            proposal = Proposal(
-                tokens=proposal.tokens.to(self.device),
-                q=None if proposal.q is None else proposal.q.to(self.device),
-                lengths=proposal.lengths.to(self.device),
-                deterministic=proposal.deterministic,
-                parents=None if proposal.parents is None else proposal.parents.to(self.device),
-            )
+        proposal = proposal.to(self.device)  # a host-side drafter (prompt lookup) on a GPU run
         # A deterministic proposal (prompt lookup) ran no draft model.
         self.metrics.draft_calls += 0 if proposal.deterministic else int(proposal.lengths.max())
         return proposal
@@ -485,66 +470,14 @@ class SpeculativeEngine:
         self, drafted: torch.Tensor, num_accepted: torch.Tensor, num_emitted: torch.Tensor
     ) -> tuple[list[int], list[int]]:
         """drafted [A]: the draft length of each row (a tree's: the candidates its path could have kept)."""
-        proposed = drafted.tolist()
-        accepted = num_accepted.tolist()
-        self.metrics.rounds += 1
-        self.metrics.plain_rounds += 0 if any(proposed) else 1
-        self.metrics.row_rounds += len(proposed)
-        self.metrics.proposed_tokens += sum(proposed)
-        self.metrics.accepted_tokens += sum(accepted)
-        self.metrics.record_positions(proposed, accepted)
+        proposed, accepted = drafted.tolist(), num_accepted.tolist()
+        self.metrics.record_round(proposed, accepted)
         return proposed, accepted
-
-    def _append(
-        self,
-        states: RowStates,
-        active: list[int],
-        result: VerifyResult,
-        config: DecodeConfig,
-        stop: StopCondition | None,
-        logprobs: dict[int, list[TokenLogprob]],
-    ) -> RoundOutput:
-        """Append each row's emitted tokens, cut at its stop condition and length limit; `logprobs` (rows
-        that asked) are cut to the tokens kept."""
-        new_tokens: dict[int, list[int]] = {}
-        finished: dict[int, FinishReason] = {}
-        emitted_rows = result.tokens.tolist()  # one host copy for the whole batch, not one per row
-        emitted_counts = result.num_emitted.tolist()
-        eos_flags = result.hit_eos.tolist()
-        for b, row in enumerate(active):
-            state = states[row]
-            before = len(state.generated)
-            state.extend(emitted_rows[b][: emitted_counts[b]])
-            reason: FinishReason | None = "eos" if eos_flags[b] else None
-            if stop is not None:
-                keep = stop(row, state.generated)
-                if keep is not None and not before <= keep <= len(state.generated):
-                    raise ValueError(
-                        f"stop condition kept {keep} tokens of row {row}; it may only cut this round's "
-                        f"tokens ({before}..{len(state.generated)})"
-                    )
-                if keep is not None:
-                    state.cut(keep)
-                    reason = "stop"
-            if reason is None and len(state.generated) >= _max_new_tokens(state, config):
-                reason = "length"
-            state.finish_reason = reason
-            new_tokens[row] = state.generated[before:]
-            self.metrics.emitted_tokens += len(new_tokens[row])
-            if row in logprobs:
-                logprobs[row] = logprobs[row][: len(new_tokens[row])]
-            if reason is not None:
-                finished[row] = reason
-        return RoundOutput(new_tokens=new_tokens, finished=finished, logprobs=logprobs)
 
 
 def _prompt_lengths(histories: list[list[int]], positions: list[int]) -> list[int]:
     """Where each row's prompt ends: its history less the `positions` tokens it generated so far."""
     return [len(history) - position for history, position in zip(histories, positions, strict=True)]
-
-
-def _max_new_tokens(state: RowState, config: DecodeConfig) -> int:
-    return config.max_new_tokens if state.max_new_tokens is None else state.max_new_tokens
 
 
 def _drain(scheduler: Scheduler, events: list[RowEvent]) -> Iterator[RowEvent]:

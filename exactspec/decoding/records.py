@@ -84,6 +84,37 @@ class RowState:
     logprobs: int | None = None  # None: no log-probabilities; k: each token's and k alternatives
     _history: list[int] = field(init=False, repr=False, compare=False)
 
+    @classmethod
+    def checked(
+        cls,
+        prompt: Sequence[int],
+        vocab_size: int,
+        *,
+        drafts: bool,
+        settings: SamplingSettings | None = None,
+        gamma: int | None = None,
+        max_new_tokens: int | None = None,
+        index: int = 0,
+    ) -> RowState:
+        """A row of `prompt` whose ids, settings, gamma and length limit are valid for a target of
+        `vocab_size` ids and an engine that `drafts` (has a drafter); `index` names the prompt in errors."""
+        tokens = [int(t) for t in prompt]
+        if not tokens:
+            raise ValueError(f"prompt {index} is empty; give at least one token")
+        if any(not 0 <= t < vocab_size for t in tokens):
+            raise ValueError(f"prompt {index} has token ids outside 0..{vocab_size - 1}")
+        if settings is not None:
+            settings.check_vocab(vocab_size)
+        if gamma is not None or max_new_tokens is not None:
+            # DecodeConfig holds the validation rules for both.
+            checked = DecodeConfig(
+                gamma=0 if gamma is None else gamma,
+                max_new_tokens=1 if max_new_tokens is None else max_new_tokens,
+            )
+            if checked.gamma > 0 and not drafts:
+                raise ValueError("gamma > 0 needs a drafter; use gamma = 0 for plain decoding")
+        return cls(prompt=tokens, settings=settings, gamma=gamma, max_new_tokens=max_new_tokens)
+
     def __post_init__(self) -> None:
         self._history = [*self.prompt, *self.generated]
 

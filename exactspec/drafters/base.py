@@ -47,6 +47,27 @@ class Proposal:
     deterministic: bool = False
     parents: torch.Tensor | None = None
 
+    @classmethod
+    def empty(cls, rows: int, vocab_size: int, device: torch.device) -> Proposal:
+        """No draft for `rows` rows (plain decoding's round: gamma 0)."""
+        return cls(
+            tokens=torch.zeros(rows, 0, dtype=torch.long, device=device),
+            q=torch.zeros(rows, 0, vocab_size, device=device),
+            lengths=torch.zeros(rows, dtype=torch.long, device=device),
+        )
+
+    def to(self, device: torch.device) -> Proposal:
+        """The same proposal with its tensors on `device` (a host-side drafter's, on a GPU run)."""
+        if self.tokens.device == device:
+            return self
+        return Proposal(
+            tokens=self.tokens.to(device),
+            q=None if self.q is None else self.q.to(device),
+            lengths=self.lengths.to(device),
+            deterministic=self.deterministic,
+            parents=None if self.parents is None else self.parents.to(device),
+        )
+
     def __post_init__(self) -> None:
         if self.q is None and not self.deterministic:
             raise ValueError("a Proposal without q must be deterministic (q one-hot on its tokens)")

@@ -138,6 +138,15 @@ class DecodeMetrics:
         middle = len(errors) // 2
         return errors[middle] if len(errors) % 2 else (errors[middle - 1] + errors[middle]) / 2
 
+    def record_round(self, proposed: list[int], accepted: list[int]) -> None:
+        """Add one round: row b proposed `proposed[b]` draft tokens and accepted `accepted[b]` of them."""
+        self.rounds += 1
+        self.plain_rounds += 0 if any(proposed) else 1
+        self.row_rounds += len(proposed)
+        self.proposed_tokens += sum(proposed)
+        self.accepted_tokens += sum(accepted)
+        self.record_positions(proposed, accepted)
+
     def record_positions(self, proposed: list[int], accepted: list[int]) -> None:
         """Add one row-round: it proposed `proposed` tokens and accepted `accepted` of them.
 
