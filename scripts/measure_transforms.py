@@ -1,4 +1,5 @@
-"""Time `probabilities` (fast path) against `_probabilities_reference` on vocabulary-sized random logits.
+"""Time `probabilities` (fast path) against the reference (tests/reference_transforms.py) on
+vocabulary-sized random logits.
 
 No model is loaded: [rows, 151936] float32 logits shaped like a language model's (a heavy head over a
 long light tail), the settings rows of issue 12, median of --repeats runs after one warm-up, with
@@ -12,13 +13,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from functools import partial
+from pathlib import Path
 
 import torch
 
 from exactspec.foundations.settings import SamplingSettings
-from exactspec.foundations.transforms import _check_rows, _probabilities_reference, probabilities
+from exactspec.foundations.transforms import _check_rows, probabilities
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from reference_transforms import probabilities_reference  # noqa: E402
 
 QWEN_VOCAB = 151936
 HISTORY_TOKENS = 300
@@ -65,13 +71,11 @@ def main() -> None:
     print("| settings | reference ms | fast ms | speed-up | identical |\n|---|---:|---:|---:|---|")
     for name, settings in SETTINGS.items():
         row_histories = histories if settings.repetition_penalty != 1.0 else None
-        reference = median_ms(
-            partial(_probabilities_reference, logits, settings, row_histories), args.repeats
-        )
+        reference = median_ms(partial(probabilities_reference, logits, settings, row_histories), args.repeats)
         fast = median_ms(partial(probabilities, logits, settings, row_histories), args.repeats)
         same = torch.equal(
             probabilities(logits, settings, row_histories),
-            _probabilities_reference(logits, settings, row_histories),
+            probabilities_reference(logits, settings, row_histories),
         )
         print(f"| {name} | {reference:.2f} | {fast:.2f} | {reference / fast:.1f}x | {same} |")
     check = median_ms(lambda: _check_rows(logits), args.repeats)

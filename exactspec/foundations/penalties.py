@@ -74,23 +74,3 @@ def apply_output_penalties(
     flat = out.view(-1)  # [N * V], shares memory with out
     flat[index] = flat[index] - amount
     return out
-
-
-def output_penalties_reference(
-    scores: torch.Tensor,
-    histories: Sequence[Sequence[int]],
-    prompt_lengths: Sequence[int],
-    presence_penalty: float,
-    frequency_penalty: float,
-) -> torch.Tensor:
-    """OpenAI's formula written out token by token: the definition `apply_output_penalties` is tested
-    against (same values, bit for bit, since each entry gets the same two float operations)."""
-    out = scores.clone()
-    for row, (history, start) in enumerate(zip(histories, prompt_lengths, strict=True)):
-        counts: dict[int, int] = {}
-        for token in history[start:]:
-            counts[token] = counts.get(token, 0) + 1
-        for token, count in counts.items():
-            amount = torch.tensor(float(count), dtype=scores.dtype) * frequency_penalty + presence_penalty
-            out[row, token] = out[row, token] - amount
-    return out

@@ -11,49 +11,30 @@ Hugging Face user already means by these settings. OpenAI's presence and
 frequency penalties (`exactspec.foundations.penalties`) come right after the
 repetition penalty, on the logits, as in vLLM.
 
-`probabilities` is the fast path; `_probabilities_reference` is the original
-straightforward implementation (a full stable sort for top-p, a second softmax
-for min-p, Python index lists for the repetition penalty), kept as the
-definition the fast path is tested against. The fast path returns the same
-tensor bit for bit: it decides every filter exactly as the reference does and
-then runs the very same final softmax on the very same masked scores
-(tests/core/test_transforms_fast.py checks this on random and adversarial rows).
+`probabilities` is the fast path; the original straightforward implementation (a full stable sort for
+top-p, a second softmax for min-p, Python index lists for the repetition penalty) is kept in
+tests/reference_transforms.py as the definition the fast path is tested against. The fast path returns
+the same tensor bit for bit: it decides every filter exactly as the reference does and then runs the
+very same final softmax on the very same masked scores (tests/foundations/test_transforms_fast.py
+checks this on random and adversarial rows).
 With top-k on, top-k and top-p are decided on the few top candidates
-(`_top_k_top_p_compact`), not over the vocabulary; rows it cannot decide for
+(`truncation.top_k_top_p_compact`), not over the vocabulary; rows it cannot decide for
 certain take the full route.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from itertools import chain
 from typing import Any
 
 import numpy as np
 import torch
 
+from exactspec.foundations import truncation
 from exactspec.foundations.overflow import divide_by_temperature, penalise
-from exactspec.foundations.penalties import apply_output_penalties, output_penalties_reference
+from exactspec.foundations.penalties import apply_output_penalties
 from exactspec.foundations.settings import SamplingSettings
-
-# Rows whose finite scores (after top-k) number at most 1/_TOPK_SHARE of the vocabulary get their sorted
-# values from one `torch.topk`; denser rows use a full sort of the values.
-_TOPK_SHARE = 8
-# Candidates fetched beyond top_k by the compact top-k/top-p route, so that ties with the k-th best
-# value are seen among them (a row whose last candidate still ties takes the full route).
-_TOPK_EXTRA = 8
-# Chunk length of `_top_candidates`' first stage (row maxima per chunk).
-_CHUNK = 64
-# Half-width of the compact top-p route's "too close to call" band around 1 - top_p, in units of the
-# dtype's eps times (candidates + 8): a few times the rounding the two softmax-and-cumsum orders can
-# differ by (see `_top_k_top_p_compact`); a row with a cumulative sum inside it takes the full route.
-_TOP_P_MARGIN_EPS = 8
-# Half-width of min-p's "too close to call" band, in units of the dtype's eps, times (1 + |ln min_p|).
-# It covers the softmax kernel's exp (a few ulps), its reciprocal and products, and min_p's rounding to
-# the dtype; a token inside the band sends its row to the reference rule, so the band only costs time.
-_MIN_P_MARGIN_EPS = 128
 
 
 def probabilities(
@@ -86,7 +67,7 @@ def probabilities(
         [N, V] probabilities in float64 if `logits` is float64, else float32.
         Each row sums to 1. Temperature 0 gives a one-hot row on the argmax of
         the biased and penalised logits, ties broken by the lowest id.
-        Bit-identical to `_probabilities_reference`.
+        Bit-identical to the reference (tests/reference_transforms.py).
     """
     if settings.greedy:
         best = _greedy_ids(logits, settings, histories, validate, prompt_lengths)  # [N]
@@ -97,17 +78,19 @@ def probabilities(
     scores = divide_by_temperature(scores, settings.temperature, row_max)
     # The rows were checked finite above, which the compact route needs (topk ranks NaN first).
     compact = (
-        _top_k_top_p_compact(scores, settings.top_k, settings.top_p) if settings.top_k and validate else None
+        truncation.top_k_top_p_compact(scores, settings.top_k, settings.top_p)
+        if settings.top_k and validate
+        else None
     )
     if compact is not None:
         scores = compact
     else:
         if settings.top_k:
-            scores = _top_k(scores, settings.top_k)
+            scores = truncation.top_k_filter(scores, settings.top_k)
         if settings.top_p < 1.0:
-            scores = _top_p(scores, settings.top_p)
+            scores = truncation.top_p_filter(scores, settings.top_p)
     if settings.min_p > 0.0:
-        scores = _min_p(scores, settings.min_p)
+        scores = truncation.min_p_filter(scores, settings.min_p)
     return torch.softmax(scores, dim=-1)
 
 
@@ -269,251 +252,6 @@ def _apply_repetition_penalty(
     return scores
 
 
-def _top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
-    """The reference's top-p (ascending stable sort, cumulative <= 1 - top_p removed, the last kept),
-    decided without the stable argsort.
-
-    The cumulative sums depend only on the sorted VALUES, which are the same whatever the sort
-    (equal values are interchangeable), so they are computed by the reference's own softmax and
-    cumsum on an identical tensor: the same floats, the same decisions. What the stable argsort
-    adds is which ids sit at the sorted positions; the kept set is a suffix of the ascending order,
-    so it is "every id above the first kept value, and the highest ids among those equal to it".
-    Example: scores [2, 5, 2, 1] with 2 positions removed: sorted values [1, 2, 2, 5], first kept
-    value 2 at position 2, one id is below it, so 2 - 1 = 1 of the tied ids (the lowest, id 0,
-    first in stable order) is removed: kept ids {1, 2}.
-    """
-    sorted_scores = _ascending_values(scores)  # [N, V]
-    cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)  # [N, V]
-    remove_sorted = cumulative <= (1.0 - top_p)
-    remove_sorted[:, -1] = False  # the most likely token always stays
-    # cumulative is non-decreasing (a sum of non-negative terms), so the removed positions are a prefix.
-    num_removed = remove_sorted.sum(dim=-1, keepdim=True)  # [N, 1]
-    first_kept = sorted_scores.gather(1, num_removed)  # [N, 1]
-    keep = scores > first_kept  # [N, V]
-    tied = scores == first_kept  # [N, V]
-    tied_removed = num_removed - (scores < first_kept).sum(dim=-1, keepdim=True)  # [N, 1]
-    if bool((tied_removed > 0).any()):
-        # Stable order lists tied ids by increasing id, so the lowest tied_removed of them go.
-        tie_rank = tied.cumsum(dim=-1) - 1  # [N, V]: 0 for the lowest tied id of the row
-        tied &= tie_rank >= tied_removed
-    return scores.masked_fill(~(keep | tied), float("-inf"))
-
-
-def _top_k_top_p_compact(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor | None:
-    """`_top_p(_top_k(scores, top_k), top_p)` (or `_top_k` alone when top_p = 1), bit for bit, from
-    one `torch.topk` of W = top_k + _TOPK_EXTRA candidates instead of passes over [N, V].
-
-    None when W is too large a share of the vocabulary for this to pay. Rows of finite scores only.
-
-    Which ids top-k keeps: every id scoring at least the k-th best value (ties with it stay). They
-    are all among the W candidates unless the W-th candidate still ties the k-th; such rows (and
-    rows whose top-p decision is too close to call, below) are decided by the full route.
-
-    Top-p on the candidates: after top-k the full ascending row is (V - W) -inf entries followed by
-    the W candidates' values (-inf for those top-k removed), so its softmax and cumulative sums are
-    those of the W values alone, up to rounding: every term is the same exp of the same difference
-    (the maximum is exact), and only the order of the float32 sum and the exp kernel can differ.
-    Each cumulative sum of both is within (W + 6) eps of the exact one (W nonzero terms, each exp
-    and the division a few ulps), so a position whose cumulative sum lies further than the margin
-    8 (W + 8) eps from 1 - top_p gets the same decision in both; a row with a position inside it
-    goes to the full route. The -inf positions have cumulative sum exactly 0 in both. The kept set
-    and the tie rule (lowest tied ids removed first) then follow `_top_p`, counted on the
-    candidates: the full row has V - W more -inf entries, all removed and all below the first kept
-    value, which cancel in its tie count. The result has each kept id's own score and -inf
-    elsewhere, the very tensor the masked_fills of the full route give.
-
-    Example: top_k = 2, candidate values [5, 3, 3, 1] (W = 4): the 2nd best is 3, the third
-    candidate ties it, the fourth (1) is below, so top-k keeps the three ids scoring 5, 3 and 3.
-    """
-    num_rows, vocab_size = scores.shape
-    k = min(top_k, vocab_size)
-    width = k + _TOPK_EXTRA
-    if width * _TOPK_SHARE > vocab_size:
-        return None
-    values, ids = _top_candidates(scores, width)  # [N, W] each, values descending
-    kth = values[:, k - 1 : k]  # [N, 1]
-    member = values >= kth  # [N, W]: the candidates top-k keeps (a prefix, in descending order)
-    # Rows whose top-k set may reach past the W candidates: the last candidate ties the k-th.
-    full_route = values[:, -1] >= kth[:, 0]  # [N]
-    if top_p < 1.0:
-        ascending = torch.where(member, values, float("-inf")).flip(-1)  # [N, W]
-        cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)  # [N, W]
-        threshold = 1.0 - top_p
-        margin = _TOP_P_MARGIN_EPS * (width + 8) * torch.finfo(scores.dtype).eps
-        close = (cumulative.double() - threshold).abs() <= margin  # [N, W]
-        close &= ascending > float("-inf")
-        close[:, -1] = False  # the most likely token stays whatever its cumulative sum
-        full_route |= close.any(dim=-1)
-        remove_sorted = cumulative <= threshold
-        remove_sorted[:, -1] = False
-        num_removed = remove_sorted.sum(dim=-1, keepdim=True)  # [N, 1], a prefix as in `_top_p`
-        first_kept = ascending.gather(1, num_removed)  # [N, 1]
-        keep = values > first_kept  # [N, W]; candidates outside top-k lie below first_kept
-        tied = values == first_kept  # [N, W]
-        tied_removed = num_removed - (ascending < first_kept).sum(dim=-1, keepdim=True)  # [N, 1]
-        if bool((tied_removed > 0).any()):
-            # tie_rank[n, i]: tied candidates of row n with a lower id than candidate i.
-            lower = tied.unsqueeze(1) & (ids.unsqueeze(1) < ids.unsqueeze(2))  # [N, W, W]
-            tied &= lower.sum(dim=-1) >= tied_removed
-        member = keep | tied
-    out = torch.full_like(scores, float("-inf"))
-    out.scatter_(1, ids, torch.where(member, values, float("-inf")))
-    redo = full_route.nonzero().flatten().tolist()
-    if redo:
-        filtered = _top_k(scores[redo], top_k)
-        out[redo] = _top_p(filtered, top_p) if top_p < 1.0 else filtered
-    return out
-
-
-def _top_candidates(scores: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The `width` highest values of each row, descending, and ids holding them: torch.topk's values.
-
-    In two stages, each a few times cheaper than one topk over the vocabulary: the row is cut into
-    chunks of _CHUNK entries, and the top `width` values all lie in the `width` chunks with the
-    highest maxima. (Every chunk whose maximum beats the width-th highest maximum m is chosen, so
-    every value above m is among the chosen chunks; the chosen chunks whose maximum is m hold at
-    least as many values equal to m as the top `width` needs.) Among ids with equal values the
-    choice may differ from torch.topk's; the values, in order, are the same.
-    """
-    num_rows, vocab_size = scores.shape
-    num_chunks = -(-vocab_size // _CHUNK)
-    if num_chunks < 2 * width:
-        return torch.topk(scores, width, dim=-1)
-    padded = scores
-    if vocab_size % _CHUNK:
-        padded = torch.nn.functional.pad(scores, (0, num_chunks * _CHUNK - vocab_size), value=float("-inf"))
-    chunks = padded.view(num_rows, num_chunks, _CHUNK)  # [N, C, _CHUNK]
-    chosen = torch.topk(chunks.amax(dim=-1), width, dim=-1).indices  # [N, W]
-    candidates = chunks.gather(1, chosen.unsqueeze(-1).expand(-1, -1, _CHUNK))  # [N, W, _CHUNK]
-    values, where = torch.topk(candidates.reshape(num_rows, -1), width, dim=-1)  # [N, W]
-    ids = chosen.gather(1, where // _CHUNK) * _CHUNK + where % _CHUNK  # [N, W]
-    return values, ids
-
-
-def _ascending_values(scores: torch.Tensor) -> torch.Tensor:
-    """[N, V] -> the values of each row in ascending order (equal to torch.sort(scores).values)."""
-    num_rows, vocab_size = scores.shape
-    finite_mask = scores > float("-inf")  # [N, V]
-    counts = finite_mask.sum(dim=-1)  # [N]
-    finite = int(counts.max())
-    if finite * _TOPK_SHARE <= vocab_size:
-        # After top-k (or a bias that bans most ids) a row holds few finite scores: sort just those
-        # and put them after the -inf ones. (torch.topk over a row of mostly equal -inf is slow.)
-        rows, cols = finite_mask.nonzero(as_tuple=True)  # row-major: each row's ids in order
-        starts = torch.cumsum(counts, dim=0) - counts  # [N]: where each row's entries begin
-        slot = torch.arange(rows.numel(), device=scores.device) - starts[rows]  # rank within the row
-        compact = scores.new_full((num_rows, finite), float("-inf"))  # [N, finite]
-        compact[rows, slot] = scores[rows, cols]
-        ascending = torch.full_like(scores, float("-inf"))
-        ascending[:, vocab_size - finite :] = torch.sort(compact, dim=-1).values
-        return ascending
-    if scores.device.type == "cpu":
-        return _numpy_sort(scores)
-    return torch.sort(scores, dim=-1).values
-
-
-def _numpy_sort(scores: torch.Tensor) -> torch.Tensor:
-    """numpy's sort of each row's values (about twice as fast as torch.sort here), rows split over
-    torch's thread count (numpy releases the GIL while it sorts)."""
-    values = scores.numpy()  # [N, V], shares memory
-    workers = min(torch.get_num_threads(), values.shape[0])
-    if workers <= 1:
-        return torch.from_numpy(np.sort(values, axis=-1))
-    out = np.empty_like(values)
-    chunks = np.array_split(np.arange(values.shape[0]), workers)
-
-    def sort_rows(rows: np.ndarray) -> None:
-        out[rows[0] : rows[-1] + 1] = np.sort(values[rows[0] : rows[-1] + 1], axis=-1)
-
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        list(pool.map(sort_rows, chunks))
-    return torch.from_numpy(out)
-
-
-def _min_p(scores: torch.Tensor, min_p: float) -> torch.Tensor:
-    """The reference's min-p (probs < min_p * max prob removed) decided on the scores, without a softmax.
-
-    probs = exp(s - max) / sum, so "probs < min_p * max prob" is "s - max < ln min_p" up to the
-    rounding of the reference's softmax; tokens clear of ln min_p by the margin are decided here,
-    and a row with a token inside the band is decided by the reference rule itself. Tokens at the
-    max (s - max = 0) always stay: their probability is the max, and min_p <= 1.
-    """
-    finfo = torch.finfo(scores.dtype)
-    vocab_size = scores.shape[-1]
-    if min_p / vocab_size < 1e4 * finfo.tiny:
-        # The reference's threshold could be subnormal, where rounding is no longer relative.
-        return _min_p_reference(scores, min_p)
-    log_min_p = math.log(min_p)
-    margin = _MIN_P_MARGIN_EPS * finfo.eps * (1.0 + abs(log_min_p))
-    gap = scores - scores.amax(dim=-1, keepdim=True)  # [N, V], <= 0; -inf where banned
-    remove = gap <= log_min_p - margin
-    unsure = ~remove & (gap < log_min_p + margin) & (gap != 0)  # [N, V]
-    unsure_rows = unsure.any(dim=-1).nonzero().flatten().tolist()
-    filtered = scores.masked_fill(remove, float("-inf"))
-    if unsure_rows:
-        # These rows need the reference's own rounded probabilities, from the unfiltered scores.
-        filtered[unsure_rows] = _min_p_reference(scores[unsure_rows], min_p)
-    return filtered
-
-
-# ---------------------------------------------------------------- the reference
-
-
-def _probabilities_reference(
-    logits: torch.Tensor,
-    settings: SamplingSettings,
-    histories: Sequence[Sequence[int]] | None = None,
-    prompt_lengths: Sequence[int] | None = None,
-) -> torch.Tensor:
-    """The original implementation of `probabilities`, kept as its definition (see the module docstring).
-
-    Args:
-        logits: [N, V] raw next-token logits (any float dtype; -inf marks ids
-            the model cannot produce, such as the rows a smaller draft
-            vocabulary lacks).
-        settings: the request's sampling settings.
-        histories: N token histories, the one each row really has (prompt plus
-            every token before this position). Needed only for the repetition
-            penalty.
-
-    Returns:
-        [N, V] probabilities in float64 if `logits` is float64, else float32.
-        Each row sums to 1. Temperature 0 gives a one-hot row on the argmax of
-        the biased and penalised logits, ties broken by the lowest id.
-    """
-    if logits.dim() != 2:
-        raise ValueError(f"logits must be [N, V], got shape {tuple(logits.shape)}")
-    num_rows, vocab_size = logits.shape
-    scores = logits.to(_dtype_of(logits))
-    if settings.logit_bias:
-        scores = _apply_logit_bias(scores, settings)
-    if settings.repetition_penalty != 1.0:
-        if histories is None or len(histories) != num_rows:
-            raise ValueError("the repetition penalty needs one history per row of logits")
-        scores = _repetition_penalty_reference(scores, histories, settings.repetition_penalty)
-    if settings.penalises_output:
-        if histories is None or prompt_lengths is None:
-            raise ValueError("the presence and frequency penalties need histories and prompt lengths")
-        scores = output_penalties_reference(
-            scores, histories, prompt_lengths, settings.presence_penalty, settings.frequency_penalty
-        )
-    row_max = _check_rows(scores)
-
-    if settings.greedy:
-        # torch.argmax returns the first maximal index: ties go to the lowest id.
-        best = scores.argmax(dim=-1)  # [N]
-        return torch.nn.functional.one_hot(best, vocab_size).to(scores.dtype)
-
-    scores = divide_by_temperature(scores, settings.temperature, row_max)
-    if settings.top_k:
-        scores = _top_k(scores, settings.top_k)
-    if settings.top_p < 1.0:
-        scores = _top_p_reference(scores, settings.top_p)
-    if settings.min_p > 0.0:
-        scores = _min_p_reference(scores, settings.min_p)
-    return torch.softmax(scores, dim=-1)
-
-
 def probabilities_per_row(
     logits: torch.Tensor,
     settings: SamplingSettings | Sequence[SamplingSettings],
@@ -593,43 +331,3 @@ def _apply_logit_bias(scores: torch.Tensor, settings: SamplingSettings) -> torch
     scores = scores.clone()
     scores[:, ids] += bias
     return scores
-
-
-def _repetition_penalty_reference(
-    scores: torch.Tensor, histories: Sequence[Sequence[int]], penalty: float
-) -> torch.Tensor:
-    # Hugging Face's rule, applied at most once per distinct token of the row's own history.
-    num_rows, vocab_size = scores.shape
-    seen = torch.zeros(num_rows, vocab_size, dtype=torch.bool, device=scores.device)  # [N, V]
-    row_index = [row for row, history in enumerate(histories) for _ in history]
-    token_index = [token for history in histories for token in history]
-    if token_index:
-        seen[
-            torch.tensor(row_index, device=scores.device), torch.tensor(token_index, device=scores.device)
-        ] = True
-    return torch.where(seen, penalise(scores, penalty), scores)
-
-
-def _top_k(scores: torch.Tensor, top_k: int) -> torch.Tensor:
-    k = min(top_k, scores.shape[-1])
-    kth_best = torch.topk(scores, k, dim=-1).values[:, -1:]  # [N, 1]
-    return scores.masked_fill(scores < kth_best, float("-inf"))
-
-
-def _top_p_reference(scores: torch.Tensor, top_p: float) -> torch.Tensor:
-    # Ascending sort, as Hugging Face does; stable so equal scores always resolve the same way.
-    sorted_scores, order = torch.sort(scores, dim=-1, stable=True)  # [N, V]
-    cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
-    remove_sorted = cumulative <= (1.0 - top_p)
-    remove_sorted[:, -1] = False  # the most likely token always stays
-    remove = remove_sorted.scatter(1, order, remove_sorted)
-    return scores.masked_fill(remove, float("-inf"))
-
-
-def _min_p_reference(scores: torch.Tensor, min_p: float) -> torch.Tensor:
-    probs = torch.softmax(scores, dim=-1)
-    threshold = min_p * probs.amax(dim=-1, keepdim=True)  # [N, 1]
-    remove = probs < threshold
-    # The most likely token always stays, even when rounding puts it below the threshold.
-    remove.scatter_(1, probs.argmax(dim=-1, keepdim=True), False)
-    return scores.masked_fill(remove, float("-inf"))

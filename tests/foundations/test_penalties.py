@@ -7,11 +7,11 @@ import random
 
 import pytest
 import torch
+from reference_transforms import output_penalties_reference, probabilities_reference
 
-from exactspec.foundations.penalties import apply_output_penalties, output_penalties_reference
+from exactspec.foundations.penalties import apply_output_penalties
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.foundations.transforms import (
-    _probabilities_reference,
     greedy_ids,
     probabilities,
     probabilities_per_row,
@@ -114,7 +114,7 @@ def test_the_scatter_equals_the_written_out_formula_bit_for_bit(dtype: torch.dty
             frequency_penalty=frequency,
             repetition_penalty=rng.choice([1.0, 1.3]),
         )
-        expected = _probabilities_reference(logits, settings, histories, starts)
+        expected = probabilities_reference(logits, settings, histories, starts)
         assert torch.equal(probabilities(logits, settings, histories, prompt_lengths=starts), expected)
 
 

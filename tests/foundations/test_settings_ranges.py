@@ -18,6 +18,7 @@ import math
 import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from reference_transforms import probabilities_reference
 
 from exactspec.checking.toy import random_tabular_model
 from exactspec.decoding.engine import DecodeConfig, SpeculativeEngine
@@ -27,7 +28,6 @@ from exactspec.foundations.settings import SamplingSettings
 from exactspec.foundations.transforms import (
     _apply_logit_bias,
     _apply_repetition_penalty,
-    _probabilities_reference,
     probabilities,
 )
 
@@ -189,7 +189,7 @@ def test_any_settings_give_a_clear_error_or_a_distribution_and_a_kept_token(
         return
     assert_distribution(probs)
     # The fast path is the reference's tensor bit for bit, at the edges too.
-    assert torch.equal(probs, _probabilities_reference(logits, chosen, histories, prompt_lengths))
+    assert torch.equal(probs, probabilities_reference(logits, chosen, histories, prompt_lengths))
     tokens = SeededSampler(seed=data.draw(st.integers(0, 2**32)), num_rows=num_rows).categorical(
         probs, list(range(num_rows))
     )

@@ -1,7 +1,7 @@
 """The fast transforms against their reference: the same tensor, bit for bit, on random and adversarial rows.
 
 `probabilities` decides top-p without the stable argsort, min-p without a first softmax and the
-repetition penalty by one scatter; `_probabilities_reference` is the original implementation. Every
+repetition penalty by one scatter; `probabilities_reference` is the original implementation. Every
 case here asserts `torch.equal` (same values, same support) between the two.
 """
 
@@ -13,10 +13,11 @@ import random
 
 import pytest
 import torch
+from reference_transforms import probabilities_reference
 
-from exactspec.foundations import transforms
+from exactspec.foundations import transforms, truncation
 from exactspec.foundations.settings import SamplingSettings
-from exactspec.foundations.transforms import _probabilities_reference, probabilities, probabilities_per_row
+from exactspec.foundations.transforms import probabilities, probabilities_per_row
 
 NEG_INF = float("-inf")
 QWEN_VOCAB = 151936
@@ -25,7 +26,7 @@ LARGE_CASES = 12
 
 
 def _assert_same(logits: torch.Tensor, settings: SamplingSettings, histories=None) -> torch.Tensor:
-    expected = _probabilities_reference(logits, settings, histories)
+    expected = probabilities_reference(logits, settings, histories)
     actual = probabilities(logits, settings, histories)
     assert actual.dtype == expected.dtype
     assert torch.equal(actual > 0, expected > 0), settings.describe()
@@ -86,7 +87,7 @@ def _run_random_case(rng: random.Random, num_rows: int, vocab_size: int, dtype: 
     settings = _random_settings(rng, vocab_size)
     histories = _random_histories(rng, num_rows, vocab_size, 40)
     try:
-        expected = _probabilities_reference(logits, settings, histories)
+        expected = probabilities_reference(logits, settings, histories)
     except ValueError as error:  # e.g. a bias that bans the only finite id: both must refuse alike
         with pytest.raises(ValueError, match=str(error)[:20]):
             probabilities(logits, settings, histories)
@@ -165,37 +166,37 @@ def test_top_p_takes_the_topk_route_after_top_k_and_the_sort_route_without() -> 
     generator = torch.Generator().manual_seed(1)
     logits = torch.randn(4, 5000, generator=generator) * 2
     calls = []
-    original = transforms._numpy_sort
+    original = truncation._numpy_sort
 
     def counting_sort(*args, **kwargs):
         calls.append(1)
         return original(*args, **kwargs)
 
-    transforms._numpy_sort = counting_sort
+    truncation._numpy_sort = counting_sort
     try:
         _assert_same(logits, SamplingSettings(top_k=40, top_p=0.9))
         assert calls == []
         _assert_same(logits, SamplingSettings(top_p=0.9))
         assert calls == [1]
     finally:
-        transforms._numpy_sort = original
+        truncation._numpy_sort = original
 
 
 def _rows_sent_to(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
-    """Wrap `transforms.<name>` (a function of scores [N, V] and more) to record N of every call."""
+    """Wrap `truncation.<name>` (a function of scores [N, V] and more) to record N of every call."""
     calls: list[int] = []
-    original = getattr(transforms, name)
+    original = getattr(truncation, name)
 
     def counting(scores: torch.Tensor, *args: object) -> torch.Tensor:
         calls.append(scores.shape[0])
         return original(scores, *args)
 
-    monkeypatch.setattr(transforms, name, counting)
+    monkeypatch.setattr(truncation, name, counting)
     return calls
 
 
 def test_min_p_rows_near_the_threshold_fall_back_to_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = _rows_sent_to(monkeypatch, "_min_p_reference")
+    calls = _rows_sent_to(monkeypatch, "min_p_filter_reference")
     for dtype in [torch.float32, torch.float64]:
         for min_p in [0.1, 0.5, 1.0, 1e-3]:
             # Row 0 is clear of the threshold; row 1 has ids at ln(min_p) and one float either side.
@@ -205,7 +206,7 @@ def test_min_p_rows_near_the_threshold_fall_back_to_the_reference(monkeypatch: p
             row_clear = torch.tensor([0.0, -0.5 * abs(math.log(min_p)) - 0.3, -40.0, 3.0], dtype=dtype)
             row_edge = torch.stack([torch.zeros((), dtype=dtype), log_min_p, below, above])
             logits = torch.stack([row_clear, row_edge])
-            expected = _probabilities_reference(logits, SamplingSettings(min_p=min_p))
+            expected = probabilities_reference(logits, SamplingSettings(min_p=min_p))
             calls.clear()
             actual = probabilities(logits, SamplingSettings(min_p=min_p))
             assert calls == [1], (dtype, min_p)  # only the edge row went to the reference
@@ -236,7 +237,7 @@ def test_repetition_penalty_scatter_matches_the_reference_lists() -> None:
 def test_repetition_penalty_with_an_id_outside_the_vocabulary_raises_like_the_reference() -> None:
     settings = SamplingSettings(repetition_penalty=1.3)
     with pytest.raises(IndexError):
-        _probabilities_reference(torch.zeros(1, 5), settings, [[5]])
+        probabilities_reference(torch.zeros(1, 5), settings, [[5]])
     with pytest.raises(IndexError):
         probabilities(torch.zeros(1, 5), settings, [[5]])
 
@@ -310,7 +311,7 @@ def test_compact_top_k_route_matches_the_reference_bit_for_bit(vocab_size: int) 
 
 
 def test_compact_route_sends_only_undecidable_rows_to_the_full_route(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = _rows_sent_to(monkeypatch, "_top_k")
+    calls = _rows_sent_to(monkeypatch, "top_k_filter")
     vocab_size = 2000
     clear = torch.linspace(-5.0, 5.0, vocab_size)  # distinct values, cumulative sums far from the cut
     # Row 1: 30 ids tie the 20th best value, more than the candidates hold.
@@ -322,7 +323,7 @@ def test_compact_route_sends_only_undecidable_rows_to_the_full_route(monkeypatch
     cut[:4] = torch.tensor([0.0, 0.0, math.log(3.0), math.log(3.0)])  # 1/8, 1/8, 3/8, 3/8
     logits = torch.stack([clear, ties, cut])
     for settings in [SamplingSettings(top_k=20, top_p=0.75), SamplingSettings(temperature=0.7, top_k=20)]:
-        expected = _probabilities_reference(logits, settings)
+        expected = probabilities_reference(logits, settings)
         calls.clear()
         assert torch.equal(probabilities(logits, settings), expected)
         # One call of the full route, on rows 1 and 2 with top-p, on row 1 alone without.
@@ -333,14 +334,14 @@ def test_compact_route_is_skipped_without_validation_and_for_a_large_top_k(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     calls = []
-    original = transforms._top_k_top_p_compact
+    original = truncation.top_k_top_p_compact
 
     def counting(*args: object) -> torch.Tensor | None:
         result = original(*args)
         calls.append(result is not None)
         return result
 
-    monkeypatch.setattr(transforms, "_top_k_top_p_compact", counting)
+    monkeypatch.setattr(truncation, "top_k_top_p_compact", counting)
     logits = _bf16_rows(torch.Generator().manual_seed(8), 2, 1000)
     probabilities(logits, SamplingSettings(top_k=20, top_p=0.8))
     probabilities(logits, SamplingSettings(top_k=200, top_p=0.8))  # 208 candidates of 1000: full route
@@ -361,7 +362,7 @@ def test_top_candidates_give_torch_topk_values_and_ids_that_hold_them(vocab_size
     rows.append(sparse)
     for scores in rows:
         for width in [1, 9, 28]:
-            values, ids = transforms._top_candidates(scores, width)
+            values, ids = truncation._top_candidates(scores, width)
             assert torch.equal(values, torch.topk(scores, width, dim=-1).values)
             assert torch.equal(scores.gather(1, ids), values)
             assert all(len(set(row)) == width for row in ids.tolist())
