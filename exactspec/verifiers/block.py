@@ -111,14 +111,36 @@ def verify_block(
         return verify(draft_tokens, q, p, draft_lengths, eos_token_ids, sampler, rows, **options)
     if validate:
         check_inputs(draft_tokens, q, p, draft_lengths, rows)
-    batch_size, gamma = draft_tokens.shape
     eos = torch.tensor(sorted(eos_token_ids), dtype=torch.long, device=p.device)
-
     lengths, ends_in_eos = cut_after_first_eos(draft_tokens, draft_lengths, eos)  # [B], [B]
     weights = block_weights(draft_tokens, q, p, lengths)  # [B, gamma + 1]
     stop = stop_probabilities(draft_tokens, q, p, lengths, weights)  # [B, gamma]
     tau = _draw_tau(stop, lengths, sampler, rows)  # [B]
 
+    tokens, hit_eos = _emitted(
+        draft_tokens, q, p, weights, tau, lengths, ends_in_eos, eos, sampler, rows, positions
+    )
+    num_emitted = (tokens != NO_TOKEN).sum(dim=-1)  # [B]
+    return VerifyResult(tokens=tokens, num_emitted=num_emitted, num_accepted=tau, hit_eos=hit_eos)
+
+
+def _emitted(
+    draft_tokens: torch.Tensor,
+    q: torch.Tensor,
+    p: torch.Tensor,
+    weights: torch.Tensor,
+    tau: torch.Tensor,
+    lengths: torch.Tensor,
+    ends_in_eos: torch.Tensor,
+    eos: torch.Tensor,
+    sampler: Sampler,
+    rows: list[int],
+    positions: Sequence[int] | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens [B, gamma + 1], hit_eos [B]) of the block: each row's first tau draft tokens kept, then one
+    token: from the residual [w_tau p_{tau+1} - q_{tau+1}]+ when tau < L, else (no EOS kept) the bonus
+    from p_{L+1} (the row's positioned draw when `positions` are given)."""
+    batch_size, gamma = draft_tokens.shape
     tokens = torch.full(
         (batch_size, gamma + 1), NO_TOKEN, dtype=torch.long, device=p.device
     )  # [B, gamma + 1]
@@ -127,13 +149,13 @@ def verify_block(
     tokens[:, :gamma] = torch.where(kept, draft_tokens, tokens[:, :gamma])
     hit_eos = (tau == lengths) & ends_in_eos  # [B]
 
-    # tau < L: one token from the residual [w_tau p_{tau+1} - q_{tau+1}]+ (0-based position tau).
+    # tau < L: one token from the residual (0-based position tau).
     residual_idx = (tau < lengths).nonzero().squeeze(-1)  # [R]
     if residual_idx.numel():
         at = tau[residual_idx]  # [R]
         residual = residual_distribution(
             p[residual_idx, at],
-            None if q is None else q[residual_idx, at],
+            q[residual_idx, at],
             draft_tokens[residual_idx, at],
             weights[residual_idx, at],
         )  # [R, V]
@@ -153,9 +175,7 @@ def verify_block(
             drawn = sampler.categorical_at(p[bonus_idx, at], chosen, where)  # [K]
         tokens[bonus_idx, at] = drawn
         hit_eos[bonus_idx] = torch.isin(drawn, eos)
-
-    num_emitted = (tokens != NO_TOKEN).sum(dim=-1)  # [B]
-    return VerifyResult(tokens=tokens, num_emitted=num_emitted, num_accepted=tau, hit_eos=hit_eos)
+    return tokens, hit_eos
 
 
 def cut_after_first_eos(

@@ -76,77 +76,111 @@ def verify(
     rows = list(range(draft_tokens.shape[0])) if rows is None else list(rows)
     if validate:
         check_inputs(draft_tokens, q, p, draft_lengths, rows)
-    batch_size, gamma = draft_tokens.shape
-    device = p.device  # every tensor lives where the models' probabilities do
-    eos = torch.tensor(sorted(eos_token_ids), dtype=torch.long, device=device)
-
-    tokens = torch.full((batch_size, gamma + 1), NO_TOKEN, dtype=torch.long, device=device)  # [B, gamma + 1]
-    num_accepted = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
-    hit_eos = torch.zeros(batch_size, dtype=torch.bool, device=device)  # [B]
-    # [B] rejected or EOS: nothing more this round
-    finished = torch.zeros(batch_size, dtype=torch.bool, device=device)
-
-    def draw(probs: torch.Tensor, at: torch.Tensor, place: torch.Tensor | int) -> torch.Tensor:
-        """The token of rows `at` at draft position `place` (the bonus: their draft length), from probs."""
-        chosen = [rows[b] for b in at.tolist()]
-        if positions is None:
-            return sampler.categorical(probs, chosen)
-        offsets = (place if isinstance(place, torch.Tensor) else torch.full_like(at, place)).tolist()
-        where = [positions[b] + offset for b, offset in zip(at.tolist(), offsets, strict=True)]
-        return sampler.categorical_at(probs, chosen, where)
-
-    if positions is not None and len(positions) != batch_size:
-        raise ValueError(f"positions must give one offset per row, got {len(positions)} for {batch_size}")
-    for i in range(gamma):
-        active = ((draft_lengths > i) & ~finished).nonzero().squeeze(-1)  # [A]
+    if positions is not None and len(positions) != draft_tokens.shape[0]:
+        raise ValueError(
+            f"positions must give one offset per row, got {len(positions)} for {draft_tokens.shape[0]}"
+        )
+    block = _Block(draft_tokens.shape, eos_token_ids, sampler, rows, positions, p.device)
+    for i in range(draft_tokens.shape[1]):
+        active = ((draft_lengths > i) & ~block.finished).nonzero().squeeze(-1)  # [A]
         if active.numel() == 0:
             break
-        candidate = draft_tokens[active, i]  # [A]
         if q is None:  # coupled: the row's draw at this position decides (the docstring)
-            drawn = draw(p[active, i], active, i)  # [A]
-            kept = drawn == candidate  # [A] bool
-            tokens[active, i] = drawn
-            num_accepted[active[kept]] += 1
-            stops = ~kept | torch.isin(drawn, eos)  # [A] a miss, or an emitted EOS, ends the row's round
-            hit_eos[active] = torch.isin(drawn, eos)
-            finished[active[stops]] = True
-            continue
-        active_rows = [rows[b] for b in active.tolist()]
-        # Single entries, not [A, V] row copies: p_i(X_i) and q_i(X_i) (one-hot q: 1).
-        p_x = p[active, i, candidate]  # [A]
-        q_x = torch.ones_like(p_x) if q is None else q[active, i, candidate]  # [A]
-        accept_prob = acceptance_probability(p_x, q_x)  # [A]
-        accepted = sampler.bernoulli(accept_prob, active_rows)  # [A] bool
+            block.coupled(p, draft_tokens, active, i)
+        else:
+            block.accept_or_replace(p, q, draft_tokens, active, i)
+    block.bonus(p, draft_lengths)  # docs/algorithm.md 2.4
+    return block.result()
 
+
+class _Block:
+    """One round's emitted tokens being decided, position by position (`verify`).
+
+    Attributes:
+        tokens: [B, gamma + 1] long, what each row emitted so far, then NO_TOKEN.
+        num_accepted: [B] long; hit_eos: [B] bool, the row's last emitted token is an EOS id.
+        finished: [B] bool, the row rejected or emitted EOS: nothing more this round.
+    """
+
+    def __init__(
+        self,
+        shape: torch.Size,
+        eos_token_ids: Collection[int],
+        sampler: Sampler,
+        rows: list[int],
+        positions: Sequence[int] | None,
+        device: torch.device,
+    ) -> None:
+        batch_size, gamma = shape
+        self.eos = torch.tensor(sorted(eos_token_ids), dtype=torch.long, device=device)
+        self.sampler, self.rows, self.positions = sampler, rows, positions
+        self.tokens = torch.full((batch_size, gamma + 1), NO_TOKEN, dtype=torch.long, device=device)
+        self.num_accepted = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.hit_eos = torch.zeros(batch_size, dtype=torch.bool, device=device)
+        self.finished = torch.zeros(batch_size, dtype=torch.bool, device=device)
+
+    def draw(self, probs: torch.Tensor, at: torch.Tensor, place: torch.Tensor | int) -> torch.Tensor:
+        """The token of rows `at` at draft position `place` (the bonus: their draft length), from probs:
+        each row's positioned draw for its output position when `positions` are given."""
+        chosen = [self.rows[b] for b in at.tolist()]
+        if self.positions is None:
+            return self.sampler.categorical(probs, chosen)
+        offsets = (place if isinstance(place, torch.Tensor) else torch.full_like(at, place)).tolist()
+        where = [self.positions[b] + offset for b, offset in zip(at.tolist(), offsets, strict=True)]
+        return self.sampler.categorical_at(probs, chosen, where)
+
+    def coupled(self, p: torch.Tensor, draft_tokens: torch.Tensor, active: torch.Tensor, i: int) -> None:
+        """Position i of a deterministic draft: each active row draws Y_i from p_i and keeps X_i when they
+        agree; a miss, or an emitted EOS, ends the row's round."""
+        drawn = self.draw(p[active, i], active, i)  # [A]
+        kept = drawn == draft_tokens[active, i]  # [A] bool
+        self.tokens[active, i] = drawn
+        self.num_accepted[active[kept]] += 1
+        self.hit_eos[active] = torch.isin(drawn, self.eos)
+        self.finished[active[~kept | self.hit_eos[active]]] = True
+
+    def accept_or_replace(
+        self, p: torch.Tensor, q: torch.Tensor, draft_tokens: torch.Tensor, active: torch.Tensor, i: int
+    ) -> None:
+        """Position i of a sampled draft: X_i accepted with probability min(1, p_i(X_i) / q_i(X_i)), else
+        replaced by a draw from the residual [p_i - q_i]+ / beta_i, which ends the row's round."""
+        candidate = draft_tokens[active, i]  # [A]
+        # Single entries, not [A, V] row copies: p_i(X_i) and q_i(X_i).
+        accept_prob = acceptance_probability(p[active, i, candidate], q[active, i, candidate])  # [A]
+        accepted = self.sampler.bernoulli(accept_prob, [self.rows[b] for b in active.tolist()])  # [A] bool
         accepted_idx = active[accepted]
-        tokens[accepted_idx, i] = candidate[accepted]
-        num_accepted[accepted_idx] += 1
-        accepted_eos = torch.isin(candidate[accepted], eos)
-        hit_eos[accepted_idx[accepted_eos]] = True
-        finished[accepted_idx[accepted_eos]] = True
-
+        self.tokens[accepted_idx, i] = candidate[accepted]
+        self.num_accepted[accepted_idx] += 1
+        accepted_eos = accepted_idx[torch.isin(candidate[accepted], self.eos)]
+        self.hit_eos[accepted_eos] = True
+        self.finished[accepted_eos] = True
         rejected_idx = active[~accepted]
         if rejected_idx.numel():
             residual = _residual(p[rejected_idx, i], q[rejected_idx, i])  # [R, V]
-            drawn = sampler.categorical(residual, [rows[b] for b in rejected_idx.tolist()])  # [R]
-            tokens[rejected_idx, i] = drawn
-            hit_eos[rejected_idx] = torch.isin(drawn, eos)
-            finished[rejected_idx] = True
+            drawn = self.sampler.categorical(residual, [self.rows[b] for b in rejected_idx.tolist()])  # [R]
+            self.tokens[rejected_idx, i] = drawn
+            self.hit_eos[rejected_idx] = torch.isin(drawn, self.eos)
+            self.finished[rejected_idx] = True
 
-    # docs/algorithm.md 2.4: every proposed token accepted and no EOS output -> one bonus token.
-    bonus_idx = (~finished).nonzero().squeeze(-1)  # [K]
-    if bonus_idx.numel():
+    def bonus(self, p: torch.Tensor, draft_lengths: torch.Tensor) -> None:
+        """Every proposed token accepted and no EOS output: one bonus token from p at the draft length."""
+        bonus_idx = (~self.finished).nonzero().squeeze(-1)  # [K]
+        if not bonus_idx.numel():
+            return
         position = draft_lengths[bonus_idx]  # [K]
         if bonus_idx.numel() == 1:  # one row (a single stream): a view, not a copy of its V entries
             bonus_probs = p[int(bonus_idx[0]), int(position[0])].unsqueeze(0)  # [1, V]
         else:
             bonus_probs = p[bonus_idx, position]  # [K, V]
-        drawn = draw(bonus_probs, bonus_idx, position)  # [K]
-        tokens[bonus_idx, position] = drawn
-        hit_eos[bonus_idx] = torch.isin(drawn, eos)
+        drawn = self.draw(bonus_probs, bonus_idx, position)  # [K]
+        self.tokens[bonus_idx, position] = drawn
+        self.hit_eos[bonus_idx] = torch.isin(drawn, self.eos)
 
-    num_emitted = (tokens != NO_TOKEN).sum(dim=-1)
-    return VerifyResult(tokens=tokens, num_emitted=num_emitted, num_accepted=num_accepted, hit_eos=hit_eos)
+    def result(self) -> VerifyResult:
+        num_emitted = (self.tokens != NO_TOKEN).sum(dim=-1)
+        return VerifyResult(
+            tokens=self.tokens, num_emitted=num_emitted, num_accepted=self.num_accepted, hit_eos=self.hit_eos
+        )
 
 
 def verify_greedy(

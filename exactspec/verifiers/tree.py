@@ -100,63 +100,107 @@ def verify_tree(
     rows = list(range(tokens.shape[0])) if rows is None else list(rows)
     if validate:
         _check_inputs(tokens, parents, p, lengths, rows)
-    batch_size, num_nodes = tokens.shape
-    device = p.device
-    eos = frozenset(int(t) for t in eos_token_ids)
-    depth = int(depths(parents, lengths).max()) if num_nodes else 0
+    if positions is not None and len(positions) != tokens.shape[0]:
+        raise ValueError(
+            f"positions must give one offset per row, got {len(positions)} for {tokens.shape[0]}"
+        )
+    walk = _Walk(tokens, parents, lengths, eos_token_ids, p.device)
+    # Each pass emits one token per row still walking, so a row takes at most depth + 1 passes.
+    while True:
+        walking = (~walk.finished).nonzero().squeeze(-1)  # [W]
+        if walking.numel() == 0:
+            break
+        probs = p[walking, walk.place[walking]]  # [W, V]
+        drawn = _draw(probs, walking, walk.num_accepted, sampler, rows, positions)  # [W]
+        for b, y in zip(walking.tolist(), drawn.tolist(), strict=True):
+            walk.take(b, y)
+    return walk.result(parents, lengths)
 
-    out = torch.full((batch_size, depth + 1), NO_TOKEN, dtype=torch.long, device=device)  # [B, depth + 1]
-    accepted_nodes = torch.full((batch_size, depth), NO_TOKEN, dtype=torch.long, device=device)  # [B, depth]
-    num_accepted = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
-    hit_eos = torch.zeros(batch_size, dtype=torch.bool, device=device)  # [B]
-    finished = torch.zeros(batch_size, dtype=torch.bool, device=device)  # [B]
-    place = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B] 0 = root, n + 1 = node n
-    if positions is not None and len(positions) != batch_size:
-        raise ValueError(f"positions must give one offset per row, got {len(positions)} for {batch_size}")
-    # children[b][place]: {token: node} of each place's children (trees are small: a Python walk).
+
+class _Walk:
+    """The rows' walks down their trees (`verify_tree`), one drawn token at a time.
+
+    Attributes:
+        out: [B, depth + 1] long, each row's emitted tokens so far, then NO_TOKEN.
+        accepted_nodes: [B, depth] long, the nodes accepted so far; num_accepted: [B] long, how many.
+        place: [B] long, where each row stands: 0 = the root, n + 1 = node n.
+        hit_eos, finished: [B] bool, the row emitted an EOS; the row's walk is over.
+    """
+
+    def __init__(
+        self,
+        tokens: torch.Tensor,
+        parents: torch.Tensor,
+        lengths: torch.Tensor,
+        eos_token_ids: Collection[int],
+        device: torch.device,
+    ) -> None:
+        batch_size, num_nodes = tokens.shape
+        depth = int(depths(parents, lengths).max()) if num_nodes else 0
+        self.eos = frozenset(int(t) for t in eos_token_ids)
+        self.children = _children_by_place(tokens, parents, lengths)
+        self.out = torch.full((batch_size, depth + 1), NO_TOKEN, dtype=torch.long, device=device)
+        self.accepted_nodes = torch.full((batch_size, depth), NO_TOKEN, dtype=torch.long, device=device)
+        self.num_accepted = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.hit_eos = torch.zeros(batch_size, dtype=torch.bool, device=device)
+        self.finished = torch.zeros(batch_size, dtype=torch.bool, device=device)
+        self.place = torch.zeros(batch_size, dtype=torch.long, device=device)
+
+    def take(self, b: int, y: int) -> None:
+        """Row b drew token y at its place: emitted; the child holding it is accepted and the walk goes on
+        from it, else (the residual outcome, or the bonus at a leaf) the walk ends, as it does at EOS."""
+        self.out[b, self.num_accepted[b]] = y
+        child = matching_child(self.children[b].get(int(self.place[b]), {}), y)
+        if child is not None:
+            self.accepted_nodes[b, self.num_accepted[b]] = child
+            self.num_accepted[b] += 1
+            self.place[b] = child + 1
+        else:
+            self.finished[b] = True
+        if y in self.eos:
+            self.hit_eos[b] = True
+            self.finished[b] = True
+
+    def result(self, parents: torch.Tensor, lengths: torch.Tensor) -> TreeVerifyResult:
+        num_emitted = (self.out != NO_TOKEN).sum(dim=-1)  # [B]
+        below = heights(parents, lengths).gather(1, self.place[:, None]).squeeze(1)  # [B]
+        # [B] the last emitted token is an accepted EOS
+        ended_on_eos = self.hit_eos & (num_emitted == self.num_accepted)
+        path_lengths = torch.where(ended_on_eos, self.num_accepted, below)
+        return TreeVerifyResult(
+            self.out, num_emitted, self.num_accepted, self.hit_eos, self.accepted_nodes, path_lengths
+        )
+
+
+def _children_by_place(
+    tokens: torch.Tensor, parents: torch.Tensor, lengths: torch.Tensor
+) -> list[dict[int, dict[int, int]]]:
+    """children[b][place]: {token: node} of each place's children (0 = the root, n + 1 = node n); trees
+    are small, so the walk is a Python one."""
     children: list[dict[int, dict[int, int]]] = []
-    for b in range(batch_size):
+    for b in range(tokens.shape[0]):
         by_place: dict[int, dict[int, int]] = {}
         for n in range(int(lengths[b])):
             by_place.setdefault(int(parents[b, n]) + 1, {})[int(tokens[b, n])] = n
         children.append(by_place)
+    return children
 
-    # Each pass emits one token per row still walking, so a row takes at most depth + 1 passes.
-    while True:
-        walking = (~finished).nonzero().squeeze(-1)  # [W]
-        if walking.numel() == 0:
-            break
-        probs = p[walking, place[walking]]  # [W, V]
-        chosen = [rows[b] for b in walking.tolist()]
-        if positions is None:
-            drawn = sampler.categorical(probs, chosen)  # [W]
-        else:
-            where = [positions[b] + int(num_accepted[b]) for b in walking.tolist()]
-            drawn = sampler.categorical_at(probs, chosen, where)  # [W]
-        for b, y in zip(walking.tolist(), drawn.tolist(), strict=True):
-            out[b, num_accepted[b]] = y
-            child = matching_child(children[b].get(int(place[b]), {}), y)
-            if child is not None:  # a candidate holds the drawn token: accepted, walk on from it
-                accepted_nodes[b, num_accepted[b]] = child
-                num_accepted[b] += 1
-                place[b] = child + 1
-            else:  # the residual outcome (children none of which holds y) or the bonus (a leaf)
-                finished[b] = True
-            if y in eos:
-                hit_eos[b] = True
-                finished[b] = True
 
-    num_emitted = (out != NO_TOKEN).sum(dim=-1)  # [B]
-    below = heights(parents, lengths).gather(1, place[:, None]).squeeze(1)  # [B]
-    ended_on_eos = hit_eos & (num_emitted == num_accepted)  # [B] the last emitted token is an accepted EOS
-    return TreeVerifyResult(
-        tokens=out,
-        num_emitted=num_emitted,
-        num_accepted=num_accepted,
-        hit_eos=hit_eos,
-        accepted_nodes=accepted_nodes,
-        path_lengths=torch.where(ended_on_eos, num_accepted, below),
-    )
+def _draw(
+    probs: torch.Tensor,
+    walking: torch.Tensor,
+    num_accepted: torch.Tensor,
+    sampler: Sampler,
+    rows: list[int],
+    positions: Sequence[int] | None,
+) -> torch.Tensor:
+    """[W] one token per walking row from its place's p (probs [W, V]): the row's positioned draw for
+    the output position after its accepted nodes when `positions` are given."""
+    chosen = [rows[b] for b in walking.tolist()]
+    if positions is None:
+        return sampler.categorical(probs, chosen)
+    where = [positions[b] + int(num_accepted[b]) for b in walking.tolist()]
+    return sampler.categorical_at(probs, chosen, where)
 
 
 def matching_child(children: dict[int, int], drawn: int) -> int | None:
