@@ -243,3 +243,14 @@ def test_a_served_requests_seeded_tokens_do_not_depend_on_the_load_or_on_draftin
         if gamma is None:
             assert session.metrics.accepted_tokens > 0  # the defaults drafted and kept drafts
     assert len(outputs[0]) == 24 and all(tokens == outputs[0] for tokens in outputs)
+
+
+def test_weights_whose_products_are_not_invariant_here_are_refused_at_load() -> None:
+    """int4 in blocks of 64: ONNX Runtime computes a lone row another way than rows in pairs, so the load's
+    check finds a block pass and one-token passes apart and says what the mode needs."""
+    from exactspec.models.onnx.export import ExportRecipe
+
+    target, _ = tiny_hf_pair(SPEC)
+    folder = exported_module(target, SPEC.eos_token_id, recipe=ExportRecipe(block_size=64))
+    with pytest.raises(invariant.InvariantGraphError, match="blocks of 32"):
+        _model(folder)
