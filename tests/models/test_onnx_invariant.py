@@ -254,3 +254,16 @@ def test_weights_whose_products_are_not_invariant_here_are_refused_at_load() -> 
     folder = exported_module(target, SPEC.eos_token_id, recipe=ExportRecipe(block_size=64))
     with pytest.raises(invariant.InvariantGraphError, match="blocks of 32"):
         _model(folder)
+
+
+def test_an_idle_model_gives_its_grown_buffers_back_and_grows_them_again(folders: tuple[Path, Path]) -> None:
+    model = _model(folders[0])
+    small = sum(b.nbytes for b in (*model._keys, *model._values))
+    histories = [_history(seed, 50) for seed in range(4)]
+    before = model.logits(histories, 2, rows=[0, 1, 2, 3])
+    assert sum(b.nbytes for b in (*model._keys, *model._values)) > small  # 4 slots now
+    assert model.release_memory() == 0  # rows alive: their cells stay
+    model.release_rows([0, 1, 2, 3])
+    assert model.release_memory() > 0
+    assert sum(b.nbytes for b in (*model._keys, *model._values)) == small
+    assert torch.equal(model.logits(histories, 2, rows=[0, 1, 2, 3]), before)  # grown again, same bits

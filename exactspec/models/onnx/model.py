@@ -285,6 +285,20 @@ class OnnxModel(RowCacheModel):
         self._rows.clear()
         self._adopted.clear()
 
+    def release_memory(self) -> int:
+        """When no row lives, shrink the KV buffers back to one slot of `MIN_CAPACITY` positions (the
+        cells free slots still held are forgotten) and drop the prefill scratch; the bytes freed (0 with
+        rows alive: their cells stay). The buffers grow again on demand."""
+        if self._rows.slot_of:
+            return 0
+        held = sum(buffer.nbytes for buffer in (*self._keys, *self._values))
+        held += 0 if self._scratch is None else self._scratch.nbytes
+        self._rows.clear()
+        self._adopted.clear()
+        self._keys, self._values, self._scratch, self._binding = [], [], None, None
+        self._reserve(1, min(MIN_CAPACITY, self._context))
+        return held - sum(buffer.nbytes for buffer in (*self._keys, *self._values))
+
     def prefill(self, row: int, tokens: Sequence[int]) -> None:
         """Put `tokens` in row `row`'s cache and compute no logits for the caller (a scheduler's prompt
         chunk: `models.base.prefill`). Through `logits(..., 1)` the chunk's last token would be fed in a
