@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -237,8 +238,14 @@ def tiny_pair(target: Any, draft: Any, eos: int) -> TinyPair:
 def grid_cells() -> list[GridCell]:
     """The grid cells that run through ONNX Runtime, on tiny float32 Qwen2 exports (`two_row_cells`: a
     rejection rolls a slot back, a finished row's slot is reused or swapped; trees are scored path by
-    path: the adapter has no tree pass)."""
-    return two_row_cells("onnx float32")
+    path: the adapter has no tree pass), and four of them again in the batch-invariant mode (its own
+    graph: one pass over the rows of k tokens, attention one query at a time)."""
+    invariant = [
+        replace(cell, options=(("batch_invariant", True),))
+        for cell in two_row_cells("onnx float32, batch-invariant")
+        if cell.name.endswith(("all transforms", "T=0, gamma=5", "tree 2 x 2"))
+    ]
+    return two_row_cells("onnx float32") + invariant
 
 
 def _tiny() -> TinyModels:
