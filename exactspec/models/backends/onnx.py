@@ -132,7 +132,7 @@ def unavailable() -> str | None:
     import, else which is missing and how to install it."""
     import importlib.util
 
-    from exactspec.models.onnx.model import INSTALL_HINT
+    from exactspec.models.onnx.session import INSTALL_HINT
 
     missing = [
         name for name in ("onnxruntime", "onnxruntime_genai") if importlib.util.find_spec(name) is None
