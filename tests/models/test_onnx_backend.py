@@ -171,3 +171,27 @@ def test_sessions_stop_spinning_after_each_run_only_where_the_drafter_runs_the_d
     lone = ModelPair.from_pretrained(target, draft, workload=Workload(), **common)  # the suffix drafter
     assert not lone.target.stop_spinning_after_run  # type: ignore[attr-defined]
     assert not lone.draft.stop_spinning_after_run  # type: ignore[union-attr]
+
+
+def test_generate_with_batch_invariant_exports_blocks_of_32_and_gives_plain_decodings_tokens(
+    folders: tuple[str, str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--batch-invariant` on the command line: the pair is exported in blocks of 32 and run on the invariant
+    graph, and the defaults' greedy tokens are plain decoding's (sampled rows: test_onnx_invariant.py)."""
+    greedy = ("--temperature", "0", "--batch-invariant", "--max-new-tokens", "40")  # tiny models loop
+    greedy += ("--logit-bias", f"{TOKENIZER_EOS_ID}=-100")  # every run is 40 tokens long
+    plain = generate(folders, capsys, "--plain", *greedy, draft=False)
+    assert plain["weights"] == "int4-b32-a4" and plain["gamma"] == 0
+    defaults = generate(folders, capsys, *greedy, draft=False)
+    assert defaults["token_ids"] == plain["token_ids"] and len(plain["token_ids"]) == 40
+    assert defaults["statistics"]["accepted_tokens"] > 0  # drafts were kept: not plain against plain
+
+
+def test_batch_invariant_on_a_backend_without_the_mode_is_a_usage_error(
+    folders: tuple[str, str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    target, _, cache = folders
+    argv = ["generate", "--backend", "hf", "--target", target, "--cache-dir", cache, "--draft", "none"]
+    assert main([*argv, "--batch-invariant", "--no-progress", PROMPT]) != EXIT_OK
+    error = capsys.readouterr().err
+    assert "--batch-invariant" in error and "onnx" in error and "Traceback" not in error
