@@ -255,7 +255,7 @@ def test_a_conversion_parses_the_gguf_file_once(
     gguf_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """transformers reads the file for the tokenizer, the config and the weights; the three share one parse
-    (`loading._one_gguf_parse`), and the reader is gguf's own again afterwards."""
+    (`loading.one_gguf_parse`), and the reader is gguf's own again afterwards."""
     original = gguf.GGUFReader
     parsed: list[str] = []
 
