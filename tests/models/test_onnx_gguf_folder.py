@@ -126,7 +126,7 @@ def test_an_export_through_the_quantized_folder_is_the_float32_folders(
     streamed = export.exported_model(tiny_gguf, RECIPE, cache_dir=cache, progress=lines.append)
     record = (streamed / export.PROVENANCE_FILE).read_text()
     assert '"builder_input": "quantized"' in record
-    assert any("wrote layer 1 of 2" in line for line in lines)
+    assert any("wrote 2 of 2 layers" in line for line in lines)
     [entry] = (cache / CONVERSION_CACHE).iterdir()
     assert [p.name for p in entry.iterdir()] == ["tokenizer"]  # no float32 copy of the model is kept
 

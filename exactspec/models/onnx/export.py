@@ -46,6 +46,7 @@ from typing import Any
 
 from exactspec.artefacts.cache import cache_root
 from exactspec.artefacts.conversion import content_fingerprint, content_key, staged_entry
+from exactspec.artefacts.inventory import Kind
 from exactspec.artefacts.locks import exclusive_lock
 from exactspec.artefacts.stamps import stamped_sha256, write_stamp
 from exactspec.foundations.provenance import installed_versions
@@ -57,6 +58,9 @@ MODEL_FILE = "model.onnx"
 WEIGHTS_FILE = "model.onnx.data"
 LIBRARIES = ("onnxruntime-genai", "onnxruntime", "onnx-ir", "onnx", "transformers", "torch")
 """Versions recorded in the provenance; the builder's is part of the cache key."""
+
+CACHE_KIND = Kind(f"{EXPORT_CACHE}/*", "onnx", "model exported to ONNX (the onnx backend's weights)")
+"""The exports as `exactspec cache` lists them."""
 
 Progress = Callable[[str], None]
 

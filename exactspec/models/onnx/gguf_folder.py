@@ -89,6 +89,7 @@ def write_model_folder(source: Path, folder: Path, kind: str, block_size: int, s
     shards = 0
     layer = None
     where: dict[str, str] = {}  # tensor name -> shard file (the index transformers reads)
+    written = 0  # layers written (the file orders them as text: 0, 1, 10, 11, ...)
     for name, weights in gguf_tensors(source, config):
         parts = name.split(".")
         this_layer = parts[2] if name.startswith("model.layers.") else None
@@ -102,7 +103,8 @@ def write_model_folder(source: Path, folder: Path, kind: str, block_size: int, s
         else:
             shard[name] = weights
         if this_layer is not None and parts[3:4] == ["mlp"] and parts[4] == "down_proj":
-            say(f"wrote layer {this_layer} of {config.num_hidden_layers}")
+            written += 1
+            say(f"wrote {written} of {config.num_hidden_layers} layers")
     if shard:
         _save_shard(folder, shard, shards, where)
     index = {"metadata": {}, "weight_map": dict(sorted(where.items()))}
