@@ -42,6 +42,8 @@ class TextRequest:
         stop: stop strings (the text is cut before the first).
         gamma: draft tokens per round for this request (0 = plain); None: the session's policy.
         n: choices (rows) for this prompt.
+        logprobs: None, or k: each token comes with its log-probability under the target's p and its k
+            most likely alternatives (`exactspec.decoding.logprobs`).
     """
 
     prompt: str | Sequence[int] | None = None
@@ -53,6 +55,7 @@ class TextRequest:
     stop: Sequence[str] = ()
     gamma: int | None = None
     n: int = 1
+    logprobs: int | None = None
 
 
 class RequestRules:

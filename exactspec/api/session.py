@@ -35,6 +35,7 @@ from typing import Any
 from exactspec.api.requests import RequestError, RequestRules, TextRequest
 from exactspec.api.text import StopStrings, TextStream
 from exactspec.decoding.builder import build_scheduler
+from exactspec.decoding.logprobs import TokenLogprob
 from exactspec.decoding.records import MAX_GAMMA, FinishReason, RowEvent
 from exactspec.decoding.records import Request as RowRequest
 from exactspec.decoding.scheduler import QueueFull, RowHandle, Scheduler
@@ -103,6 +104,7 @@ class Choice:
         self.stream = TextStream(tokenizer, stop) if tokenizer is not None else None
         self.handle: RowHandle | None = None
         self.tokens: list[int] = []
+        self.logprobs: list[TokenLogprob] = []  # one per token, when the request asked for them
         self.text = ""
         self.finish_reason: FinishReason | None = None
         self.error: str | None = None
@@ -116,6 +118,8 @@ class Choice:
         """Take in one of this row's events; returns the text that became safe to show (all that is left
         once the row finished). Call it on the consumer's thread, in event order."""
         self.tokens.extend(event.tokens)
+        if event.logprobs:
+            self.logprobs.extend(event.logprobs)
         if event.finish_reason is not None:
             self.finish_reason = event.finish_reason
             self.error = event.error
@@ -268,6 +272,7 @@ class Session:
                         gamma=request.gamma,  # None: the session's policy plans it (up to self.gamma)
                         seed=None if request.seed is None else request.seed + j,
                         stop=stop,
+                        logprobs=request.logprobs,
                     )
                     callback = None if on_event is None else _bind(on_event, choice)
                     choice.handle = self.scheduler.submit(row, callback)

@@ -40,6 +40,7 @@ from exactspec.decoding.engine import SpeculativeEngine
 from exactspec.decoding.records import Request
 from exactspec.decoding.scheduler import Scheduler
 from exactspec.decoding.strategy import CostSource, Strategy
+from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.base import LanguageModel
 from exactspec.models.pair import ModelPair
@@ -242,7 +243,7 @@ def make_generator(
         return LlamaCppGenerator(llm, gamma if lookup else 0, pair.eos_token_ids, name)
     if kind in ORTGENAI_KINDS:
         ngram = kind == "ortgenai-ngram"
-        threads = getattr(pair.target, "threads", None) or ortgenai_peer.DEFAULT_THREADS
+        threads = getattr(pair.target, "threads", None) or DEFAULTS.threads
         model = ortgenai_peer.load(pair.target.folder, threads=threads)  # type: ignore[attr-defined]
         name = f"ortgenai-ngram gamma={gamma}" if ngram else "ortgenai-plain"
         return OrtGenaiGenerator(model, gamma if ngram else 0, pair.eos_token_ids, name)

@@ -226,7 +226,10 @@ def sequence_probabilities(
                 logits = target.logits(histories, length)  # [C, n, V]
             position_histories = [h[: len(prompt) + i] for h in histories for i in range(length)]
             flat = logits.to(torch.float64).reshape(-1, logits.shape[-1])  # [C * n, V]
-            p = probabilities(flat, settings, position_histories).reshape(logits.shape)  # [C, n, V]
+            starts = [len(prompt)] * len(position_histories)
+            p = probabilities(flat, settings, position_histories, prompt_lengths=starts).reshape(
+                logits.shape
+            )  # [C, n, V]
             index = torch.tensor(chunk).unsqueeze(-1)  # [C, n, 1]
             joint = p.gather(2, index).squeeze(-1).prod(dim=-1)  # [C]
             out.update(zip(chunk, joint.tolist(), strict=True))

@@ -23,6 +23,7 @@ from typing import Any
 from exactspec.batch.output import InOrderWriter
 from exactspec.batch.records import BatchRecord, InputRecord, RecordError, error_entry, parse_record
 from exactspec.batch.runner import BatchJob, Progress, decode_records
+from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.errors import InvalidArgument
 
 
@@ -87,7 +88,7 @@ def run_on_ray(
     progress: Progress | None = None,
     *,
     address: str | None = None,
-    workers: int = 1,
+    workers: int = DEFAULTS.ray_workers,
     cpus_per_worker: int | None = None,
     gpus_per_worker: float = 0.0,
     block_size: int | None = None,

@@ -228,6 +228,8 @@ def parquet_schema(entries: Sequence[Mapping[str, Any]], kept: Any) -> Any:
             ("top_p", pa.float64()),
             ("min_p", pa.float64()),
             ("repetition_penalty", pa.float64()),
+            ("presence_penalty", pa.float64()),
+            ("frequency_penalty", pa.float64()),
             ("logit_bias", pa.map_(pa.int64(), pa.float64())),
             ("max_tokens", pa.int64()),
             ("seed", pa.int64()),

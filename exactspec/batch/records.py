@@ -7,7 +7,8 @@ An input record is one JSON object (a JSONL line, or a Parquet row):
 
 Fields: `id` (a string or an integer, unique in the input), `prompt` (text, or token ids) or chat
 `messages`, and optionally `chat` (wrap a text prompt in the chat template), `max_tokens`,
-`temperature`, `top_k`, `top_p`, `min_p`, `repetition_penalty`, `logit_bias` ({token id: bias}),
+`temperature`, `top_k`, `top_p`, `min_p`, `repetition_penalty`, `presence_penalty`,
+`frequency_penalty`, `logit_bias` ({token id: bias}),
 `seed`, `stop` (a string or a list of them) and `gamma` (0 = plain decoding for this record). A
 field that is absent or null takes the job's value (the command's flags, whose defaults are
 `DEFAULTS`). Other fields are ignored (an evaluation set's reference answers can stay in the file).
@@ -39,7 +40,16 @@ from exactspec.foundations.settings import SamplingSettings
 RecordId = str | int
 """A record's id: a string or an integer (JSON's `"7"` and `7` are two different ids)."""
 
-SETTING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "logit_bias")
+SETTING_FIELDS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+)
 """The sampling settings a record may set (`SamplingSettings`' fields)."""
 
 KNOWN_FIELDS = frozenset(
@@ -353,6 +363,8 @@ def result_entry(
             "top_p": settings.top_p,
             "min_p": settings.min_p,
             "repetition_penalty": settings.repetition_penalty,
+            "presence_penalty": settings.presence_penalty,
+            "frequency_penalty": settings.frequency_penalty,
             "logit_bias": {str(token): bias for token, bias in sorted(settings.logit_bias.items())},
             "max_tokens": max_tokens,
             "seed": record.seed,

@@ -25,7 +25,8 @@ from exactspec.foundations.records import JsonRecord
 from exactspec.foundations.settings import SamplingSettings
 
 DEFAULT_GAMMAS = (1, 2, 4, 6, 8)
-DEFAULT_TEMPERATURES = (0.0, 0.7)
+BENCH_TEMPERATURES = (0.0, 0.7)
+"""The bench's sampling rows: greedy, and sampled at the temperature of common use."""
 DEFAULT_MAX_NEW_TOKENS = 128
 QUICK_GAMMAS = (2, 4)
 QUICK_MAX_NEW_TOKENS = 32
@@ -49,7 +50,7 @@ class BenchConfig(JsonRecord):
     """
 
     gammas: tuple[int, ...] = DEFAULT_GAMMAS
-    temperatures: tuple[float, ...] = DEFAULT_TEMPERATURES
+    temperatures: tuple[float, ...] = BENCH_TEMPERATURES
     method: str = SPECULATIVE
     extra_methods: tuple[tuple[str, int], ...] = ()
     named_settings: tuple[str, ...] = ()

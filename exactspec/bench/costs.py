@@ -15,6 +15,7 @@ import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -110,9 +111,8 @@ def measure_costs(
         pair.target.logits([history], min(2, max_k))  # untimed: first-call allocations
         # The target's passes first, then the draft's steps: never one model's call right after the
         # other's. ONNX Runtime's idle threads spin for milliseconds after a run, so a target pass timed
-        # right after a draft step shared the 2 cores with the draft session's spinning threads: on the
-        # Zen 4 a one-token step of 28.6 ms took 52.1 ms so (docs/bench/onnx-spinning), and the bench's
-        # v(4) read 2.37 (docs/bench/onnx-defaults) where a lone session's is 1.68.
+        # right after a draft step shares the cores with the draft session's spinning threads and reads
+        # far slower than it is (docs/performance.md, "Threads on a small CPU").
         for _ in range(repeats):
             for k in range(1, max_k + 1):  # ks interleaved, so machine noise spreads over all
                 before = len(target_timer.calls)
@@ -133,14 +133,15 @@ def measure_costs(
     logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(0))
     sampler = SeededSampler(0)
     step_overhead: dict[str, list[float]] = {}
-    seen = [list(context)]  # the repetition penalty's history: the cost context
+    seen = [list(context)]  # the penalties' history: the cost context, all of it counted as generated
     for name, row_settings in settings.items():
-        histories = seen if row_settings.repetition_penalty != 1.0 else None
-        sampler.categorical(probabilities(logits, row_settings, histories), [0])  # untimed warm-up
+        histories = seen if row_settings.uses_history else None
+        step = partial(probabilities, logits, row_settings, histories, prompt_lengths=[0])
+        sampler.categorical(step(), [0])  # untimed warm-up
         samples = []
         for _ in range(repeats):
             started = time.perf_counter()
-            sampler.categorical(probabilities(logits, row_settings, histories), [0])
+            sampler.categorical(step(), [0])
             samples.append(time.perf_counter() - started)
         step_overhead[name] = samples
     return CostMeasurement(

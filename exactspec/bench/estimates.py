@@ -17,7 +17,7 @@ import statistics
 from collections.abc import Sequence
 
 from exactspec.bench import theory
-from exactspec.bench.config import DEFAULT_GAMMAS, DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURES
+from exactspec.bench.config import BENCH_TEMPERATURES, DEFAULT_GAMMAS, DEFAULT_MAX_NEW_TOKENS
 from exactspec.bench.costs import CostRatios
 from exactspec.bench.methods import (
     HF_ASSISTED,
@@ -168,12 +168,12 @@ FULL_RUN_PEERS = (HF_ASSISTED, HF_PLAIN)
 
 def full_run_note() -> str:
     """What the default full run runs, in words, from the constants `estimate_full_run_seconds` reads."""
-    prompts, rows = len(PROMPTS), len(DEFAULT_TEMPERATURES)
+    prompts, rows = len(PROMPTS), len(BENCH_TEMPERATURES)
     methods = 1 + len(DEFAULT_GAMMAS) + len(FULL_RUN_PEERS)
     tokens = DEFAULT_MAX_NEW_TOKENS
     return (
         f"The full run ({prompts} prompts, gamma in {','.join(map(str, DEFAULT_GAMMAS))}, temperatures "
-        f"{' and '.join(f'{t:g}' for t in DEFAULT_TEMPERATURES)}, {tokens} new tokens, "
+        f"{' and '.join(f'{t:g}' for t in BENCH_TEMPERATURES)}, {tokens} new tokens, "
         f"{' and '.join(label(m, 0) for m in FULL_RUN_PEERS)}) makes {prompts} x {rows} x {methods} = "
         f"{prompts * rows * methods} generations of {tokens} tokens (plus a prefill each); each report "
         "estimates its duration from the speeds that run measured. --prompts, --gammas and "
@@ -186,7 +186,7 @@ FULL_RUN_NOTE = full_run_note()
 
 def estimate_full_run_seconds(result: BenchResult) -> float:
     """Rough time of the default full run (`full_run_note`: the built-in prompts, `DEFAULT_GAMMAS`,
-    `DEFAULT_TEMPERATURES`, `DEFAULT_MAX_NEW_TOKENS` tokens, the `FULL_RUN_PEERS`) at the speeds seen in
+    `BENCH_TEMPERATURES`, `DEFAULT_MAX_NEW_TOKENS` tokens, the `FULL_RUN_PEERS`) at the speeds seen in
     this result.
 
     Per run: prefill seconds per prompt token (the first round) times the prompt's tokens, plus
@@ -212,7 +212,7 @@ def estimate_full_run_seconds(result: BenchResult) -> float:
     methods += [speeds.get((peer, 0), plain) for peer in FULL_RUN_PEERS]
     per_prompt = [sum(prefill * n + DEFAULT_MAX_NEW_TOKENS * s for s in methods) for n in lengths]
     fixed = _or_zero(result.costs.seconds) + _or_zero(result.warmup_seconds)
-    return len(DEFAULT_TEMPERATURES) * sum(per_prompt) + fixed
+    return len(BENCH_TEMPERATURES) * sum(per_prompt) + fixed
 
 
 def _or_zero(seconds: float) -> float:

@@ -3,10 +3,9 @@
 The verifier scores k = gamma + 1 positions in one forward pass (the block
 pass); plain decoding scores one new token per pass. In exact arithmetic the
 two give the same p; in floating point they differ in the last bits, and in
-bfloat16 visibly (docs/algorithm.md 7). This module measures that difference
-on real prompts, beside the precision's own error (the dtype against float32,
-both one-token passes), so the size of the numerical effect is stated, not
-guessed.
+bfloat16 visibly (docs/algorithm.md 7). This module measures that difference on real
+prompts, beside the precision's own error (the dtype against float32, both one-token
+passes), so the size of the numerical effect is stated, not guessed.
 
 For each prompt, with k = gamma + 1 and `blocks` blocks:
 
@@ -46,7 +45,8 @@ from exactspec.models.base import LanguageModel
 
 DEFAULT_GAMMA = DEFAULTS.check_gamma
 DEFAULT_BLOCKS = 3
-DEFAULT_TEMPERATURES = (1.0, 0.7)
+NUMERICS_TEMPERATURES = (1.0, 0.7)
+"""The temperatures at which the passes' p are compared: the model's own law, and a common sampling one."""
 
 COMPARISONS = {
     "block_vs_single": "dtype: block pass vs one-token passes",
@@ -239,7 +239,7 @@ def summarize(positions: Sequence[PositionStats], temperatures: Sequence[float])
 def compare(
     dtype_passes: Sequence[Passes],
     float32_passes: Sequence[Passes] | None,
-    temperatures: Sequence[float] = DEFAULT_TEMPERATURES,
+    temperatures: Sequence[float] = NUMERICS_TEMPERATURES,
 ) -> dict[str, Comparison]:
     """Comparison key -> its `Comparison` over every prompt's positions."""
     pairs: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {"block_vs_single": []}

@@ -137,7 +137,8 @@ def target_distribution(
             return
         history = [*prompt, *generated]
         logits = target.logits([history], 1)[:, 0]  # [1, V]
-        p = probabilities(logits.to(torch.float64), settings, [history])[0]  # [V]
+        starts = [len(prompt)]  # the presence and frequency penalties count `generated` only
+        p = probabilities(logits.to(torch.float64), settings, [history], prompt_lengths=starts)[0]  # [V]
         for token, prob in enumerate(p.tolist()):
             if prob > 0.0:
                 extend((*generated, token), mass * prob)

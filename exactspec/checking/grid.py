@@ -72,6 +72,26 @@ __all__ = [
 `checking.statistical`; `exactspec verify` and the tests read them here, beside the lists."""
 
 
+OUTPUT_PENALTIES = SamplingSettings(presence_penalty=1.5, frequency_penalty=0.8)
+"""OpenAI's penalties against repeating what the row generated: the draft block's later positions count
+the drafted tokens before them (docs/algorithm.md 4), which a 3-token run over 4 ids repeats often."""
+REPEATING_PENALTIES = SamplingSettings(temperature=0.9, presence_penalty=-2.0, frequency_penalty=-1.2)
+"""The same at the negative end of their range: repeats favoured, so a prompt-lookup draft often holds."""
+GREEDY_REPEATS = SamplingSettings(temperature=0.0, presence_penalty=-2.0, frequency_penalty=-2.0)
+"""Greedy rows whose argmax the penalties move towards what they generated."""
+ALL_TRANSFORMS = SamplingSettings(
+    temperature=0.8,
+    top_k=3,
+    top_p=0.9,
+    min_p=0.05,
+    repetition_penalty=1.3,
+    logit_bias={1: 0.5},
+    presence_penalty=0.6,
+    frequency_penalty=0.4,
+)
+"""Every sampling transform at once."""
+
+
 def skipped_backends() -> dict[str, str]:
     """The registered backends with exactness cases that cannot run here, and why (`verify` says so)."""
     return {
@@ -114,9 +134,9 @@ def exact_grid() -> list[ExactCase]:
         "min_p=0.3": SamplingSettings(min_p=0.3),
         "repetition_penalty=1.5": SamplingSettings(repetition_penalty=1.5),
         "logit_bias": SamplingSettings(logit_bias={2: 1.5, 3: -2.0}),
-        "all transforms, T=0.8": SamplingSettings(
-            temperature=0.8, top_k=3, top_p=0.9, min_p=0.05, repetition_penalty=1.3, logit_bias={1: 0.5}
-        ),
+        "presence_penalty=1.5 frequency_penalty=0.8": OUTPUT_PENALTIES,
+        "presence_penalty=-2 frequency_penalty=-1.2, T=0.9": REPEATING_PENALTIES,
+        "all transforms, T=0.8": ALL_TRANSFORMS,
     }
     for name, settings in transforms.items():
         cases.append(ExactCase(name, 4, 3, 3, settings))
@@ -147,9 +167,7 @@ def registered_drafter_cases() -> list[ExactCase]:
     new drafter is enumerated by `exactspec verify` without an edit here: each verifier, fixed and
     adaptive gamma, a prompt that repeats (drafts from the row's own text), a batch of two rows
     with every transform, and a row after earlier requests (drafts from what they left)."""
-    all_transforms = SamplingSettings(
-        temperature=0.8, top_k=3, top_p=0.9, min_p=0.05, repetition_penalty=1.3, logit_bias={1: 0.5}
-    )
+    all_transforms = ALL_TRANSFORMS
     cases: list[ExactCase] = []
     for name in drafter_kinds():
         if name in DRAFTERS_WITH_OWN_CASES:
@@ -204,8 +222,9 @@ def tree_cases() -> list[TreeCase]:
     misses an id, top-k / top-p), every child rejected, whole paths accepted (a bonus after a leaf),
     several levels, every id a child of the root (the last child then holds all of r), width 1 (and
     the same chains through the chain verifier), T = 0 and T = 0.7 with top-k / top-p, the
-    repetition penalty (each node's own history), rows of a batch with different trees, and trees cut
-    by the length limit. `tests/verifiers/test_tree.py` checks that these events all happen.
+    repetition, presence and frequency penalties (each node's own history), rows of a batch with
+    different trees, and trees cut by the length limit. `tests/verifiers/test_tree.py` checks that
+    these events all happen.
     """
     hot_top = SamplingSettings(temperature=0.7, top_k=3, top_p=0.95)
     greedy = SamplingSettings(temperature=0.0)
@@ -222,6 +241,15 @@ def tree_cases() -> list[TreeCase]:
         ("T=0, batch of 2", 4, 2, 4, (3, 3), {"settings": greedy, "prompts": ((2,), (3, 1))}),
         ("T=0.7 top_k=3 top_p=0.95", 4, 2, 4, (2, 2), {"settings": hot_top}),
         ("repetition_penalty=1.5", 4, 2, 3, (2, 1), {"settings": SamplingSettings(repetition_penalty=1.5)}),
+        ("presence and frequency penalties", 4, 2, 3, (2, 1), {"settings": OUTPUT_PENALTIES}),
+        (
+            "T=0, penalties favouring repeats",
+            4,
+            2,
+            4,
+            (2, 2),
+            {"settings": GREEDY_REPEATS, "prompts": ((2,), (2, 1, 2))},
+        ),
         ("batch of 2, different prompts", 3, 2, 2, (2, 1), {"prompts": ((1,), (2, 1))}),
     ]
     cases = [
@@ -241,9 +269,7 @@ def suffix_tree_cases() -> list[ExactCase]:
     repeats, a batch of two rows with every transform, and a row after earlier requests (drafts from the
     shared tree), with fixed and adaptive gamma. A tree is verified by tree verification whatever the
     strategy's verifier (docs/algorithm.md 5, "Several candidates")."""
-    all_transforms = SamplingSettings(
-        temperature=0.8, top_k=3, top_p=0.9, min_p=0.05, repetition_penalty=1.3, logit_bias={1: 0.5}
-    )
+    all_transforms = ALL_TRANSFORMS
     cases: list[ExactCase] = []
     for adaptive in (False, True):
         strategy = Strategy("suffix", "token", adaptive, drafter_options=SUFFIX_TREE_OPTIONS)
@@ -274,9 +300,7 @@ def suffix_tree_cases() -> list[ExactCase]:
 
 def round_two_grid() -> list[ExactCase]:
     """Block verification, prompt lookup, the hybrid drafter and adaptive gamma (docs/algorithm.md 5)."""
-    all_transforms = SamplingSettings(
-        temperature=0.8, top_k=3, top_p=0.9, min_p=0.05, repetition_penalty=1.3, logit_bias={1: 0.5}
-    )
+    all_transforms = ALL_TRANSFORMS
     cases: list[ExactCase] = []
     for gamma in (1, 2, 3, 4, 5):
         cases.append(ExactCase(f"block gamma={gamma} V=3 n=4", 3, gamma, 4, strategy=BLOCK))
@@ -293,6 +317,7 @@ def round_two_grid() -> list[ExactCase]:
         "min_p=0.3": SamplingSettings(min_p=0.3),
         "repetition_penalty=1.5": SamplingSettings(repetition_penalty=1.5),
         "logit_bias": SamplingSettings(logit_bias={2: 1.5, 3: -2.0}),
+        "presence and frequency penalties": OUTPUT_PENALTIES,
         "all transforms, T=0.8": all_transforms,
     }
     for name, settings in block_transforms.items():
@@ -313,6 +338,22 @@ def round_two_grid() -> list[ExactCase]:
             {"settings": all_transforms, "prompts": ((2, 1, 2),), "drafter": "ngram"},
         ),
         ("ngram {}, batch of 2", 3, 3, 2, {"prompts": ((1, 2, 1), (2,)), "drafter": "ngram"}),
+        # Greedy rows with a deterministic draft take `verify_greedy` (no p built): the penalties must
+        # still move the argmax, position by position.
+        (
+            "ngram {}, T=0, penalties favouring repeats",
+            4,
+            3,
+            4,
+            {"settings": GREEDY_REPEATS, "prompts": ((2,), (2, 1, 2)), "drafter": "ngram"},
+        ),
+        (
+            "ngram {}, batch of 2, penalties",
+            3,
+            3,
+            3,
+            {"settings": REPEATING_PENALTIES, "prompts": ((1, 2, 1, 2), (2,)), "drafter": "ngram"},
+        ),
         ("hybrid {}", 4, 3, 3, {"prompts": ((1, 2, 3),), "drafter": "hybrid"}),
         ("hybrid {}, batch of 2", 3, 2, 2, {"prompts": ((1, 2, 1), (2,)), "drafter": "hybrid"}),
         # Adaptive gamma: rows draft 0, 1 and 2 tokens in different rounds (n = 5 leaves room for 2).
@@ -363,6 +404,18 @@ def scheduler_cases() -> list[ExactCase]:
     penalised = SamplingSettings(temperature=0.7, repetition_penalty=1.5, logit_bias={2: 0.8})
     greedy = SamplingSettings(temperature=0.0)
     return [
+        # Each row's presence and frequency penalties count its own output, from its own prompt's end
+        # (the draft model hears the prompt when the row joins: `ModelDrafter.add_rows`).
+        ExactCase(
+            "scheduler: rows with output penalties join at different rounds",
+            3,
+            2,
+            3,
+            schedule=(
+                ScheduledRow((1, 1), OUTPUT_PENALTIES, 3),
+                ScheduledRow((2,), REPEATING_PENALTIES, 2, joins_after=1),
+            ),
+        ),
         ExactCase(
             "scheduler: rows with own settings",
             3,

@@ -188,7 +188,8 @@ def likely_sequences(
             break
         histories = [[*prompt, *prefix] for prefix, _ in frontier]
         logits = target.logits(histories, 1)[:, 0]  # [F, V]
-        p = probabilities(logits.to(torch.float64), settings, histories)  # [F, V]
+        starts = [len(prompt)] * len(histories)
+        p = probabilities(logits.to(torch.float64), settings, histories, prompt_lengths=starts)  # [F, V]
         next_frontier = []
         for (prefix, mass), row in zip(frontier, p, strict=True):
             keep = (row * mass >= min_probability).nonzero().squeeze(-1).tolist()
@@ -219,7 +220,8 @@ def sequence_probability(
     # i.e. sequence[i]. (Scoring `history` itself would be off by one: it ends with sequence[-1].)
     logits = target.logits([history[:-1]], len(sequence))[0]  # [n, V]
     histories = [history[: len(prompt) + i] for i in range(len(sequence))]
-    p = probabilities(logits.to(torch.float64), settings, histories)  # [n, V]
+    starts = [len(prompt)] * len(histories)
+    p = probabilities(logits.to(torch.float64), settings, histories, prompt_lengths=starts)  # [n, V]
     return float(torch.prod(p[torch.arange(len(sequence)), torch.tensor(sequence)]))
 
 

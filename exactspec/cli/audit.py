@@ -139,7 +139,15 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return parser
 
 
-_SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+_SAMPLING_FLAGS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+)
 
 
 def _given_sampling_settings(args: argparse.Namespace) -> tuple[SamplingSettings, bool]:

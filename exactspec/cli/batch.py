@@ -40,10 +40,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="run a file of prompts (JSONL or Parquet) to a file of completions; resumable; local or on Ray",
         description="Complete every record of INPUT (one JSON object per line, or a .parquet file: id, "
         "prompt or messages, optional max_tokens, temperature, top_k, top_p, min_p, repetition_penalty, "
-        "logit_bias, seed, stop, gamma, chat) and write one entry per record to --out (id, text, "
-        "token_ids, finish_reason, token counts, acceptance statistics, the settings used; or the "
-        "error). Entries are written in input order, each line whole and synced; running the same "
-        "command again skips the ids already in --out and appends the rest, so a killed job resumes "
+        "presence_penalty, frequency_penalty, logit_bias, seed, stop, gamma, chat) and write one entry per "
+        "record to --out (id, text, token_ids, finish_reason, token counts, acceptance statistics, the "
+        "settings used; or the error). Entries are written in input order, each line whole and synced; "
+        "running the same command again skips the ids already in --out and appends the rest, so a killed "
+        "job resumes "
         "and gives the same file. A record without a seed gets one derived from --seed and its id, so "
         "its output depends on neither its position, its worker nor a resume (docs/batch.md).",
     )
@@ -127,7 +128,10 @@ def _add_ray_arguments(parser: argparse.ArgumentParser) -> None:
         "after INPUT or write --ray=ADDRESS",
     )
     ray.add_argument(
-        "--workers", type=positive_int, default=None, help="Ray actors, each one model pair (default 1)"
+        "--workers",
+        type=positive_int,
+        default=None,
+        help=f"Ray actors, each one model pair (default {DEFAULTS.ray_workers})",
     )
     ray.add_argument(
         "--cpus-per-worker",
@@ -255,7 +259,7 @@ def run_job(args: argparse.Namespace, job: BatchJob, output: OutputFile) -> int:
         elif records:
             from exactspec.batch.on_ray import run_on_ray
 
-            workers = args.workers or 1
+            workers = args.workers or DEFAULTS.ray_workers
 
             def started_on(cpus: int) -> None:
                 say(f"Ray: {workers} worker(s) x {cpus} CPU(s), {args.gpus_per_worker:g} GPU(s) each")
@@ -294,4 +298,6 @@ def settings_fields(settings: SamplingSettings) -> dict[str, Any]:
         "min_p": settings.min_p,
         "repetition_penalty": settings.repetition_penalty,
         "logit_bias": dict(settings.logit_bias),
+        "presence_penalty": settings.presence_penalty,
+        "frequency_penalty": settings.frequency_penalty,
     }

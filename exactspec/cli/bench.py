@@ -9,9 +9,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from exactspec.bench.config import (
+    BENCH_TEMPERATURES,
     DEFAULT_GAMMAS,
     DEFAULT_MAX_NEW_TOKENS,
-    DEFAULT_TEMPERATURES,
     QUICK_GAMMAS,
     QUICK_MAX_NEW_TOKENS,
 )
@@ -35,6 +35,7 @@ from exactspec.cli.common import (
     strategy,
 )
 from exactspec.decoding.engine import MAX_GAMMA
+from exactspec.foundations.defaults import DEFAULTS
 
 if TYPE_CHECKING:
     from exactspec.api.decoder import SpeculativeDecoder
@@ -150,7 +151,7 @@ def _checked_arguments(args: argparse.Namespace) -> _Asked:
     if any(not 1 <= g <= MAX_GAMMA for g in gammas):
         raise UsageError(f"--gammas must lie in 1..{MAX_GAMMA} (plain decoding always runs), got {gammas}")
     if args.temperatures is None:
-        temperatures = DEFAULT_TEMPERATURES if not args.settings else ()
+        temperatures = BENCH_TEMPERATURES if not args.settings else ()
     else:
         temperatures = tuple(args.temperatures)
     unknown = [name for name in args.settings if name not in NAMED_SETTINGS]
@@ -267,7 +268,7 @@ def _load_llamacpp(args: argparse.Namespace, say: Callable[[str], None]) -> Any:
     if path is None:
         say(f"llama.cpp column skipped: the target {args.target} is not a GGUF file")
         return None
-    threads = args.threads or llamacpp.DEFAULT_THREADS
+    threads = args.threads or DEFAULTS.threads
     lookups = sorted(set(getattr(args, "llamacpp_lookup", None) or ()))
     draft_path = None
     if args.draft.lower() != "none":
@@ -308,7 +309,7 @@ def _load_ortgenai(args: argparse.Namespace, pair: ModelPair, say: Callable[[str
             return None
     if not ortgenai.is_model_folder(folder):
         raise UsageError(f"--ortgenai: {folder} has no {ortgenai.GENAI_CONFIG} (not a model builder export)")
-    model = ortgenai.load(folder, threads=args.threads or ortgenai.DEFAULT_THREADS)
+    model = ortgenai.load(folder, threads=args.threads or DEFAULTS.threads)
     if model.vocab_size < pair.target.vocab_size:  # wider is fine: an output layer padded past the tokenizer
         raise UsageError(
             f"--ortgenai: {folder}'s vocabulary ({model.vocab_size}) is smaller than the target's "

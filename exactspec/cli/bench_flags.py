@@ -7,9 +7,9 @@ import math
 from typing import TYPE_CHECKING
 
 from exactspec.bench.config import (
+    BENCH_TEMPERATURES,
     DEFAULT_GAMMAS,
     DEFAULT_MAX_NEW_TOKENS,
-    DEFAULT_TEMPERATURES,
     QUICK_GAMMAS,
     QUICK_MAX_NEW_TOKENS,
 )
@@ -83,7 +83,7 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
         type=float_list,
         default=None,
         help=f"comma-separated temperatures in [0, {TEMPERATURE_MAX:g}], 0 = greedy "
-        f"(default {','.join(map(str, DEFAULT_TEMPERATURES))})",
+        f"(default {','.join(map(str, BENCH_TEMPERATURES))})",
     )
     parser.add_argument(
         "--settings",
@@ -158,9 +158,10 @@ def _add_llamacpp_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--llamacpp",
         action="store_true",
-        help="also run llama-cpp-python on the target's GGUF file (--threads or 2 threads): its plain "
-        "decoding (llamacpp-plain) and its prompt lookup decoding (llamacpp-lookup, --llamacpp-lookup), "
-        "and time its own passes; skipped with a message when the package is not installed",
+        help="also run llama-cpp-python on the target's GGUF file "
+        f"(--threads or {DEFAULTS.threads} threads): its plain decoding (llamacpp-plain) and its prompt "
+        "lookup decoding (llamacpp-lookup, --llamacpp-lookup), and time its own passes; skipped with a "
+        "message when the package is not installed",
     )
     parser.add_argument(
         "--llamacpp-lookup",
@@ -188,8 +189,9 @@ def _add_ortgenai_arguments(parser: argparse.ArgumentParser) -> None:
         const="",
         default=None,
         metavar="FOLDER",
-        help="also run onnxruntime-genai's own generator (--threads or 2 threads) on an ONNX model folder "
-        "written by its model builder (FOLDER; without it, the onnx backend's export of the target): its "
+        help="also run onnxruntime-genai's own generator "
+        f"(--threads or {DEFAULTS.threads} threads) on an ONNX model folder written by its model builder "
+        "(FOLDER; without it, the onnx backend's export of the target): its "
         "plain decoding (ortgenai-plain) and its n-gram speculative decoding (ortgenai-ngram, "
         "--ortgenai-ngram). On by default with --backend onnx; skipped with a message when the package "
         "is not installed",

@@ -24,6 +24,7 @@ from exactspec.foundations.errors import InvalidArgument
 from exactspec.foundations.provenance import Provenance
 from exactspec.foundations.settings import (
     LOGIT_BIAS_MAX,
+    OUTPUT_PENALTY_MAX,
     REPETITION_PENALTY_MAX,
     REPETITION_PENALTY_MIN,
     TEMPERATURE_MAX,
@@ -195,6 +196,20 @@ def add_sampling_arguments(
         help=f"HF repetition penalty, in [{REPETITION_PENALTY_MIN:g}, {REPETITION_PENALTY_MAX:g}] (1 = off)",
     )
     group.add_argument(
+        "--presence-penalty",
+        type=finite_float,
+        default=0.0,
+        help=f"OpenAI's presence penalty, in [-{OUTPUT_PENALTY_MAX:g}, {OUTPUT_PENALTY_MAX:g}]: subtracted "
+        "from the logit of every token already generated (the prompt does not count; 0 = off)",
+    )
+    group.add_argument(
+        "--frequency-penalty",
+        type=finite_float,
+        default=0.0,
+        help=f"OpenAI's frequency penalty, in [-{OUTPUT_PENALTY_MAX:g}, {OUTPUT_PENALTY_MAX:g}]: times the "
+        "number of times a token was generated, subtracted from its logit (0 = off)",
+    )
+    group.add_argument(
         "--logit-bias",
         action="append",
         default=[],
@@ -233,6 +248,8 @@ def sampling_settings(args: argparse.Namespace) -> SamplingSettings:
             min_p=args.min_p,
             repetition_penalty=args.repetition_penalty,
             logit_bias=bias,
+            presence_penalty=args.presence_penalty,
+            frequency_penalty=args.frequency_penalty,
         )
     except ValueError as error:
         raise UsageError(_flag_message(str(error))) from None
@@ -240,7 +257,8 @@ def sampling_settings(args: argparse.Namespace) -> SamplingSettings:
 
 def _flag_message(message: str) -> str:
     """A `SamplingSettings` message that names its flag: "top_p must ..." -> "--top-p: top_p must ..."."""
-    for name in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "logit_bias"):
+    names = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "logit_bias")
+    for name in (*names, "presence_penalty", "frequency_penalty"):
         if message.startswith(name):
             return f"--{name.replace('_', '-')}: {message}"
     return message

@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any
 
-from exactspec.bench.numerics import DEFAULT_BLOCKS, DEFAULT_GAMMA, DEFAULT_TEMPERATURES
+from exactspec.bench.numerics import DEFAULT_BLOCKS, DEFAULT_GAMMA, NUMERICS_TEMPERATURES
 from exactspec.cli.common import (
     EXIT_OK,
     UsageError,
@@ -58,7 +58,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--quick", action="store_true", help="only the prompts of `exactspec bench --quick`")
     parser.add_argument(
         "--temperatures",
-        default=",".join(f"{t:g}" for t in DEFAULT_TEMPERATURES),
+        default=",".join(f"{t:g}" for t in NUMERICS_TEMPERATURES),
         help="comma-separated temperatures (default 1,0.7)",
     )
     parser.add_argument("--no-float32", action="store_true", help="skip the float32 reference")

@@ -80,6 +80,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     add_model_arguments(parser)
     add_device_argument(parser)
     add_strategy_arguments(parser)
+    _add_ray_arguments(parser)
+    parser.set_defaults(run=run)
+
+
+def _add_ray_arguments(parser: argparse.ArgumentParser) -> None:
+    """--ray-serve and what it takes: the replicas, the cluster, what each replica reserves."""
     replicas = parser.add_argument_group("Ray Serve (docs/serving.md)")
     replicas.add_argument(
         "--ray-serve",
@@ -88,7 +94,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "batching; Ray Serve's proxy listens on --host/--port and routes requests",
     )
     replicas.add_argument(
-        "--replicas", type=positive_int, default=None, help="Ray Serve replicas (default 1)"
+        "--replicas",
+        type=positive_int,
+        default=None,
+        help=f"Ray Serve replicas (default {DEFAULTS.replicas})",
     )
     replicas.add_argument(
         "--ray-address",
@@ -100,12 +109,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--cpus-per-replica",
         type=positive_int,
         default=None,
-        help="CPUs each replica reserves and its torch threads (default 1)",
+        help=f"CPUs each replica reserves and its torch threads (default {DEFAULTS.cpus_per_replica})",
     )
     replicas.add_argument(
         "--gpus-per-replica", type=finite_float, default=None, help="GPUs each replica reserves (default 0)"
     )
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -186,12 +194,12 @@ def run_replicas(args: argparse.Namespace, chosen: Strategy, draft: str | None) 
         strategy=chosen,
         prefill_chunk=args.prefill_chunk,
     )
-    replicas = args.replicas or 1
+    replicas = args.replicas or DEFAULTS.replicas
     application = replica_application(
         pair_options,
         service_options,
         replicas=replicas,
-        cpus_per_replica=args.cpus_per_replica or 1,
+        cpus_per_replica=args.cpus_per_replica or DEFAULTS.cpus_per_replica,
         gpus_per_replica=args.gpus_per_replica or 0.0,
     )
     if not ray.is_initialized():

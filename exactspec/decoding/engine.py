@@ -22,6 +22,7 @@ from dataclasses import replace
 import torch
 
 from exactspec.decoding.gamma import GammaPolicy, RoundRow, record_round
+from exactspec.decoding.logprobs import TokenLogprob, round_logprobs
 from exactspec.decoding.records import (
     MAX_GAMMA,
     DecodeConfig,
@@ -301,16 +302,22 @@ class SpeculativeEngine:
         )  # 2.1
         # Each row's output position of this round's first token: the positioned draws are keyed by it.
         positions = [len(states[row].generated) for row in active]
+        top = [states[row].logprobs for row in active]  # None: the row reports no log-probabilities
         if proposal.parents is None:
-            result = self._verify_chain(histories, proposal, settings, sampler, active, positions)  # 2.2-2.5
+            result, reported = self._verify_chain(
+                histories, proposal, settings, sampler, active, positions, top
+            )  # 2.2-2.5
             drafted = proposal.lengths
         else:  # several candidates (docs/algorithm.md 5): one target pass over the tree, an exact walk
-            result = self._verify_tree(histories, proposal, max_draft, settings, sampler, active, positions)
+            result, reported = self._verify_tree(
+                histories, proposal, max_draft, settings, sampler, active, positions, top
+            )
             drafted = result.path_lengths
         proposed, accepted = self._record(drafted, result.num_accepted, result.num_emitted)
         if self.gamma_policy is not None:
             record_round(self.gamma_policy, active, proposed, accepted)
-        output = self._append(states, active, result.tokens, result.num_emitted, result.hit_eos, config, stop)
+        logprobs = round_logprobs(reported, result, active, top)
+        output = self._append(states, active, result, config, stop, logprobs)
         if self.drafter is not None:
             self.drafter.observe(output.new_tokens)  # every row of the round, in order (RowObserver)
         output.proposed.update(zip(active, proposed, strict=True))
@@ -342,14 +349,20 @@ class SpeculativeEngine:
         sampler: Sampler,
         rows: list[int],
         positions: list[int],
-    ) -> VerifyResult:
-        """2.2 - 2.5 for a draft block: one target pass over each history plus its block, the verifier."""
+        top: list[int | None],
+    ) -> tuple[VerifyResult, dict[int, torch.Tensor]]:
+        """2.2 - 2.5 for a draft block: one target pass over each history plus its block, the verifier;
+        with the log-probabilities of the rows whose `top` is not None (`target_pass`). `positions` are
+        each row's generated tokens so far, so history length - position is where its prompt ends (what
+        the presence and frequency penalties count from)."""
+        prompt_lengths = _prompt_lengths(histories, positions)
+        report = [wants is not None for wants in top]
         if (
             self.greedy_verifier is not None
             and (proposal.q is None or proposal.tokens.shape[1] == 0)
             and all(row_settings.greedy for row_settings in settings)
         ):
-            ids = chain_probabilities(
+            ids, reported = chain_probabilities(
                 self.target,
                 histories,
                 proposal,
@@ -358,13 +371,23 @@ class SpeculativeEngine:
                 self.target_stopwatch,
                 self.metrics,
                 greedy=True,
+                prompt_lengths=prompt_lengths,
+                report=report,
             )  # 2.2: [A, gamma + 1], the id p is one-hot on at each position
             clock = time.perf_counter()
             result = self.greedy_verifier(proposal.tokens, ids, proposal.lengths, self.target.eos_token_ids)
             self.metrics.verify_seconds += time.perf_counter() - clock
-            return result
-        p = chain_probabilities(
-            self.target, histories, proposal, settings, rows, self.target_stopwatch, self.metrics
+            return result, reported
+        p, reported = chain_probabilities(
+            self.target,
+            histories,
+            proposal,
+            settings,
+            rows,
+            self.target_stopwatch,
+            self.metrics,
+            prompt_lengths=prompt_lengths,
+            report=report,
         )  # 2.2: [A, gamma + 1, V]
         clock = time.perf_counter()
         result = self.verifier(
@@ -379,7 +402,7 @@ class SpeculativeEngine:
             positions=positions,
         )
         self.metrics.verify_seconds += time.perf_counter() - clock
-        return result
+        return result, reported
 
     def _verify_tree(
         self,
@@ -390,14 +413,25 @@ class SpeculativeEngine:
         sampler: Sampler,
         rows: list[int],
         positions: list[int],
-    ) -> TreeVerifyResult:
+        top: list[int | None],
+    ) -> tuple[TreeVerifyResult, dict[int, torch.Tensor]]:
         """A tree of deterministic candidates (docs/algorithm.md 5, "Several candidates"): p at the root and
         after every node from one target pass (`models.tree.tree_logits`), then `verify_tree`'s walk.
 
         The engine's verifier (token or block) is for chains; a tree is always walked by `verify_tree`.
         """
-        p = tree_probabilities(
-            self.target, histories, proposal, max_draft, settings, rows, self.target_stopwatch, self.metrics
+        prompt_lengths = _prompt_lengths(histories, positions)
+        p, reported = tree_probabilities(
+            self.target,
+            histories,
+            proposal,
+            max_draft,
+            settings,
+            rows,
+            self.target_stopwatch,
+            self.metrics,
+            prompt_lengths,
+            [wants is not None for wants in top],
         )  # [A, N + 1, V]
         clock = time.perf_counter()
         result = self.tree_verifier(
@@ -412,7 +446,7 @@ class SpeculativeEngine:
             positions=positions,
         )
         self.metrics.verify_seconds += time.perf_counter() - clock
-        return result
+        return result, reported
 
     def _draft(
         self,
@@ -465,17 +499,18 @@ class SpeculativeEngine:
         self,
         states: RowStates,
         active: list[int],
-        tokens: torch.Tensor,
-        num_emitted: torch.Tensor,
-        hit_eos: torch.Tensor,
+        result: VerifyResult,
         config: DecodeConfig,
         stop: StopCondition | None,
+        logprobs: dict[int, list[TokenLogprob]],
     ) -> RoundOutput:
+        """Append each row's emitted tokens, cut at its stop condition and length limit; `logprobs` (rows
+        that asked) are cut to the tokens kept."""
         new_tokens: dict[int, list[int]] = {}
         finished: dict[int, FinishReason] = {}
-        emitted_rows = tokens.tolist()  # one host copy for the whole batch, not one per row
-        emitted_counts = num_emitted.tolist()
-        eos_flags = hit_eos.tolist()
+        emitted_rows = result.tokens.tolist()  # one host copy for the whole batch, not one per row
+        emitted_counts = result.num_emitted.tolist()
+        eos_flags = result.hit_eos.tolist()
         for b, row in enumerate(active):
             state = states[row]
             before = len(state.generated)
@@ -496,9 +531,16 @@ class SpeculativeEngine:
             state.finish_reason = reason
             new_tokens[row] = state.generated[before:]
             self.metrics.emitted_tokens += len(new_tokens[row])
+            if row in logprobs:
+                logprobs[row] = logprobs[row][: len(new_tokens[row])]
             if reason is not None:
                 finished[row] = reason
-        return RoundOutput(new_tokens=new_tokens, finished=finished)
+        return RoundOutput(new_tokens=new_tokens, finished=finished, logprobs=logprobs)
+
+
+def _prompt_lengths(histories: list[list[int]], positions: list[int]) -> list[int]:
+    """Where each row's prompt ends: its history less the `positions` tokens it generated so far."""
+    return [len(history) - position for history, position in zip(histories, positions, strict=True)]
 
 
 def _max_new_tokens(state: RowState, config: DecodeConfig) -> int:

@@ -1,9 +1,9 @@
 """Realized gain: per row, whether its drafting rounds have really emitted tokens faster than plain ones.
 
-The planner (`decoding.planner.CostAwareGamma`) chooses draft lengths from predictions: each row's
-acceptance estimate and the round times. A prediction can be wrong in ways the round times do not see
-(the drafter's own bookkeeping, tokens that the acceptance estimate credits but the row's text stops
-giving). So each row also keeps what its rounds actually gave:
+The planner (`decoding.planner.CostAwareGamma`) chooses draft lengths from predictions (acceptance
+estimates, round times), which can be wrong in ways the round times do not see (the drafter's own
+bookkeeping, tokens the estimate credits but the row's text stops giving); so each row keeps what its
+rounds actually gave:
 
     a round's plain-equivalents  u = measured seconds / predicted seconds of a plain round of the same rows
     drafting rate  = sum of tokens / sum of u   over the row's rounds in which it drafted
@@ -12,16 +12,14 @@ giving). So each row also keeps what its rounds actually gave:
 
 (each sum weighted `memory`^t for the round t rounds of its kind back; the plain rate starts from one
 token per plain-equivalent with weight `PLAIN_PRIOR_ROUNDS`, what the corrected round times predict).
-Dividing by the predicted plain round of the same number of rows makes rounds of different batch sizes
-comparable. A round in which the row did not draft but another row did is left out of both: its width
-was another row's choice.
+Dividing by the predicted plain round of as many rows makes batch sizes comparable. A round in which the
+row did not draft but another row did is left out of both: its width was another row's choice.
 
 A row whose gain, over at least `min_rounds` drafting rounds, is below 1 is *stopped*: the planner
 gives it no draft tokens, except in probe rounds (`is_probe_round`: every `probe_every`-th round, a
 schedule of round numbers, known before any round's draws), where a stopped row is planned from the
 prior again, so that a row whose text turns repetitive gets drafts again. What decides is timing and
-tokens of finished rounds only, so every draft length chosen from it keeps the round exact
-(docs/algorithm.md 5).
+tokens of finished rounds only, so the rounds stay exact (docs/algorithm.md 5).
 
 >>> gains = RowGains(min_rounds=2)
 >>> gains.add_rows([0])

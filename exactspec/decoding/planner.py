@@ -1,81 +1,32 @@
 """Cost-aware rounds: every row's draft length chosen together, for the batch's expected tokens per second.
 
-Why the batch and not each row alone. A round over B rows whose longest draft is g costs one
-target pass of B rows x (g + 1) tokens (the backend pads shorter drafts to that width and computes
-the padding) plus g draft steps over the rows still drafting. On a CPU the target pass costs more
-the more tokens it scores (torch's int4 kernel: 4 rows 1.85x one row, 5 rows 3.7x), so a batch that
-plain decoding already fills gains nothing from extra draft tokens, while a row alone gains from
-several. One gamma for every batch size drafts too much under load and too little alone
-(issue 21's measurement: 0.69x of plain at 4 concurrent requests with gamma 2). vLLM sets draft
-lengths per batch size by hand (`num_speculative_tokens_per_batch_size`); SmartSpec / TurboSpec
-(arXiv 2406.14066) choose them from a goodput model. Here the costs are measured
-(`exactspec.models.costs.measure_batch_costs`) and each row brings its own acceptance estimate.
+Why the batch and not each row alone: a round over B rows whose longest draft is g costs one target pass
+of B rows x (g + 1) tokens (shorter drafts padded to that width) plus g draft steps over the rows still
+drafting, and on a CPU that pass costs more the more tokens it scores: a batch that plain decoding
+already fills gains nothing from draft tokens, a row alone gains from several. vLLM sets draft lengths
+per batch size by hand; SmartSpec / TurboSpec (arXiv 2406.14066) choose them from a goodput model; here
+the costs are measured (`models.costs.measure_batch_costs`) and each row brings its own acceptance
+estimate. The runs behind each rule: docs/performance.md ("The server's planner").
 
-The rule, before each round. Row b has position acceptance rates a_{b,1..K} (`AdaptiveGamma`'s
-per-position estimate from its own finished rounds, under the prior) and, if it drafts, a draft
-cache lag l_b (tokens of its history the draft model has not seen yet: 1 or 2 after a round it
-drafted, more after rounds it did not, its prompt when it has never drafted; that catch-up is
-spread over CATCH_UP_ROUNDS rounds, see `_cost`). For every cap G = 0..the largest limit:
+The rule, before each round: for every cap G = 0..the largest limit, free rows' draft tokens (at most G
+each) are added one at a time, best first by their marginal expected token m_{b,j} = a_{b,1} ... a_{b,j},
+and the round is valued after each addition:
 
-    free rows' draft tokens (at most G each) are added one at a time, best first, by their
-    marginal expected token m_{b,j} = a_{b,1} ... a_{b,j} (row b's j-th draft token is emitted
-    only if every one before it was kept; within a row these only fall, so the order is each
-    row's own);
-    after each addition the round's value is evaluated:
+    E    = sum_b (1 + m_{b,1} + ... + m_{b,g_b})                 expected tokens emitted
+    cost = T(B, g + 1) + D(r_1, max lag) + D(r_2, 1) + ... + D(r_g, 1)
+    value = E / cost                                            expected tokens per second
 
-        E    = sum_b (1 + m_{b,1} + ... + m_{b,g_b})                 expected tokens emitted
-        cost = T(B, g + 1) + D(r_1, max lag) + D(r_2, 1) + ... + D(r_g, 1)
-               (g = the longest draft, at most G; r_j = rows drafting at least j tokens)
-        value = E / cost                                            expected tokens per second
+(a_{b,j}: row b's position acceptance rates; r_j: the rows drafting at least j tokens; lag: history the
+draft model has not seen, its catch-up spread over CATCH_UP_ROUNDS, `_cost`). The best over every G is the
+plan (a cap keeps one well-accepted row from widening every row's block); no draft is a plain round, and
+a row whose request fixed its gamma drafts exactly that. Joining rows' prompt chunks are not in the value
+(every prompt is fed once whatever the rounds draft), but while J rows are about to join (`joining`) a
+plan's extra seconds over the plain round must be at most its extra expected tokens times
+c_ref = R(B + J, 1) / (B + J), a plain token's price in the batch they will form. `offer` says which rows
+are offered draft tokens; a free drafter's depth is cut further by its match length (`length_for`).
 
-and the best drafts found over every G is the plan (a cap G keeps one well-accepted row from
-widening every row's block). Rows whose request fixed its gamma draft exactly that. No draft at
-all is a plain round (value B / T(B, 1)).
-
-Joining rows' prompt chunks (the scheduler runs them in the same step, before the round) are not in
-the value. They are fixed work: every prompt is fed once whatever the rounds draft, so the serving
-loop's time is all the chunks plus all the rounds, and only the rounds' seconds per token can be
-lowered by drafting. A plan that added the step's prefill P to the cost, E / (P + cost), drafted
-whenever the tokens a draft adds came cheaper than the loop's tokens with their prompts' share,
-(P + T(B, 1)) / B, not cheaper than the plain round's own T(B, 1) / B: under prefill load (short
-answers, many requests) almost any draft passed, and 4 served requests of 32 tokens drafted in a
-fifth of their rounds and ran at 0.88x of plain (docs/bench/serve-defaults-zen4, 4be981f).
-
-While rows are about to join (J rows prefilling, or waiting for a free row: `joining`, told by the
-scheduler before the round), the batch is about to grow, and a token drafted now competes with the
-same token decoded a few rounds later in that bigger batch, where a plain round costs
-c_ref = R(B + J, 1) / (B + J) seconds a row (R: the round times' prediction). So a plan's drafts must
-also pay at that price: its extra seconds over the plain round (the fixed rows' drafts only) at most
-its extra expected tokens times c_ref. Without this rule, the first rows to join drafted while the
-others' prompts were still being fed, paying up to 1.4 times for a drafted token what the full batch
-pays for a plain one (ONNX Runtime on the Zen 3: v(4) 2.12 alone, 16 rows x 1 token 7.7 steps), and
-each longer round put off the waiting rows' prefill (issue 37's load test: speculative 0.89x to 0.91x
-of plain at 4 to 16 requests of 32 tokens, TTFT p95 at 16 +23%).
-
-Which rows are offered draft tokens, and from which acceptance (issue 37: a prior must not make a
-full batch draft, and drafting that does not pay stops):
-
-- a row alone is planned from `AdaptiveGamma`'s estimate (its own rounds under the Beta(3, 1) prior);
-- a row that shares the round needs evidence: its own drafting rounds, or the session's (every row's
-  rounds pooled, rho = (kept + 1) / (reached + 2), decayed by POOL_MEMORY per row-round); its rates are
-  its own counts shrunk towards rho with weight `batch_prior_strength` (1 round: learned fast). A row
-  without either is not offered tokens;
-- a row whose realized gain is below 1 (`decoding.gains.RowGains`: tokens per second of its drafting
-  rounds against its plain rounds) is not offered tokens;
-- in a probe round (the first plan and every `probe_every`-th after it, `RowGains.is_probe_round`) the
-  rows held back by the two rules above are offered up to PROBE_TOKENS tokens each at the prior's
-  rates: whether they draft is still the costs' decision, so a probe happens only where it could pay.
-
-A free drafter (suffix, prompt lookup: `match_orders` given) runs no model: its rounds have no draft
-steps, and within the cap planned here each row's depth is cut further by its match length
-(`decoding.gamma.LookupGamma`, which the drafter asks through `length_for`).
-
-Exactness: the plan depends on the rows' finished rounds, their lengths, the measured costs and the
-wall times of finished rounds, the number of rows about to join, and the round's
-number (the probe schedule), all known before the round's draws, so each round is exact given its
-history and so is the output (docs/algorithm.md 5). A row's draft length now depends on which rows
-share the batch and which are coming, so a seeded request's tokens may depend on the load; its law
-does not (docs/algorithm.md 6).
+Exactness: a plan uses only what is known before the round's draws, so the output is exact (docs/algorithm.md
+5); a seeded request's tokens may depend on the load, its law does not (docs/algorithm.md 6).
 """
 
 from __future__ import annotations
@@ -216,7 +167,17 @@ class CostAwareGamma:
         return (kept + 1.0) / (reached + 2.0)
 
     def offer(self, row: int, alone: bool, probe: bool) -> Offer | None:
-        """What the plan may give this row (None: no draft tokens this round): the module docstring."""
+        """What the plan may give this row (None: no draft tokens this round), so that a prior alone does
+        not make a full batch draft and drafting that does not pay stops:
+
+        - a row alone is planned from `AdaptiveGamma`'s estimate (its own rounds under the prior);
+        - a row that shares the round needs evidence, its own drafting rounds or the session's (every
+          row's rounds pooled, `pooled_rate`); its rates are its own counts shrunk towards the pooled
+          rate with weight `batch_prior_strength`. A row without either is held back;
+        - a row whose realized gain is below 1 (`RowGains`: tokens per second of its drafting rounds
+          against its plain rounds) is held back;
+        - in a probe round (`RowGains.is_probe_round`) a held-back row is offered up to PROBE_TOKENS
+          tokens at the prior's rate: whether it drafts is still the costs' decision."""
         held_back = self.gains.stopped(row)
         if not alone and not held_back:
             own, pooled = self.rates.evidence(row), self._pooled[1]

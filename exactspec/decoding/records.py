@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from exactspec.decoding.logprobs import TokenLogprob
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.settings import SamplingSettings
 
@@ -80,6 +81,7 @@ class RowState:
     gamma: int | None = None
     max_new_tokens: int | None = None
     fixed_gamma: bool = False  # its request fixed gamma: a gamma policy leaves its draft length alone
+    logprobs: int | None = None  # None: no log-probabilities; k: each token's and k alternatives
     _history: list[int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -114,6 +116,8 @@ class RoundOutput:
     finished: dict[int, FinishReason]
     proposed: dict[int, int] = field(default_factory=dict)  # row -> draft tokens it proposed
     accepted: dict[int, int] = field(default_factory=dict)  # row -> draft tokens the verifier kept
+    # rows that asked for log-probabilities -> one per new token
+    logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,8 @@ class Request:
             the scheduler's own sampler starts from a random base seed, so that is a fresh stream).
         stop: the row's stop rule, called as stop(row id, generated tokens) like the engine's
             `StopCondition` (e.g. `exactspec.api.text.StopStrings`).
+        logprobs: None, or k in 0..TOP_LOGPROBS_MAX: every emitted token comes with the log of the
+            target's p at its position and its k most likely alternatives (`decoding.logprobs`).
     """
 
     prompt: Sequence[int]
@@ -137,6 +143,7 @@ class Request:
     gamma: int | None = None
     seed: int | None = None
     stop: StopCondition | None = None
+    logprobs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -153,3 +160,4 @@ class RowEvent:
     proposed: int = 0
     accepted: int = 0
     error: str | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per token, when the row's request asked

@@ -3,22 +3,18 @@
 The planner (`decoding.planner.CostAwareGamma`) and adaptive prompt lookup (`decoding.gamma.LookupGamma`)
 choose draft lengths for the tokens per second they predict. The measured pass costs
 (`foundations.costs.BatchCosts`: a target pass of B rows x w tokens, a draft step of B rows) are only
-part of a round: the sampling transforms over the whole vocabulary at every scored position, the
-verifier, the draft's catch-up, the bookkeeping and Python run too, and on a 2-core CPU they are not
-small (issue 21's serving run: rounds ran 0.79-0.89x of what the pass costs predicted). So the
-prediction for a round of shape s = (rows, width, draft steps) is
+part of a round: the sampling transforms, the verifier, the draft's catch-up, the bookkeeping and Python
+run too, and on a small CPU they are not small (docs/performance.md, "The server's planner"). So a round
+of shape s = (rows, width, draft steps) is predicted as
 
     predicted(s) = seeded(s) x ratio(s),   seeded(s) = T(rows, width) + draft_steps x D(rows, 1)
 
-where ratio(s) is the running geometric mean of measured / seeded over the rounds of that shape (the
-mean of log ratios, each round's weight 1/n until n reaches `1 / (1 - memory)`, then `1 - memory`: the
-last ten or so rounds; geometric because a round the machine delayed, five or ten times its usual
-time on a shared CPU, must not move every later prediction by as much as it lasted), and for a
-shape not seen yet the same mean over the rounds of as many rows (a batch size's overheads are shared by
-its shapes), or over every round when no round of as many rows ran yet. A cost model that is wrong by a
-factor converges to the measured times within a few dozen rounds; one that is wrong by a fixed overhead
-converges shape by shape for the shapes that run, and the shapes that have not run inherit the average
-ratio of their batch size.
+where ratio(s) is the running geometric mean of measured / seeded over the rounds of that shape (each
+round's weight 1/n until n reaches `1 / (1 - memory)`, then `1 - memory`; geometric so that one round a
+shared CPU delayed tenfold moves later predictions little), and for a shape not seen yet the same mean
+over the rounds of as many rows, or over every round when none of as many rows ran yet. A cost model
+wrong by a factor converges within a few dozen rounds; one wrong by a fixed overhead converges shape by
+shape, unseen shapes inheriting their batch size's ratio.
 
 Exactness is untouched: what is learned is timing, known before the next round's draws, so every
 draft length chosen from it is a rule of docs/algorithm.md 5.
@@ -82,8 +78,8 @@ class RoundTimes:
         self._overall = (0.0, 0)
         self._predictions: collections.deque[tuple[float, float]] = collections.deque(maxlen=PREDICTIONS_KEPT)
         # shape -> `seeded` (the table never changes) and -> `predict` (until the next round is observed):
-        # a plan of 16 rows asks for some 600 round times, and computing each anew was 7 of the 7.5 ms such
-        # a plan took on the Zen 3, 2 to 3% of the round it planned
+        # a plan of many rows asks for hundreds of round times, and computing each anew was most of the
+        # plan's time
         self._seeded: dict[RoundShape, float] = {}
         self._predicted: dict[RoundShape, float] = {}
 

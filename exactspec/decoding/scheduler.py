@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from exactspec.decoding.logprobs import TOP_LOGPROBS_MAX
 from exactspec.decoding.records import DecodeConfig, FinishReason, Request, RoundOutput, RowEvent, RowState
 from exactspec.decoding.records import StopCondition as StopCondition
 from exactspec.drafters.base import Drafter
@@ -238,6 +239,7 @@ class Scheduler:
             # A request that names its gamma keeps it; one that leaves it to the scheduler lets the
             # engine's gamma policy (if any) choose up to the scheduler's gamma each round.
             state.fixed_gamma = request.gamma is not None
+            state.logprobs = _checked_logprobs(request.logprobs)
             free_rows = max(0, self.max_batch - len(self._active))  # they take a request at the next round
             if len(self._waiting) >= self.max_waiting + free_rows:
                 raise QueueFull(
@@ -304,6 +306,7 @@ class Scheduler:
                     output.finished.get(row),
                     output.proposed.get(row, 0),
                     output.accepted.get(row, 0),
+                    logprobs=output.logprobs.get(row),
                 )
                 if event.finish_reason is not None:
                     self._retire(row, event)
@@ -368,10 +371,8 @@ class Scheduler:
         join order).
 
         Why: a step feeds one chunk in all, so in join order one long prompt held back every prompt that
-        joined after it: in the load test (scripts/serve_load.py, 16 requests arriving together, two of
-        them py-refactor-long's 383 tokens against 64 to 98 for the others) each put a gap of about 9 s
-        between two first tokens on the Zen 3, and where it fell in the arrival order moved the median
-        time to first token from 13 s to 24 s between two levels of one run. Least remaining first makes
+        joined after it, and where a long prompt fell in the arrival order moved the median time to first
+        token of a whole load test (scripts/serve_load.py; docs/serving.md). Least remaining first makes
         the sum of the waits the least for requests that arrive together; counting the waited steps
         bounds how long short prompts that keep arriving can pass a long one over (by its length in
         chunks). What the target says it can reuse of a prompt (`reusable_prefix`) counts as fed."""
@@ -464,3 +465,15 @@ class Scheduler:
         if handle is None or handle.request.stop is None:
             return None
         return handle.request.stop(row, generated)
+
+
+def _checked_logprobs(logprobs: int | None) -> int | None:
+    """A request's number of log-probability alternatives, checked (`Request.logprobs`)."""
+    if logprobs is not None and (
+        isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= TOP_LOGPROBS_MAX
+    ):
+        raise ValueError(
+            f"logprobs must be None or an integer in 0..{TOP_LOGPROBS_MAX} (alternatives per token), "
+            f"got {logprobs!r}"
+        )
+    return logprobs

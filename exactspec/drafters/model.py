@@ -42,6 +42,10 @@ class ModelDrafter:
     next round's histories share their prefix with what it has seen, and
     `LanguageModel.logits` rolls back the rest (including the bonus-token
     case, where the draft has not yet seen the last accepted draft token).
+
+    The presence and frequency penalties count a row's generated tokens, so the
+    drafter keeps each row's prompt length from `add_rows` (`RowStart.prompt`);
+    a penalised row it was not told about is an error, never a guess.
     """
 
     def __init__(self, model: LanguageModel, target_vocab_size: int, stop: DraftStop | None = None) -> None:
@@ -56,6 +60,7 @@ class ModelDrafter:
         self.model = model
         self.target_vocab_size = target_vocab_size
         self.stop = stop
+        self._prompt_lengths: dict[int, int] = {}  # row id -> its prompt's length (RowStart.prompt)
 
     def propose(
         self,
@@ -87,7 +92,9 @@ class ModelDrafter:
                 top = logits.max(dim=-1).values - torch.logsumexp(logits, dim=-1)
                 confidences = top.exp().tolist()
             logits = _pad_vocab(logits, self.target_vocab_size)  # [A, V]
-            q_step = probabilities_per_row(logits, [per_row[b] for b in live], contexts)  # [A, V]
+            live_settings = [per_row[b] for b in live]
+            starts = self._prompt_starts([rows[b] for b in live], live_settings)
+            q_step = probabilities_per_row(logits, live_settings, contexts, starts)  # [A, V]
             drawn = sampler.categorical(q_step, [rows[b] for b in live])  # [A]
             if q is None:
                 q = torch.zeros(
@@ -114,10 +121,29 @@ class ModelDrafter:
     def add_rows(self, rows: Sequence[RowStart]) -> None:
         """Rows joining: the draft model sets up their state (the stop policy is the engine's to tell)."""
         self.model.add_rows(rows)
+        for start in rows:
+            if start.prompt:  # an empty prompt means the driver did not say (`RowStart`)
+                self._prompt_lengths[start.row] = len(start.prompt)
+            else:
+                self._prompt_lengths.pop(start.row, None)
 
     def release_rows(self, rows: Sequence[int]) -> None:
         """Free the draft model's cache of these rows (rows that left the batch)."""
         self.model.release_rows(rows)
+        for row in rows:
+            self._prompt_lengths.pop(row, None)
+
+    def _prompt_starts(self, rows: Sequence[int], settings: Sequence[SamplingSettings]) -> list[int] | None:
+        """Where each row's generated tokens begin, when some row has a presence or frequency penalty."""
+        if not any(row_settings.penalises_output for row_settings in settings):
+            return None
+        unknown = [row for row in rows if row not in self._prompt_lengths]
+        if unknown:
+            raise ValueError(
+                f"rows {unknown} have a presence or frequency penalty but joined without their prompt "
+                "(add_rows with RowStart.prompt): the draft cannot tell generated tokens from the prompt"
+            )
+        return [self._prompt_lengths[row] for row in rows]
 
     def observe(self, appended: Mapping[int, Sequence[int]]) -> None:
         """Nothing to update: the draft model's cache follows the histories it is handed (the class)."""

@@ -24,10 +24,10 @@ from exactspec.foundations.settings import SamplingSettings
 
 DEFAULT_MAX_NGRAM = 4
 """Longest suffix tried first. Hugging Face's prompt lookup (`max_matching_ngram_size`) defaults to 2;
-replaying the greedy answers of the bench's grounded prompts (Qwen2.5-Coder 1.5B, bf16), suffixes of
-up to 4 kept at least as many tokens per round as up to 2 on every prompt and answer length tried
-(64 to 400 tokens), and up to 11 % more: a longer match picks the right copy of a repeated short
-span (an indented `if`, a closing bracket)."""
+replaying the greedy answers of the bench's grounded prompts, suffixes of up to 4 kept at least as many
+tokens per round as up to 2 on every prompt and answer length tried, and more on some: a longer match
+picks the right copy of a repeated short span (an indented `if`, a closing bracket; docs/performance.md,
+"Prompt lookup on whole answers")."""
 
 DEFAULT_MIN_NGRAM = 1
 """Shortest suffix tried last (Hugging Face tries down to 1)."""
@@ -182,10 +182,8 @@ class NgramDrafter:
 
     Each row's `NgramIndex` follows the engine (`exactspec.drafters.texts.RowTexts`: the prompt at
     `add_rows`, each round's tokens at `observe`), so a proposal costs a few dictionary probes
-    instead of `lookup_match`'s pass over the whole history; the proposals are the same. On Python
-    source (`scripts/measure_suffix.py --tokens 100000`, loaded 2-core machine): 2 to 3 us per
-    indexed token and 3 to 6 us a match at 100,000 tokens, where `lookup_match` took 0.13 ms at
-    1,000 tokens of history and 4 to 28 ms at 10,000 (a torch pass, so the load moves it a lot).
+    instead of `lookup_match`'s pass over the whole history; the proposals are the same (the costs of
+    both: docs/performance.md, "Suffix trees").
 
     A row without a match proposes 0 tokens; the engine's round then emits one
     token from the target for that row, exactly as plain decoding would. The

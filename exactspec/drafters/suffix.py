@@ -21,29 +21,11 @@ Exactness. The draft is deterministic (q one-hot on the proposed tokens; trees t
 verification accepts X with probability p(X) and otherwise draws from p with X removed
 (docs/algorithm.md 5): each position emits from p whatever chose X. What chooses X here is the
 row's history and text from finished rounds and finished requests only, never this round's p or
-its random draws, so every round is exact and a row's output *law* is the target's. Its
-realisation is too: verification is coupled (one positioned draw per output position, keyed by the
-row's seed), so a seeded row emits plain decoding's tokens whatever the drafts, and hence whatever
-the global tree learned from earlier requests, up to the float rounding by which a pass of several
-positions can differ from one-token passes (docs/numerics.md).
-
-Measured on this machine (2-core EPYC shared with other jobs, load 2.5 to 3.8: ranges over four
-runs, each figure the best of 2 or 3 repeats) on the first 100,000 tokens of the venv's Python
-sources, split by `scripts/measure_suffix.py`'s regex (identifiers, numbers, single punctuation,
-whitespace runs; 4,180 distinct ids), tree depth 32 (the defaults' max_depth + max_spec_tokens):
-
-    python scripts/measure_suffix.py --tokens 100000
-
-- a row's tree (one growing sequence): 10 to 19 us per appended token, 1.35 nodes and about 218
-  bytes per token;
-- the global tree (requests of 500 tokens): 8 to 23 us per token added, 2.3 to 2.9 us per token
-  evicted, 1.33 nodes and about 217 bytes per token (so the default budget is about 43 MB);
-- a proposal (a row of 1,000 to 50,000 tokens, a global tree of 50,000): median 86 to 142 us, 90th
-  percentile 220 to 263 us (the largest single times, 4 to 8 ms, did not repeat: the machine's load).
-
-Each node is a Python object the garbage collector tracks: a full collection with 50,000 tokens in
-the global tree took 0.5 s here. Python runs one when the objects created since the last one reach
-a quarter of those that survived it, so a growing global tree brings such pauses now and then.
+its random draws, so every round is exact and a row's output *law* is the target's. With coupled
+verification a seeded row emits plain decoding's very tokens whatever the global tree learned, up to
+the float rounding by which a pass of several positions can differ from one-token passes
+(docs/numerics.md). Time and memory per token, and the garbage collector's pauses over a large
+global tree (each node is a Python object): docs/performance.md, "Suffix trees".
 """
 
 from __future__ import annotations
@@ -84,9 +66,9 @@ Inference's default. A deterministic draft costs one target position per token, 
 kept one time in ten is about what a free draft may spend a position on."""
 
 DEFAULT_GLOBAL_BUDGET_TOKENS = 200_000
-"""Tokens of earlier requests the global tree keeps (oldest finished request evicted first). At the
-measured ~217 bytes a token (module docstring) that is about 43 MB: small beside a model, and a few
-hundred answers of a server's recent traffic."""
+"""Tokens of earlier requests the global tree keeps (oldest finished request evicted first): small beside a
+model at what a token costs (docs/performance.md, "Suffix trees"), and a few hundred answers of a server's
+recent traffic."""
 
 DEFAULT_MAX_NODES = 16
 """Nodes in a tree draft (max_branches > 1): the target scores every node, so a tree of 16 costs what

@@ -19,7 +19,7 @@ so an incrementally built tree equals one built from scratch.
 Updates: a sequence is *open* while it grows; the tree keeps, for each open sequence, the node
 of each of its last `depth` suffixes (its *active* nodes), and appending a token extends each of
 them by one: O(depth) dictionary operations per token, independent of the tree's size (the
-measured cost is in `exactspec.drafters.suffix`). A node's (seq, start) always points at the
+measured cost: docs/performance.md, "Suffix trees"). A node's (seq, start) always points at the
 most recent sequence that added an occurrence to it. Removing sequences in the order they were
 added (the oldest first) therefore never leaves a surviving node pointing at a removed sequence:
 a node whose latest occurrence was in the oldest sequence has no occurrence in any later one.

@@ -35,12 +35,12 @@ class Defaults:
             fresh random stream, as OpenAI's API does.
     Speculation:
         drafter: "suffix" (`drafters.suffix`): drafts read from the prompt, the output so far and earlier
-            requests' outputs, which cost no model pass. On the CPUs we measured, scoring k tokens costs
-            nearly k one-token steps on the fastest backend (llama.cpp: v(5) = 3.5 and c = 0.60 on a
-            2-core Zen 4, `exactspec bench` measures it) and a draft model costs 0.4 to 0.6 of a target
-            step, so a draft model cannot pay there while free drafts accepted in runs can; with the
-            planner a round no draft is predicted to speed up is plain, so the default is never the
-            slower one by more than the drafter's bookkeeping. Its drafts are deterministic, so coupled
+            requests' outputs, which cost no model pass. On a CPU, scoring k tokens costs several
+            one-token steps on every backend and a draft model's step is a large share of a target step
+            (docs/performance.md; `exactspec bench` measures both), so a draft model rarely pays there
+            while free drafts accepted in runs can; with the planner a round no draft is predicted to
+            speed up is plain, so the default is never the slower one by more than the drafter's
+            bookkeeping. Its drafts are deterministic, so coupled
             verification makes a seeded output plain decoding's token for token (docs/algorithm.md 5).
             `--drafter model` (the draft model) pays where the target's passes are cheap to widen (GPUs).
         verifier: token-by-token verification (`decoding.strategy`).
@@ -54,10 +54,10 @@ class Defaults:
             gamma is given, with the draft model and with a drafter that runs no model (its drafts are
             free, so only the target's cost of scoring them limits them, and the planner weighs that).
         int4_gamma, dense_gamma: the fixed draft length when none is given, by the target's weights
-            (`fixed_gamma`): torch's int4 CPU kernel scores a block of up to 4 tokens for
-            v(4) = 1.6 one-token steps and 5 for 2.9 (docs/bench/packed-costs), so gamma 2 had the best
-            worst case over the coding prompts (docs/bench/packed-int4); dense weights: gamma 4, the
-            best median of the default pair's quick bench (bfloat16, 2 cores, commit ea5796b).
+            (`fixed_gamma`): torch's int4 CPU kernel scores a block of up to 4 tokens far cheaper than
+            one of 5, so gamma 2 had the best worst case over the coding prompts; dense weights: gamma 4,
+            the best median of the default pair's quick bench (docs/performance.md, "Packed weights and
+            llama.cpp" and "Dense weights: the first quick bench").
         check_gamma: the fixed draft length of the checks that run the draft model (`verify`'s statistical
             mode, `audit`, `numerics`): at least every fixed default above, so that the draft positions
             a default run uses are all checked.
@@ -71,11 +71,19 @@ class Defaults:
         backend: "auto": the installed backend predicted fastest for the work at hand (the drafter and its
             draft lengths, plain decoding, the server's batch) from its step and k-token passes measured
             on this machine on first use and cached (`exactspec.models.backends.auto`).
+        threads: the intra-op threads of llama.cpp (the backend and the bench's peer) and of the bench's
+            onnxruntime-genai peer when `--threads` gives none: the cores of the small CPUs this project
+            is measured on, and the same for every side a bench compares.
+        max_rows: the rows one llama.cpp context holds at a time (its sequences, n_seq_max).
     Serving and batching:
         max_batch: rows decoded together in one round (each row costs KV cache memory).
         max_waiting: requests that may wait for a free row; beyond that the server answers 429.
         prefill_chunk: prompt tokens prefilled per round for joining requests, so that the running
             rows wait for at most one such chunk's forward per round.
+    On Ray (`serve --ray-serve`, `batch --ray`):
+        replicas, cpus_per_replica: Ray Serve replicas, each one model pair with its own batching, and
+            the CPUs each reserves (also its torch threads).
+        ray_workers: Ray Data actors of a batch job, each one model pair.
     """
 
     temperature: float = 1.0
@@ -96,9 +104,14 @@ class Defaults:
     weights: str = "auto"
     device: str = "auto"
     backend: str = "auto"
+    threads: int = 2
+    max_rows: int = 16
     max_batch: int = 8
     max_waiting: int = 64
     prefill_chunk: int = 32
+    replicas: int = 1
+    cpus_per_replica: int = 1
+    ray_workers: int = 1
 
     def fixed_gamma(self, weights: str) -> int:
         """The draft length when none is given and gamma is fixed, for a target with these weights."""

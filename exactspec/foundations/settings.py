@@ -23,6 +23,8 @@ REPETITION_PENALTY_MIN = 0.01
 """Lowest repetition penalty (< 1 favours repeated tokens; 0.01 multiplies a positive logit by 100)."""
 REPETITION_PENALTY_MAX = 100.0
 """Highest repetition penalty (100 divides a positive logit by 100: a repeated token is all but banned)."""
+OUTPUT_PENALTY_MAX = 2.0
+"""Largest |presence_penalty| and |frequency_penalty|, OpenAI's range [-2, 2]."""
 LOGIT_BIAS_MAX = 100.0
 """Largest |logit bias|, OpenAI's: -100 all but bans a token and +100 all but forces it. -inf is also
 accepted in Python and on the CLI, where it bans the token outright."""
@@ -57,6 +59,14 @@ class SamplingSettings:
             REPETITION_PENALTY_MAX].
         logit_bias: token id -> additive bias on its logit (applied first), each
             in [-LOGIT_BIAS_MAX, LOGIT_BIAS_MAX], or -inf to ban the token.
+        presence_penalty: OpenAI's: subtracted once from the logit of every token
+            the row has generated so far (the prompt does not count); 0.0 disables.
+            In [-OUTPUT_PENALTY_MAX, OUTPUT_PENALTY_MAX].
+        frequency_penalty: OpenAI's: times the number of times the row has
+            generated the token so far, subtracted from its logit; 0.0 disables.
+            In [-OUTPUT_PENALTY_MAX, OUTPUT_PENALTY_MAX]. Both are applied after
+            the repetition penalty and before the temperature
+            (`exactspec.foundations.penalties`).
     """
 
     temperature: float = DEFAULTS.temperature
@@ -65,6 +75,8 @@ class SamplingSettings:
     min_p: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: Mapping[int, float] = field(default_factory=dict)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         _require_finite("temperature", self.temperature)
@@ -92,6 +104,16 @@ class SamplingSettings:
                 f"(1 disables it), got {self.repetition_penalty}",
                 param="repetition_penalty",
             )
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _require_finite(name, value)
+            if not -OUTPUT_PENALTY_MAX <= value <= OUTPUT_PENALTY_MAX:
+                raise InvalidArgument(
+                    f"{name} must be in [-{OUTPUT_PENALTY_MAX:g}, {OUTPUT_PENALTY_MAX:g}] (0 disables it), "
+                    f"got {value}",
+                    param=name,
+                )
+            object.__setattr__(self, name, float(value))
         bias: dict[int, float] = {}
         for token, value in dict(self.logit_bias).items():
             if isinstance(token, bool) or not isinstance(token, int) or token < 0:
@@ -119,6 +141,17 @@ class SamplingSettings:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def penalises_output(self) -> bool:
+        """The presence or the frequency penalty is on: p depends on the tokens generated so far."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def uses_history(self) -> bool:
+        """p depends on the row's history (the repetition penalty, or the presence or frequency penalty):
+        the transforms need each position's own history."""
+        return self.repetition_penalty != 1.0 or self.penalises_output
+
     def check_vocab(self, vocab_size: int) -> None:
         """Raise if a logit-bias id does not exist in a vocabulary of this size."""
         bad = sorted(t for t in self.logit_bias if t >= vocab_size)
@@ -137,6 +170,8 @@ class SamplingSettings:
                 self.min_p,
                 self.repetition_penalty,
                 tuple(sorted(self.logit_bias.items())),
+                self.presence_penalty,
+                self.frequency_penalty,
             )
         )
 
@@ -151,6 +186,10 @@ class SamplingSettings:
             parts.append(f"min_p={self.min_p:g}")
         if self.repetition_penalty != 1.0:
             parts.append(f"rep={self.repetition_penalty:g}")
+        if self.presence_penalty != 0.0:
+            parts.append(f"presence={self.presence_penalty:g}")
+        if self.frequency_penalty != 0.0:
+            parts.append(f"frequency={self.frequency_penalty:g}")
         if self.logit_bias:
             parts.append(f"bias={dict(self.logit_bias)}")
         return " ".join(parts)

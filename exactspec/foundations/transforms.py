@@ -7,7 +7,9 @@ were drawn from, and the output would silently stop being exact.
 
 Order and definitions follow Hugging Face `generate` (logit bias, repetition
 penalty, temperature, top-k, top-p, min-p), so exactspec's p is the p that a
-Hugging Face user already means by these settings.
+Hugging Face user already means by these settings. OpenAI's presence and
+frequency penalties (`exactspec.foundations.penalties`) come right after the
+repetition penalty, on the logits, as in vLLM.
 
 `probabilities` is the fast path; `_probabilities_reference` is the original
 straightforward implementation (a full stable sort for top-p, a second softmax
@@ -33,6 +35,7 @@ import numpy as np
 import torch
 
 from exactspec.foundations.overflow import divide_by_temperature, penalise
+from exactspec.foundations.penalties import apply_output_penalties, output_penalties_reference
 from exactspec.foundations.settings import SamplingSettings
 
 # Rows whose finite scores (after top-k) number at most 1/_TOPK_SHARE of the vocabulary get their sorted
@@ -59,6 +62,7 @@ def probabilities(
     histories: Sequence[Sequence[int]] | None = None,
     *,
     validate: bool = True,
+    prompt_lengths: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """Turn rows of logits into the probability vectors that are sampled from.
 
@@ -68,12 +72,15 @@ def probabilities(
             vocabulary lacks).
         settings: the request's sampling settings.
         histories: N token histories, the one each row really has (prompt plus
-            every token before this position). Needed only for the repetition
-            penalty.
+            every token before this position). Needed only for the repetition,
+            presence and frequency penalties (`SamplingSettings.uses_history`).
         validate: check every row for NaN, +inf and "-inf everywhere" (one
             reduction over [N, V] and one host sync). With False the caller
             vouches for the logits; invalid rows then give NaN rows instead of
             an error. Shapes, settings and histories are always checked.
+        prompt_lengths: N ints, how many leading tokens of each history are the
+            prompt, which the presence and frequency penalties do not count.
+            Needed only for those two.
 
     Returns:
         [N, V] probabilities in float64 if `logits` is float64, else float32.
@@ -82,9 +89,9 @@ def probabilities(
         Bit-identical to `_probabilities_reference`.
     """
     if settings.greedy:
-        best = _greedy_ids(logits, settings, histories, validate)  # [N]
+        best = _greedy_ids(logits, settings, histories, validate, prompt_lengths)  # [N]
         return torch.zeros_like(logits, dtype=_dtype_of(logits)).scatter_(1, best.unsqueeze(-1), 1.0)
-    scores, row_max = _penalised_scores(logits, settings, histories, validate)
+    scores, row_max = _penalised_scores(logits, settings, histories, validate, prompt_lengths)
 
     # Rows where scores / T would overflow take the greedy limit (`overflow.divide_by_temperature`).
     scores = divide_by_temperature(scores, settings.temperature, row_max)
@@ -109,9 +116,11 @@ def _penalised_scores(
     settings: SamplingSettings,
     histories: Sequence[Sequence[int]] | None,
     validate: bool,
+    prompt_lengths: Sequence[int] | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """[N, V] logits -> (scores, row maxima): float32 (float64 kept), the logit bias and the repetition
-    penalty applied, every row checked (`_check_rows`; row maxima None when `validate` is off)."""
+    """[N, V] logits -> (scores, row maxima): float32 (float64 kept), the logit bias and the repetition,
+    presence and frequency penalties applied, every row checked (`_check_rows`; row maxima None when
+    `validate` is off)."""
     if logits.dim() != 2:
         raise ValueError(f"logits must be [N, V], got shape {tuple(logits.shape)}")
     scores = logits.to(_dtype_of(logits))
@@ -121,7 +130,39 @@ def _penalised_scores(
         if histories is None or len(histories) != logits.shape[0]:
             raise ValueError("the repetition penalty needs one history per row of logits")
         scores = _apply_repetition_penalty(scores, histories, settings.repetition_penalty)
+    if settings.penalises_output:
+        scores = _apply_output_penalties(scores, settings, histories, prompt_lengths)
     return scores, _check_rows(scores) if validate else None
+
+
+def penalised_scores(
+    logits: torch.Tensor,
+    settings: SamplingSettings,
+    histories: Sequence[Sequence[int]] | None = None,
+    prompt_lengths: Sequence[int] | None = None,
+) -> torch.Tensor:
+    """[N, V] logits -> the scores before the temperature: float32 (float64 kept), the logit bias and the
+    repetition, presence and frequency penalties applied, unchecked. A greedy row's argmax is taken over
+    these (what a greedy row reports as its log-probabilities: `decoding.logprobs`)."""
+    scores, _ = _penalised_scores(logits, settings, histories, False, prompt_lengths)
+    return scores
+
+
+def _apply_output_penalties(
+    scores: torch.Tensor,
+    settings: SamplingSettings,
+    histories: Sequence[Sequence[int]] | None,
+    prompt_lengths: Sequence[int] | None,
+) -> torch.Tensor:
+    """The presence and frequency penalties (`penalties.apply_output_penalties`), after checking that the
+    caller gave what they count: each row's history and where its prompt ends."""
+    if histories is None or prompt_lengths is None:
+        raise ValueError(
+            "the presence and frequency penalties need one history and one prompt length per row of logits"
+        )
+    return apply_output_penalties(
+        scores, histories, prompt_lengths, settings.presence_penalty, settings.frequency_penalty
+    )
 
 
 def _dtype_of(logits: torch.Tensor) -> torch.dtype:
@@ -134,10 +175,11 @@ def _greedy_ids(
     settings: SamplingSettings,
     histories: Sequence[Sequence[int]] | None,
     validate: bool,
+    prompt_lengths: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """[N] each row's biased and penalised argmax (`_argmax_ids`), its rows checked as `_check_rows`
     checks them but from the value at that id: one pass over the row instead of two."""
-    scores, _ = _penalised_scores(logits, settings, histories, validate=False)
+    scores, _ = _penalised_scores(logits, settings, histories, False, prompt_lengths)
     best = _argmax_ids(scores)  # [N]
     if validate:
         _check_row_max(scores.gather(1, best.unsqueeze(-1)).squeeze(-1))
@@ -160,6 +202,7 @@ def greedy_ids(
     logits: torch.Tensor,
     settings: Sequence[SamplingSettings],
     histories: Sequence[Sequence[int]] | None = None,
+    prompt_lengths: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """[N, V] logits of rows whose settings are all greedy -> [N] long: the id `probabilities_per_row`
     puts each row's whole mass on (its biased and penalised argmax, the same checks and errors), without
@@ -174,10 +217,10 @@ def greedy_ids(
     if not all(row_settings.greedy for row_settings in settings):
         raise ValueError("greedy_ids is for rows at temperature 0; use probabilities_per_row")
 
-    def ids(rows: torch.Tensor, group: SamplingSettings, group_histories: Any) -> torch.Tensor:
-        return _greedy_ids(rows, group, group_histories, validate=True).to(logits.device)
+    def ids(rows: torch.Tensor, group: SamplingSettings, group_histories: Any, starts: Any) -> torch.Tensor:
+        return _greedy_ids(rows, group, group_histories, True, starts).to(logits.device)
 
-    return _by_settings(logits, settings, histories, ids)  # [N]
+    return _by_settings(logits, settings, histories, prompt_lengths, ids)  # [N]
 
 
 def _check_rows(scores: torch.Tensor) -> torch.Tensor:
@@ -420,6 +463,7 @@ def _probabilities_reference(
     logits: torch.Tensor,
     settings: SamplingSettings,
     histories: Sequence[Sequence[int]] | None = None,
+    prompt_lengths: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """The original implementation of `probabilities`, kept as its definition (see the module docstring).
 
@@ -447,6 +491,12 @@ def _probabilities_reference(
         if histories is None or len(histories) != num_rows:
             raise ValueError("the repetition penalty needs one history per row of logits")
         scores = _repetition_penalty_reference(scores, histories, settings.repetition_penalty)
+    if settings.penalises_output:
+        if histories is None or prompt_lengths is None:
+            raise ValueError("the presence and frequency penalties need histories and prompt lengths")
+        scores = output_penalties_reference(
+            scores, histories, prompt_lengths, settings.presence_penalty, settings.frequency_penalty
+        )
     row_max = _check_rows(scores)
 
     if settings.greedy:
@@ -468,6 +518,7 @@ def probabilities_per_row(
     logits: torch.Tensor,
     settings: SamplingSettings | Sequence[SamplingSettings],
     histories: Sequence[Sequence[int]] | None = None,
+    prompt_lengths: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """`probabilities` where each row of logits has its own settings (docs/algorithm.md 6).
 
@@ -478,7 +529,8 @@ def probabilities_per_row(
     Args:
         logits: [N, V] raw logits.
         settings: one `SamplingSettings` for every row, or N of them (row n uses settings[n]).
-        histories: N histories; needed only when some row has a repetition penalty.
+        histories: N histories; needed only when some row's settings use them (`uses_history`).
+        prompt_lengths: N prompt lengths; needed only when some row has a presence or frequency penalty.
 
     Returns:
         [N, V] probabilities, as `probabilities`.
@@ -489,19 +541,26 @@ def probabilities_per_row(
     [[0.0, 1.0], [1.0, 0.0]]
     """
     if isinstance(settings, SamplingSettings):
-        return probabilities(logits, settings, histories)
-    return _by_settings(logits, list(settings), histories, probabilities)
+        return probabilities(logits, settings, histories, prompt_lengths=prompt_lengths)
+
+    def transform(
+        rows: torch.Tensor, group: SamplingSettings, group_histories: Any, starts: Any
+    ) -> torch.Tensor:
+        return probabilities(rows, group, group_histories, prompt_lengths=starts)
+
+    return _by_settings(logits, list(settings), histories, prompt_lengths, transform)
 
 
 def _by_settings(
     logits: torch.Tensor,
     settings: list[SamplingSettings],
     histories: Sequence[Sequence[int]] | None,
-    transform: Callable[[torch.Tensor, SamplingSettings, Any], torch.Tensor],
+    prompt_lengths: Sequence[int] | None,
+    transform: Callable[[torch.Tensor, SamplingSettings, Any, Any], torch.Tensor],
 ) -> torch.Tensor:
-    """`transform`(rows, settings, their histories) once per group of rows with identical settings (all
-    rows at once when they share them), its [N_group, ...] results put back in row order: [N, ...].
-    Histories go to a group only when its repetition penalty needs them."""
+    """`transform`(rows, settings, their histories, their prompt lengths) once per group of rows with
+    identical settings (all rows at once when they share them), its [N_group, ...] results put back in
+    row order: [N, ...]. Histories and prompt lengths go to a group only when its penalties need them."""
     if logits.dim() != 2 or len(settings) != logits.shape[0]:
         raise ValueError(
             f"need one SamplingSettings per row of logits [N, V]: {len(settings)} for {tuple(logits.shape)}"
@@ -510,14 +569,16 @@ def _by_settings(
     for n, row_settings in enumerate(settings):
         groups.setdefault(row_settings, []).append(n)
     if len(groups) == 1:
-        return transform(logits, settings[0], histories)
+        return transform(logits, settings[0], histories, prompt_lengths)
     out: torch.Tensor | None = None
     for group_settings, members in groups.items():
         index = torch.tensor(members, device=logits.device)
-        group_histories = None
-        if histories is not None and group_settings.repetition_penalty != 1.0:
+        group_histories = group_starts = None
+        if histories is not None and group_settings.uses_history:
             group_histories = [histories[n] for n in members]
-        result = transform(logits[index], group_settings, group_histories)  # [N_group, ...]
+        if prompt_lengths is not None and group_settings.penalises_output:
+            group_starts = [prompt_lengths[n] for n in members]
+        result = transform(logits[index], group_settings, group_histories, group_starts)  # [N_group, ...]
         if out is None:
             out = result.new_empty((logits.shape[0], *result.shape[1:]))
         out[index] = result

@@ -1,12 +1,8 @@
 """Grouped-query attention for CPU decoding, registered with transformers as "exactspec_grouped".
 
-Why not transformers' default ("sdpa"): on CPU, torch's fused SDPA kernel in
-bfloat16 is slow for the few query tokens of a decoding step. Measured on this
-project's 2-core machine (torch 2.13, one query token, 12 query heads, 2 key/
-value heads, head dim 128 as in the default target): 414 us per call at 300
-cached tokens and 1.33 ms at 1000, against 84 us and 124 us for the grouped
-matmul-softmax-matmul below. Over 28 layers that is 12 ms of a 70 ms packed
-int4 target step at 300 tokens, and it grows with the context.
+Why not transformers' default ("sdpa"): on CPU, torch's fused SDPA kernel in bfloat16 is slow for the
+few query tokens of a decoding step, and more so the longer the context (docs/performance.md, "Packed
+weights and llama.cpp", has the timings).
 
 The computation is the textbook one (eager attention without `repeat_kv`):
 each key/value head serves its group of query heads in one batched matmul,
@@ -17,15 +13,11 @@ query that may attend to no slot (left padding of a batched block) gets a
 finite average of the values instead of NaN, like eager attention; those
 outputs are never read.
 
-Why the two matmuls stay in the activation dtype (bfloat16), measured on the
-default pair: with packed int4 weights, every row of a block is then computed
-exactly as it would be alone, and the verifier's block pass equals one-token
-passes bit for bit (docs/bench/numerics-int4: 384 positions, k = 3 and 5).
-The price: scores are rounded to bfloat16, so the dense bfloat16 model is
-further from its float32 self than with SDPA, which accumulates in float32
-(median per-position TV at T = 1: 0.0056 against 0.0032, docs/bench/numerics-two-rows).
-A variant computing scores and values in float32 broke the identity (block vs
-one-token TV up to 0.044 at k = 5, int4) and was not kept.
+Why the two matmuls stay in the activation dtype (bfloat16): with packed int4 weights every row of a
+block is then computed exactly as it would be alone, and the verifier's block pass equals one-token
+passes bit for bit. The price: scores are rounded to bfloat16, so the dense bfloat16 model is further
+from its float32 self than with SDPA, which accumulates in float32; a variant computing scores and
+values in float32 broke the identity and was not kept (docs/numerics.md has both measurements).
 
 Only the adapter's own models are switched (`use_grouped_attention`), on CPU,
 and only from "sdpa"; a model loaded with another implementation keeps it.

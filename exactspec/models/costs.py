@@ -85,10 +85,10 @@ def checked_cost_model(
     times, interleaved so machine noise spreads over all of them, and rounds repeat until two agree
     and v(k) makes sense (`measuring.settle`, `measuring.cost_doubts`); the draft's rounds come after
     all of the target's (a session whose threads still spin after its run slows the other's next
-    run: docs/bench/onnx-spinning). `clock` times every pass (injected by tests); `load` reads the
-    machine's load over the whole measurement (default `LoadMeter`). Both models' caches are cleared
-    before and after, so a generation that follows starts clean. The history is a fixed pseudo-random
-    token sequence (timing does not depend on which ids).
+    run: docs/performance.md, "Threads on a small CPU"). `clock` times every pass (injected by
+    tests); `load` reads the machine's load over the whole measurement (default `LoadMeter`). Both
+    models' caches are cleared before and after, so a generation that follows starts clean. The history
+    is a fixed pseudo-random token sequence (timing does not depend on which ids).
     """
     if max_gamma < 0:
         raise ValueError(f"max_gamma must be >= 0, got {max_gamma}")

@@ -12,8 +12,8 @@ dtype "auto" per device:
 
 weights "auto" per device (`auto_weights`):
 - CPU: "int4", torch's packed 4-bit CPU kernel (`exactspec.models.packed`): on the 2-core
-  development machine the default pair decodes about 2.2x faster than with dense bfloat16 weights
-  (docs/bench/packed-int4 and packed-bf16, docs/performance.md). The packed model is the
+  development machine the default pair decodes faster than with dense bfloat16 weights
+  (docs/performance.md, "Packed weights and llama.cpp"). The packed model is the
   target; "bf16" gives the dense (dequantized GGUF) model instead.
 - CUDA: "bf16" (the packed kernels used here are CPU kernels).
 """

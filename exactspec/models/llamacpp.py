@@ -12,25 +12,9 @@ positions; a freed cell is simply reused by the next token that needs one).
         seq_rm(seq 0, from position 4)  -> holds [a b c x]
         batch: token z at position 4 of seq 0, logits on   -> [1, 1, V]
 
-Trees of candidates (`tree_logits`) take one sequence per leaf for the length of one call: each
-branch sequence gets the row's cells (`llama_memory_seq_cp`, no data copied in the unified cache),
-the row's new tokens belong to the row's sequence and every branch, and each node to the branches
-of the leaves below it, at position len(history) + depth - 1, so llama.cpp's masks let a node see
-the history and its own ancestors only. The next call on the row copies the kept path's cells from
-one branch into the row's sequence and frees every branch:
-
-    row 7 (seq 0) holds [a b], history [a b c], tree x -> y, z (leaves y and z: branches 20, 21)
-        seq_cp(0 -> 20), seq_cp(0 -> 21)
-        batch: c (seqs 0 20 21, pos 2), x (20 21, pos 3), y (20, pos 4), z (21, pos 3); logits on all
-    next history [a b c x q]: seq_cp(20 -> 0, positions 3..3), seq_rm(20), seq_rm(21), feed q
-
-Shared prefixes (`share_prefixes`, on by default): a row whose history starts with tokens another live
-row's sequence holds takes those cells into its own sequence (`llama_memory_seq_cp` over their
-positions: in the unified cache the cells simply gain a sequence id) and feeds only the rest, so a
-system prompt that every request starts with is computed once while one of them runs. A row that
-leaves frees its cells, so only live rows lend. Rows that join in one call and start alike are filled
-one after another up to what they share (`_prefill_sharing`), so that each takes the cells of the one
-before rather than all being computed in the call's one decode.
+Trees of candidates take one sequence per leaf for the length of one call (`_score_trees`). Shared
+prefixes (`share_prefixes`): a row whose history starts with cells another live row holds takes them
+into its own sequence and feeds only the rest, so a common system prompt is computed once.
 
 Exactness (docs/algorithm.md 2.6) asks that a token's p not depend on how it was computed beyond
 float32 rounding: llama.cpp's CPU kernels sum in an order that can depend on how many tokens a
@@ -39,9 +23,8 @@ history to float32 rounding, not always bit for bit (tests/models/test_llamacpp.
 tolerance measured). The logits are copied once, from llama.cpp's output buffer into the
 [B, k, V] float32 tensor that is returned.
 
-Install: the optional extra `llamacpp` (llama-cpp-python, built from source; `INSTALL_HINT`). Loading the
-library, checking that it is installed and checking a tokenizer against a GGUF vocabulary are
-`models.llamacpp_lib` (exported here too).
+Install: the optional extra `llamacpp` (`INSTALL_HINT`); loading the library and checking a tokenizer
+against a GGUF vocabulary are `models.llamacpp_lib` (exported here too).
 """
 
 from __future__ import annotations
@@ -56,6 +39,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.rows import RowStart
 from exactspec.foundations.trees import leaf_paths
 from exactspec.models.base import common_prefix_length
@@ -67,12 +51,9 @@ from exactspec.models.llamacpp_lib import check_vocabulary as check_vocabulary
 from exactspec.models.rows_cache import PendingTree, RowCacheModel, TreeBatch, keep_length
 from exactspec.models.tree import path_tree_logits
 
-DEFAULT_THREADS = 2
 DEFAULT_CONTEXT = 8192
 """KV cells of one context, shared by all its rows (unified cache): 8192 tokens of the built-in
 target take about 230 MB as float16."""
-DEFAULT_MAX_ROWS = 16
-"""Sequences one context can hold at a time (llama.cpp's n_seq_max)."""
 DEFAULT_BATCH_TOKENS = 512
 """Most tokens one `llama_decode` takes (n_batch = n_ubatch); longer feeds go in several decodes."""
 DEFAULT_TREE_SEQUENCES = 16
@@ -102,9 +83,9 @@ class LlamaCppModel(RowCacheModel):
         *,
         eos_token_ids: Iterable[int] | None = None,
         vocab_size: int | None = None,
-        threads: int = DEFAULT_THREADS,
+        threads: int = DEFAULTS.threads,
         context: int = DEFAULT_CONTEXT,
-        max_rows: int = DEFAULT_MAX_ROWS,
+        max_rows: int = DEFAULTS.max_rows,
         batch_tokens: int = DEFAULT_BATCH_TOKENS,
         tree_sequences: int = DEFAULT_TREE_SEQUENCES,
         kv_type: str = "f16",
@@ -326,9 +307,22 @@ class LlamaCppModel(RowCacheModel):
         self, history_lists: list[list[int]], row_ids: list[int], trees: TreeBatch
     ) -> torch.Tensor:
         """[B, N + 1, V] logits after each history and after each tree node, in one `llama_decode` with one
-        branch sequence per leaf (the module docstring's example), once the branches are known to fit
-        (`_fits_trees`). Scored path by path instead when the trees take more tokens than one decode
-        (`batch_tokens`) once the histories are in the cache. Padding nodes' entries are 0."""
+        branch sequence per leaf, once the branches are known to fit (`_fits_trees`). Scored path by path
+        instead when the trees take more tokens than one decode (`batch_tokens`) once the histories are in
+        the cache. Padding nodes' entries are 0.
+
+        Each tree takes one sequence per leaf for the length of one call: each
+        branch sequence gets the row's cells (`llama_memory_seq_cp`, no data copied in the unified cache),
+        the row's new tokens belong to the row's sequence and every branch, and each node to the branches
+        of the leaves below it, at position len(history) + depth - 1, so llama.cpp's masks let a node see
+        the history and its own ancestors only. The next call on the row copies the kept path's cells from
+        one branch into the row's sequence and frees every branch:
+
+            row 7 (seq 0) holds [a b], history [a b c], tree x -> y, z (leaves y and z: branches 20, 21)
+                seq_cp(0 -> 20), seq_cp(0 -> 21)
+                batch: c (seqs 0 20 21, pos 2), x (20 21, pos 3), y (20, pos 4), z (21, pos 3); logits on all
+            next history [a b c x q]: seq_cp(20 -> 0, positions 3..3), seq_rm(20), seq_rm(21), feed q
+        """
         num_nodes = trees.width
         leaves = [leaf_paths(parents, len(parents)) if parents else [] for parents in trees.parents]
         feeds: list[tuple[int, int, list[int]]] = []  # (row's sequence id, first position, history tokens)

@@ -320,8 +320,8 @@ def one_gguf_parse() -> Iterator[None]:
 
     transformers parses a GGUF file anew for its tokenizer, its config and its weights (a `GGUFReader`
     each, in `load_gguf_checkpoint`), and a parse walks the metadata in Python, element by element:
-    the built-in target's 151,936-token vocabulary and merges took about 18 s a parse (profiled) on
-    the 2-core Zen 3, three times in a first conversion. A reader only maps the file and reads it, so
+    the built-in target's vocabulary and merges take many seconds a parse on a small CPU, three times
+    in a first conversion. A reader only maps the file and reads it, so
     sharing one changes nothing it returns."""
     try:
         import gguf

@@ -22,7 +22,7 @@ rounded s and z). Example: the group [-0.3, 0.0, 0.45] with g = 3 gives
 s = 0.05, z = 0.1, codes [0, 6, 15], values [-0.3, 0.0, 0.45] exactly.
 The built-in pair's GGUF is Q4_K_M: its Q4_K tensors hold, per sub-block of
 32 weights, 16 levels d * sc * q - dmin * m, so group size 32 recovers them up
-to the rounding of s and z (the measured gap is in docs/bench/).
+to the rounding of s and z (the measured gap: docs/performance.md, "Packed weights and llama.cpp").
 """
 
 from __future__ import annotations
@@ -225,8 +225,8 @@ class PackedInt8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(self.scales.dtype).contiguous()  # [M, K]
         if flat.shape[0] == 1:
-            # The kernel's one-row path is ~10x slower than its two-row path on this CPU
-            # (docs/bench/packed-costs: 1220 ms vs 122 ms a step): score the row twice.
+            # The kernel's one-row path is far slower than its two-row path on the CPU
+            # (docs/performance.md, "Packed weights and llama.cpp"): score the row twice.
             out = torch.ops.aten._weight_int8pack_mm(
                 flat.expand(2, -1).contiguous(), self.weight_int8, self.scales
             )

@@ -12,9 +12,8 @@ numerically different:
   the default target: their one-row outputs differ from row 0 of a 2..6-row
   product; a lone row fed as two equals row 0 of every k-row product bit for
   bit, `tests/models/test_two_rows.py` checks this on the machine it runs on);
-- its speed comes in two modes from run to run: the default target's
-  one-token step took 179 to 235 ms over 8 fresh plain runs (medians per
-  run), 172 to 195 ms with every lone row fed as two.
+- its speed comes in two modes from run to run, and a lone row fed as two
+  is no slower (docs/numerics.md).
 
 So each lone row is duplicated, multiplied as a two-row block, and the first
 row of the result kept. Rows of a step with two or more rows (a verification

@@ -40,6 +40,8 @@ def generation_config(
     """
     from transformers import GenerationConfig
 
+    if settings.penalises_output:
+        raise ValueError("transformers' generate has no presence or frequency penalty (OpenAI's)")
     bias = [[[int(token)], float(value)] for token, value in sorted(settings.logit_bias.items())]
     return GenerationConfig(
         do_sample=not settings.greedy,

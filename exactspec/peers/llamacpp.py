@@ -33,12 +33,12 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.llamacpp import INSTALL_HINT
 
 __all__ = [
     "DEFAULT_CONTEXT",
-    "DEFAULT_THREADS",
     "INSTALL_HINT",
     "LOOKUP_NGRAM",
     "LookupRecorder",
@@ -48,7 +48,6 @@ __all__ = [
     "time_eval",
 ]
 
-DEFAULT_THREADS = 2
 DEFAULT_CONTEXT = 4096
 LOOKUP_NGRAM = 2
 """`LlamaPromptLookupDecoding`'s max_ngram_size: its default, which llama-cpp-python's README keeps."""
@@ -87,7 +86,7 @@ class LookupRecorder:
 def load(
     gguf_path: str | os.PathLike[str],
     *,
-    threads: int = DEFAULT_THREADS,
+    threads: int = DEFAULTS.threads,
     context: int = DEFAULT_CONTEXT,
     lookup_tokens: int | None = None,
 ) -> Any:
@@ -136,6 +135,9 @@ def generate(
     greedy), top-k (0 = off), top-p, min-p, repetition penalty. Logit bias is not passed (the bench
     does not use it). `seed` is taken modulo 2**32 - 1 (llama.cpp's 2**32 - 1 means a random seed).
     """
+    if settings.penalises_output:
+        # llama.cpp's penalties count the last tokens of the whole context, prompt included: not OpenAI's.
+        raise ValueError("llama.cpp's presence and frequency penalties count the prompt too; not comparable")
     draft_model = getattr(llm, "draft_model", None)
     recorder = draft_model if isinstance(draft_model, LookupRecorder) else None
     if recorder is not None:

@@ -1,9 +1,8 @@
 """onnxruntime-genai as a peer: its own `Generator` over an ONNX model folder, run as its users run it.
 
 The folder is one written by onnxruntime-genai's model builder (`model.onnx`, its weights and the
-`genai_config.json` the generator reads): the folder the onnx backend exports the pair's target to, or
-any other. An optional extra (the `onnx` extra: onnxruntime-genai 0.18.0); `available()` says whether the
-package imports, and nothing else in exactspec needs it.
+`genai_config.json` the generator reads), such as the onnx backend's export of the target. The package
+is the `onnx` extra; `available()` says whether it imports, and nothing else in exactspec needs it.
 
 Two methods, both `og.Generator` driven one `generate_next_token()` per token:
 
@@ -14,29 +13,10 @@ Two methods, both `og.Generator` driven one `generate_next_token()` per token:
   NGRAM_SIZE, max_draft_tokens=N)`, the generator's prompt lookup, as its docs/SpeculativeDecoding.md
   advises starting it (ngram_size 3 or 4, max_draft_tokens 4; fixed width, no adaptive K).
 
-How its n-gram decoding drafts and verifies (read in microsoft/onnxruntime-genai at a0c04eb, Aug 2026;
-the installed 0.18.0 takes the same speculative options and reports the same statistics):
-
-* `MakeDecodingStrategy` (src/decoding_strategy.cpp) picks `NGramDecodingStrategy`
-  (src/n_gram_decoding_strategy.h) when `ngram_size > 0`. Its proposal is `ProposalMode::kDeterministic`:
-  the up to N tokens that followed the most recent earlier occurrence of the last `ngram_size - 1`
-  committed tokens (`NGramLookup::Propose`, src/n_gram_lookup.h); a miss runs one standard step.
-* `SpeculativeDecodingStrategy::RunRound` (src/speculative_decoding_strategy.cpp) scores the proposal in
-  one target pass (logits of every position) and turns each row into the target's distribution exactly as
-  the standard search does (`ComputeTargetTokenSelection`, src/speculative_sampling.h: penalties, top-k,
-  top-p, temperature). Greedy: a proposed token is kept while it is the row's argmax; the first that is
-  not is replaced by the argmax; all kept earns a bonus argmax. Sampled, with a deterministic proposal:
-  `VerifyDeterministicProposal` draws the target's token at each position from p with the round's random
-  stream and keeps the proposal while the draw equals it; the first draw that differs is emitted and ends
-  the round; all kept earns a bonus draw.
-* That is exact, not greedy-match only: for a one-hot q, Leviathan et al.'s rule accepts x with
-  probability min(1, p(x) / 1) = p(x), and on rejection samples the residual (p - q)+, which is p with x
-  removed, renormalised: the law of a draw from p given that it is not x. Drawing y ~ p and keeping x
-  when y = x (else emitting y) has the same law. Each emitted token costs one draw, in the order plain
-  sampling draws them, so with the same seed the n-gram run tends to repeat plain sampling's very tokens
-  (up to the numerics of a k-token pass, which are not those of a one-token pass: docs/performance.md).
-  Proposals from a draft model are verified with min(1, p/q) and the residual (`ComputeAcceptProb`,
-  `SampleCorrectionToken`): the same rule, in float32.
+Its n-gram verification is exact at every temperature, not greedy-match only: at each position it draws
+the target's token from p and keeps the proposal while the draw equals it, which for a one-hot q is
+Leviathan et al.'s rule; with the same seed it repeats plain sampling's tokens (the reading of its
+source: docs/performance.md, onnxruntime-genai).
 
 EOS: the generator ends a sequence at EOS (`GreedySearch_Cpu::SetNextToken`); an empty EOS list falls back
 to the pad token, so it cannot be switched off. When EOS is ignored (the bench's default) the peer appends
@@ -46,8 +26,7 @@ next step makes, so every run makes exactly `max_new_tokens` tokens like every o
 Rounds: after each `generate_next_token()` of an n-gram run the generator's cumulative statistics
 (`get_speculative_stats`) say whether a speculative round started ("rounds", with its proposed and
 accepted draft tokens) or a lookup miss ran a standard step ("standard_fallback_steps"); calls that only
-emit a round's buffered tokens start neither. Reading them costs microseconds, against a model pass of
-milliseconds.
+emit a round's buffered tokens start neither. Reading them is cheap beside a model pass.
 """
 
 from __future__ import annotations
@@ -61,10 +40,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.settings import SamplingSettings
 
 __all__ = [
-    "DEFAULT_THREADS",
     "GENAI_CONFIG",
     "INSTALL_HINT",
     "NGRAM_SIZE",
@@ -76,8 +55,6 @@ __all__ = [
     "search_options",
 ]
 
-DEFAULT_THREADS = 2
-"""ONNX Runtime's intra-op threads: as many as the llama.cpp peer's (`peers.llamacpp.DEFAULT_THREADS`)."""
 NGRAM_SIZE = 3
 """The n-gram decoding's ngram_size: match the last 2 committed tokens (docs/SpeculativeDecoding.md's
 'start with ngram_size=3 or 4'; 3 matches as much history as llama-cpp-python's prompt lookup, 2 tokens)."""
@@ -111,7 +88,7 @@ class OrtGenaiModel:
         return f"onnxruntime-genai {self.version} on {self.folder.name} ({self.threads} threads)"
 
 
-def load(folder: str | os.PathLike[str], *, threads: int = DEFAULT_THREADS) -> OrtGenaiModel:
+def load(folder: str | os.PathLike[str], *, threads: int = DEFAULTS.threads) -> OrtGenaiModel:
     """The generator's model over `folder`, on the CPU with `threads` intra-op threads (set through the
     config's decoder session options; everything else as the builder wrote it)."""
     import onnxruntime_genai as og
@@ -141,14 +118,17 @@ def search_options(settings: SamplingSettings, max_length: int, vocab_size: int,
 
     Greedy at temperature 0; otherwise sampling with the temperature, top-k (0 = off, as ours; capped at
     the vocabulary, which the generator requires), top-p (1 = off) and repetition penalty (Hugging Face's
-    rule over the whole sequence, as ours). It has no min-p and no logit bias: settings with either raise
-    ValueError (the bench reports the method as failed at that sampling row). `seed` is taken modulo 2**31
-    (the generator's seed is a 32-bit int; -1 means a random one).
+    rule over the whole sequence, as ours). It has no min-p, no logit bias and no presence or frequency
+    penalty: settings with any of them raise ValueError (the bench reports the method as failed at that
+    sampling row). `seed` is taken modulo 2**31 (the generator's seed is a 32-bit int; -1 means a random
+    one).
     """
     if settings.min_p > 0:
         raise ValueError(f"onnxruntime-genai has no min-p (asked min_p={settings.min_p})")
     if settings.logit_bias:
         raise ValueError("onnxruntime-genai has no logit bias")
+    if settings.penalises_output:
+        raise ValueError("onnxruntime-genai has no presence or frequency penalty")
     options: dict[str, Any] = {
         "max_length": max_length,
         "min_length": 0,

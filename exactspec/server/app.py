@@ -3,7 +3,7 @@ boundaries).
 
 Routes: POST /v1/completions, POST /v1/chat/completions (streaming as server-sent events ending
 with `data: [DONE]`, `sse`, or one JSON body, `responses`), GET /v1/models, GET /health, GET /metrics
-(Prometheus, `metrics`).
+(Prometheus, `metrics`), GET /openapi.json (every route's bodies, streamed events included).
 
 Threads: the scheduler runs rounds on its own thread; each HTTP request submits its rows and
 reads their events through an asyncio queue fed from the round thread
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -35,7 +34,7 @@ from exactspec.server.errors import ApiError, add_error_handlers, openapi_schema
 from exactspec.server.responses import completion_body
 from exactspec.server.schemas import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, SamplingFields
 from exactspec.server.service import Service
-from exactspec.server.sse import stream_events
+from exactspec.server.sse import describe_streams, stream_events
 
 DISCONNECT_POLL_SECONDS = 0.2
 """How often a non-streaming request checks that its client is still there."""
@@ -84,7 +83,7 @@ def create_app(service: Service) -> FastAPI:
         service.check(body)
         return await _generate(service, body, request, chat=True)
 
-    app.openapi = functools.partial(openapi_schema, app)  # type: ignore[method-assign]
+    app.openapi = lambda: describe_streams(openapi_schema(app))  # type: ignore[method-assign]
     return app
 
 
@@ -104,13 +103,24 @@ async def _generate(service: Service, body: SamplingFields, request: Request, *,
     created = int(time.time())
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        stream = stream_events(service.model_name, submission, events, ident, created, chat, include_usage)
+        stream = stream_events(
+            service.model_name,
+            submission,
+            events,
+            ident,
+            created,
+            chat,
+            include_usage,
+            service.pair.tokenizer,
+        )
         return StreamingResponse(
             stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
         )
     if not await _all_finished(submission, events, request):
         return PlainTextResponse("", status_code=499)
-    return completion_body(service.model_name, submission, ident, created, chat=chat)
+    return completion_body(
+        service.model_name, submission, ident, created, chat=chat, tokenizer=service.pair.tokenizer
+    )
 
 
 async def _all_finished(

@@ -59,8 +59,8 @@ def replica_application(
     pair_options: Mapping[str, Any],
     service_options: Mapping[str, Any],
     *,
-    replicas: int = 1,
-    cpus_per_replica: float = 1.0,
+    replicas: int = DEFAULTS.replicas,
+    cpus_per_replica: float = DEFAULTS.cpus_per_replica,
     gpus_per_replica: float = 0.0,
 ) -> Any:
     """A Ray Serve application of `replicas` OpenAI replicas.

@@ -39,6 +39,7 @@ def text_requests(body: SamplingFields) -> list[TextRequest]:
         stop=body.stop_strings(),
         gamma=body.gamma,  # None: the session's planner decides (docs/serving.md)
         n=body.n,
+        logprobs=body.top_alternatives(),
     )
     if isinstance(body, ChatCompletionRequest):
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]

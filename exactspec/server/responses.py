@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from exactspec.api.session import Choice, Submission
+from exactspec.server.logprobs import logprobs_body
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
 
@@ -17,16 +18,17 @@ def finish_reason(choice: Choice) -> str | None:
 
 
 def completion_body(
-    model_name: str, submission: Submission, ident: str, created: int, *, chat: bool
+    model_name: str, submission: Submission, ident: str, created: int, *, chat: bool, tokenizer: Any = None
 ) -> dict[str, Any]:
-    """The body of a finished request: every choice's text (a chat message with `chat`), the usage and
-    exactspec's statistics."""
+    """The body of a finished request: every choice's text (a chat message with `chat`) and, when asked,
+    its log-probabilities (`tokenizer` gives the tokens' text), the usage and exactspec's statistics."""
+    asked = any(request.logprobs is not None for request in submission.requests)
     out_choices = []
     for choice in submission.choices:
         entry: dict[str, Any] = {
             "index": choice.index,
             "finish_reason": finish_reason(choice),
-            "logprobs": None,
+            "logprobs": logprobs_body(choice.logprobs, tokenizer, chat=chat) if asked else None,
         }
         if chat:
             entry["message"] = {"role": "assistant", "content": choice.text}

@@ -1,10 +1,12 @@
 """Request bodies of the OpenAI-compatible routes, and their translation into exactspec's settings.
 
-Field names and defaults follow OpenAI's completions and chat completions APIs; `top_k`, `min_p`
+Field names and defaults follow OpenAI's completions and chat completions APIs (`presence_penalty`
+and `frequency_penalty` with OpenAI's definitions: `exactspec.foundations.penalties`); `top_k`, `min_p`
 and `repetition_penalty` are vLLM's extra fields (with vLLM's meaning: top_k = -1 or 0 is off);
 `gamma` is exactspec's own (draft tokens per round for this request; 0 = plain decoding).
-Fields exactspec cannot honour exactly (logprobs, penalties other than repetition, tools) are
-refused with a 400 rather than silently ignored.
+`logprobs` (and chat's `top_logprobs`) report the target's log-probabilities after the request's
+transforms (`exactspec.decoding.logprobs`). Fields exactspec cannot honour exactly (tools, response
+formats other than text) are refused with a 400 rather than silently ignored.
 
 Every numeric field carries its documented range (`exactspec.foundations.settings`) as
 `minimum`/`maximum`/`exclusiveMinimum` in the OpenAPI schema, so clients and schema-driven fuzzers see
@@ -19,11 +21,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
+from exactspec.decoding.logprobs import TOP_LOGPROBS_MAX
 from exactspec.decoding.records import MAX_GAMMA
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.errors import InvalidArgument
 from exactspec.foundations.settings import (
     LOGIT_BIAS_MAX,
+    OUTPUT_PENALTY_MAX,
     REPETITION_PENALTY_MAX,
     REPETITION_PENALTY_MIN,
     TEMPERATURE_MAX,
@@ -101,6 +105,8 @@ class SamplingFields(BaseModel):
         default=None, json_schema_extra={"propertyNames": {"pattern": "^[0-9]+$"}}
     )
     user: str | None = None
+    presence_penalty: float | None = Field(default=None, ge=-OUTPUT_PENALTY_MAX, le=OUTPUT_PENALTY_MAX)
+    frequency_penalty: float | None = Field(default=None, ge=-OUTPUT_PENALTY_MAX, le=OUTPUT_PENALTY_MAX)
     # vLLM's extra sampling fields
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
@@ -110,10 +116,6 @@ class SamplingFields(BaseModel):
     # exactspec's own: draft tokens per round for this request (0 = plain decoding)
     gamma: int | None = Field(default=None, ge=0, le=MAX_GAMMA)
     # accepted only at their "off" values
-    presence_penalty: float | None = off_only(None, 0)
-    frequency_penalty: float | None = off_only(None, 0)
-    logprobs: Any = off_only(None, False, 0)
-    top_logprobs: int | None = off_only(None, 0)
     tools: list[Any] | None = Field(default=None, json_schema_extra={"maxItems": 0})
     response_format: dict[str, Any] | None = Field(
         default=None, json_schema_extra={"properties": {"type": {"enum": ["text"]}}}
@@ -121,11 +123,6 @@ class SamplingFields(BaseModel):
 
     def unsupported(self) -> tuple[str, str] | None:
         """(field, message) for the first field set to something exactspec does not do, else None."""
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                return name, f"{name} is not supported; use repetition_penalty (Hugging Face's definition)"
-        if self.logprobs not in (None, False, 0) or self.top_logprobs:
-            return "logprobs", "logprobs are not supported"
         if self.tools:
             return "tools", "tools are not supported"
         if self.response_format and self.response_format.get("type", "text") != "text":
@@ -137,6 +134,10 @@ class SamplingFields(BaseModel):
             return []
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop)
         return [s for s in stops if s]
+
+    def top_alternatives(self) -> int | None:
+        """None: no log-probabilities; k: each token's and its k most likely alternatives."""
+        raise NotImplementedError  # each route names the fields its own way
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -158,6 +159,8 @@ class SamplingFields(BaseModel):
             min_p=self.min_p or 0.0,
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
             logit_bias=bias,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
         )
 
 
@@ -166,6 +169,15 @@ class CompletionRequest(SamplingFields):
     echo: bool = off_only(False, default=False)
     best_of: int | None = off_only(None, 1)  # n is accepted too
     suffix: str | None = off_only(None, "")
+    logprobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=TOP_LOGPROBS_MAX,
+        description="Report each token's log-probability and this many most likely alternatives",
+    )
+
+    def top_alternatives(self) -> int | None:
+        return self.logprobs
 
     def prompts(self) -> list[str | list[int]]:
         """The prompts as text or token-id lists (OpenAI accepts either, one or many)."""
@@ -188,6 +200,21 @@ class CompletionRequest(SamplingFields):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[Message] = Field(min_length=1)
+    logprobs: bool | None = Field(default=None, description="Report each token's log-probability")
+    top_logprobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=TOP_LOGPROBS_MAX,
+        description="Most likely alternatives per token (needs logprobs)",
+    )
+
+    def top_alternatives(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        if self.top_logprobs and not self.logprobs:
+            return "top_logprobs", "top_logprobs needs logprobs: true"
+        return super().unsupported()
 
 
 class ErrorDetail(BaseModel):

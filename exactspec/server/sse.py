@@ -1,18 +1,91 @@
 """A request streamed as server-sent events: a chunk per row event that emitted text, each choice's last
 chunk with its finish reason, OpenAI's usage chunk when asked (`stream_options.include_usage`), then
-`data: [DONE]`. A failed round ends the stream with an error in OpenAI's shape."""
+`data: [DONE]`. A failed round ends the stream with an error in OpenAI's shape.
+
+`describe_streams` states those events in the OpenAPI schema (`itemSchema`: one event's fields, its
+`data` a JSON chunk or `[DONE]`), so a schema-driven client or fuzzer can check every event it reads.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+from pydantic.json_schema import models_json_schema
 
 from exactspec.api.session import Choice, Submission
 from exactspec.decoding.records import RowEvent
 from exactspec.server.errors import ApiError
+from exactspec.server.logprobs import completion_characters, logprobs_body
 from exactspec.server.responses import finish_reason
+from exactspec.server.schemas import ErrorResponse
+
+DONE = "[DONE]"
+"""The `data` of a stream's last event."""
+
+
+class StreamUsage(BaseModel):
+    """Token counts of the whole request (`Submission.usage`)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class StreamChunk(BaseModel):
+    """The fields every chunk shares; `usage` only when the body asked for it (null but in the last)."""
+
+    id: str
+    created: int
+    model: str
+    usage: StreamUsage | None = None
+    exactspec: dict[str, Any] | None = Field(
+        None, description="Acceptance statistics, in the last chunk (`Submission.statistics`)"
+    )
+
+
+class CompletionChunkChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: str | None = Field(description="stop or length in the choice's last chunk, else null")
+    logprobs: None
+
+
+class CompletionChunk(StreamChunk):
+    """One streamed chunk of POST /v1/completions."""
+
+    object: Literal["text_completion"]
+    choices: list[CompletionChunkChoice]
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = Field(None, description="In each choice's first chunk only")
+    content: str
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    finish_reason: str | None = Field(description="stop or length in the choice's last chunk, else null")
+    logprobs: None
+
+
+class ChatCompletionChunk(StreamChunk):
+    """One streamed chunk of POST /v1/chat/completions."""
+
+    object: Literal["chat.completion.chunk"]
+    choices: list[ChatChunkChoice]
+
+
+STREAM_CHUNKS: dict[str, type[StreamChunk]] = {
+    "/v1/completions": CompletionChunk,
+    "/v1/chat/completions": ChatCompletionChunk,
+}
+"""The streaming routes and the chunk each one's events carry."""
 
 
 async def stream_events(
@@ -23,10 +96,16 @@ async def stream_events(
     created: int,
     chat: bool,
     include_usage: bool,
+    tokenizer: Any = None,
 ) -> AsyncIterator[str]:
     """The events of `submission`'s rows (from `events`, fed on the round thread) as server-sent events;
-    its rows are cancelled when the stream ends early (a client that went away)."""
+    its rows are cancelled when the stream ends early (a client that went away). A request that asked for
+    log-probabilities gets those of the tokens each chunk adds (tokens whose text is held back, at a
+    possible stop string or inside a UTF-8 character, come with the chunk that shows it)."""
     obj = "chat.completion.chunk" if chat else "text_completion"
+    asked = any(request.logprobs is not None for request in submission.requests)
+    pending: dict[int, list] = {choice.index: [] for choice in submission.choices}  # not yet sent
+    offsets = dict.fromkeys(pending, 0)  # completion characters the sent tokens cover
 
     def chunk(entries: list[dict[str, Any]], **extra: Any) -> str:
         payload = {
@@ -43,6 +122,14 @@ async def stream_events(
 
     def entry(choice: Choice, text: str, finish: str | None, first: bool = False) -> dict[str, Any]:
         item: dict[str, Any] = {"index": choice.index, "finish_reason": finish, "logprobs": None}
+        if asked and not first:
+            body = logprobs_body(
+                pending[choice.index], tokenizer, chat=chat, text_offset=offsets[choice.index]
+            )
+            if not chat:
+                offsets[choice.index] += completion_characters(body)
+            pending[choice.index] = []
+            item["logprobs"] = body
         if chat:
             item["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
         else:
@@ -61,6 +148,7 @@ async def stream_events(
                 submission.cancel()
                 break
             delta = choice.apply(event)
+            pending[choice.index].extend(event.logprobs or ())
             if event.finish_reason is not None:
                 remaining -= 1
                 extra = {} if remaining or include_usage else {"exactspec": submission.statistics()}
@@ -70,7 +158,40 @@ async def stream_events(
         else:
             if include_usage:  # OpenAI's last chunk: no choices, the usage (and our statistics)
                 yield chunk([], usage=submission.usage(), exactspec=submission.statistics())
-        yield "data: [DONE]\n\n"
+        yield f"data: {DONE}\n\n"
     finally:
         # Normal end: nothing left to cancel. A client that went away: its rows leave the batch.
         submission.cancel()
+
+
+def describe_streams(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema` (an app's OpenAPI schema) with each streaming route's `text/event-stream` answer described
+    event by event, in place; returns it. An event's `data` is `[DONE]` or JSON: the route's chunk, or an
+    error in OpenAI's shape."""
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    for name, definition in _chunk_definitions().items():
+        components.setdefault(name, definition)
+    for route, chunk in STREAM_CHUNKS.items():
+        ok = schema.get("paths", {}).get(route, {}).get("post", {}).get("responses", {}).get("200")
+        if ok is not None:
+            ok.setdefault("content", {})["text/event-stream"] = {"itemSchema": _event_schema(chunk.__name__)}
+    return schema
+
+
+@functools.cache
+def _chunk_definitions() -> dict[str, Any]:
+    """The JSON schemas of the chunks and of the error event, by component name."""
+    models = [(model, "serialization") for model in (*STREAM_CHUNKS.values(), ErrorResponse)]
+    _, top = models_json_schema(models, ref_template="#/components/schemas/{model}")
+    return top["$defs"]
+
+
+def _event_schema(chunk: str) -> dict[str, Any]:
+    """One server-sent event whose `data` is `[DONE]` or the JSON of component `chunk` or of an error."""
+    payload = {"anyOf": [{"$ref": f"#/components/schemas/{name}"} for name in (chunk, "ErrorResponse")]}
+    data = {
+        "type": "string",
+        "if": {"const": DONE},
+        "else": {"contentMediaType": "application/json", "contentSchema": payload},
+    }
+    return {"type": "object", "required": ["data"], "properties": {"data": data, "event": {"type": "string"}}}

@@ -1,12 +1,11 @@
 """Block verification (docs/algorithm.md 5) as one pure function, a drop-in for `verifiers.token.verify`.
 
-Sun, Mendlovic, Leviathan, Aharoni, Ro, Beirami, Suresh, "Block Verification
-Accelerates Speculative Decoding", ICLR 2025 (arXiv 2403.10444), Algorithm 2.
-Token verification (docs/algorithm.md 2) decides X_1, X_2, ... one at a time and stops
-at the first rejection; block verification sees the whole drafted path and
-decides jointly how much of it to keep. It is exact, never gives fewer
-expected tokens per round than token verification from the same drafts, and
-is optimal among verifiers that only see the drafted path.
+Sun, Mendlovic, Leviathan, Aharoni, Ro, Beirami, Suresh, "Block Verification Accelerates Speculative
+Decoding", ICLR 2025 (arXiv 2403.10444), Algorithm 2. Token verification (docs/algorithm.md 2)
+decides X_1, X_2, ... one at a time and stops at the first rejection; block verification sees the
+whole drafted path and decides jointly how much of it to keep. It is exact, never gives fewer expected
+tokens per round than token verification from the same drafts, and is optimal among verifiers that
+only see the drafted path.
 
 Vocabulary (docs/algorithm.md; the paper's M_b is our p, M_s our q, its p_i our w_i).
 For a row with draft length L (drafted X_1..X_L from q_1..q_L, target

@@ -29,10 +29,12 @@ def job_records() -> list[dict[str, Any]]:
     records[4].update(prompt=records[2]["prompt"], temperature=0.0, stop=["R8"])  # r2's greedy text has R8
     records[5]["gamma"] = 0
     records[6].update(top_k=5, top_p=0.9, logit_bias={"40": -100.0}, reference="kept out")
+    records[8].update(presence_penalty=-2.0, frequency_penalty=1.5)
     records += [
         {"id": 7, "prompt": [40, 41, 42], "max_tokens": 4},
         {"id": "too-long", "prompt": "x " * 300},  # beyond the 256-token context: the session refuses
         {"id": "bad-temperature", "prompt": "a", "temperature": -1},
+        {"id": "bad-presence", "prompt": "a", "presence_penalty": 2.5},
         {"id": "bias-outside-vocab", "prompt": "b", "logit_bias": {"100000": 1.0}},
         {"id": "no-prompt", "max_tokens": 3},
     ]

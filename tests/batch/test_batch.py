@@ -33,9 +33,10 @@ def test_every_record_gets_an_entry_in_input_order(reference: bytes) -> None:
     assert [e["id"] for e in written] == [r["id"] for r in job_records()]
     results = {e["id"]: e for e in written if e.get("error") is None}
     errors = {e["id"]: e for e in written if e.get("error") is not None}
-    assert set(errors) == {"too-long", "bad-temperature", "bias-outside-vocab", "no-prompt"}
+    assert set(errors) == {"too-long", "bad-temperature", "bad-presence", "bias-outside-vocab", "no-prompt"}
     assert errors["too-long"]["error_code"] == "context_length_exceeded"
     assert errors["bad-temperature"]["error_param"] == "temperature"
+    assert errors["bad-presence"]["error_param"] == "presence_penalty"
     assert errors["bias-outside-vocab"]["error_param"] == "logit_bias"
     assert all("text" not in e for e in errors.values())
     for record in job_records():
@@ -51,6 +52,8 @@ def test_every_record_gets_an_entry_in_input_order(reference: bytes) -> None:
     assert results["r0"]["settings"]["seed"] == record_seed(0, "r0")
     assert results["r2"]["settings"]["temperature"] == 0.0 and results["r0"]["settings"]["temperature"] == 1.0
     assert results["r3"]["settings"]["chat"] is True
+    assert results["r8"]["settings"]["presence_penalty"] == -2.0
+    assert results["r8"]["settings"]["frequency_penalty"] == 1.5
     assert results["r5"]["statistics"]["proposed_tokens"] == 0 and results["r5"]["settings"]["gamma"] == 0
     assert results["r6"]["settings"]["logit_bias"] == {"40": -100.0} and 40 not in results["r6"]["token_ids"]
     # --draft named, no --drafter: the draft model, each row planning its own lengths (up to gamma 4).
@@ -274,6 +277,8 @@ def test_parquet_in_and_out_hold_the_same_entries(
             ("temperature", pa.float64()),
             ("top_k", pa.int64()),
             ("top_p", pa.float64()),
+            ("presence_penalty", pa.float64()),
+            ("frequency_penalty", pa.float64()),
             ("logit_bias", pa.map_(pa.int64(), pa.float64())),
             ("stop", pa.list_(pa.string())),
             ("gamma", pa.int64()),

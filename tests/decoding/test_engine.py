@@ -267,7 +267,8 @@ def _plain_sampling(
         generated: list[int] = []
         while len(generated) < max_new:
             history = [*prompt, *generated]
-            p = probabilities(target.logits([history], 1)[:, 0], settings, [history])
+            logits = target.logits([history], 1)[:, 0]  # [1, V]
+            p = probabilities(logits, settings, [history], prompt_lengths=[len(prompt)])  # [1, V]
             token = int(sampler.categorical_at(p, [row], [len(generated)])[0])
             generated.append(token)
             if token in target.eos_token_ids:
@@ -282,6 +283,7 @@ def _plain_sampling(
         SamplingSettings(),
         SamplingSettings(temperature=0.6, top_k=4),
         SamplingSettings(repetition_penalty=1.5),
+        SamplingSettings(presence_penalty=1.2, frequency_penalty=0.6),
     ],
     ids=lambda s: s.describe(),
 )
@@ -323,16 +325,44 @@ def test_sampled_speculation_with_free_drafts_emits_plain_samplings_tokens(
     assert engine.metrics.accepted_tokens > 0  # drafts were kept: the equality is not plain vs plain
 
 
-@pytest.mark.parametrize("drafter", [None, "ngram", "suffix"])
-def test_greedy_rounds_take_the_path_without_p_and_emit_what_p_would(drafter: str | None) -> None:
-    """Rows at temperature 0 with a deterministic draft (or none) are verified from the target's argmax ids
-    alone (`verify_greedy`): the tokens are those of the general path over one-hot p, and plain greedy
-    decoding's, with a logit bias and a repetition penalty in the transforms."""
+@pytest.mark.parametrize("drafter", ["ngram", "suffix"])
+def test_output_penalties_inside_draft_blocks_keep_plain_samplings_tokens(drafter: str) -> None:
+    """The presence and frequency penalties at position i of a draft block count the row's output plus the
+    drafted tokens before i: with deterministic drafts the seeded output is plain sampling's, token for
+    token, where plain sampling counts only what it generated (never the prompt)."""
     from exactspec.decoding.builder import build_engine
     from exactspec.decoding.strategy import Strategy
 
     target = _target()
-    settings = SamplingSettings(temperature=0.0, repetition_penalty=1.3, logit_bias={2: 0.5})
+    settings = SamplingSettings(temperature=0.9, presence_penalty=-1.5, frequency_penalty=-0.5)
+    prompts = [[1, 2, 3, 1, 2], [4, 4, 4], [2, 3]]
+    seeds = [5, 6, 7]
+    engine = build_engine(target, None, Strategy(drafter, adaptive_gamma=False), 4)
+    config = DecodeConfig(gamma=4, max_new_tokens=20, settings=settings)
+    states = engine.generate(prompts, config, SeededSampler(seeds=seeds))
+    expected = _plain_sampling(target, prompts, settings, 20, seeds)
+    assert [state.generated for state in states] == expected
+    assert engine.metrics.accepted_tokens > 0  # drafts were kept: the equality is not plain vs plain
+    unpenalised = _plain_sampling(target, prompts, SamplingSettings(temperature=0.9), 20, seeds)
+    assert expected != unpenalised  # the penalties did change the output
+
+
+@pytest.mark.parametrize("drafter", [None, "ngram", "suffix"])
+def test_greedy_rounds_take_the_path_without_p_and_emit_what_p_would(drafter: str | None) -> None:
+    """Rows at temperature 0 with a deterministic draft (or none) are verified from the target's argmax ids
+    alone (`verify_greedy`): the tokens are those of the general path over one-hot p, and plain greedy
+    decoding's, with a logit bias and the repetition, presence and frequency penalties in the transforms."""
+    from exactspec.decoding.builder import build_engine
+    from exactspec.decoding.strategy import Strategy
+
+    target = _target()
+    settings = SamplingSettings(
+        temperature=0.0,
+        repetition_penalty=1.3,
+        logit_bias={2: 0.5},
+        presence_penalty=0.8,
+        frequency_penalty=0.5,
+    )
     prompts = [[1, 2, 3, 1, 2], [4, 4, 4], [2, 3]]
     config = DecodeConfig(gamma=0 if drafter is None else 3, max_new_tokens=20, settings=settings)
     outputs = []
@@ -376,7 +406,8 @@ def _plain_greedy(
     generated: list[int] = []
     while len(generated) < max_new:
         history = [*prompt, *generated]
-        token = int(probabilities(target.logits([history], 1)[:, 0], settings, [history]).argmax())
+        logits = target.logits([history], 1)[:, 0]  # [1, V]
+        token = int(probabilities(logits, settings, [history], prompt_lengths=[len(prompt)]).argmax())
         generated.append(token)
         if token in target.eos_token_ids:
             break

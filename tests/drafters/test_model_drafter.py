@@ -20,13 +20,14 @@ HISTORIES = [[1, 2], [3], [4, 4, 5], [2]]
 
 
 def _expected_q(
-    model: TabularModel, history: list[int], settings: SamplingSettings, vocab: int
+    model: TabularModel, history: list[int], settings: SamplingSettings, vocab: int, prompt_length: int = 0
 ) -> torch.Tensor:
-    """q at one position, built independently: the draft's logits at that history, padded, transformed."""
+    """q at one position, built independently: the draft's logits at that history, padded, transformed
+    (the presence and frequency penalties counting what follows the first `prompt_length` tokens)."""
     logits = model.logits([history], 1)[:, 0]
     padded = torch.full((1, vocab), float("-inf"), dtype=logits.dtype)
     padded[:, : logits.shape[-1]] = logits
-    return probabilities(padded, settings, [history])[0]
+    return probabilities(padded, settings, [history], prompt_lengths=[prompt_length])[0]
 
 
 @pytest.mark.parametrize(
@@ -178,3 +179,29 @@ def test_a_draft_stop_ends_each_row_on_its_own_and_hears_every_token() -> None:
         context = histories[b] + proposal.row_tokens(b)[: drafted - 1]
         expected = torch.softmax(draft.logits([context], 1)[0, 0].double(), dim=-1).max().item()
         assert confidence == pytest.approx(expected, rel=1e-6)
+
+
+def test_output_penalties_count_from_each_rows_prompt_as_add_rows_gave_it() -> None:
+    """q's presence and frequency penalties count the row's tokens after its prompt (the length
+    `add_rows` gave) plus the drafted ones before the position; a row added without its prompt is an
+    error rather than a guess."""
+    model = random_tabular_model(VOCAB, seed=7, eos_token_id=None)
+    drafter = ModelDrafter(model, VOCAB)
+    settings = SamplingSettings(temperature=0.8, presence_penalty=1.5, frequency_penalty=-0.7)
+    # Row 10's prompt is [1, 2] (then 2, 2 generated); row 11's prompt is all of [4, 4, 5].
+    histories, rows, prompt_lengths = [[1, 2, 2, 2], [4, 4, 5]], [10, 11], [2, 3]
+    drafter.add_rows([RowStart(10, prompt=(1, 2)), RowStart(11, prompt=(4, 4, 5))])
+    proposal = drafter.propose(histories, [3, 3], settings, SeededSampler(4, 12), rows)
+    for b, history in enumerate(histories):
+        for i in range(3):
+            position_history = [*history, *proposal.tokens[b, :i].tolist()]
+            expected = _expected_q(model, position_history, settings, VOCAB, prompt_lengths[b])
+            assert torch.equal(proposal.q[b, i], expected)
+    counted_from_zero = _expected_q(model, histories[1], settings, VOCAB, 0)
+    assert not torch.equal(proposal.q[1, 0], counted_from_zero)  # the prompt really is left out
+    drafter.release_rows([11])
+    drafter.add_rows([RowStart(11)])  # no prompt given
+    with pytest.raises(ValueError, match=r"rows \[11\] have a presence or frequency penalty"):
+        drafter.propose(histories, [3, 3], settings, SeededSampler(4, 12), rows)
+    # Without the penalties nothing is needed.
+    drafter.propose(histories, [3, 3], SamplingSettings(), SeededSampler(4, 12), rows)

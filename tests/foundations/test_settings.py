@@ -60,6 +60,14 @@ INF = float("inf")
         ({"logit_bias": {3: 10**400}}, r"logit_bias\[3\] must be in \[-100, 100\]"),
         ({"logit_bias": {3: "1"}}, r"logit_bias\[3\] must be a number"),
         ({"logit_bias": {3: None}}, r"logit_bias\[3\] must be a number"),
+        ({"presence_penalty": 2.01}, r"presence_penalty must be in \[-2, 2\]"),
+        ({"presence_penalty": -2.5}, r"presence_penalty must be in \[-2, 2\]"),
+        ({"presence_penalty": 10**400}, r"presence_penalty must be in \[-2, 2\]"),
+        ({"presence_penalty": NAN}, "presence_penalty must be a finite number"),
+        ({"presence_penalty": "1"}, "presence_penalty must be a finite number"),
+        ({"frequency_penalty": -2.0001}, r"frequency_penalty must be in \[-2, 2\]"),
+        ({"frequency_penalty": INF}, "frequency_penalty must be a finite number"),
+        ({"frequency_penalty": True}, "frequency_penalty must be a finite number"),
     ],
 )
 def test_invalid_setting_raises_clear_value_error(kwargs: dict, message: str) -> None:
@@ -89,6 +97,9 @@ def test_invalid_setting_raises_clear_value_error(kwargs: dict, message: str) ->
         {"repetition_penalty": 1.3},
         {"logit_bias": {0: -100.0, 7: 2}},
         {"logit_bias": {4: -INF}},  # -inf bans a token
+        {"presence_penalty": -2.0, "frequency_penalty": 2.0},
+        {"presence_penalty": 2, "frequency_penalty": -2},
+        {"presence_penalty": 0.0},
     ],
 )
 def test_valid_settings_are_accepted(kwargs: dict) -> None:
@@ -171,3 +182,15 @@ def test_bias_values_are_stored_as_floats() -> None:
     value = settings.logit_bias[2]
     assert isinstance(value, float)
     assert math.isclose(value, 3.0)
+
+
+def test_output_penalties_are_part_of_equality_hash_and_description() -> None:
+    penalised = SamplingSettings(presence_penalty=0.5, frequency_penalty=-1)
+    assert penalised != SamplingSettings(presence_penalty=0.5)
+    assert hash(penalised) == hash(SamplingSettings(presence_penalty=0.5, frequency_penalty=-1.0))
+    assert isinstance(penalised.frequency_penalty, float)
+    assert penalised.describe() == "T=1 presence=0.5 frequency=-1"
+    assert penalised.penalises_output and penalised.uses_history
+    assert not SamplingSettings(presence_penalty=-0.0).penalises_output
+    assert SamplingSettings(repetition_penalty=1.1).uses_history
+    assert not SamplingSettings(repetition_penalty=1.1).penalises_output

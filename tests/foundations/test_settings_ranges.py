@@ -66,7 +66,16 @@ PROPERTY = settings(
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
-SETTING_NAMES = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "logit_bias")
+SETTING_NAMES = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "logit_bias",
+    "presence_penalty",
+    "frequency_penalty",
+)
 OTHER_CLEAR_ERRORS = ("a row of logits is -inf everywhere",)
 """A ValueError that names no setting but is still the clear answer: every id of a row banned."""
 
@@ -85,6 +94,8 @@ def setting_values(vocab: int) -> st.SearchStrategy[dict]:
             "min_p": any_float,
             "repetition_penalty": any_float,
             "logit_bias": bias,
+            "presence_penalty": any_float,
+            "frequency_penalty": any_float,
         },
     )
 
@@ -103,6 +114,8 @@ def valid_setting_values(vocab: int) -> st.SearchStrategy[dict]:
             "top_p": within(5e-324, 1.0, 1e-300),
             "min_p": within(0.0, 1.0, 5e-324),
             "repetition_penalty": within(0.01, 100.0, 1.0),
+            "presence_penalty": within(-2.0, 2.0, -0.0, 5e-324),
+            "frequency_penalty": within(-2.0, 2.0, -0.0, 5e-324),
             "logit_bias": st.dictionaries(
                 st.integers(0, vocab - 1), st.one_of(within(-100.0, 100.0, -0.0), st.just(-INF)), max_size=3
             ),
@@ -166,15 +179,17 @@ def test_any_settings_give_a_clear_error_or_a_distribution_and_a_kept_token(
     chosen = settings_or_error(kwargs)
     if chosen is None:
         return
+    # The presence and frequency penalties count what follows each prompt: here the second half.
+    prompt_lengths = [len(history) // 2 for history in histories]
     try:
-        probs = probabilities(logits, chosen, histories)
+        probs = probabilities(logits, chosen, histories, prompt_lengths=prompt_lengths)
     except ValueError as error:
         message = str(error)
         assert message.startswith(SETTING_NAMES) or message.startswith(OTHER_CLEAR_ERRORS), message
         return
     assert_distribution(probs)
     # The fast path is the reference's tensor bit for bit, at the edges too.
-    assert torch.equal(probs, _probabilities_reference(logits, chosen, histories))
+    assert torch.equal(probs, _probabilities_reference(logits, chosen, histories, prompt_lengths))
     tokens = SeededSampler(seed=data.draw(st.integers(0, 2**32)), num_rows=num_rows).categorical(
         probs, list(range(num_rows))
     )
@@ -259,7 +274,7 @@ def test_engine_rounds_emit_tokens_the_target_keeps(kwargs: dict, gamma: int, se
         history = list(prompt)
         for token in state.generated:
             logits = target.next_token_log_probs(history).unsqueeze(0)  # [1, V]
-            p = probabilities(logits, chosen, [history])[0]  # [V]
+            p = probabilities(logits, chosen, [history], prompt_lengths=[len(prompt)])[0]  # [V]
             assert_distribution(p.unsqueeze(0))
             assert p[token] > 0, (chosen.describe(), history, token)
             history.append(token)

@@ -60,6 +60,8 @@ def test_tiny_temperatures_answer_the_greedy_completion(base: str, route: str) -
         ({"temperature": 100.5}, "temperature"),
         ({"top_p": 0}, "top_p"),
         ({"gamma": 65}, "gamma"),
+        ({"presence_penalty": 2.001}, "presence_penalty"),
+        ({"frequency_penalty": -1e300}, "frequency_penalty"),
     ],
 )
 def test_values_past_a_range_are_a_400_naming_the_field(
@@ -76,6 +78,8 @@ def test_the_ends_of_the_ranges_are_served(base: str, route: str) -> None:
     for fields in (
         {"temperature": 100, "repetition_penalty": 0.01, "top_p": 5e-324, "min_p": 1},
         {"temperature": 0.7, "repetition_penalty": 100, "logit_bias": {**NO_EOS, "7": 100, "8": -100}},
+        {"temperature": 0.7, "presence_penalty": -2, "frequency_penalty": 2},
+        {"temperature": 0, "presence_penalty": 2, "frequency_penalty": -2},
     ):
         assert _text(_post(base, route, seed=1, **fields))
 
@@ -96,6 +100,8 @@ def test_the_schema_states_every_range_and_the_served_name(base: str) -> None:
         assert _number(fields, "min_p") == {"type": "number", "minimum": 0.0, "maximum": 1.0}
         assert _number(fields, "repetition_penalty") == {"type": "number", "minimum": 0.01, "maximum": 100.0}
         assert _number(fields, "gamma") == {"type": "integer", "minimum": 0, "maximum": 64}
+        for penalty in ("presence_penalty", "frequency_penalty"):
+            assert _number(fields, penalty) == {"type": "number", "minimum": -2.0, "maximum": 2.0}
         bias = next(option for option in fields["logit_bias"]["anyOf"] if option.get("type") == "object")
         assert bias["additionalProperties"] == {"type": "number", "minimum": -100.0, "maximum": 100.0}
     for route in ROUTES:

@@ -209,7 +209,8 @@ def test_errors_have_openai_shape_and_the_server_keeps_serving(
         ("n", 100),
         ("logit_bias", {"99999": 1}),
         ("logit_bias", {"abc": 1}),
-        ("presence_penalty", 0.5),
+        ("presence_penalty", 2.5),
+        ("frequency_penalty", -2.01),
     ]:
         status, error = error_of(lambda f=field, v=value: complete(model=MODEL, prompt="a", **{f: v}))
         assert status == 400, (field, error)

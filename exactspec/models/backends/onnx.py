@@ -57,9 +57,9 @@ def load(spec: LoadSpec, recipe: Any = None, **options: Any) -> ModelPair:
         options = {"threads": spec.threads, **options}
     if spec.draft is not None and spec.workload.draft_model:
         # The draft's steps and the target's pass take turns: each session's threads stop spinning as its
-        # run returns, else they hold the cores the other's next run needs. A round of 4 draft steps and
-        # a 5-token pass, 249 -> 189 ms (median); a lone session's step, 31.9 -> 32.4 ms, so a pair whose
-        # drafter runs no model keeps them spinning (docs/bench/onnx-spinning, 2-core Zen 4).
+        # run returns, else they hold the cores the other's next run needs. A lone session's step is a
+        # little faster spinning, so a pair whose drafter runs no model keeps them spinning
+        # (docs/performance.md, "Threads on a small CPU").
         options = {"stop_spinning_after_run": True, **options}
 
     def open_model(role: str, name: Any, eos: Any, **extra: Any) -> tuple[OnnxModel, Any]:
@@ -86,8 +86,8 @@ def load(spec: LoadSpec, recipe: Any = None, **options: Any) -> ModelPair:
     target, tokenizer = open_model("target", spec.target, None)
     draft = None
     if spec.draft is not None:
-        # Moving weights to huge pages costs about 2.2 to 2.5 s a GB at load on the Zen 4 VM
-        # (docs/performance.md): worth it for the draft model only when its steps run.
+        # Moving weights to huge pages costs seconds at load (docs/performance.md, "Huge pages"): worth it
+        # for the draft model only when its steps run.
         draft, draft_tokenizer = open_model(
             "draft", spec.draft, target.eos_token_ids, huge_pages=spec.workload.draft_model
         )

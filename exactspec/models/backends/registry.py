@@ -293,10 +293,8 @@ SAMPLING_THREADS = 1
 """torch's intra-op threads beside a backend with threads of its own (`Backend.own_threads`). Between two
 passes torch runs only the sampling over one vocabulary row per position, which one thread does in well
 under a millisecond; with more, torch's OpenMP threads spin-wait after each op on the same cores as the
-backend's own spinning workers, and each slows the other: measured 2026-12-05 on the 2-core Zen 4,
-`generate --plain` on the built-in target, 128 tokens, ONNX Runtime: 21 tokens/s with torch's 2 threads
-(the pass 35.7 ms, 10-15 ms between passes) against 30.6 with 1 (29.6 ms, 3 ms); llama.cpp 25.7-26.2
-against 26.2-27.7."""
+backend's own spinning workers, and each slows the other (docs/performance.md, "Threads on a small
+CPU")."""
 
 
 @dataclass(frozen=True)

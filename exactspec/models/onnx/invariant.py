@@ -39,7 +39,8 @@ from typing import Any
 
 from exactspec.models.onnx.graph_files import write_variant
 
-VARIANT_FILE = "model.invariant.onnx"
+VARIANT_SUFFIX = ".invariant.onnx"
+"""The variant of `model.onnx` is `model.invariant.onnx`, of `model.logits-from.onnx` ..."""
 POSITION_IDS = "position_ids"
 CACHE_INDICES = "cache_indices"
 ATTENTION_BIAS = "attention_bias"
@@ -57,7 +58,8 @@ def invariant_path(folder: Path, source_file: str, head_size: int) -> Path:
         InvariantGraphError: the graph's attention is not one this variant can replace.
         OSError: the folder cannot be written.
     """
-    return write_variant(folder, source_file, VARIANT_FILE, lambda model: _rewrite(model, head_size))
+    variant = Path(source_file).name.removesuffix(".onnx") + VARIANT_SUFFIX
+    return write_variant(folder, source_file, variant, lambda model: _rewrite(model, head_size))
 
 
 def _rewrite(model: Any, head_size: int) -> Any:
@@ -99,21 +101,30 @@ def _rewrite(model: Any, head_size: int) -> Any:
 
 
 class _SharedNodes:
-    """Constants and the reshaped attention bias, made once and used by every layer."""
+    """Constants, the reshaped attention bias and the softmax's ones, made once and used by every layer."""
 
     def __init__(self, graph: Any) -> None:
-        from onnx import helper
+        import numpy as np
+        from onnx import helper, numpy_helper
 
         self.graph = graph
         self.nodes: list[Any] = []
         self.bias = "/invariant/attention_bias_6d"
-        axes = self.constant("axes_1_3_4", [1, 3, 4])
-        # [B, S, T] -> [B, 1, S, 1, 1, T], broadcast over the key heads and the heads of a group.
-        self.nodes.append(
+        self.ones = "/invariant/ones"
+        shape = "/invariant/ones_shape"
+        one = numpy_helper.from_array(np.ones(1, np.float32))
+        self.nodes += [
+            # [B, S, T] -> [B, 1, S, 1, 1, T], broadcast over the key heads and the heads of a group.
             helper.make_node(
-                "Unsqueeze", [ATTENTION_BIAS, axes], [self.bias], name="/invariant/bias/Unsqueeze"
-            )
-        )
+                "Unsqueeze", [ATTENTION_BIAS, self.constant("axes_1_3_4", [1, 3, 4])], [self.bias]
+            ),
+            # ones [T, 1] (T the bias's last dimension: the bound capacity), the softmax's sum vector.
+            helper.make_node("Shape", [ATTENTION_BIAS], [f"{shape}/T"], start=2),
+            helper.make_node("Concat", [f"{shape}/T", self.constant("one", [1])], [shape], axis=0),
+            helper.make_node("ConstantOfShape", [shape], [self.ones], value=one),
+        ]
+        for node in self.nodes:
+            node.name = f"{node.output[0]}/{node.op_type}"
 
     def constant(self, name: str, values: list[int]) -> str:
         import numpy as np
@@ -205,7 +216,14 @@ def _attention(gqa: Any, head_size: int, shared: _SharedNodes) -> list[Any]:
     add("FusedMatMul", [name("q_heads"), name("key_6d")], name("scores"), transA=0, transB=1, alpha=1.0)
     add("Mul", [name("scores"), shared.scalar(f"scale_{scale!r}", scale)], name("scaled"))
     add("Add", [name("scaled"), shared.bias], name("biased"))
-    add("Softmax", [name("biased")], name("weights"), axis=-1)
+    # Softmax, with its sum a one-row product by ones: that sum runs over the cells in order, so the
+    # masked cells' exact zeros, wherever they lie, leave it as it is (a tree's node sees its ancestors
+    # at other offsets than a chain's token sees the same tokens).
+    add("ReduceMax", [name("biased"), shared.constant("axis_last", [-1])], name("max"), keepdims=1)
+    add("Sub", [name("biased"), name("max")], name("shifted"))
+    add("Exp", [name("shifted")], name("exp"))
+    add("MatMul", [name("exp"), shared.ones], name("sum"))  # [B, kvH, S, G, 1, 1]
+    add("Div", [name("exp"), name("sum")], name("weights"))
     add("MatMul", [name("weights"), name("value_6d")], name("context"))  # [B, kvH, S, G, 1, hd]
     add("Transpose", [name("context")], name("context_t"), perm=[0, 2, 1, 3, 4, 5])  # [B, S, kvH, G, 1, hd]
     flat = shared.constant(f"out_shape_{heads}_{head_size}", [0, 0, heads * head_size])

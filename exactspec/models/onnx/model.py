@@ -64,6 +64,7 @@ from exactspec.foundations.rows import RowStart
 from exactspec.models.base import common_prefix_length, logits_inputs
 from exactspec.models.onnx.feeds import causal_feeds, mask_feeds
 from exactspec.models.onnx.huge_pages import collapse_resident
+from exactspec.models.onnx.invariant import InvariantGraphError
 from exactspec.models.onnx.logits_from import INPUT_NAME as LOGITS_FROM
 from exactspec.models.onnx.rows import RowSlots, contiguous_moves
 from exactspec.models.onnx.session import (
@@ -90,6 +91,8 @@ PREFILL_CHUNK = 256
 when the graph variant that computes the last position's alone (`logits_from`) could not be used."""
 MIN_CAPACITY = 256
 """Positions per slot allocated first; capacity doubles from there as rows grow."""
+INVARIANCE_PROBE = 8
+"""Tokens of the load-time check that a block pass gives the bits of one-token passes (`batch_invariant`)."""
 HUGE_PAGES_FROM = 64 << 20
 """Bytes of model files from which `huge_pages` moves the weights: a model of a few MB (the tests'
 exports) stays within the TLB's reach anyway, and the collapse still reads the process's whole memory
@@ -204,6 +207,8 @@ class OnnxModel(RowCacheModel):
         self._binding: Any = None  # the last pass's IO binding, its cache tensors bound (`_cache_binding`)
         self._binding_key: tuple[Any, ...] | None = None
         self._reserve(1, min(MIN_CAPACITY, self._context))
+        if self._invariant:
+            self._check_invariance()
 
     # ------------------------------------------------------------------ protocol
 
@@ -337,6 +342,24 @@ class OnnxModel(RowCacheModel):
         for row, history in zip(row_ids, histories, strict=True):
             self._rows.tokens[row] = history
         return out
+
+    def _check_invariance(self) -> None:
+        """Raise `InvariantGraphError` unless a block pass gives the bits of one-token passes here: the
+        graph is made invariant, the weights' products must be so on this machine's kernels too (int4 in
+        blocks of 32 is on the CPUs measured: docs/numerics.md), and a caller who asked for invariance
+        must never silently run without it."""
+        probe = [(7 * i + 3) % self._vocab_size for i in range(INVARIANCE_PROBE)]
+        steps = torch.cat([self.logits([probe[: n + 1]], 1, rows=[-1])[0] for n in range(len(probe))])
+        self.clear_cache()
+        block = self.logits([probe], len(probe), rows=[-1])[0]
+        self.clear_cache()
+        if not torch.equal(block, steps):
+            gap = float((block - steps).abs().max())
+            raise InvariantGraphError(
+                f"{self.folder}: on this machine a pass of {len(probe)} tokens and one-token passes give "
+                f"different logits (max |difference| {gap:.3g}): its weights' products are not batch "
+                "invariant here (the mode needs int4 weights in blocks of 32: export.INVARIANT_RECIPE)"
+            )
 
     def _fill(self, history: list[int], row: int) -> None:
         """`prefill`'s work: the row's slot holds `history` after it (`_prefill` up to its end)."""

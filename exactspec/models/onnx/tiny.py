@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from exactspec.artefacts.staging import publish_folder
-from exactspec.models.onnx.export import FP32_RECIPE, exported_model
+from exactspec.models.onnx.export import FP32_RECIPE, ExportRecipe, exported_model
 
 HIDDEN_SIZE = 64
 """Hidden size of the tiny ONNX models: 4 heads of 16 (GroupQueryAttention's smallest head size)."""
@@ -41,9 +41,11 @@ def module_digest(module: Any, eos_token_id: int) -> str:
     return digest.hexdigest()[:16]
 
 
-def exported_module(module: Any, eos_token_id: int, root: Path | None = None) -> Path:
-    """The folder of a tiny transformers module exported to float32 ONNX under `root` (default
-    `tiny_onnx_folder()`): saved with a word-level tokenizer of its vocabulary, then exported."""
+def exported_module(
+    module: Any, eos_token_id: int, root: Path | None = None, recipe: ExportRecipe = FP32_RECIPE
+) -> Path:
+    """The folder of a tiny transformers module exported by `recipe` (default float32) under `root`
+    (default `tiny_onnx_folder()`): saved with a word-level tokenizer of its vocabulary, then exported."""
     import tokenizers
     import transformers
 
@@ -61,7 +63,7 @@ def exported_module(module: Any, eos_token_id: int, root: Path | None = None) ->
         copy.deepcopy(module).to(torch.float32).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         publish_folder(tmp, source)  # atomic: a racing process's folder is as good
-    return exported_model(source, FP32_RECIPE, cache_dir=root)
+    return exported_model(source, recipe, cache_dir=root)
 
 
 TOLERANCE = 1e-5
