@@ -27,9 +27,16 @@ def test_onnx_is_registered_and_says_how_to_install_it(monkeypatch: pytest.Monke
     assert 'pip install -e ".[onnx]"' in (backend("onnx").unavailable() or "")
 
 
-def test_auto_leaves_onnx_out_until_the_models_are_exported(tmp_path: Path) -> None:
-    why = backend("onnx").accepts(LoadSpec(str(tmp_path), None, cache_dir=tmp_path / "cache"))
-    assert why is not None and "not exported to ONNX yet" in why
+def test_auto_measures_onnx_for_models_it_can_export_before_they_are_exported(tmp_path: Path) -> None:
+    """The first `--backend auto` run exports what it measures: a model folder or GGUF file is accepted
+    with nothing exported yet, a hub id is not (the builder reads files)."""
+    from exactspec.models.backends.auto import _candidates
+
+    save_tiny(tmp_path / "target", 0)
+    spec = LoadSpec(str(tmp_path / "target"), None, cache_dir=tmp_path / "cache")
+    assert backend("onnx").accepts(spec) is None
+    assert "onnx" in [name for _, name, _ in _candidates(spec)]
+    assert not (tmp_path / "cache").exists()  # accepting exports nothing; measuring it does
     assert "neither" in (backend("onnx").accepts(LoadSpec("some/hub-id", None)) or "")
 
 
