@@ -149,23 +149,7 @@ class LlamaCppModel(RowCacheModel):
         self._threads = threads
         self._sequences = max_rows + tree_sequences
 
-        if vocab_size is None:
-            vocab_size = self._n_vocab
-        if not 1 <= vocab_size <= self._n_vocab:
-            raise ValueError(
-                f"vocab_size must lie in 1..{self._n_vocab} (the GGUF's vocabulary), got {vocab_size}"
-            )
-        self._vocab_size = vocab_size
-        eos = (
-            frozenset(int(t) for t in eos_token_ids)
-            if eos_token_ids is not None
-            else self._llama.end_of_generation_ids()
-        )
-        if not eos:
-            raise ValueError(f"no end-of-generation id known for {self.path}; pass eos_token_ids")
-        if any(not 0 <= t < vocab_size for t in eos):
-            raise ValueError(f"EOS ids {sorted(eos)} must lie in 0..{vocab_size - 1}")
-        self._eos_token_ids = eos
+        self._vocab_size, self._eos_token_ids = self._vocabulary(vocab_size, eos_token_ids)
         if dtype not in (torch.float32, torch.float64):
             raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
         self._dtype = dtype
@@ -176,6 +160,26 @@ class LlamaCppModel(RowCacheModel):
         self._tokens: dict[int, list[int]] = {}  # row id -> tokens its sequence holds, positions 0..n-1
         # row id -> its last call's tree, if that was a tree call
         self._pending: dict[int, PendingTree[_Branches]] = {}
+
+    def _vocabulary(
+        self, vocab_size: int | None, eos_token_ids: Iterable[int] | None
+    ) -> tuple[int, frozenset[int]]:
+        """(V, the EOS ids): `vocab_size` (default the GGUF's vocabulary) and `eos_token_ids` (default the
+        GGUF's end-of-generation ids), checked against each other and the GGUF's vocabulary."""
+        vocab_size = self._n_vocab if vocab_size is None else vocab_size
+        if not 1 <= vocab_size <= self._n_vocab:
+            raise ValueError(
+                f"vocab_size must lie in 1..{self._n_vocab} (the GGUF's vocabulary), got {vocab_size}"
+            )
+        if eos_token_ids is None:
+            eos = self._llama.end_of_generation_ids()
+        else:
+            eos = frozenset(int(t) for t in eos_token_ids)
+        if not eos:
+            raise ValueError(f"no end-of-generation id known for {self.path}; pass eos_token_ids")
+        if any(not 0 <= t < vocab_size for t in eos):
+            raise ValueError(f"EOS ids {sorted(eos)} must lie in 0..{vocab_size - 1}")
+        return vocab_size, eos
 
     # ------------------------------------------------------------------ protocol
 
