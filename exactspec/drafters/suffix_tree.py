@@ -90,6 +90,10 @@ class TreeMemory:
     approx_bytes: int
 
 
+_Candidate = tuple[float, int, _Node, int]
+"""A candidate child in `SuffixTree.speculate`: (path probability, token, node, offset into its edge)."""
+
+
 class SuffixTree:
     """Occurrence counts of every string of at most `depth` tokens in the held sequences (module docstring).
 
@@ -253,28 +257,10 @@ class SuffixTree:
         heap: list[tuple[float, int, int, int, int, _Node, int]] = []
         order = itertools.count()
 
-        Candidate = tuple[float, int, _Node, int]  # (path probability, token, node, offset)
-
-        def candidates(node: _Node, offset: int, probability: float, depth: int) -> list[Candidate]:
-            """The place's candidate children, best first."""
+        def candidates(node: _Node, offset: int, probability: float, depth: int) -> list[_Candidate]:
             if depth >= max_depth:
                 return []
-            if offset < node.length:  # inside an edge: every occurrence so far continues the same way
-                return [(probability, self._tokens[node.seq][node.start + offset], node, offset + 1)]
-            children = node.children
-            if children is None:
-                return []
-            total = sum(child.count for child in children.values())
-            ranked = heapq.nsmallest(
-                max_branches, children.items(), key=lambda item: (-item[1].count, item[0])
-            )
-            found = []
-            for token, child in ranked:
-                child_probability = probability * child.count / total
-                if child_probability < min_probability:
-                    break
-                found.append((child_probability, token, child, 1))
-            return found
+            return self._candidate_children(node, offset, probability, max_branches, min_probability)
 
         def take(probability: float, token: int, parent: int) -> int:
             tokens.append(token)
@@ -282,7 +268,7 @@ class SuffixTree:
             probabilities.append(probability)
             return len(tokens) - 1
 
-        def push(found: Sequence[Candidate], parent: int, depth: int) -> None:
+        def push(found: Sequence[_Candidate], parent: int, depth: int) -> None:
             for probability, token, node, offset in found:
                 heapq.heappush(heap, (-probability, next(order), token, parent, depth + 1, node, offset))
 
@@ -304,6 +290,27 @@ class SuffixTree:
             if token not in eos_token_ids:
                 push(candidates(node, offset, -negative, depth), index, depth)
         return Speculation(tuple(tokens), tuple(parents), tuple(probabilities))
+
+    def _candidate_children(
+        self, node: _Node, offset: int, probability: float, max_branches: int, min_probability: float
+    ) -> list[_Candidate]:
+        """The candidate children of a place (`node`, `offset` into its edge) whose path probability is
+        `probability`: its `max_branches` most frequent (ties: the smaller token id) with a path
+        probability of at least `min_probability`, best first."""
+        if offset < node.length:  # inside an edge: every occurrence so far continues the same way
+            return [(probability, self._tokens[node.seq][node.start + offset], node, offset + 1)]
+        children = node.children
+        if children is None:
+            return []
+        total = sum(child.count for child in children.values())
+        ranked = heapq.nsmallest(max_branches, children.items(), key=lambda item: (-item[1].count, item[0]))
+        found = []
+        for token, child in ranked:
+            child_probability = probability * child.count / total
+            if child_probability < min_probability:
+                break
+            found.append((child_probability, token, child, 1))
+        return found
 
     def memory(self) -> TreeMemory:
         """Counts and an approximate size in bytes (walks every node: a report, not for a hot loop)."""
