@@ -341,7 +341,6 @@ class HFLanguageModel(CacheSlots, RowCacheModel):
         """
         batch = len(feeds)
         history_width = max(len(f) for f in feeds)
-        width = history_width + num_nodes
         num_slots = self._valid.shape[1]
         fed = torch.tensor([len(f) for f in feeds], dtype=torch.long)  # [B]
         offset = (
@@ -349,20 +348,7 @@ class HFLanguageModel(CacheSlots, RowCacheModel):
         )  # [B, H], < 0 on padding
         fed_real = offset >= 0  # [B, H]
         before = self._lengths()  # [B] real tokens already cached
-        depth = torch.zeros(batch, num_nodes, dtype=torch.long)  # [B, N]
-        node_real = torch.zeros(batch, num_nodes, dtype=torch.bool)  # [B, N]
-        ancestors = torch.zeros(
-            batch, num_nodes, num_nodes, dtype=torch.bool
-        )  # [B, N, N]: [b, n, m] m on n's path
-        for b, (_, parents) in enumerate(trees):
-            for n, parent in enumerate(parents):
-                if parent >= 0:
-                    depth[b, n] = depth[b, parent] + 1
-                    ancestors[b, n] = ancestors[b, parent]
-                else:
-                    depth[b, n] = 1
-                ancestors[b, n, n] = True
-                node_real[b, n] = True
+        depth, node_real, ancestors = _node_paths(trees, num_nodes)  # [B, N], [B, N], [B, N, N]
         position_ids = torch.cat(
             [
                 before[:, None] + offset.clamp(min=0),
@@ -379,23 +365,7 @@ class HFLanguageModel(CacheSlots, RowCacheModel):
                 for f, (tokens, _) in zip(feeds, trees, strict=True)
             ]
         )  # [B, W]
-        query_real = torch.cat([fed_real, node_real], dim=1)  # [B, W]
-        sees_feed = torch.cat(
-            [
-                fed_real[:, None, :]
-                & torch.ones(history_width, history_width, dtype=torch.bool).tril(),  # [B, H, H]
-                fed_real[:, None, :].expand(batch, num_nodes, history_width),  # [B, N, H]
-            ],
-            dim=1,
-        )  # [B, W, H]
-        sees_nodes = torch.cat(
-            [torch.zeros(batch, history_width, num_nodes, dtype=torch.bool), ancestors], dim=1
-        )  # [B, W, N]
-        sees = torch.cat(
-            [self._valid[:, None, :].expand(batch, width, num_slots), sees_feed, sees_nodes], dim=2
-        )
-        sees &= query_real[:, :, None]  # [B, W, S + W]
-        sees[:, :, num_slots:] |= torch.eye(width, dtype=torch.bool) & ~query_real[:, :, None]
+        sees = self._tree_mask(fed_real, node_real, ancestors)  # [B, W, S + W]
         if self._cache is None:
             self._cache = DynamicCache(config=self._model.config)
         extra = {"logits_to_keep": num_nodes + 1} if self._has_logits_to_keep else {}
@@ -423,6 +393,38 @@ class HFLanguageModel(CacheSlots, RowCacheModel):
         ]  # [B, N + 1, V]: the last feed token, nodes
         return logits if logits.dtype == torch.float64 else logits.float()
 
+    def _tree_mask(
+        self, fed_real: torch.Tensor, node_real: torch.Tensor, ancestors: torch.Tensor
+    ) -> torch.Tensor:
+        """[B, W, S + W] bool, which slots each of a tree pass's W = H + N queries sees (`_tree_forward`):
+        a feed token the row's valid slots and the feed up to itself, a node the valid slots, the whole
+        feed, its ancestors and itself, a padding query only its own slot.
+
+        fed_real [B, H]: real feed slots (the feed is left-padded); node_real [B, N]: real nodes;
+        ancestors [B, N, N]: [b, n, m] node m is on node n's path."""
+        batch, history_width = fed_real.shape
+        num_nodes = node_real.shape[1]
+        width = history_width + num_nodes
+        num_slots = self._valid.shape[1]
+        query_real = torch.cat([fed_real, node_real], dim=1)  # [B, W]
+        sees_feed = torch.cat(
+            [
+                fed_real[:, None, :]
+                & torch.ones(history_width, history_width, dtype=torch.bool).tril(),  # [B, H, H]
+                fed_real[:, None, :].expand(batch, num_nodes, history_width),  # [B, N, H]
+            ],
+            dim=1,
+        )  # [B, W, H]
+        sees_nodes = torch.cat(
+            [torch.zeros(batch, history_width, num_nodes, dtype=torch.bool), ancestors], dim=1
+        )  # [B, W, N]
+        sees = torch.cat(
+            [self._valid[:, None, :].expand(batch, width, num_slots), sees_feed, sees_nodes], dim=2
+        )
+        sees &= query_real[:, :, None]  # [B, W, S + W]
+        sees[:, :, num_slots:] |= torch.eye(width, dtype=torch.bool) & ~query_real[:, :, None]
+        return sees
+
     def _mask_for_attention(self, sees: torch.Tensor) -> torch.Tensor:
         """sees [B, 1, W, S + W] bool (True = may attend) in the form the model's attention takes: boolean
         for sdpa and the grouped attention, additive (0 or the dtype's minimum) for eager."""
@@ -432,3 +434,25 @@ class HFLanguageModel(CacheSlots, RowCacheModel):
         return torch.zeros(sees.shape, dtype=dtype, device=sees.device).masked_fill(
             ~sees, torch.finfo(dtype).min
         )
+
+
+def _node_paths(
+    trees: list[tuple[list[int], list[int]]], num_nodes: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(depth [B, N] long: 1 for a child of the root; node_real [B, N] bool: the row has node n;
+    ancestors [B, N, N] bool: [b, n, m] node m is on node n's root-to-node path, n itself included) of
+    each row's tree (tokens, parents), padded to N nodes."""
+    batch = len(trees)
+    depth = torch.zeros(batch, num_nodes, dtype=torch.long)
+    node_real = torch.zeros(batch, num_nodes, dtype=torch.bool)
+    ancestors = torch.zeros(batch, num_nodes, num_nodes, dtype=torch.bool)
+    for b, (_, parents) in enumerate(trees):
+        for n, parent in enumerate(parents):
+            if parent >= 0:
+                depth[b, n] = depth[b, parent] + 1
+                ancestors[b, n] = ancestors[b, parent]
+            else:
+                depth[b, n] = 1
+            ancestors[b, n, n] = True
+            node_real[b, n] = True
+    return depth, node_real, ancestors
