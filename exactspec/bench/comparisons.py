@@ -90,7 +90,7 @@ def block_summary(result: BenchResult, pairs: Sequence[BlockPair]) -> BlockSumma
     """Block against token verification over all pairs (`block_vs_token`); None without pairs.
 
     Sampled: the median gains in tokens/round and in tokens/s (two runs, so chance is in both).
-    Paired: each run scores both rules on its own rounds (`runs.ExpectationRecorder`); on how many
+    Paired: each run scores both rules on its own rounds (`recording.ExpectationRecorder`); on how many
     of these scorings the block rule's expected tokens/round is above, equal to (within
     EXPECTED_TIE; greedy rows are equal by construction) or below the token rule's, which
     scorings are below, and the median ratio. Over the drafts: `_over_drafts`, at the sampled rows.

@@ -283,7 +283,8 @@ def per_prompt_rows(result: BenchResult) -> list[PromptRow]:
 
 
 def _expected_tokens_per_round(run: Run) -> ExpectedTokensPerRound | None:
-    """Per rule, 1 + E[kept draft tokens] per round on this run's own rounds (`runs.ExpectationRecorder`).
+    """Per rule, 1 + E[kept draft tokens] per round on this run's own rounds
+    (`recording.ExpectationRecorder`).
 
     One token beyond the kept drafts per round (the residual or bonus; the benchmark ignores EOS).
     None for runs without the record (peers, results from before it was kept) or without rounds.

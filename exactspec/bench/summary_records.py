@@ -95,7 +95,7 @@ class SettingRow(JsonRecord):
 
 @dataclass(frozen=True)
 class ExpectedTokensPerRound(JsonRecord):
-    """Per rule, 1 + E[kept draft tokens] per round on one run's own rounds (`runs.ExpectationRecorder`).
+    """Per rule, 1 + E[kept draft tokens] per round on one run's own rounds (`recording.ExpectationRecorder`).
 
     `block_weights`: 1 + the mean sum of block verification's weights per round, its estimate
     over the drafts (None for results from before it was kept).

@@ -20,11 +20,11 @@ pytest.importorskip("matplotlib")
 from conftest import tiny_causal_lm  # noqa: E402
 
 from exactspec.bench.config import BenchConfig, EncodedPrompt  # noqa: E402
+from exactspec.bench.recording import ExpectationRecorder  # noqa: E402
 from exactspec.bench.records import ModelSpecs, Run  # noqa: E402
 from exactspec.bench.report import render_markdown, write_outputs  # noqa: E402
 from exactspec.bench.result import BenchResult  # noqa: E402
 from exactspec.bench.runner import run_bench  # noqa: E402
-from exactspec.bench.runs import ExpectationRecorder  # noqa: E402
 from exactspec.bench.summary import summarize  # noqa: E402
 from exactspec.foundations.sampler import SeededSampler  # noqa: E402
 from exactspec.models.pair import ModelPair  # noqa: E402
