@@ -88,7 +88,8 @@ def measure_costs(
     Also timed: the per-token work outside the models (the sampling transforms over the
     whole vocabulary plus one categorical draw), which every decoding step pays, for each named
     sampling row of `settings` (temperatures are named by themselves: "0", "0.7"). Forward passes
-    are timed by hooks on transformers modules only; a backend without them records none.
+    are timed by hooks on the modules the backend names (`Backend.timed_module`); a backend without
+    them records none.
     """
     if not isinstance(settings, Mapping):
         settings = {f"{t:g}": SamplingSettings(temperature=t) for t in settings}
@@ -129,21 +130,7 @@ def measure_costs(
     pair.target.clear_cache()
     pair.draft.clear_cache()
 
-    vocab = pair.target.vocab_size
-    logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(0))
-    sampler = SeededSampler(0)
-    step_overhead: dict[str, list[float]] = {}
-    seen = [list(context)]  # the penalties' history: the cost context, all of it counted as generated
-    for name, row_settings in settings.items():
-        histories = seen if row_settings.uses_history else None
-        step = partial(probabilities, logits, row_settings, histories, prompt_lengths=[0])
-        sampler.categorical(step(), [0])  # untimed warm-up
-        samples = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            sampler.categorical(step(), [0])
-            samples.append(time.perf_counter() - started)
-        step_overhead[name] = samples
+    step_overhead = _step_overhead(pair.target.vocab_size, settings, history, repeats)
     return CostMeasurement(
         context_tokens=len(history),
         repeats=repeats,
@@ -155,6 +142,29 @@ def measure_costs(
         name=f"exactspec on {pair.backend}",
         how="LanguageModel.logits through the engine's adapters",
     )
+
+
+def _step_overhead(
+    vocab: int, settings: Mapping[str, SamplingSettings], context: list[int], repeats: int
+) -> dict[str, list[float]]:
+    """Seconds of the per-token work outside the models, by named sampling row: the transforms over a
+    random row of `vocab` logits and one categorical draw, `repeats` times after a warm-up; the
+    penalties' history is the cost context, all of it counted as generated."""
+    logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(0))
+    sampler = SeededSampler(0)
+    step_overhead: dict[str, list[float]] = {}
+    seen = [list(context)]
+    for name, row_settings in settings.items():
+        histories = seen if row_settings.uses_history else None
+        step = partial(probabilities, logits, row_settings, histories, prompt_lengths=[0])
+        sampler.categorical(step(), [0])  # untimed warm-up
+        samples = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            sampler.categorical(step(), [0])
+            samples.append(time.perf_counter() - started)
+        step_overhead[name] = samples
+    return step_overhead
 
 
 def cost_ratios(costs: CostMeasurement, forward_only: bool = False, fastest: bool = False) -> CostRatios:
