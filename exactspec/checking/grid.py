@@ -300,7 +300,11 @@ def suffix_tree_cases() -> list[ExactCase]:
 
 def round_two_grid() -> list[ExactCase]:
     """Block verification, prompt lookup, the hybrid drafter and adaptive gamma (docs/algorithm.md 5)."""
-    all_transforms = ALL_TRANSFORMS
+    return _block_cases() + _lookup_and_adaptive_cases()
+
+
+def _block_cases() -> list[ExactCase]:
+    """Block verification: draft lengths, vocabularies, kinds of draft, each transform, a batch."""
     cases: list[ExactCase] = []
     for gamma in (1, 2, 3, 4, 5):
         cases.append(ExactCase(f"block gamma={gamma} V=3 n=4", 3, gamma, 4, strategy=BLOCK))
@@ -318,13 +322,21 @@ def round_two_grid() -> list[ExactCase]:
         "repetition_penalty=1.5": SamplingSettings(repetition_penalty=1.5),
         "logit_bias": SamplingSettings(logit_bias={2: 1.5, 3: -2.0}),
         "presence and frequency penalties": OUTPUT_PENALTIES,
-        "all transforms, T=0.8": all_transforms,
+        "all transforms, T=0.8": ALL_TRANSFORMS,
     }
     for name, settings in block_transforms.items():
         cases.append(ExactCase(f"block {name}", 4, 3, 3, settings, strategy=BLOCK))
     cases.append(
         ExactCase("block batch of 2, different prompts", 3, 3, 2, prompts=((1,), (2, 1)), strategy=BLOCK)
     )
+    return cases
+
+
+def _lookup_and_adaptive_cases() -> list[ExactCase]:
+    """Prompt lookup (n-gram), the hybrid drafter, adaptive and planned gamma, each under token and block
+    verification."""
+    all_transforms = ALL_TRANSFORMS
+    cases: list[ExactCase] = []
     # (1, 2, 1) repeats from the start; (3,) has no match until the output repeats a token.
     lookup_and_adaptive: list[tuple[str, int, int, int, dict]] = [
         # name ({} = verifier), V, gamma, max_new_tokens, other ExactCase fields
