@@ -10,7 +10,7 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -56,29 +56,33 @@ PAIR_BATCH_SIZE = 64
 OUT_DIR = "audit-out"
 
 
+DESCRIPTION = (
+    "Draw N samples of the first n generated tokens from a generator under test and compare them "
+    "with the target's exact joint probabilities (target forward passes, float64, same transforms): "
+    "a bucketed G-test (likely sequences on their own, the rest in an 'other' bucket of known mass) "
+    "and the bucketed total variation against its noise floor. A sampled sequence of target "
+    "probability 0 is proof of inexactness. Generators: exactspec (speculative engine), hf-assisted "
+    "(transformers assisted generation), llamacpp-lookup (llama-cpp-python's "
+    "LlamaPromptLookupDecoding, num_pred_tokens = gamma), plain (exactspec, no draft: the control), "
+    "hf-sample (transformers, no assistant), llamacpp-plain (llama-cpp-python, no draft model), "
+    "ortgenai-ngram (onnxruntime-genai's n-gram decoding, max_draft_tokens = gamma), ortgenai-plain "
+    "(onnxruntime-genai, plain), broken-argmax (a deliberately wrong drafter), all (all but "
+    "broken-argmax, each where it runs: the transformers peers on a pair with transformers modules, "
+    "the llama-cpp-python ones with --backend llamacpp, the onnxruntime-genai ones with --backend "
+    "onnx). The exact "
+    "probabilities come from a second model of the chosen backend over the target's weights. With "
+    "--tiny, a grid of settings, gammas and batch sizes runs on the backend's tiny random models "
+    "instead; sampling flags, --gamma and --batch-size given with --tiny narrow the grid to those "
+    "values."
+)
+"""`exactspec audit --help`'s description."""
+
+
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = commands.add_parser(
         "audit",
         help="measure the exactness of real speculative decoders (exactspec's and transformers')",
-        description=(
-            "Draw N samples of the first n generated tokens from a generator under test and compare them "
-            "with the target's exact joint probabilities (target forward passes, float64, same transforms): "
-            "a bucketed G-test (likely sequences on their own, the rest in an 'other' bucket of known mass) "
-            "and the bucketed total variation against its noise floor. A sampled sequence of target "
-            "probability 0 is proof of inexactness. Generators: exactspec (speculative engine), hf-assisted "
-            "(transformers assisted generation), llamacpp-lookup (llama-cpp-python's "
-            "LlamaPromptLookupDecoding, num_pred_tokens = gamma), plain (exactspec, no draft: the control), "
-            "hf-sample (transformers, no assistant), llamacpp-plain (llama-cpp-python, no draft model), "
-            "ortgenai-ngram (onnxruntime-genai's n-gram decoding, max_draft_tokens = gamma), ortgenai-plain "
-            "(onnxruntime-genai, plain), broken-argmax (a deliberately wrong drafter), all (all but "
-            "broken-argmax, each where it runs: the transformers peers on a pair with transformers modules, "
-            "the llama-cpp-python ones with --backend llamacpp, the onnxruntime-genai ones with --backend "
-            "onnx). The exact "
-            "probabilities come from a second model of the chosen backend over the target's weights. With "
-            "--tiny, a grid of settings, gammas and batch sizes runs on the backend's tiny random models "
-            "instead; sampling flags, --gamma and --batch-size given with --tiny narrow the grid to those "
-            "values."
-        ),
+        description=DESCRIPTION,
     )
     parser.add_argument(
         "--generator",
@@ -173,16 +177,7 @@ def _kinds(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from exactspec.audit import report
-    from exactspec.audit.generators import unavailable
-    from exactspec.audit.grid import (
-        TINY_BATCH_SIZES,
-        TINY_GAMMAS,
-        TINY_LENGTH,
-        TINY_SAMPLES,
-        TINY_SETTINGS,
-        grid_cells,
-        run_cells,
-    )
+    from exactspec.audit.grid import run_cells
 
     check_significance(args.significance)
     speculation = strategy(args)  # a bad --drafter-option fails here, before any model loads
@@ -194,73 +189,118 @@ def run(args: argparse.Namespace) -> int:
     output_folder("--out", args.out)
     progress = not args.no_progress
     started = time.perf_counter()
-    decode = None
-    prompt_text = None
-    reference = None  # default: the pair's own
     if args.tiny:
-        from exactspec.audit.tiny import TINY_PROMPT, tiny_audit_pair
-
-        # Tiny models are thousands of small tensor ops: one thread is fastest (see tests/conftest.py).
-        torch.set_num_threads(1)
-        tiny = tiny_audit_pair(chosen)
-        pair, title, models, reference = tiny.pair, tiny.title, tiny.models, tiny.reference
-        prompt = list(TINY_PROMPT)
-        length = args.length or TINY_LENGTH
-        samples = args.samples or TINY_SAMPLES
-        grid_settings = [settings] if settings_given else list(TINY_SETTINGS.values())
-        gammas = [args.gamma] if args.gamma else list(TINY_GAMMAS)
-        batch_sizes = [args.batch_size] if args.batch_size else list(TINY_BATCH_SIZES)
-        kinds = _runnable(kinds, pair, set(args.generator or ()), unavailable)
-        cells = grid_cells(kinds, grid_settings, gammas, batch_sizes)
-        stem = "tiny"
+        plan = _tiny_plan(args, chosen, settings, settings_given, kinds)
     else:
-        if args.threads:
-            torch.set_num_threads(args.threads)
-        pair, decode, prompt = _load_pair(args, chosen, progress)
-        length = args.length or PAIR_LENGTH
-        samples = args.samples or PAIR_SAMPLES
-        gamma = args.gamma or PAIR_GAMMA
-        held = getattr(pair.target, "max_rows", PAIR_BATCH_SIZE)  # a backend's model may hold fewer rows
-        batch_size = args.batch_size or min(PAIR_BATCH_SIZE, held)
-        kinds = _runnable(kinds, pair, set(args.generator or ()), unavailable)
-        cells = grid_cells(kinds, [settings], [gamma], [batch_size], control_batch_size=batch_size)
-        stem = "pair"
-        title = f"{args.target} with draft {args.draft}"
-        models = f"target {args.target}, draft {args.draft}, backend {pair.backend}" + (
-            f", dtype {args.dtype}" if pair.target_model is not None else ""
-        )
-        prompt_text = args.prompt
-    _check_rows(cells, pair)
+        plan = _pair_plan(args, chosen, settings, kinds, progress)
+    _check_rows(plan.cells, plan.pair)
     provenance = command_provenance(args)  # after the tiny grid's thread count is set
     setup = report.AuditSetup(
-        title=title,
-        models=models,
-        prompt_ids=tuple(prompt),
-        n=length,
-        samples=samples,
+        title=plan.title,
+        models=plan.models,
+        prompt_ids=tuple(plan.prompt),
+        n=plan.length,
+        samples=plan.samples,
         seed=args.seed,
-        prompt_text=prompt_text,
+        prompt_text=plan.prompt_text,
     )
     print(
-        f"exactspec audit: {len(cells)} audit(s), first {length} tokens, N = {samples} each, "
+        f"exactspec audit: {len(plan.cells)} audit(s), first {plan.length} tokens, N = {plan.samples} each, "
         f"significance {args.significance:g}",
         flush=True,
     )
     results = run_cells(
-        pair,
-        cells,
-        prompt,
-        length,
-        samples,
+        plan.pair,
+        plan.cells,
+        plan.prompt,
+        plan.length,
+        plan.samples,
         seed=args.seed,
         max_new_tokens=args.max_new_tokens,
         progress=progress,
-        on_result=lambda result: _print_lines(report.terminal_lines(result, args.significance, decode)),
-        reference=reference,
+        on_result=lambda result: _print_lines(report.terminal_lines(result, args.significance, plan.decode)),
+        reference=plan.reference,
         strategy=speculation,
     )
     seconds = round(time.perf_counter() - started, 1)
-    return _write_reports(args, results, setup, provenance, seconds, decode, stem)
+    return _write_reports(args, results, setup, provenance, seconds, plan.decode, plan.stem)
+
+
+class _Plan(NamedTuple):
+    """What one audit command runs: the pair, its audits (`cells`) and what its reports say of them."""
+
+    pair: Any
+    cells: list[Any]
+    prompt: list[int]
+    length: int
+    samples: int
+    stem: str  # the reports' file name: "tiny" or "pair"
+    title: str
+    models: str
+    decode: Callable[[Any], str] | None = None
+    prompt_text: str | None = None
+    reference: Any = None  # None: the pair's own
+
+
+def _tiny_plan(
+    args: argparse.Namespace, chosen: str, settings: SamplingSettings, settings_given: bool, kinds: list[str]
+) -> _Plan:
+    """--tiny: the grid of settings, gammas and batch sizes (narrowed by the flags given) on the backend's
+    tiny random models."""
+    from exactspec.audit.generators import unavailable
+    from exactspec.audit.grid import (
+        TINY_BATCH_SIZES,
+        TINY_GAMMAS,
+        TINY_LENGTH,
+        TINY_SAMPLES,
+        TINY_SETTINGS,
+        grid_cells,
+    )
+    from exactspec.audit.tiny import TINY_PROMPT, tiny_audit_pair
+
+    # Tiny models are thousands of small tensor ops: one thread is fastest (see tests/conftest.py).
+    torch.set_num_threads(1)
+    tiny = tiny_audit_pair(chosen)
+    grid_settings = [settings] if settings_given else list(TINY_SETTINGS.values())
+    gammas = [args.gamma] if args.gamma else list(TINY_GAMMAS)
+    batch_sizes = [args.batch_size] if args.batch_size else list(TINY_BATCH_SIZES)
+    kinds = _runnable(kinds, tiny.pair, set(args.generator or ()), unavailable)
+    cells = grid_cells(kinds, grid_settings, gammas, batch_sizes)
+    length, samples = args.length or TINY_LENGTH, args.samples or TINY_SAMPLES
+    return _Plan(
+        tiny.pair,
+        cells,
+        list(TINY_PROMPT),
+        length,
+        samples,
+        "tiny",
+        tiny.title,
+        tiny.models,
+        reference=tiny.reference,
+    )
+
+
+def _pair_plan(
+    args: argparse.Namespace, chosen: str, settings: SamplingSettings, kinds: list[str], progress: bool
+) -> _Plan:
+    """The model pair of the command line: one audit per generator at one setting, gamma and batch size."""
+    from exactspec.audit.generators import unavailable
+    from exactspec.audit.grid import grid_cells
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    pair, decode, prompt = _load_pair(args, chosen, progress)
+    gamma = args.gamma or PAIR_GAMMA
+    held = getattr(pair.target, "max_rows", PAIR_BATCH_SIZE)  # a backend's model may hold fewer rows
+    batch_size = args.batch_size or min(PAIR_BATCH_SIZE, held)
+    kinds = _runnable(kinds, pair, set(args.generator or ()), unavailable)
+    cells = grid_cells(kinds, [settings], [gamma], [batch_size], control_batch_size=batch_size)
+    models = f"target {args.target}, draft {args.draft}, backend {pair.backend}" + (
+        f", dtype {args.dtype}" if pair.target_model is not None else ""
+    )
+    title = f"{args.target} with draft {args.draft}"
+    length, samples = args.length or PAIR_LENGTH, args.samples or PAIR_SAMPLES
+    return _Plan(pair, cells, prompt, length, samples, "pair", title, models, decode, args.prompt)
 
 
 def _check_models(args: argparse.Namespace, backend: str) -> None:
