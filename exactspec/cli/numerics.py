@@ -12,6 +12,7 @@ import gc
 import json
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from exactspec.bench.numerics import DEFAULT_BLOCKS, DEFAULT_GAMMA, NUMERICS_TEMPERATURES
@@ -95,8 +96,6 @@ def run(args: argparse.Namespace) -> int:
     from exactspec.api.decoder import SpeculativeDecoder
     from exactspec.bench import numerics
     from exactspec.bench.prompts import select_prompts
-    from exactspec.models.backends.registry import backend as registered
-    from exactspec.models.pair import ModelPair
 
     chosen = backend_name(args)
     temperatures = _temperatures(args.temperatures)
@@ -110,20 +109,9 @@ def run(args: argparse.Namespace) -> int:
     prompts = select_prompts(args.prompts, quick=args.quick)
     provenance = command_provenance(args)
     started = time.perf_counter()
-    reads_dtype = "dtype" in registered(chosen).options
-    say(
-        f"loading {args.target} (backend {chosen}"
-        + (f", dtype {args.dtype}, weights {args.weights})" if reads_dtype else ")")
-    )
-    pair = ModelPair.from_pretrained(
-        args.target,
-        None,
-        report=say,
-        **{**load_options(args), "backend": chosen},
-    )
+    pair = _load_target(args, chosen, say)
     weights = pair.weights
-    say(pair.describe_backend())  # "auto" resolved to what runs, and why
-    if pair.target_model is None:  # no torch module: llama.cpp computes in float32 (from the GGUF's weights)
+    if pair.target_model is None:  # no torch module: the backend computes in float32 (from its weights)
         dtype = "float32"
     else:
         dtype = str(next(pair.target_model.parameters()).dtype).removeprefix("torch.")
@@ -144,18 +132,9 @@ def run(args: argparse.Namespace) -> int:
     if dtype != "float32" and not args.no_float32:
         del pair, decoder
         gc.collect()  # free the first copy of the weights before loading the float32 one
-        say(f"loading {args.target} (float32, weights {weights})")
-        pair32 = ModelPair.from_pretrained(
-            args.target,
-            None,
-            **{**load_options(args), "dtype": "float32", "weights": weights, "backend": pair_backend},
+        reference, timings["float32_seconds"] = _float32_passes(
+            args, weights, pair_backend, encoded, passes, say
         )
-        clock = time.perf_counter()
-        reference = [
-            numerics.score_passes(pair32.target, ids, p.tokens, args.gamma, args.blocks)
-            for ids, p in zip(encoded, passes, strict=True)
-        ]
-        timings["float32_seconds"] = time.perf_counter() - clock
     result = numerics.NumericsResult(
         provenance=provenance,
         target=args.target,
@@ -178,6 +157,50 @@ def run(args: argparse.Namespace) -> int:
     print(numerics.markdown_table(result.comparisons, result.label, temperatures))
     say(f"wrote {out / 'numerics.md'} and {out / 'numerics.json'} in {result.seconds:.0f} s")
     return EXIT_OK
+
+
+def _load_target(args: argparse.Namespace, chosen: str, say: Callable[[str], None]) -> Any:
+    """The target alone (no draft), loaded on `chosen` as the command line asks; says what runs."""
+    from exactspec.models.backends.registry import backend as registered
+    from exactspec.models.pair import ModelPair
+
+    reads_dtype = "dtype" in registered(chosen).options
+    say(
+        f"loading {args.target} (backend {chosen}"
+        + (f", dtype {args.dtype}, weights {args.weights})" if reads_dtype else ")")
+    )
+    pair = ModelPair.from_pretrained(
+        args.target, None, report=say, **{**load_options(args), "backend": chosen}
+    )
+    say(pair.describe_backend())  # "auto" resolved to what runs, and why
+    return pair
+
+
+def _float32_passes(
+    args: argparse.Namespace,
+    weights: str,
+    backend: str,
+    encoded: list[list[int]],
+    passes: list[Any],
+    say: Callable[[str], None],
+) -> tuple[list[Any], float]:
+    """(the float32 target's scores of the same blocks as `passes`, its seconds): the reference of a
+    target that computes in another dtype, loaded with the same weights on the same backend."""
+    from exactspec.bench import numerics
+    from exactspec.models.pair import ModelPair
+
+    say(f"loading {args.target} (float32, weights {weights})")
+    pair32 = ModelPair.from_pretrained(
+        args.target,
+        None,
+        **{**load_options(args), "dtype": "float32", "weights": weights, "backend": backend},
+    )
+    clock = time.perf_counter()
+    reference = [
+        numerics.score_passes(pair32.target, ids, p.tokens, args.gamma, args.blocks)
+        for ids, p in zip(encoded, passes, strict=True)
+    ]
+    return reference, time.perf_counter() - clock
 
 
 def _time_steps(model: Any, prompt: list[int], gamma: int, blocks: int) -> dict[str, float]:
