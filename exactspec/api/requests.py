@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from exactspec.api.text import encode_text
 from exactspec.decoding.records import MAX_GAMMA
 from exactspec.foundations.errors import InvalidArgument
+from exactspec.foundations.grammar import Structure
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.pair import ModelPair
 
@@ -44,6 +45,8 @@ class TextRequest:
         n: choices (rows) for this prompt.
         logprobs: None, or k: each token comes with its log-probability under the target's p and its k
             most likely alternatives (`exactspec.decoding.logprobs`).
+        structure: None, or what the output must be (JSON, a JSON schema, a GBNF grammar:
+            `exactspec.foundations.grammar.Structure`); each choice gets its own constraint from it.
     """
 
     prompt: str | Sequence[int] | None = None
@@ -56,6 +59,7 @@ class TextRequest:
     gamma: int | None = None
     n: int = 1
     logprobs: int | None = None
+    structure: Structure | None = None
 
 
 class RequestRules:

@@ -28,6 +28,7 @@ def text_requests(body: SamplingFields) -> list[TextRequest]:
     """One `TextRequest` per prompt of the body (a chat body has one: its messages)."""
     try:
         settings = body.settings()
+        structure = body.structure()
     except InvalidArgument as error:
         raise ApiError(400, str(error), param=error.param) from None
     except ValueError as error:  # a check that does not know the field
@@ -40,6 +41,7 @@ def text_requests(body: SamplingFields) -> list[TextRequest]:
         gamma=body.gamma,  # None: the session's planner decides (docs/serving.md)
         n=body.n,
         logprobs=body.top_alternatives(),
+        structure=structure,
     )
     if isinstance(body, ChatCompletionRequest):
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]

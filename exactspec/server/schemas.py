@@ -5,8 +5,10 @@ and `frequency_penalty` with OpenAI's definitions: `exactspec.foundations.penalt
 and `repetition_penalty` are vLLM's extra fields (with vLLM's meaning: top_k = -1 or 0 is off);
 `gamma` is exactspec's own (draft tokens per round for this request; 0 = plain decoding).
 `logprobs` (and chat's `top_logprobs`) report the target's log-probabilities after the request's
-transforms (`exactspec.decoding.logprobs`). Fields exactspec cannot honour exactly (tools, response
-formats other than text) are refused with a 400 rather than silently ignored.
+transforms (`exactspec.decoding.logprobs`). `response_format` (OpenAI's `json_object` and `json_schema`)
+and `grammar` (llama.cpp's server's field: a GBNF grammar) constrain the output
+(`exactspec.foundations.grammar`). Fields exactspec cannot honour exactly (tools) are refused with a 400
+rather than silently ignored.
 
 Every numeric field carries its documented range (`exactspec.foundations.settings`) as
 `minimum`/`maximum`/`exclusiveMinimum` in the OpenAPI schema, so clients and schema-driven fuzzers see
@@ -25,6 +27,7 @@ from exactspec.decoding.logprobs import TOP_LOGPROBS_MAX
 from exactspec.decoding.records import MAX_GAMMA
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.errors import InvalidArgument
+from exactspec.foundations.grammar import Structure
 from exactspec.foundations.settings import (
     LOGIT_BIAS_MAX,
     OUTPUT_PENALTY_MAX,
@@ -34,6 +37,8 @@ from exactspec.foundations.settings import (
     SamplingSettings,
 )
 
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+"""OpenAI's response_format types, all served."""
 MAX_CHOICES = 16
 """Most choices (rows) one request may ask for with `n`."""
 
@@ -115,18 +120,46 @@ class SamplingFields(BaseModel):
     )
     # exactspec's own: draft tokens per round for this request (0 = plain decoding)
     gamma: int | None = Field(default=None, ge=0, le=MAX_GAMMA)
+    response_format: dict[str, Any] | None = Field(
+        default=None,
+        description='{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": '
+        '{"name": ..., "schema": {...}}}: the output is any JSON object, or JSON valid against the schema',
+        json_schema_extra={"properties": {"type": {"enum": list(RESPONSE_FORMATS)}}},
+    )
+    # llama.cpp's server's field (vLLM's is structured_outputs.grammar, in its own dialect)
+    grammar: str | None = Field(default=None, description="A GBNF grammar (llama.cpp's) the output follows")
     # accepted only at their "off" values
     tools: list[Any] | None = Field(default=None, json_schema_extra={"maxItems": 0})
-    response_format: dict[str, Any] | None = Field(
-        default=None, json_schema_extra={"properties": {"type": {"enum": ["text"]}}}
-    )
 
     def unsupported(self) -> tuple[str, str] | None:
         """(field, message) for the first field set to something exactspec does not do, else None."""
         if self.tools:
             return "tools", "tools are not supported"
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            return "response_format", "only the text response format is supported"
+        return None
+
+    def structure(self) -> Structure | None:
+        """What the output must be (`response_format`, `grammar`), or None; raises `InvalidArgument` naming
+        the field for a format exactspec does not know or one without its schema."""
+        kind = (self.response_format or {}).get("type", "text")
+        if kind not in RESPONSE_FORMATS:
+            raise InvalidArgument(
+                f"response_format type must be one of {', '.join(RESPONSE_FORMATS)}, got {kind!r}",
+                param="response_format",
+            )
+        if self.grammar is not None and kind != "text":
+            raise InvalidArgument("give a grammar or a JSON response_format, not both", param="grammar")
+        if self.grammar is not None:
+            return Structure.gbnf(self.grammar)
+        if kind == "json_object":
+            return Structure.json_object()
+        if kind == "json_schema":
+            spec = (self.response_format or {}).get("json_schema")
+            if not isinstance(spec, dict) or "schema" not in spec:
+                raise InvalidArgument(
+                    'a json_schema response_format needs {"json_schema": {"name": ..., "schema": {...}}}',
+                    param="response_format",
+                )
+            return Structure.json_schema(spec["schema"])
         return None
 
     def stop_strings(self) -> list[str]:
