@@ -37,6 +37,9 @@ StructureKind = Literal["json_object", "json_schema", "grammar"]
 
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 """llguidance's JSON options for the fixed one-line layout (the module docstring)."""
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+"""OpenAI's response_format types, all served."""
+_FORMAT = "response_format"
 INSTALL_HINT = "structured output needs llguidance: pip install 'exactspec[structured]'"
 
 
@@ -76,6 +79,38 @@ class Structure:
         if not isinstance(grammar, str) or not grammar.strip():
             raise InvalidArgument("the grammar is empty", param=param)
         return Structure("grammar", grammar, param)
+
+    @staticmethod
+    def from_fields(response_format: Any = None, grammar: Any = None) -> Structure | None:
+        """The structure an OpenAI-style request asks for: `response_format` ({"type": "text"},
+        {"type": "json_object"} or {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}})
+        or llama.cpp's `grammar` (GBNF text); None for free text. The server's bodies and batch records
+        read it the same way; raises InvalidArgument naming the field."""
+        if response_format is not None and not isinstance(response_format, dict):
+            raise InvalidArgument(
+                'response_format must be an object like {"type": "json_object"}', param=_FORMAT
+            )
+        kind = (response_format or {}).get("type", "text")
+        if kind not in RESPONSE_FORMATS:
+            raise InvalidArgument(
+                f"response_format type must be one of {', '.join(RESPONSE_FORMATS)}, got {kind!r}",
+                param=_FORMAT,
+            )
+        if grammar is not None:
+            if kind != "text":
+                raise InvalidArgument("give a grammar or a JSON response_format, not both", param="grammar")
+            return Structure.gbnf(grammar)
+        if kind == "json_object":
+            return Structure.json_object()
+        if kind == "json_schema":
+            spec = (response_format or {}).get("json_schema")
+            if not isinstance(spec, dict) or "schema" not in spec:
+                raise InvalidArgument(
+                    'a json_schema response_format needs {"json_schema": {"name": ..., "schema": {...}}}',
+                    param=_FORMAT,
+                )
+            return Structure.json_schema(spec["schema"])
+        return None
 
     def describe(self) -> str:
         return {"json_object": "JSON object", "json_schema": "JSON schema", "grammar": "GBNF grammar"}[

@@ -27,7 +27,7 @@ from exactspec.decoding.logprobs import TOP_LOGPROBS_MAX
 from exactspec.decoding.records import MAX_GAMMA
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.errors import InvalidArgument
-from exactspec.foundations.grammar import Structure
+from exactspec.foundations.grammar import RESPONSE_FORMATS, Structure
 from exactspec.foundations.settings import (
     LOGIT_BIAS_MAX,
     OUTPUT_PENALTY_MAX,
@@ -37,8 +37,6 @@ from exactspec.foundations.settings import (
     SamplingSettings,
 )
 
-RESPONSE_FORMATS = ("text", "json_object", "json_schema")
-"""OpenAI's response_format types, all served."""
 MAX_CHOICES = 16
 """Most choices (rows) one request may ask for with `n`."""
 
@@ -139,28 +137,8 @@ class SamplingFields(BaseModel):
 
     def structure(self) -> Structure | None:
         """What the output must be (`response_format`, `grammar`), or None; raises `InvalidArgument` naming
-        the field for a format exactspec does not know or one without its schema."""
-        kind = (self.response_format or {}).get("type", "text")
-        if kind not in RESPONSE_FORMATS:
-            raise InvalidArgument(
-                f"response_format type must be one of {', '.join(RESPONSE_FORMATS)}, got {kind!r}",
-                param="response_format",
-            )
-        if self.grammar is not None and kind != "text":
-            raise InvalidArgument("give a grammar or a JSON response_format, not both", param="grammar")
-        if self.grammar is not None:
-            return Structure.gbnf(self.grammar)
-        if kind == "json_object":
-            return Structure.json_object()
-        if kind == "json_schema":
-            spec = (self.response_format or {}).get("json_schema")
-            if not isinstance(spec, dict) or "schema" not in spec:
-                raise InvalidArgument(
-                    'a json_schema response_format needs {"json_schema": {"name": ..., "schema": {...}}}',
-                    param="response_format",
-                )
-            return Structure.json_schema(spec["schema"])
-        return None
+        the field (`Structure.from_fields`)."""
+        return Structure.from_fields(self.response_format, self.grammar)
 
     def stop_strings(self) -> list[str]:
         if self.stop is None:

@@ -41,7 +41,9 @@ def allowed_ids(mask: torch.Tensor | None) -> set[int]:
 
 def test_the_schema_forces_its_keys_and_allows_eos_only_where_the_json_ends() -> None:
     row = compiler().compile(Structure.json_schema(SCHEMA)).for_row()
-    assert TOKENIZER.decode(row.forced([], 20)) == '{"ok":'  # the space may merge with what follows (" f" is a token)
+    assert (
+        TOKENIZER.decode(row.forced([], 20)) == '{"ok":'
+    )  # the space may merge with what follows (" f" is a token)
     assert TOKENIZER.decode(row.forced([], 3)) == '{"o'  # at most `limit`
     ids = encode(ANSWER)
     for end in range(len(ids)):
