@@ -38,6 +38,7 @@ from exactspec.decoding.round_times import RoundShape, RoundTimer
 from exactspec.decoding.scheduler import Scheduler
 from exactspec.decoding.target_pass import chain_probabilities, tree_probabilities
 from exactspec.drafters.base import Drafter, Proposal
+from exactspec.drafters.forced import propose_after_forced
 from exactspec.foundations.metrics import DecodeMetrics, Stopwatch
 from exactspec.foundations.rows import RowLifecycle, RowStart
 from exactspec.foundations.sampler import Sampler
@@ -297,11 +298,11 @@ class SpeculativeEngine:
         # A drafter gets one SamplingSettings when every row shares it (drafters written for
         # one batch-wide setting keep working), else one per row.
         shared = all(row_settings == settings[0] for row_settings in settings)
-        proposal = self._draft(
-            histories, max_draft, settings[0] if shared else settings, sampler, active
-        )  # 2.1
         # Each row's output position of this round's first token: the positioned draws are keyed by it.
         positions = [len(states[row].generated) for row in active]
+        proposal, forced = self._draft(
+            histories, max_draft, settings[0] if shared else settings, sampler, active, positions
+        )  # 2.1
         top = [states[row].logprobs for row in active]  # None: the row reports no log-probabilities
         if proposal.parents is None:
             result, reported = self._verify_chain(
@@ -314,8 +315,12 @@ class SpeculativeEngine:
             )
             drafted = result.path_lengths
         proposed, accepted = self._record(drafted, result.num_accepted, result.num_emitted)
+        self.metrics.forced_tokens += sum(forced)
+        self.metrics.forced_accepted += sum(min(n, k) for n, k in zip(accepted, forced, strict=True))
         if self.gamma_policy is not None:
-            record_round(self.gamma_policy, active, proposed, accepted)
+            # The policy learns how the drafter's own tokens fare: forced tokens are the constraint's.
+            drafted_own, accepted_own = _after_forced(proposed, accepted, forced)
+            record_round(self.gamma_policy, active, drafted_own, accepted_own)
         logprobs = round_logprobs(reported, result, active, top)
         output = self._append(states, active, result, config, stop, logprobs)
         if self.drafter is not None:
@@ -455,17 +460,24 @@ class SpeculativeEngine:
         settings: SamplingSettings | list[SamplingSettings],
         sampler: Sampler,
         rows: list[int],
-    ) -> Proposal:
+        positions: list[int],
+    ) -> tuple[Proposal, list[int]]:
+        """The round's proposal and how many leading tokens of each row's draft its constraint forced: the
+        forced tokens first, at q = 1, then the drafter's proposal after them (`drafters.forced`)."""
         if self.drafter is None or max(max_draft) <= 0:
             device = self.device
             empty_q = torch.zeros(len(rows), 0, self.target.vocab_size, device=device)
-            return Proposal(
+            empty = Proposal(
                 tokens=torch.zeros(len(rows), 0, dtype=torch.long, device=device),
                 q=empty_q,
                 lengths=torch.zeros(len(rows), dtype=torch.long, device=device),
             )
+            return empty, [0] * len(rows)
         clock = time.perf_counter()
-        proposal = self.drafter.propose(histories, max_draft, settings, sampler, rows)
+        starts = _prompt_lengths(histories, positions)
+        proposal, forced = propose_after_forced(
+            self.drafter, histories, max_draft, settings, sampler, rows, starts
+        )
         self.metrics.draft_seconds += time.perf_counter() - clock
         if self.draft_stopwatch is not None:
             self.metrics.draft_forward_seconds += self.draft_stopwatch.take()
@@ -479,7 +491,7 @@ class SpeculativeEngine:
             )
         # A deterministic proposal (prompt lookup) ran no draft model.
         self.metrics.draft_calls += 0 if proposal.deterministic else int(proposal.lengths.max())
-        return proposal
+        return proposal, forced
 
     def _record(
         self, drafted: torch.Tensor, num_accepted: torch.Tensor, num_emitted: torch.Tensor
@@ -541,6 +553,13 @@ class SpeculativeEngine:
 def _prompt_lengths(histories: list[list[int]], positions: list[int]) -> list[int]:
     """Where each row's prompt ends: its history less the `positions` tokens it generated so far."""
     return [len(history) - position for history, position in zip(histories, positions, strict=True)]
+
+
+def _after_forced(proposed: list[int], accepted: list[int], forced: list[int]) -> tuple[list[int], list[int]]:
+    """Each row's (proposed, accepted) counts of the drafter's own tokens, those after its forced ones; a
+    row that rejected a forced token never reached them: (0, 0)."""
+    own = [(n - k, a - k) if a >= k else (0, 0) for n, a, k in zip(proposed, accepted, forced, strict=True)]
+    return [n for n, _ in own], [a for _, a in own]
 
 
 def _max_new_tokens(state: RowState, config: DecodeConfig) -> int:

@@ -74,6 +74,8 @@ class DecodeMetrics:
     accepted_tokens: int = 0
     row_rounds: int = 0  # rows summed over rounds: a round of 3 rows counts 3
     plain_rounds: int = 0  # rounds in which no row drafted
+    forced_tokens: int = 0  # draft tokens a row's constraint forced (`drafters.forced`), in proposed_tokens
+    forced_accepted: int = 0  # of them, accepted (in accepted_tokens)
     proposed_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
     target_calls: int = 0
@@ -180,6 +182,8 @@ class DecodeMetrics:
             "emitted_tokens": self.emitted_tokens,
             "proposed_tokens": self.proposed_tokens,
             "accepted_tokens": self.accepted_tokens,
+            "forced_tokens": self.forced_tokens,
+            "forced_accepted": self.forced_accepted,
             "acceptance_rate": self.acceptance_rate,
             "tokens_per_round": self.tokens_per_round,
             "acceptance_by_position": self.acceptance_by_position(),
