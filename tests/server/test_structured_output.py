@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -177,3 +178,37 @@ def test_bad_schemas_and_grammars_are_400s_naming_the_problem(
         model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4
     )
     assert reply.choices
+
+
+def test_forced_keys_are_drafted_and_accepted_and_health_counts_them(
+    served: tuple[openai.OpenAI, ModelPair],
+) -> None:
+    """With speculation on, the keys and separators the schema forces are drafted at q = 1: /health counts
+    them, nearly all accepted (a token the model may spell otherwise can still be rejected)."""
+    client, _ = served
+    base = str(client.base_url).removesuffix("/v1/")
+    before = httpx.get(base + "/health").json()
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "A person."}],
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        response_format=RESPONSE_FORMAT,
+        extra_body={"gamma": 4},
+    )
+    after = httpx.get(base + "/health").json()
+    forced = after["forced_tokens"] - before["forced_tokens"]
+    accepted = after["forced_accepted"] - before["forced_accepted"]
+    assert forced >= 10 and accepted >= 0.9 * forced, (forced, accepted)
+    plain = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "A person."}],
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        response_format=RESPONSE_FORMAT,
+        extra_body={"gamma": 0},
+    )
+    assert plain.choices[0].message.content == reply.choices[0].message.content
+    assert (
+        httpx.get(base + "/health").json()["forced_tokens"] == after["forced_tokens"]
+    )  # gamma 0 drafts none
