@@ -21,6 +21,7 @@ and its matcher rolls back and reports forced tokens.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import weakref
 from collections.abc import Sequence
@@ -33,13 +34,15 @@ import torch
 
 from exactspec.foundations.errors import InvalidArgument
 
-StructureKind = Literal["json_object", "json_schema", "grammar"]
+StructureKind = Literal["json_object", "json_schema", "grammar", "lark"]
 
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 """llguidance's JSON options for the fixed one-line layout (the module docstring)."""
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 """OpenAI's response_format types, all served."""
 _FORMAT = "response_format"
+_LITERAL_RULE = re.compile(r'^([a-z_][a-z0-9_]*): ("(?:[^"\\]|\\.)*")$', re.MULTILINE)
+"""A Lark rule that is one quoted literal (`_added_token_literals`)."""
 INSTALL_HINT = "structured output needs llguidance: pip install 'exactspec[structured]'"
 
 
@@ -49,8 +52,8 @@ class Structure:
 
     Attributes:
         kind: "json_object", "json_schema" or "grammar".
-        text: the schema as JSON text (json_schema), the grammar in llama.cpp's GBNF (grammar), "" for
-            json_object.
+        text: the schema as JSON text (json_schema), the grammar in llama.cpp's GBNF (grammar) or in
+            llguidance's Lark (lark: what tool calls compile to, `exactspec.api.tools`), "" for json_object.
         param: the request field it came from, named in errors ("response_format", "grammar", ...).
     """
 
@@ -113,9 +116,8 @@ class Structure:
         return None
 
     def describe(self) -> str:
-        return {"json_object": "JSON object", "json_schema": "JSON schema", "grammar": "GBNF grammar"}[
-            self.kind
-        ]
+        names = {"json_object": "JSON object", "json_schema": "JSON schema", "grammar": "GBNF grammar"}
+        return names.get(self.kind, "tool call grammar")
 
 
 class CompiledGrammar:
@@ -238,6 +240,22 @@ class GrammarCompiler:
                 )
             return self._tokenizer
 
+    def _added_token_literals(self, lark: str) -> str:
+        """`lark` with each rule that is one quoted literal (`name: "<tool_call>"`) also allowing the
+        tokenizer's added token of that text. llguidance reads added tokens as special ones, which no
+        quoted text matches, while models write their tags (Qwen's `<tool_call>`) as those tokens.
+
+        Example: with `<tool_call>` added as id 151657, `open: "<tool_call>"` becomes
+        `open: "<tool_call>" | <[151657]>`.
+        """
+        added = self._hf_tokenizer.get_added_vocab() if hasattr(self._hf_tokenizer, "get_added_vocab") else {}
+
+        def widen(match: re.Match[str]) -> str:
+            token = added.get(json.loads(match.group(2)))
+            return match.group(0) if token is None else f"{match.group(0)} | <[{token}]>"
+
+        return _LITERAL_RULE.sub(widen, lark)
+
     def _compile_uncached(self, structure: Structure) -> CompiledGrammar:
         tokenizer = self._llg_tokenizer()
         import llguidance
@@ -246,6 +264,8 @@ class GrammarCompiler:
         try:
             if structure.kind == "grammar":
                 grammar = llguidance.LLMatcher.grammar_from_lark(gbnf_to_lark(structure.text))
+            elif structure.kind == "lark":
+                grammar = llguidance.LLMatcher.grammar_from_lark(self._added_token_literals(structure.text))
             else:
                 schema = {"type": "object"} if structure.kind == "json_object" else json.loads(structure.text)
                 grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
