@@ -314,13 +314,7 @@ class SpeculativeEngine:
                 histories, proposal, max_draft, settings, sampler, active, positions, top
             )
             drafted = result.path_lengths
-        proposed, accepted = self._record(drafted, result.num_accepted, result.num_emitted)
-        self.metrics.forced_tokens += sum(forced)
-        self.metrics.forced_accepted += sum(min(n, k) for n, k in zip(accepted, forced, strict=True))
-        if self.gamma_policy is not None:
-            # The policy learns how the drafter's own tokens fare: forced tokens are the constraint's.
-            drafted_own, accepted_own = _after_forced(proposed, accepted, forced)
-            record_round(self.gamma_policy, active, drafted_own, accepted_own)
+        proposed, accepted = self._record(drafted, result.num_accepted, forced, active)
         logprobs = round_logprobs(reported, result, active, top)
         output = self._append(states, active, result, config, stop, logprobs)
         if self.drafter is not None:
@@ -494,9 +488,10 @@ class SpeculativeEngine:
         return proposal, forced
 
     def _record(
-        self, drafted: torch.Tensor, num_accepted: torch.Tensor, num_emitted: torch.Tensor
+        self, drafted: torch.Tensor, num_accepted: torch.Tensor, forced: list[int], active: list[int]
     ) -> tuple[list[int], list[int]]:
-        """drafted [A]: the draft length of each row (a tree's: the candidates its path could have kept)."""
+        """Count the round and tell the gamma policy. drafted [A]: the draft length of each row (a tree's:
+        the candidates its path could have kept); forced: how many of them the row's constraint forced."""
         proposed = drafted.tolist()
         accepted = num_accepted.tolist()
         self.metrics.rounds += 1
@@ -505,6 +500,12 @@ class SpeculativeEngine:
         self.metrics.proposed_tokens += sum(proposed)
         self.metrics.accepted_tokens += sum(accepted)
         self.metrics.record_positions(proposed, accepted)
+        self.metrics.forced_tokens += sum(forced)
+        self.metrics.forced_accepted += sum(min(n, k) for n, k in zip(accepted, forced, strict=True))
+        if self.gamma_policy is not None:
+            # The policy learns how the drafter's own tokens fare: forced tokens are the constraint's.
+            drafted_own, accepted_own = _after_forced(proposed, accepted, forced)
+            record_round(self.gamma_policy, active, drafted_own, accepted_own)
         return proposed, accepted
 
     def _append(
