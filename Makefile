@@ -4,10 +4,13 @@
 setup:
 	bash scripts/setup.sh
 
-# The main job: speculative generation on the built-in default pair (first run fetches the models).
+# The main job: speculative generation on the built-in default pair (the first run fetches the models and
+# exports the target to ONNX for --backend auto to measure), on an edit of a given function, where the
+# answer repeats the prompt's code and drafts are accepted; then the same prompt decoded plainly, for the
+# summary's last line: tokens a round, the speed against plain decoding, whether the tokens are identical.
 run: setup
-	.venv/bin/exactspec generate --chat --max-new-tokens 200 \
-	  "Write a Python function is_prime(n) with a docstring, then a short example of using it."
+	.venv/bin/exactspec generate --chat --max-new-tokens 200 --compare-plain \
+	  --prompt-file scripts/first-run-prompt.txt
 
 # The OpenAI-compatible server on the built-in default pair, http://127.0.0.1:8000/v1 (README, Serving).
 serve: setup

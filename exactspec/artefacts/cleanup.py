@@ -21,7 +21,7 @@ import re
 import shutil
 from pathlib import Path
 
-__all__ = ["download_prefix", "process_alive", "remove_stale_temporaries", "staging_prefix"]
+__all__ = ["download_prefix", "process_alive", "remove_stale_temporaries", "staging_prefix", "temporary_pid"]
 
 # Group 1 is the pid. `.+\.tmp` is greedy, so in `.a.tmp-1-b.tmp-2-c` the pid is 2 (the last one).
 _TEMPORARY = re.compile(r"^\.(?:.+\.tmp|download)-(\d+)-")
@@ -35,6 +35,13 @@ def staging_prefix(final_name: str) -> str:
 def download_prefix() -> str:
     """Start of the name of a download folder of this process (mkdtemp adds the rest)."""
     return f".download-{os.getpid()}-"
+
+
+def temporary_pid(name: str) -> int | None:
+    """The id of the process that made a temporary folder of this name, or None for another name
+    (e.g. 4242 for ".float32.tmp-4242-k2j9")."""
+    match = _TEMPORARY.match(name)
+    return int(match.group(1)) if match else None
 
 
 def process_alive(pid: int) -> bool:
@@ -63,6 +70,6 @@ def remove_stale_temporaries(folder: Path) -> None:
     except OSError:
         return
     for child in children:
-        match = _TEMPORARY.match(child.name)
-        if match and child.is_dir() and not process_alive(int(match.group(1))):
+        pid = temporary_pid(child.name)
+        if pid is not None and child.is_dir() and not process_alive(pid):
             shutil.rmtree(child, ignore_errors=True)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from exactspec.cli.common import (
     EXIT_OK,
@@ -31,7 +32,10 @@ from exactspec.cli.common import (
 from exactspec.foundations.defaults import DEFAULTS
 
 if TYPE_CHECKING:
+    from exactspec.api.decoder import SpeculativeDecoder
     from exactspec.decoding.strategy import Strategy
+    from exactspec.foundations.metrics import DecodeMetrics
+    from exactspec.foundations.settings import SamplingSettings
     from exactspec.models.pair import ModelPair
 
 
@@ -70,6 +74,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--stop", action="append", type=non_empty, default=[], help="stop string (repeatable); cut before it"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    parser.add_argument(
+        "--compare-plain",
+        action="store_true",
+        help="then decode the same prompt plainly (the target alone) on the same models, and end the "
+        "summary with the speed against it and whether the tokens are identical",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no loading progress bars")
     add_strategy_arguments(parser)
     add_model_arguments(parser)
@@ -174,37 +184,78 @@ def run(args: argparse.Namespace) -> int:
         structure=structured,
     )
     if args.json:
-        output = decoder.generate([prompt], **options)
-        completion = output.completions[0]
-        record = {
-            "text": completion.text,
-            "token_ids": completion.token_ids,
-            "finish_reason": completion.finish_reason,
-            "prompt_tokens": completion.prompt_tokens,
-            "gamma": gamma,
-            "weights": decoder.pair.weights,
-            "backend": decoder.pair.backend,
-            "backend_reason": decoder.pair.backend_reason,
-            "drafter": chosen.drafter if gamma else None,
-            "verifier": chosen.verifier,
-            "adaptive_gamma": chosen.adaptive_gamma if gamma else False,
-            "settings": settings.describe(),
-            "seed": args.seed,
-            "load_seconds": load_seconds,
-            "statistics": output.metrics.as_dict(),
-            "plain_reason": plain_reason,
-        }
-        print(json.dumps(json_safe(record), allow_nan=False))
+        facts = {"gamma": gamma, "load_seconds": load_seconds, "plain_reason": plain_reason}
+        print(
+            json.dumps(
+                json_safe(_json_record(args, decoder, prompt, options, chosen, facts)), allow_nan=False
+            )
+        )
         return EXIT_OK
     finish = None
     metrics = None
+    token_ids: list[int] = []
     for event in decoder.stream([prompt], **options):
         sys.stdout.write(event.text)
         sys.stdout.flush()
+        token_ids += event.token_ids
         if event.finish_reason is not None:
             finish, metrics = event.finish_reason, event.metrics
     sys.stdout.write("\n")
     assert metrics is not None
+    summary = _summary(metrics, finish, gamma, chosen, plain_reason)
+    summary += f", {decoder.pair.describe_backend()}"
+    if args.compare_plain:
+        print("[exactspec] decoding the same prompt plainly (no draft) to compare", file=sys.stderr)
+        summary += ", " + _comparison(_plain_run(decoder, prompt, options), metrics, token_ids, settings)
+    print(summary + f" (models loaded in {load_seconds:.1f} s)", file=sys.stderr)
+    return EXIT_OK
+
+
+def _json_record(
+    args: argparse.Namespace,
+    decoder: SpeculativeDecoder,
+    prompt: str,
+    options: dict[str, Any],
+    chosen: Strategy,
+    facts: dict[str, Any],
+) -> dict[str, Any]:
+    """`--json`'s object: the completion, how it was made (`facts`: gamma, load seconds, why plain), its
+    statistics, and with --compare-plain plain decoding's tokens and speed on the same prompt."""
+    gamma = facts["gamma"]
+    output = decoder.generate([prompt], **options)
+    completion = output.completions[0]
+    record = {
+        "text": completion.text,
+        "token_ids": completion.token_ids,
+        "finish_reason": completion.finish_reason,
+        "prompt_tokens": completion.prompt_tokens,
+        "gamma": gamma,
+        "weights": decoder.pair.weights,
+        "backend": decoder.pair.backend,
+        "backend_reason": decoder.pair.backend_reason,
+        "drafter": chosen.drafter if gamma else None,
+        "verifier": chosen.verifier,
+        "adaptive_gamma": chosen.adaptive_gamma if gamma else False,
+        "settings": options["settings"].describe(),
+        "seed": args.seed,
+        "load_seconds": facts["load_seconds"],
+        "statistics": output.metrics.as_dict(),
+        "plain_reason": facts["plain_reason"],
+    }
+    if args.compare_plain:
+        plain_run = _plain_run(decoder, prompt, options)
+        record["plain"] = {
+            "token_ids": plain_run.token_ids,
+            "tokens_per_second": plain_run.tokens_per_second,
+            "identical": plain_run.token_ids == completion.token_ids,
+        }
+    return record
+
+
+def _summary(
+    metrics: DecodeMetrics, finish: object, gamma: int, chosen: Strategy, plain_reason: str | None
+) -> str:
+    """The summary line's head: tokens, time, speed, finish, and the strategy with its acceptance."""
     summary = (
         f"[exactspec] {metrics.emitted_tokens} tokens in {metrics.total_seconds:.1f} s "
         f"({metrics.tokens_per_second:.1f} tokens/s), finish: {finish}"
@@ -221,9 +272,39 @@ def run(args: argparse.Namespace) -> int:
         )
     if plain_reason:
         summary += f", {plain_reason}"
-    summary += f", {decoder.pair.describe_backend()}"
-    print(summary + f" (models loaded in {load_seconds:.1f} s)", file=sys.stderr)
-    return EXIT_OK
+    return summary
+
+
+@dataclass(frozen=True)
+class PlainRun:
+    """Plain decoding of the same prompt on the same loaded pair: its tokens and its speed."""
+
+    token_ids: list[int]
+    tokens_per_second: float
+
+
+def _plain_run(decoder: SpeculativeDecoder, prompt: str, options: dict[str, Any]) -> PlainRun:
+    """The prompt decoded plainly (gamma 0: the target alone, one token a pass) with the same settings,
+    seed, stop strings and length limit, on the models already loaded."""
+    output = decoder.generate([prompt], **{**options, "gamma": 0, "adaptive_gamma": False})
+    return PlainRun(output.completions[0].token_ids, output.metrics.tokens_per_second)
+
+
+def _comparison(
+    plain: PlainRun, metrics: DecodeMetrics, token_ids: list[int], settings: SamplingSettings
+) -> str:
+    """'2.1x plain decoding's 14.2 tokens/s on this prompt, tokens identical to plain decoding's' (or
+    where they first differ; sampled runs draw other random numbers, so only their law is the same)."""
+    speedup = metrics.tokens_per_second / plain.tokens_per_second if plain.tokens_per_second else float("nan")
+    line = f"{speedup:.2f}x plain decoding's {plain.tokens_per_second:.1f} tokens/s on this prompt"
+    if token_ids == plain.token_ids:
+        return line + ", tokens identical to plain decoding's"
+    first = next(
+        (i for i, (a, b) in enumerate(zip(token_ids, plain.token_ids, strict=False)) if a != b), None
+    )
+    where = f"from token {first + 1}" if first is not None else "in length"
+    why = " (sampled: the same law, other draws)" if settings.temperature > 0 else ""
+    return line + f", tokens differ from plain decoding's {where}{why}"
 
 
 def _plain_when_drafting_cannot_pay(pair: ModelPair, chosen: Strategy, gamma: int) -> tuple[int, str | None]:

@@ -1,5 +1,5 @@
 """The `exactspec` entry point: one subcommand per module (verify, generate, batch, bench, audit, numerics,
-measure, serve).
+measure, cache, serve).
 
 Exit codes are a contract (README "Exit codes"):
 
@@ -195,7 +195,7 @@ def build_parser() -> Any:
     import argparse
 
     import exactspec
-    from exactspec.cli import audit, batch, bench, generate, measure, numerics, serve, verify
+    from exactspec.cli import audit, batch, bench, cache, generate, measure, numerics, serve, verify
 
     parser = argparse.ArgumentParser(
         prog="exactspec",
@@ -205,7 +205,7 @@ def build_parser() -> Any:
     parser.add_argument("--debug", action="store_true", help="show full tracebacks (also $EXACTSPEC_DEBUG=1)")
     parser.add_argument("--version", action="version", version=f"exactspec {exactspec.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for command in (verify, generate, batch, bench, audit, numerics, measure, serve):
+    for command in (verify, generate, batch, bench, audit, numerics, measure, cache, serve):
         command.add_parser(commands)
     for subparser in commands.choices.values():
         subparser.add_argument(

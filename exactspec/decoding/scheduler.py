@@ -41,7 +41,7 @@ from exactspec.foundations.metrics import DecodeMetrics
 from exactspec.foundations.rows import RowStart
 from exactspec.foundations.sampler import Sampler, SeededSampler
 from exactspec.foundations.settings import SamplingSettings
-from exactspec.models.base import LanguageModel
+from exactspec.models.base import LanguageModel, release_memory
 
 EndReason = FinishReason
 """Kept for callers that named the scheduler's finish reasons; the one type is `FinishReason`."""
@@ -165,6 +165,7 @@ class Scheduler:
         sampler: Sampler | None = None,
         raise_round_errors: bool = False,
         prefill_chunk: int | None = None,
+        idle_release_seconds: float | None = DEFAULTS.idle_release_seconds,
     ) -> None:
         """
         Args:
@@ -184,6 +185,8 @@ class Scheduler:
                 its own (`_prefill`): rows already decoding keep a round per step while prompts
                 join. None: a joining row is prefilled inside its first round (the offline default:
                 every row joins at once, and nothing is decoding yet).
+            idle_release_seconds: the background thread (`start`) gives the models' row memory back
+                (`models.base.release_memory`) once nothing has run for this long; None: never.
         """
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1 (or None), got {prefill_chunk}")
@@ -212,6 +215,9 @@ class Scheduler:
         self._steps = 0  # steps run (`step`), the clock of the prefill order
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self.idle_release_seconds = idle_release_seconds
+        self.released_bytes = 0
+        """Bytes the models gave back while the scheduler was idle (`idle_release_seconds`), in all."""
 
     @property
     def metrics(self) -> DecodeMetrics:
@@ -341,13 +347,23 @@ class Scheduler:
             self._drop_cancelled()
 
     def _loop(self) -> None:
+        released = False  # since the last round
         while True:
             with self._lock:
                 while not self._stopping and not self._waiting and not self._active:
-                    self._lock.wait()
+                    timeout = None if released else self.idle_release_seconds
+                    if not self._lock.wait(timeout) and timeout is not None:
+                        self._release_idle_memory()  # rounds run on this thread only: none is running
+                        released = True
                 if self._stopping:
                     return
+            released = False
             self.step()
+
+    def _release_idle_memory(self) -> None:
+        """The target's and the draft model's row memory back to the system (an idle server)."""
+        models = [self.engine.target, getattr(self.engine.drafter, "model", None)]
+        self.released_bytes += sum(release_memory(model) for model in models if model is not None)
 
     # ------------------------------------------------------------------ bookkeeping (lock held)
 

@@ -80,6 +80,8 @@ class Defaults:
         max_waiting: requests that may wait for a free row; beyond that the server answers 429.
         prefill_chunk: prompt tokens prefilled per round for joining requests, so that the running
             rows wait for at most one such chunk's forward per round.
+        idle_release_seconds: how long a server runs no round before its models give back the
+            memory that grew with its busiest batch (the ONNX backend's KV buffers).
     On Ray (`serve --ray-serve`, `batch --ray`):
         replicas, cpus_per_replica: Ray Serve replicas, each one model pair with its own batching, and
             the CPUs each reserves (also its torch threads).
@@ -109,6 +111,7 @@ class Defaults:
     max_batch: int = 8
     max_waiting: int = 64
     prefill_chunk: int = 32
+    idle_release_seconds: float = 30.0
     replicas: int = 1
     cpus_per_replica: int = 1
     ray_workers: int = 1

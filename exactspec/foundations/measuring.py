@@ -56,8 +56,8 @@ class MeasuringRules:
 
     spread: float = 0.10
     min_rounds: int = 2
-    max_rounds: int = 6
-    max_seconds: float = 120.0
+    max_rounds: int = 4
+    max_seconds: float = 30.0
     tolerance: float = 0.15
     busy_share: float = 0.25
 

@@ -155,6 +155,14 @@ def prefill(model: LanguageModel, row: int, tokens: Sequence[int]) -> None:
         model.logits([list(tokens)], 1, rows=[row])
 
 
+def release_memory(model: LanguageModel) -> int:
+    """Give back the memory `model` holds for rows when it holds none (an idle server: the KV buffers
+    that grew with the busiest batch, `OnnxModel.release_memory`); the bytes freed, 0 for a model that
+    keeps nothing beyond its rows or does not say."""
+    method = getattr(unwrapped(model), "release_memory", None)
+    return int(method()) if method is not None else 0
+
+
 def shared_prompt_tokens(model: LanguageModel) -> int | None:
     """Prompt tokens `model` has copied or kept from cells computed for other rows rather than computed
     (`OnnxModel.shared_tokens`), since it loaded; None for a model that does not share prefixes."""

@@ -73,6 +73,7 @@ __all__ = [
     "load_hf_model",
     "load_tokenizer",
     "names_gguf",
+    "one_gguf_parse",
     "resolve_dtype",
 ]
 
@@ -304,7 +305,7 @@ def _load_gguf(
     path: Path, dtype: torch.dtype, cache_root: Path, progress: bool
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     entry = conversion_entry(path, cache_root)
-    with _one_gguf_parse():
+    with one_gguf_parse():
         tokenizer = _gguf_tokenizer(path, entry, progress)
         model_dir = entry.model_folder(_dtype_name(dtype))
         if model_dir.is_dir():
@@ -314,7 +315,7 @@ def _load_gguf(
 
 
 @contextlib.contextmanager
-def _one_gguf_parse() -> Iterator[None]:
+def one_gguf_parse() -> Iterator[None]:
     """Within the block, every `gguf.GGUFReader` of one file is the same reader.
 
     transformers parses a GGUF file anew for its tokenizer, its config and its weights (a `GGUFReader`

@@ -66,3 +66,54 @@ def test_default_cpus_per_worker_is_an_even_share_of_the_smallest_node(
     from exactspec.batch.on_ray import default_cpus_per_worker
 
     assert default_cpus_per_worker(FakeRay(cpus), workers) == each
+
+
+@pytest.mark.slow  # about two minutes on 2 cores: Ray workers each export the model and measure its costs
+def test_the_batch_invariant_mode_gives_the_tokens_of_a_local_run_on_ray_workers(
+    ray_address: str, tmp_path: Path
+) -> None:
+    """ONNX Runtime in the batch-invariant mode, the default suffix drafter with planned gamma: 2 Ray
+    workers (each measuring its own pass costs, each with its own suffix tree) write every record's tokens
+    as one local process does, because no record's tokens depend on what was computed beside it."""
+    pytest.importorskip("onnxruntime_genai")
+    import json
+
+    from conftest import TOKENIZER_EOS_ID, TOKENIZER_VOCAB, tiny_causal_lm, tiny_tokenizer
+
+    folder = tmp_path / "target"
+    model = tiny_causal_lm(
+        vocab_size=len(TOKENIZER_VOCAB),
+        seed=3,
+        initializer_range=0.2,
+        eos_token_id=TOKENIZER_EOS_ID,
+        tie_word_embeddings=False,
+        hidden_size=64,
+        intermediate_size=128,  # head size 16: ONNX attention
+    )
+    model.save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    records = [
+        {
+            "id": i,
+            "prompt": f"def add(a, b): {i % 3} " * (1 + i % 4),
+            "max_tokens": 12 + i,
+            "seed": i,
+            "temperature": 0.0 if i % 3 == 0 else 0.8,
+        }
+        for i in range(10)
+    ]
+    source = write_jsonl(tmp_path / "in.jsonl", records)
+    common = ["--target", str(folder), "--backend", "onnx", "--batch-invariant", "--max-batch", "3"]
+    common += ["--no-progress", "--cache-dir", str(tmp_path / "cache")]
+    outputs = {}
+    for name, extra in (
+        ("local", []),
+        ("ray", ["--ray", "--workers", "2", "--cpus-per-worker", "1", "--block-size", "4"]),
+    ):
+        out = tmp_path / f"{name}.jsonl"
+        assert main(["batch", str(source), "--out", str(out), *common, *extra]) == EXIT_OK
+        outputs[name] = {
+            e["id"]: (e.get("text"), e.get("error")) for e in map(json.loads, out.read_text().splitlines())
+        }
+    assert outputs["local"] == outputs["ray"]
+    assert all(error is None for _, error in outputs["local"].values())

@@ -197,6 +197,33 @@ def test_generate_streams_text_and_a_summary(
     assert "[exactspec]" in streamed.err and "finish:" in streamed.err and "Traceback" not in streamed.err
 
 
+def test_compare_plain_ends_the_summary_with_the_speedup_and_identical_tokens(
+    models: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Greedy: the speculative tokens are plain decoding's, measured on the same prompt in the same run,
+    and the summary's one last line says so with the speed against it (and --json carries the same)."""
+    argv = [*generate_args(models, "--gamma", "3", "--fixed-gamma", "--compare-plain"), PROMPT]
+    assert run(argv) == EXIT_OK
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "tokens/round" in last and "x plain decoding's" in last
+    assert "tokens identical to plain decoding's" in last
+    assert run([*argv[:-1], "--json", PROMPT]) == EXIT_OK
+    result = json_output(capsys)
+    assert result["plain"]["identical"] and result["plain"]["token_ids"] == result["token_ids"]
+    assert result["plain"]["tokens_per_second"] > 0
+
+
+def test_comparison_names_where_the_tokens_first_differ() -> None:
+    from exactspec.cli.generate import PlainRun, _comparison
+    from exactspec.foundations.metrics import DecodeMetrics
+    from exactspec.foundations.settings import SamplingSettings
+
+    metrics = DecodeMetrics(emitted_tokens=4, total_seconds=1.0)
+    line = _comparison(PlainRun([1, 2, 5, 6], 2.0), metrics, [1, 2, 3, 4], SamplingSettings(temperature=0.0))
+    assert line.startswith("2.00x plain decoding's 2.0 tokens/s on this prompt")
+    assert line.endswith("tokens differ from plain decoding's from token 3")
+
+
 def test_generate_prompt_from_file(
     models: tuple[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -285,3 +286,35 @@ def test_prefill_budget_is_spent_only_on_the_prompt_tokens_the_target_cannot_reu
     assert handles[2].rounds == 1 and handles[1].rounds == 1 and handles[0].rounds == 0
     scheduler.run_until_idle()
     assert [h.generated for h in handles[1:]] == [handles[0].generated] * 2  # greedy: the same answer
+
+
+class _IdleTarget:
+    """A toy target that counts `release_memory` calls (1000 bytes each)."""
+
+    def __init__(self) -> None:
+        self.model = random_tabular_model(4, seed=0)
+        self.releases = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.model, name)
+
+    def release_memory(self) -> int:
+        self.releases += 1
+        return 1000
+
+
+def test_the_background_thread_releases_the_models_memory_once_idle_then_waits() -> None:
+    from exactspec.decoding.builder import build_engine
+    from exactspec.decoding.strategy import Strategy
+
+    target = _IdleTarget()
+    scheduler = Scheduler(build_engine(target, None, Strategy(), 0), idle_release_seconds=0.05)
+    scheduler.start()
+    try:
+        deadline = time.monotonic() + 5
+        while target.releases == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)  # several timeouts' worth: released once until a round runs
+        assert target.releases == 1 and scheduler.released_bytes == 1000
+    finally:
+        scheduler.stop()

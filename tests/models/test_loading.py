@@ -255,7 +255,7 @@ def test_a_conversion_parses_the_gguf_file_once(
     gguf_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """transformers reads the file for the tokenizer, the config and the weights; the three share one parse
-    (`loading._one_gguf_parse`), and the reader is gguf's own again afterwards."""
+    (`loading.one_gguf_parse`), and the reader is gguf's own again afterwards."""
     original = gguf.GGUFReader
     parsed: list[str] = []
 
@@ -329,3 +329,15 @@ def test_default_pair_failure_is_a_load_error(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setattr(loading, "ensure_parted_model", failing)
     with pytest.raises(ModelLoadError, match="pip could not download"):
         load_hf_model("default-target", cache_dir=tmp_path, progress=False)
+
+
+def test_auto_measures_hf_on_a_gguf_model_once_it_is_converted(gguf_file: Path, tmp_path: Path) -> None:
+    """On the CPU the hf backend joins `--backend auto` for a GGUF model only once its conversion is
+    cached (auto does not convert); a model folder is always accepted."""
+    from exactspec.models.backends.registry import LoadSpec, backend
+
+    spec = LoadSpec(str(gguf_file), None, cache_dir=tmp_path, dtype="float32")
+    assert "not converted for transformers yet" in (backend("hf").accepts(spec) or "")
+    load_hf_model(gguf_file, dtype="float32", cache_dir=tmp_path, progress=False)
+    assert backend("hf").accepts(spec) is None
+    assert backend("hf").accepts(LoadSpec(str(tmp_path), None, dtype="float32")) is None

@@ -153,7 +153,7 @@ def test_an_export_is_reused_while_its_weights_match_their_stamp(
     def no_builder(*args: object) -> None:
         raise AssertionError("the builder ran although the export is cached")
 
-    monkeypatch.setattr(export, "_run_builder", no_builder)
+    monkeypatch.setattr(export, "_run_child", no_builder)
     assert export.exported_model(source, export.FP32_RECIPE, cache_dir=folder.parent.parent) == folder
     assert export.cached_export(source, export.FP32_RECIPE, folder.parent.parent) == folder
     weights = folder / record["weights_file"]

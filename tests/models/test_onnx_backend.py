@@ -27,9 +27,16 @@ def test_onnx_is_registered_and_says_how_to_install_it(monkeypatch: pytest.Monke
     assert 'pip install -e ".[onnx]"' in (backend("onnx").unavailable() or "")
 
 
-def test_auto_leaves_onnx_out_until_the_models_are_exported(tmp_path: Path) -> None:
-    why = backend("onnx").accepts(LoadSpec(str(tmp_path), None, cache_dir=tmp_path / "cache"))
-    assert why is not None and "not exported to ONNX yet" in why
+def test_auto_measures_onnx_for_models_it_can_export_before_they_are_exported(tmp_path: Path) -> None:
+    """The first `--backend auto` run exports what it measures: a model folder or GGUF file is accepted
+    with nothing exported yet, a hub id is not (the builder reads files)."""
+    from exactspec.models.backends.auto import _candidates
+
+    save_tiny(tmp_path / "target", 0)
+    spec = LoadSpec(str(tmp_path / "target"), None, cache_dir=tmp_path / "cache")
+    assert backend("onnx").accepts(spec) is None
+    assert "onnx" in [name for _, name, _ in _candidates(spec)]
+    assert not (tmp_path / "cache").exists()  # accepting exports nothing; measuring it does
     assert "neither" in (backend("onnx").accepts(LoadSpec("some/hub-id", None)) or "")
 
 
@@ -171,3 +178,27 @@ def test_sessions_stop_spinning_after_each_run_only_where_the_drafter_runs_the_d
     lone = ModelPair.from_pretrained(target, draft, workload=Workload(), **common)  # the suffix drafter
     assert not lone.target.stop_spinning_after_run  # type: ignore[attr-defined]
     assert not lone.draft.stop_spinning_after_run  # type: ignore[union-attr]
+
+
+def test_generate_with_batch_invariant_exports_blocks_of_32_and_gives_plain_decodings_tokens(
+    folders: tuple[str, str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--batch-invariant` on the command line: the pair is exported in blocks of 32 and run on the invariant
+    graph, and the defaults' greedy tokens are plain decoding's (sampled rows: test_onnx_invariant.py)."""
+    greedy = ("--temperature", "0", "--batch-invariant", "--max-new-tokens", "40")  # tiny models loop
+    greedy += ("--logit-bias", f"{TOKENIZER_EOS_ID}=-100")  # every run is 40 tokens long
+    plain = generate(folders, capsys, "--plain", *greedy, draft=False)
+    assert plain["weights"] == "int4-b32-a4" and plain["gamma"] == 0
+    defaults = generate(folders, capsys, *greedy, draft=False)
+    assert defaults["token_ids"] == plain["token_ids"] and len(plain["token_ids"]) == 40
+    assert defaults["statistics"]["accepted_tokens"] > 0  # drafts were kept: not plain against plain
+
+
+def test_batch_invariant_on_a_backend_without_the_mode_is_a_usage_error(
+    folders: tuple[str, str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    target, _, cache = folders
+    argv = ["generate", "--backend", "hf", "--target", target, "--cache-dir", cache, "--draft", "none"]
+    assert main([*argv, "--batch-invariant", "--no-progress", PROMPT]) != EXIT_OK
+    error = capsys.readouterr().err
+    assert "--batch-invariant" in error and "onnx" in error and "Traceback" not in error

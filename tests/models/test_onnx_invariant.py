@@ -52,7 +52,8 @@ def folders(request: pytest.FixtureRequest) -> tuple[Path, Path]:
 
 
 def _model(folder: Path, **options: object) -> OnnxModel:
-    return OnnxModel(folder, eos_token_ids={0}, threads=2, max_rows=4, batch_invariant=True, **options)
+    settings: dict[str, object] = {"eos_token_ids": {0}, "threads": 2, "max_rows": 4, **options}
+    return OnnxModel(folder, batch_invariant=True, **settings)  # type: ignore[arg-type]
 
 
 def _history(seed: int, length: int = LENGTH) -> list[int]:
@@ -212,3 +213,57 @@ def test_speculative_output_is_plain_decodings_token_for_token(
     # find that drafting does not pay on these tiny models and stop after a few proposals.
     assert engine.metrics.proposed_tokens > 0
     assert adaptive or engine.metrics.accepted_tokens > 0
+
+
+def test_a_served_requests_seeded_tokens_do_not_depend_on_the_load_or_on_drafting(
+    int4_folders: tuple[Path, Path],
+) -> None:
+    """The server's session (continuous batching, prompt chunks of the server's size, shared prefixes,
+    planned gamma) on the mode: one seeded request's tokens alone and among 15 concurrent others, with the
+    defaults and with gamma 0, are the same four times."""
+    from exactspec.api.session import Session, SessionConfig, TextRequest
+    from exactspec.models.pair import ModelPair
+
+    pair = ModelPair(
+        None, _model(int4_folders[0], max_rows=16), None, None, None, weights="int4", backend="onnx"
+    )
+    config = SessionConfig(max_batch=16, prefill_chunk=8)
+    session = Session(pair, config, sampler=SeededSampler(0), raise_round_errors=True)
+    prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
+    others = [
+        TextRequest(_history(seed, 6 + seed), settings=SAMPLED, max_tokens=12 + seed, seed=seed)
+        for seed in range(15)
+    ]
+    outputs = []
+    for gamma in (None, 0):
+        ask = TextRequest(prompt, settings=SAMPLED, max_tokens=24, seed=9, gamma=gamma)
+        alone = session.generate([ask]).choices[0].tokens
+        crowded = session.generate([*others[:7], ask, *others[7:]]).choices[7].tokens
+        outputs += [alone, crowded]
+        if gamma is None:
+            assert session.metrics.accepted_tokens > 0  # the defaults drafted and kept drafts
+    assert len(outputs[0]) == 24 and all(tokens == outputs[0] for tokens in outputs)
+
+
+def test_weights_whose_products_are_not_invariant_here_are_refused_at_load() -> None:
+    """int4 in blocks of 64: ONNX Runtime computes a lone row another way than rows in pairs, so the load's
+    check finds a block pass and one-token passes apart and says what the mode needs."""
+    from exactspec.models.onnx.export import ExportRecipe
+
+    target, _ = tiny_hf_pair(SPEC)
+    folder = exported_module(target, SPEC.eos_token_id, recipe=ExportRecipe(block_size=64))
+    with pytest.raises(invariant.InvariantGraphError, match="blocks of 32"):
+        _model(folder)
+
+
+def test_an_idle_model_gives_its_grown_buffers_back_and_grows_them_again(folders: tuple[Path, Path]) -> None:
+    model = _model(folders[0])
+    small = sum(b.nbytes for b in (*model._keys, *model._values))
+    histories = [_history(seed, 50) for seed in range(4)]
+    before = model.logits(histories, 2, rows=[0, 1, 2, 3])
+    assert sum(b.nbytes for b in (*model._keys, *model._values)) > small  # 4 slots now
+    assert model.release_memory() == 0  # rows alive: their cells stay
+    model.release_rows([0, 1, 2, 3])
+    assert model.release_memory() > 0
+    assert sum(b.nbytes for b in (*model._keys, *model._values)) == small
+    assert torch.equal(model.logits(histories, 2, rows=[0, 1, 2, 3]), before)  # grown again, same bits

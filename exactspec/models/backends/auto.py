@@ -238,12 +238,14 @@ def _candidates(spec: LoadSpec) -> list[tuple[str, str, str]]:
     """(label, backend, weights) to measure, in the order they are tried: each registered backend's
     `Backend.auto_candidates`, leaving out in silence one that does not read an option the spec sets
     (a device other than the CPU, a weight format), and with one line one that cannot run here or
-    cannot load these models."""
+    cannot load these models as they are (e.g. hf before its conversion); those last are the candidates
+    when nothing else is."""
     from exactspec.models.device import resolve_device
 
     on_cpu = resolve_device(spec.device).type == "cpu"
     named_weights = str(spec.weights).lower() != "auto"
-    found = []
+    found: list[tuple[str, str, str]] = []
+    deferred: list[tuple[str, str, str]] = []
     for name, candidate in backends().items():
         if candidate is BACKEND:
             continue
@@ -255,14 +257,17 @@ def _candidates(spec: LoadSpec) -> list[tuple[str, str, str]]:
             continue
         # In the batch-invariant mode only backends that have one are candidates, and the first run
         # exports what it needs rather than leave the mode's only backend out.
-        why_not = candidate.unavailable() or (None if spec.batch_invariant else candidate.accepts(spec))
+        unavailable = candidate.unavailable()
+        why_not = unavailable or (None if spec.batch_invariant else candidate.accepts(spec))
         if why_not is not None:
+            if unavailable is None:  # it could load them, after a conversion auto does not make
+                deferred += [(c.label, name, c.weights) for c in candidate.auto_candidates(spec)]
             if name not in _TOLD:
                 _TOLD.add(name)
                 _say(spec, f"--backend auto: {name} left out ({why_not})")
             continue
         found += [(c.label, name, c.weights) for c in candidate.auto_candidates(spec)]
-    return found
+    return found or deferred  # with nothing else to run, the backends that must first convert
 
 
 MEASURED_PACKAGES = ("llama-cpp-python", "onnxruntime")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from exactspec.foundations.settings import SamplingSettings
@@ -117,6 +118,38 @@ def describe(model: LanguageModel) -> ModelFacts:
         layers=getattr(module.config, "num_hidden_layers", None),
         hidden_size=getattr(module.config, "hidden_size", None),
     )
+
+
+def accepts(spec: LoadSpec) -> str | None:
+    """On the CPU, None once each GGUF model of the spec is converted for transformers (a run with
+    --backend hf converts it), else why not; a model folder or hub name is always accepted. The
+    conversion of the built-in pair costs about 4 GB of disk and more memory than the run, and on the CPU
+    this backend's step was measured slower than llama.cpp's and ONNX Runtime's, so `--backend auto`
+    does not convert for it; on another device it is the one candidate, and converts."""
+    from exactspec.artefacts.cache import cache_root
+    from exactspec.artefacts.conversion import conversion_entry
+    from exactspec.models.device import auto_dtype, resolve_device
+    from exactspec.models.loading import DEFAULT_SPECS, names_gguf
+
+    where = resolve_device(spec.device)
+    if where.type != "cpu":
+        return None
+    dtype = auto_dtype(where) if spec.dtype == "auto" else spec.dtype
+    dtype_name = str(dtype).removeprefix("torch.")
+    for name in [spec.target] + ([spec.draft] if spec.draft is not None else []):
+        text = str(name)
+        if text in DEFAULT_SPECS:
+            path = cache_root(spec.cache_dir) / DEFAULT_SPECS[text].file_name
+        elif names_gguf(name):
+            path = Path(text).expanduser()
+        else:
+            continue
+        if (
+            not path.is_file()
+            or not conversion_entry(path, cache_root(spec.cache_dir)).model_folder(dtype_name).is_dir()
+        ):
+            return f"{text} is not converted for transformers yet (one run with --backend hf converts it)"
+    return None
 
 
 def candidates(spec: LoadSpec) -> list[Candidate]:
@@ -240,6 +273,7 @@ BACKEND = register(
         options=frozenset({"dtype", "weights", "device"}),
         rank=0,
         describe=describe,
+        accepts=accepts,
         candidates=candidates,
         tiny=TINY,
     )

@@ -1,10 +1,14 @@
 """A model exported once to ONNX by onnxruntime-genai's model builder, cached with its provenance.
 
-The builder (`python -m onnxruntime_genai.models.builder`, run in a child process: it loads the whole
-float32 model and prints as it goes) reads a Hugging Face model folder. A GGUF file is first
-dequantized to one by transformers, exactly as the "hf" backend loads it (`models.loading`, cached in
-the conversion cache), so the ONNX model's int4 weights are a re-quantization of the GGUF's
-dequantized weights: with int4 ONNX weights the ONNX model, not the GGUF, is the target.
+The builder (`python -m onnxruntime_genai.models.builder`, run in a child process: it prints as it goes)
+reads a Hugging Face model folder. A GGUF file is first written as one in a scratch folder, tensor by
+tensor, in another child process (`gguf_folder`): the float32 values transformers gives the "hf"
+backend, and for the int4 recipes with the builder's default algorithm their int4 quantization by the
+very function the builder's quantizer calls, so the builder holds int4 weights instead of the float32
+model (about 5 GB instead of 17 for the built-in target) and the ONNX weights are byte for byte those it
+would have made from the float32 folder. Either way the ONNX model's int4 weights are a re-quantization
+of the GGUF's dequantized weights: with int4 ONNX weights the ONNX model, not the GGUF, is the target.
+The scratch folder is deleted with the export; only the tokenizer stays in the conversion cache.
 
 Layout under the exactspec cache:
 
@@ -42,9 +46,11 @@ from typing import Any
 
 from exactspec.artefacts.cache import cache_root
 from exactspec.artefacts.conversion import content_fingerprint, content_key, staged_entry
+from exactspec.artefacts.inventory import Kind
 from exactspec.artefacts.locks import exclusive_lock
 from exactspec.artefacts.stamps import stamped_sha256, write_stamp
 from exactspec.foundations.provenance import installed_versions
+from exactspec.models.onnx.gguf_folder import FLOAT32, KIND_LINE, QUANTIZED, strip_zero_points
 
 EXPORT_CACHE = "onnx-exported-v1"
 PROVENANCE_FILE = "exactspec-export.json"
@@ -52,6 +58,9 @@ MODEL_FILE = "model.onnx"
 WEIGHTS_FILE = "model.onnx.data"
 LIBRARIES = ("onnxruntime-genai", "onnxruntime", "onnx-ir", "onnx", "transformers", "torch")
 """Versions recorded in the provenance; the builder's is part of the cache key."""
+
+CACHE_KIND = Kind(f"{EXPORT_CACHE}/*", "onnx", "model exported to ONNX (the onnx backend's weights)")
+"""The exports as `exactspec cache` lists them."""
 
 Progress = Callable[[str], None]
 
@@ -95,6 +104,12 @@ class ExportRecipe:
         name = f"int4-b{self.block_size}-a{self.accuracy_level}"
         name += "" if self.algo == "default" else f"-{self.algo}"
         return name + ("-mixed" if self.mixed_precision else "")
+
+    @property
+    def prequantizable(self) -> bool:
+        """Whether a GGUF source's projections can be quantized before the builder sees them
+        (`gguf_folder.QUANTIZED`): int4 with the builder's default algorithm in one width."""
+        return self.precision == "int4" and self.algo == "default" and not self.mixed_precision
 
     def builder_arguments(self) -> list[str]:
         """The builder's -p / -e / --extra_options for this recipe (CPU execution provider)."""
@@ -216,12 +231,18 @@ def _export(
     say = progress or (lambda line: None)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="exactspec-onnx-export-") as scratch:
-        model_folder = _model_folder(source, Path(scratch) / "input", cache_dir, say)
+        model_folder, kind = _model_folder(source, Path(scratch) / "input", recipe, cache_dir, say)
         with staged_entry(final) as tmp:
             arguments = ["-i", str(model_folder), "-o", str(tmp), "-c", str(Path(scratch) / "builder-cache")]
             arguments += recipe.builder_arguments()
             say(f"exporting {source.name} to ONNX ({recipe.name}) with onnxruntime-genai's model builder")
-            _run_builder(arguments, lambda line: say(f"export {recipe.name}: {line}"))
+            _run_child(
+                [sys.executable, "-m", "onnxruntime_genai.models.builder", *arguments],
+                lambda line: say(f"export {recipe.name}: {line}"),
+            )
+            if kind == QUANTIZED:
+                dropped = strip_zero_points(tmp / MODEL_FILE)
+                say(f"export {recipe.name}: {dropped} MatMulNBits nodes take the default zero point")
             weights = tmp / WEIGHTS_FILE if (tmp / WEIGHTS_FILE).is_file() else tmp / MODEL_FILE
             say(f"export {recipe.name}: hashing {weights.name}")
             digest = _sha256(weights)
@@ -230,6 +251,7 @@ def _export(
                 "key": key,
                 "source_path": str(source.resolve()),
                 "recipe": asdict(recipe),
+                "builder_input": kind,
                 "builder_arguments": arguments,
                 "versions": versions,
                 "weights_file": weights.name,
@@ -241,33 +263,45 @@ def _export(
     say(f"exported {source.name} ({recipe.name}) in {time.perf_counter() - started:.0f} s: {final}")
 
 
-def _model_folder(source: Path, scratch: Path, cache_dir: Any, say: Progress) -> Path:
-    """A Hugging Face folder (weights, config and tokenizer) the builder can read: `source` itself, or for
-    a GGUF file its float32 dequantization from the conversion cache with its tokenizer beside it
-    (linked into `scratch`)."""
+def _model_folder(
+    source: Path, scratch: Path, recipe: ExportRecipe, cache_dir: Any, say: Progress
+) -> tuple[Path, str]:
+    """A Hugging Face folder the builder can read and its kind: `source` itself ("folder"), or for a GGUF
+    file one written into `scratch` tensor by tensor in a child process (`gguf_folder`: int4 weights
+    quantized as the builder would where the recipe allows, else float32), with the tokenizer of the
+    conversion cache linked beside it. Nothing but the tokenizer is cached: the scratch goes with the
+    export."""
     if source.is_dir():
-        return source
-    import torch
-
+        return source, "folder"
     from exactspec.artefacts.conversion import conversion_entry
-    from exactspec.models.loading import load_hf_model
+    from exactspec.models.loading import load_tokenizer
 
-    say(f"dequantizing {source.name} to float32 with transformers (cached for later exports)")
-    model, _ = load_hf_model(source, dtype=torch.float32, cache_dir=cache_dir, progress=False)
-    del model  # only the cached folder is needed; the builder loads it in its own process
-    entry = conversion_entry(source, cache_root(cache_dir))
-    scratch.mkdir(parents=True)
-    for folder in (entry.model_folder("float32"), entry.tokenizer_folder):
-        for item in folder.iterdir():
-            if not (scratch / item.name).exists():
-                (scratch / item.name).symlink_to(item)
-    return scratch
+    load_tokenizer(source, cache_dir=cache_dir, progress=False)
+    wanted = QUANTIZED if recipe.prequantizable else FLOAT32
+    lines: list[str] = []
+
+    def hear(line: str) -> None:
+        lines.append(line)
+        if not line.startswith(KIND_LINE):
+            say(line)
+
+    module = "exactspec.models.onnx.gguf_folder"
+    _run_child(
+        [sys.executable, "-m", module, str(source), str(scratch), wanted, str(recipe.block_size)], hear
+    )
+    kind = next((line.removeprefix(KIND_LINE) for line in lines if line.startswith(KIND_LINE)), "")
+    if kind not in (QUANTIZED, FLOAT32):
+        raise ExportError(f"{module} wrote no model folder for {source}:\n" + "\n".join(lines[-15:]))
+    for item in conversion_entry(source, cache_root(cache_dir)).tokenizer_folder.iterdir():
+        if not (scratch / item.name).exists():
+            (scratch / item.name).symlink_to(item)
+    return scratch, kind
 
 
-def _run_builder(arguments: list[str], say: Progress) -> None:
-    """Run the model builder in a child process; its progress lines ("Reading layer 3", "Saving ONNX
-    model") go to `say`, and its output's tail is in the error when it fails."""
-    command = [sys.executable, "-m", "onnxruntime_genai.models.builder", *arguments]
+def _run_child(command: list[str], say: Progress) -> None:
+    """Run `command` (the model builder, or the GGUF folder writer) in a child process; its progress
+    lines ("Reading layer 3", "Saving ONNX model", "wrote layer 3 of 28") go to `say`, and its output's
+    tail is in the error when it fails."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     assert process.stdout is not None
@@ -282,18 +316,14 @@ def _run_builder(arguments: list[str], say: Progress) -> None:
             if not line:
                 continue
             tail = (tail + [line])[-15:]
-            layer = re.match(
-                r"Saving model\.layers\.(\d+)\.", line
-            )  # tqdm's bar while it quantizes and writes
+            layer = re.match(r"Saving model\.layers\.(\d+)\.", line)  # tqdm's bar while it writes
             if layer and layer.group(1) != saving:
                 saving = layer.group(1)
-                say(f"quantizing and writing layer {saving}")
-            elif line.startswith(("Reading", "Saving ONNX", "Saving GenAI")):
+                say(f"writing layer {saving}")
+            elif line.startswith(("Reading", "Saving ONNX", "Saving GenAI", "wrote", "writing", KIND_LINE)):
                 say(line)
     if process.wait() != 0:
-        raise ExportError(
-            f"the model builder failed (exit {process.returncode}): {' '.join(command)}\n" + "\n".join(tail)
-        )
+        raise ExportError(f"{' '.join(command)} failed (exit {process.returncode}):\n" + "\n".join(tail))
 
 
 def _sha256(path: Path) -> str:

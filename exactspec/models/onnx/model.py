@@ -1,52 +1,29 @@
 """An ONNX model exported by onnxruntime-genai's model builder, run by ONNX Runtime behind `LanguageModel`.
 
-The exported graph (`exactspec.models.onnx.export`) takes `input_ids` [B, S], `attention_mask` [B, W]
-and per layer `past_key_values.{l}.key/value` [B, kv_heads, P, head_size], and returns `logits`
-[B, S, V] and `present.{l}.key/value`. Its attention is ONNX Runtime's GroupQueryAttention with the
-rotary embedding inside: each row's positions come from its attention mask's sum (seqlens_k = sum - 1),
-so a row of total length T that feeds S new tokens puts them at positions T - S .. T - 1, and when
-`present` is bound to the very buffer given as `past` (same pointer, same shape [B, kv_heads,
-capacity, head_size]) the kernel writes the new keys and values in place at those positions and
-reads only the first T of each row: no cache is copied, and rolling a row back is bookkeeping.
+The graph (`export`; `session` says which file runs) takes `input_ids` [B, S] and per layer
+`past_key_values.{l}.key/value` [B, kv_heads, capacity, head_size] bound to the very memory given as
+`present`, so the attention writes the new keys and values in place and rolling a row back is
+bookkeeping. The builder's GroupQueryAttention reads each row's positions off `attention_mask`; the
+batch-invariant variant (`invariant`, `batch_invariant=True`) is told them (`feeds`).
 
     row 7 in slot 1 holds [a b c x y]; next call's history [a b c x z], k = 1:
-        keep 4 (rows_cache.keep_length) -> feed z over a past of 4: input_ids [[z]], mask row of 5 ones
-        GQA writes z's keys at position 4 of slot 1, over y's.
+        keep 4 (rows_cache.keep_length) -> feed z at position 4 of slot 1, over y's cells
 
-Layout: one float32 buffer per layer for keys and one for values, [slots, kv_heads, capacity,
-head_size]; a pass over B rows binds the contiguous run of their slots (rows are swapped into a run
-when a call names rows lying apart: `rows.contiguous_moves`). Capacity and slots grow on demand
-(doubling), up to the model's context and `max_rows`. Each buffer starts on a cache line
-(`_aligned_zeros`; not timed alone), and the session's weights are moved to 2 MB pages once it has
-loaded (`huge_pages`: about 10% off the one-token step, measured in docs/performance.md).
+Layout: per layer one float32 buffer for keys and one for values, [slots, kv_heads, capacity,
+head_size], each on a cache line; a pass binds the contiguous run of its rows' slots (`rows`).
+Capacity and slots grow on demand (doubling) and shrink back when no row lives (`release_memory`).
 
-What one call runs (GroupQueryAttention on the CPU takes several new tokens over a past for one row
-at a time: "batch_size must be 1 when sequence_length > 1 and past context is given"):
+What one call runs: a row whose cache lacks more than its last k tokens is first fed the rest alone
+(prefill, in chunks of `PREFILL_CHUNK`; the `logits_from` variant skips the output layer there); then
+one pass over every row when k = 1 or in the invariant mode (B rows x k tokens), else one pass per row
+(GroupQueryAttention's CPU kernel takes several new tokens over a past for one row at a time).
 
-- each row whose cache lacks more than its last k tokens is first fed the rest alone (prefill, in
-  chunks of `PREFILL_CHUNK` tokens; the graph variant of `logits_from` runs the output layer at the
-  chunk's last position alone, and that is dropped too);
-- k = 1: one pass over every row of the call (B rows x 1 token);
-- k > 1: one pass per row (1 row x k tokens);
-- `prefill` (a scheduler's prompt chunk, whose logits nobody reads): the prefill alone, the chunk's
-  last token included.
-
-Shared prefixes (`share_prefixes`, on by default). A slot's cells at positions 0..n-1 are a function of
-the n tokens there, so a row whose prompt starts with tokens another slot holds need not compute them:
-a joining row takes the free slot that still holds most of its prompt (`RowSlots.assign`: a request
-like the one before, a conversation's next turn), and before a row is fed, the longest prefix any other
-slot holds, live or free, is copied into its slot (`RowSlots.donor`: the chat template's system prompt
-every request starts with; 56 KB a position for the built-in target, against about 9 ms of compute a
-prompt token on the Zen 4). The copied cells were computed in another pass, of another width, so they
-may differ from what this row's own pass would give by float32 rounding, as chunked prefill's cells
-already do with the chunk boundaries the load decides (docs/numerics.md); the law of the output is
-unchanged.
-
-Trees of candidates are scored path by path (`models.tree.path_tree_logits`: `_fits_trees` says no
-tree fits, since GroupQueryAttention has no tree mask). The arguments' checks, the prefix kept per row
-(`models.rows_cache.keep_length`) and dropping every row when a pass fails half-way are
-`models.rows_cache.RowCacheModel`'s, shared with the other adapters; what is this adapter's own is
-where a row's cells live (`rows.RowSlots`). Install: the optional extra `onnx` (`INSTALL_HINT`).
+Shared prefixes (`share_prefixes`): a joining row takes the free slot that holds most of its prompt, and
+the longest prefix another slot holds is copied into its slot rather than computed (`RowSlots.donor`).
+The builder's graph computed those cells in a pass of another width, so they may differ by float32
+rounding from this row's own (docs/numerics.md); in the invariant mode they are the same bits. Trees are
+scored path by path (`_fits_trees`: GroupQueryAttention has no tree mask, and the invariant graph's
+tree pass would not give a chain's bits: docs/numerics.md).
 """
 
 from __future__ import annotations
@@ -64,23 +41,10 @@ from exactspec.foundations.rows import RowStart
 from exactspec.models.base import common_prefix_length, logits_inputs
 from exactspec.models.onnx.feeds import causal_feeds, mask_feeds
 from exactspec.models.onnx.huge_pages import collapse_resident
+from exactspec.models.onnx.invariant import InvariantGraphError
 from exactspec.models.onnx.logits_from import INPUT_NAME as LOGITS_FROM
 from exactspec.models.onnx.rows import RowSlots, contiguous_moves
-from exactspec.models.onnx.session import (
-    INSTALL_HINT as INSTALL_HINT,
-)
-from exactspec.models.onnx.session import (
-    OnnxUnavailable as OnnxUnavailable,
-)
-from exactspec.models.onnx.session import (
-    aligned_zeros,
-    default_threads,
-    io_names,
-    open_session,
-)
-from exactspec.models.onnx.session import (
-    available as available,
-)
+from exactspec.models.onnx.session import aligned_zeros, default_threads, io_names, open_session
 from exactspec.models.rows_cache import RowCacheModel, TreeBatch, keep_length
 
 DEFAULT_MAX_ROWS = 16
@@ -90,6 +54,8 @@ PREFILL_CHUNK = 256
 when the graph variant that computes the last position's alone (`logits_from`) could not be used."""
 MIN_CAPACITY = 256
 """Positions per slot allocated first; capacity doubles from there as rows grow."""
+INVARIANCE_PROBE = 8
+"""Tokens of the load-time check that a block pass gives the bits of one-token passes (`batch_invariant`)."""
 HUGE_PAGES_FROM = 64 << 20
 """Bytes of model files from which `huge_pages` moves the weights: a model of a few MB (the tests'
 exports) stays within the TLB's reach anyway, and the collapse still reads the process's whole memory
@@ -204,6 +170,8 @@ class OnnxModel(RowCacheModel):
         self._binding: Any = None  # the last pass's IO binding, its cache tensors bound (`_cache_binding`)
         self._binding_key: tuple[Any, ...] | None = None
         self._reserve(1, min(MIN_CAPACITY, self._context))
+        if self._invariant:
+            self._check_invariance()
 
     # ------------------------------------------------------------------ protocol
 
@@ -280,6 +248,20 @@ class OnnxModel(RowCacheModel):
         self._rows.clear()
         self._adopted.clear()
 
+    def release_memory(self) -> int:
+        """When no row lives, shrink the KV buffers back to one slot of `MIN_CAPACITY` positions (the
+        cells free slots still held are forgotten) and drop the prefill scratch; the bytes freed (0 with
+        rows alive: their cells stay). The buffers grow again on demand."""
+        if self._rows.slot_of:
+            return 0
+        held = sum(buffer.nbytes for buffer in (*self._keys, *self._values))
+        held += 0 if self._scratch is None else self._scratch.nbytes
+        self._rows.clear()
+        self._adopted.clear()
+        self._keys, self._values, self._scratch, self._binding = [], [], None, None
+        self._reserve(1, min(MIN_CAPACITY, self._context))
+        return held - sum(buffer.nbytes for buffer in (*self._keys, *self._values))
+
     def prefill(self, row: int, tokens: Sequence[int]) -> None:
         """Put `tokens` in row `row`'s cache and compute no logits for the caller (a scheduler's prompt
         chunk: `models.base.prefill`). Through `logits(..., 1)` the chunk's last token would be fed in a
@@ -337,6 +319,24 @@ class OnnxModel(RowCacheModel):
         for row, history in zip(row_ids, histories, strict=True):
             self._rows.tokens[row] = history
         return out
+
+    def _check_invariance(self) -> None:
+        """Raise `InvariantGraphError` unless a block pass gives the bits of one-token passes here: the
+        graph is made invariant, the weights' products must be so on this machine's kernels too (int4 in
+        blocks of 32 is on the CPUs measured: docs/numerics.md), and a caller who asked for invariance
+        must never silently run without it."""
+        probe = [(7 * i + 3) % self._vocab_size for i in range(INVARIANCE_PROBE)]
+        steps = torch.cat([self.logits([probe[: n + 1]], 1, rows=[-1])[0] for n in range(len(probe))])
+        self.clear_cache()
+        block = self.logits([probe], len(probe), rows=[-1])[0]
+        self.clear_cache()
+        if not torch.equal(block, steps):
+            gap = float((block - steps).abs().max())
+            raise InvariantGraphError(
+                f"{self.folder}: on this machine a pass of {len(probe)} tokens and one-token passes give "
+                f"different logits (max |difference| {gap:.3g}): its weights' products are not batch "
+                "invariant here (the mode needs int4 weights in blocks of 32: export.INVARIANT_RECIPE)"
+            )
 
     def _fill(self, history: list[int], row: int) -> None:
         """`prefill`'s work: the row's slot holds `history` after it (`_prefill` up to its end)."""
