@@ -21,6 +21,7 @@ _EXPORTS = {
     "Sampler": "exactspec.foundations.sampler",
     "SeededSampler": "exactspec.foundations.sampler",
     "SamplingSettings": "exactspec.foundations.settings",
+    "Structure": "exactspec.foundations.grammar",
     "probabilities": "exactspec.foundations.transforms",
     "Drafter": "exactspec.drafters",
     "ModelDrafter": "exactspec.drafters",
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from exactspec.api.decoder import SpeculativeDecoder
     from exactspec.decoding.engine import DecodeConfig, RowState, SpeculativeEngine
     from exactspec.drafters import Drafter, ModelDrafter, Proposal
+    from exactspec.foundations.grammar import Structure
     from exactspec.foundations.sampler import Sampler, SeededSampler
     from exactspec.foundations.settings import SamplingSettings
     from exactspec.foundations.transforms import probabilities
@@ -59,6 +61,7 @@ __all__ = [
     "SeededSampler",
     "SpeculativeDecoder",
     "SpeculativeEngine",
+    "Structure",
     "VerifyResult",
     "probabilities",
     "verify",

@@ -38,7 +38,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$0" -nt "$stamp" ]
     started=$SECONDS
   fi
   .venv/bin/python -m pip install --quiet "torch==2.13.0"
-  .venv/bin/python -m pip install --quiet -e ".[hf,dev,serve,ray,onnx]"
+  .venv/bin/python -m pip install --quiet -e ".[hf,dev,serve,ray,onnx,structured]"
   if [ -n "$build" ]; then
     echo "waiting for the llama-cpp-python compile ($((SECONDS - started)) s so far)" >&2
     status=0

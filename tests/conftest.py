@@ -417,6 +417,7 @@ GRID_OWNERS = {
     "registered": "drafters/test_registry.py",
     "block": "verifiers/test_block.py",
     "quick": "checking/test_grid.py",
+    "grammar": "checking/test_grammar_grid.py",
 }
 """Owner -> the test module (under tests/) that runs its cases with `grid_cases(owner)`."""
 
@@ -438,6 +439,8 @@ def grid_owner(case: ExactCase) -> str | None:
         return tree_owner if isinstance(case, BackendTreeCase) and tree_owner in GRID_OWNERS else case.backend
     if isinstance(case, TreeCase):
         return "tree"
+    if case.name.startswith("grammar"):
+        return "grammar"
     if case.name.startswith("suffix trees"):
         return "suffix trees"
     if case.planned and case.schedule:

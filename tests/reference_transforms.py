@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
+from exactspec.foundations.constraints import apply_constraint
 from exactspec.foundations.overflow import divide_by_temperature, penalise
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.foundations.transforms import _apply_logit_bias, _check_rows, _dtype_of
@@ -54,6 +55,8 @@ def probabilities_reference(
         scores = output_penalties_reference(
             scores, histories, prompt_lengths, settings.presence_penalty, settings.frequency_penalty
         )
+    if settings.constraint is not None:
+        scores = apply_constraint(scores, settings.constraint, histories, prompt_lengths)
     row_max = _check_rows(scores)
 
     if settings.greedy:

@@ -25,6 +25,7 @@ from exactspec.decoding.engine import FinishReason
 from exactspec.decoding.strategy import DrafterName, Strategy, VerifierName
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.errors import InvalidArgument
+from exactspec.foundations.grammar import Structure
 from exactspec.foundations.metrics import DecodeMetrics
 from exactspec.foundations.sampler import SeededSampler
 from exactspec.foundations.settings import SamplingSettings
@@ -211,6 +212,7 @@ class SpeculativeDecoder:
         drafter: DrafterName = DEFAULTS.drafter,
         verifier: VerifierName = DEFAULTS.verifier,
         adaptive_gamma: bool = DEFAULTS.adaptive_gamma,
+        structure: Structure | None = None,
     ) -> Iterator[StreamEvent]:
         """Yield text as the target accepts it (one event per row per round that emitted something).
 
@@ -219,7 +221,17 @@ class SpeculativeDecoder:
         event until the stream is exhausted or closed (see the class docstring).
         """
         call = self._call(
-            prompts, gamma, max_new_tokens, settings, seed, stop, chat, drafter, verifier, adaptive_gamma
+            prompts,
+            gamma,
+            max_new_tokens,
+            settings,
+            seed,
+            stop,
+            chat,
+            drafter,
+            verifier,
+            adaptive_gamma,
+            structure,
         )
         return self._stream(call)
 
@@ -249,6 +261,7 @@ class SpeculativeDecoder:
         drafter: DrafterName = DEFAULTS.drafter,
         verifier: VerifierName = DEFAULTS.verifier,
         adaptive_gamma: bool = DEFAULTS.adaptive_gamma,
+        structure: Structure | None = None,
     ) -> GenerationOutput:
         """Generate for one prompt or a batch; rows are independent (own seed seed + row, own stops).
 
@@ -266,12 +279,25 @@ class SpeculativeDecoder:
             verifier: "token" (token by token) or "block" (block verification).
             adaptive_gamma: choose each row's draft length per round in 0..gamma from its
                 acceptance and the measured costs (gamma is then the maximum).
+            structure: what every output must be: `Structure.json_object()`,
+                `Structure.json_schema(schema)` or `Structure.gbnf(grammar)` (each row constrained by its
+                own matcher, exactly: `exactspec.foundations.grammar`); None: free text.
 
         Raises:
             InvalidArgument: an argument has the wrong type or value (the message names it).
         """
         call = self._call(
-            prompts, gamma, max_new_tokens, settings, seed, stop, chat, drafter, verifier, adaptive_gamma
+            prompts,
+            gamma,
+            max_new_tokens,
+            settings,
+            seed,
+            stop,
+            chat,
+            drafter,
+            verifier,
+            adaptive_gamma,
+            structure,
         )
         with self._locked():
             session = self._session(call)
@@ -290,6 +316,7 @@ class SpeculativeDecoder:
         drafter: Any,
         verifier: Any,
         adaptive_gamma: Any,
+        structure: Any = None,
     ) -> _Call:
         """Every argument checked and normalised, before the lock is taken or a model runs."""
         try:
@@ -312,9 +339,22 @@ class SpeculativeDecoder:
         seed, stop = arguments.seed_value(seed), arguments.stop_strings(stop)
         chat = arguments.flag("chat", chat)
         prompt_list = arguments.prompt_batch(prompts)
+        if structure is not None and not isinstance(structure, Structure):
+            raise InvalidArgument(
+                "structure must be a Structure (Structure.json_schema(...), ...), got "
+                f"{type(structure).__name__}"
+            )
         # Row i's stream is seeded with seed + i, whatever the batch around it.
         requests = [
-            TextRequest(prompt, chat=chat, settings=settings, max_tokens=max_tokens, seed=seed + i, stop=stop)
+            TextRequest(
+                prompt,
+                chat=chat,
+                settings=settings,
+                max_tokens=max_tokens,
+                seed=seed + i,
+                stop=stop,
+                structure=structure,
+            )
             for i, prompt in enumerate(prompt_list)
         ]
         # A call's rows all join at once and nothing is decoding yet: no prefill chunks, no waiting queue.

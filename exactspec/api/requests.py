@@ -8,15 +8,17 @@ from __future__ import annotations
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from exactspec.api.text import encode_text
 from exactspec.decoding.records import MAX_GAMMA
 from exactspec.foundations.errors import InvalidArgument
+from exactspec.foundations.grammar import Structure
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.pair import ModelPair
 
-Message = Mapping[str, str]
-"""A chat message: {"role": ..., "content": ...}."""
+Message = Mapping[str, Any]
+"""A chat message: {"role": ..., "content": ...} (and, for tools, "tool_calls" or "tool_call_id")."""
 
 
 class RequestError(InvalidArgument):
@@ -44,6 +46,10 @@ class TextRequest:
         n: choices (rows) for this prompt.
         logprobs: None, or k: each token comes with its log-probability under the target's p and its k
             most likely alternatives (`exactspec.decoding.logprobs`).
+        structure: None, or what the output must be (JSON, a JSON schema, a GBNF grammar, tool calls:
+            `exactspec.foundations.grammar.Structure`); each choice gets its own constraint from it.
+        tools: functions ({"type": "function", "function": {...}}) the chat template shows the model.
+        tool_calls: the output is read back as tool calls (`exactspec.api.tools.parse_tool_calls`).
     """
 
     prompt: str | Sequence[int] | None = None
@@ -56,6 +62,9 @@ class TextRequest:
     gamma: int | None = None
     n: int = 1
     logprobs: int | None = None
+    structure: Structure | None = None
+    tools: Sequence[Mapping[str, Any]] | None = None
+    tool_calls: bool = False
 
 
 class RequestRules:
@@ -106,7 +115,7 @@ class RequestRules:
             if request.prompt is not None:
                 raise RequestError("give a prompt or messages, not both", param="messages")
             self._need_tokenizer("messages")
-            ids = self._encode_messages(request.messages)
+            ids = self._encode_messages(request.messages, request.tools)
         elif isinstance(request.prompt, str):
             self._need_tokenizer("prompt")
             if not request.prompt.strip():
@@ -140,13 +149,19 @@ class RequestRules:
                 "this model's tokenizer has no chat template; send a plain prompt", param="messages"
             )
 
-    def _encode_messages(self, messages: Sequence[Message]) -> list[int]:
+    def _encode_messages(
+        self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[int]:
         self._need_chat_template()
         if not messages:
             raise RequestError("messages is empty; give at least one message", param="messages")
         try:
+            # The template puts the functions where the model expects them (Qwen2.5: its system turn).
             text = self.tokenizer.apply_chat_template(
-                [dict(m) for m in messages], add_generation_prompt=True, tokenize=False
+                [dict(m) for m in messages],
+                tools=list(tools) if tools else None,
+                add_generation_prompt=True,
+                tokenize=False,
             )
         except Exception as error:  # a template that rejects these messages (roles, order)
             message = f"the chat template rejected the messages: {error}"

@@ -12,6 +12,8 @@ request means is decided here, once:
 - gamma: a request that names its gamma drafts exactly that (0 = plain decoding for that request); one
   that does not is left to the session's gamma policy (the planner, when adaptive), up to the
   session's gamma;
+- the structure (a JSON schema, a grammar): compiled once per request for the pair's tokenizer, each
+  choice constrained by its own matcher (`foundations.grammar`); an invalid one is a `RequestError`;
 - the context check: prompt + length limit + one draft block must fit, else a `RequestError` with
   code "context_length_exceeded" (the server turns it into OpenAI's 400).
 
@@ -29,7 +31,7 @@ Example, with a loaded `ModelPair` (`ModelPair.from_pretrained()`):
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from exactspec.api.requests import RequestError, RequestRules, TextRequest
@@ -43,6 +45,7 @@ from exactspec.decoding.strategy import Strategy
 from exactspec.foundations.costs import BatchCosts
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.errors import InvalidArgument
+from exactspec.foundations.grammar import CompiledGrammar, GrammarCompiler
 from exactspec.foundations.metrics import DecodeMetrics
 from exactspec.foundations.sampler import Sampler
 from exactspec.models.base import LanguageModel
@@ -226,6 +229,9 @@ class Session:
         lookup_costs = strategy.adaptive_gamma and not strategy.needs_draft_model
         self.max_gamma = self.gamma if lookup_costs else (MAX_GAMMA if self.can_draft else 0)
         self.rules = RequestRules(pair, self.gamma, self.max_gamma > 0, config.max_tokens)
+        self.grammars = GrammarCompiler.shared(
+            pair.tokenizer, pair.target.vocab_size, pair.target.eos_token_ids
+        )
         target, draft = models if models is not None else (pair.target, pair.draft)
         self.scheduler: Scheduler = build_scheduler(
             target,
@@ -259,15 +265,19 @@ class Session:
         if not batch:
             raise RequestError("no requests given", param="prompt")
         checked = [self.rules.check(request, index) for index, request in enumerate(batch)]
+        grammars = [self.compile(request) for request in batch]
         choices: list[Choice] = []
         try:
             for index, (request, (ids, _, max_tokens)) in enumerate(zip(batch, checked, strict=True)):
                 for j in range(request.n):
                     stop = StopStrings(self.tokenizer, list(request.stop)) if request.stop else None
                     choice = Choice(len(choices), index, len(ids), stop, self.tokenizer)
+                    settings = request.settings
+                    if grammars[index] is not None:  # each row its own matcher (one row's state each)
+                        settings = replace(settings, constraint=grammars[index].for_row())
                     row = RowRequest(
                         ids,
-                        request.settings,
+                        settings,
                         max_tokens,
                         gamma=request.gamma,  # None: the session's policy plans it (up to self.gamma)
                         seed=None if request.seed is None else request.seed + j,
@@ -282,6 +292,16 @@ class Session:
             self.scheduler.drop_cancelled()  # the rows queued so far leave at once: all or none
             raise
         return Submission(batch, choices, self.gamma)
+
+    def compile(self, request: TextRequest) -> CompiledGrammar | None:
+        """The request's structure compiled for the pair's tokenizer (None without one); RequestError
+        naming the field for an invalid schema or grammar."""
+        if request.structure is None:
+            return None
+        try:
+            return self.grammars.compile(request.structure)
+        except InvalidArgument as error:
+            raise RequestError(str(error), param=error.param or request.structure.param) from None
 
     # ------------------------------------------------------------------ running rounds
 

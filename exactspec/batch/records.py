@@ -9,7 +9,8 @@ Fields: `id` (a string or an integer, unique in the input), `prompt` (text, or t
 `messages`, and optionally `chat` (wrap a text prompt in the chat template), `max_tokens`,
 `temperature`, `top_k`, `top_p`, `min_p`, `repetition_penalty`, `presence_penalty`,
 `frequency_penalty`, `logit_bias` ({token id: bias}),
-`seed`, `stop` (a string or a list of them) and `gamma` (0 = plain decoding for this record). A
+`seed`, `stop` (a string or a list of them), `gamma` (0 = plain decoding for this record), and
+`response_format` or `grammar` (the server's structured output: `exactspec.foundations.grammar`). A
 field that is absent or null takes the job's value (the command's flags, whose defaults are
 `DEFAULTS`). Other fields are ignored (an evaluation set's reference answers can stay in the file).
 
@@ -35,6 +36,7 @@ from typing import Any
 from exactspec.api.session import TextRequest
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.errors import InvalidArgument
+from exactspec.foundations.grammar import Structure
 from exactspec.foundations.settings import SamplingSettings
 
 RecordId = str | int
@@ -53,7 +55,19 @@ SETTING_FIELDS = (
 """The sampling settings a record may set (`SamplingSettings`' fields)."""
 
 KNOWN_FIELDS = frozenset(
-    {"id", "prompt", "messages", "chat", "max_tokens", "seed", "stop", "gamma", *SETTING_FIELDS}
+    {
+        "id",
+        "prompt",
+        "messages",
+        "chat",
+        "max_tokens",
+        "seed",
+        "stop",
+        "gamma",
+        "response_format",
+        "grammar",
+        *SETTING_FIELDS,
+    }
 )
 
 SEED_BITS = 63
@@ -91,6 +105,9 @@ class JobDefaults:
     stop: tuple[str, ...] = ()
     gamma: int | None = None  # None: the session's
     chat: bool = False
+    structure: Structure | None = (
+        None  # --json-schema / --grammar: a record's response_format or grammar wins
+    )
 
 
 @dataclass(frozen=True)
@@ -266,7 +283,18 @@ def _request(fields: dict[str, Any], defaults: JobDefaults) -> TextRequest:
         max_tokens=max_tokens,
         stop=_stop(fields.get("stop"), defaults.stop),
         gamma=gamma,
+        structure=_structure(fields, defaults.structure),
     )
+
+
+def _structure(fields: dict[str, Any], default: Structure | None) -> Structure | None:
+    """The record's response_format or grammar (the server's shapes), else the job's."""
+    if fields.get("response_format") is None and fields.get("grammar") is None:
+        return default
+    try:
+        return Structure.from_fields(fields.get("response_format"), fields.get("grammar"))
+    except InvalidArgument as error:
+        raise _FieldError(error.param or "response_format", str(error)) from None
 
 
 def _is_int(value: Any, low: int) -> bool:

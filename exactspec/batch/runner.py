@@ -37,6 +37,7 @@ from exactspec.batch.records import (
 from exactspec.decoding.records import RowEvent
 from exactspec.decoding.strategy import Strategy
 from exactspec.foundations.defaults import DEFAULTS
+from exactspec.foundations.grammar import Structure
 from exactspec.foundations.settings import SamplingSettings
 
 REORDER_WINDOW = 1024
@@ -60,6 +61,7 @@ class BatchJob:
         settings: the sampling settings of a record that names none, as `SamplingSettings` fields.
         seed: the job's seed, from which a record without a seed gets its own (`record_seed`).
         stop, chat: a record's stop strings and chat flag when it gives none.
+        structure: a record's structured output when it gives no response_format or grammar.
         fail_fast: stop at the first failed record instead of writing an error entry.
     """
 
@@ -72,12 +74,17 @@ class BatchJob:
     seed: int = DEFAULTS.seed
     stop: tuple[str, ...] = ()
     chat: bool = False
+    structure: Structure | None = None
     fail_fast: bool = False
 
     def defaults(self) -> JobDefaults:
         """What a record that leaves a field out gets."""
         return JobDefaults(
-            settings=SamplingSettings(**self.settings), seed=self.seed, stop=self.stop, chat=self.chat
+            settings=SamplingSettings(**self.settings),
+            seed=self.seed,
+            stop=self.stop,
+            chat=self.chat,
+            structure=self.structure,
         )
 
     def session_config(self) -> SessionConfig:

@@ -6,8 +6,9 @@ vocabularies with EOS, length limits below gamma, a draft equal to the target
 draft, every sampling transform, and a batch whose rows have different
 histories; then the same for block verification, the prompt-lookup and hybrid
 drafters (including rounds where the lookup finds no match) and adaptive
-gamma (`round_two_grid`), and trees of deterministic candidates verified by tree
-verification (`tree_cases`). Then every registered backend's own cases (`backend_cases`: the cells
+gamma (`round_two_grid`), trees of deterministic candidates verified by tree
+verification (`tree_cases`), and constrained rounds under a toy grammar (`grammar_cases`). Then every
+registered backend's own cases (`backend_cases`: the cells
 its registration lists, `Backend.tiny`): the same enumeration through the backend's real adapters over
 tiny random transformers models (`tiny_hf`), so KV cache rows, rollback, holes, compaction and
 position ids are inside the proof; the target's distribution comes from no-cache full forwards of the
@@ -36,6 +37,7 @@ from exactspec.checking.cases import (
 )
 from exactspec.checking.scheduled import ScheduledRow
 from exactspec.checking.statistical import StatisticalSetup, run_statistical
+from exactspec.checking.toy_grammar import grammar_cases
 from exactspec.decoding.strategy import VERIFIERS, Strategy
 from exactspec.drafters.registry import drafter_kinds
 from exactspec.foundations.settings import SamplingSettings
@@ -57,6 +59,7 @@ __all__ = [
     "TreeCase",
     "backend_cases",
     "exact_grid",
+    "grammar_cases",
     "grid_round_time",
     "registered_drafter_cases",
     "round_two_grid",
@@ -154,7 +157,8 @@ def exact_grid() -> list[ExactCase]:
     extra = registered_drafter_cases()
     trees = tree_cases() + suffix_tree_cases()
     # Every backend's own cases last (`verify` says which backends are skipped: `skipped_backends`).
-    return cases + round_two_grid() + extra + trees + scheduler_cases() + backend_cases()
+    constrained = grammar_cases()
+    return cases + round_two_grid() + extra + trees + constrained + scheduler_cases() + backend_cases()
 
 
 DRAFTERS_WITH_OWN_CASES = frozenset({"model", "ngram", "hybrid"})

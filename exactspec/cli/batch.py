@@ -16,6 +16,7 @@ from exactspec.cli.common import (
     add_model_arguments,
     add_sampling_arguments,
     add_strategy_arguments,
+    add_structure_arguments,
     check_model_arguments,
     draft_to_load,
     finite_float,
@@ -25,6 +26,7 @@ from exactspec.cli.common import (
     positive_int,
     sampling_settings,
     strategy,
+    structure,
     workload,
 )
 from exactspec.foundations.defaults import DEFAULTS
@@ -111,6 +113,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     add_model_arguments(parser)
     add_device_argument(parser)
     add_sampling_arguments(parser, temperature=DEFAULTS.temperature)
+    add_structure_arguments(parser)  # a record's own response_format or grammar wins
     parser.set_defaults(run=run)
 
 
@@ -183,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         stop=tuple(args.stop),
         chat=args.chat,
+        structure=structure(args),
         fail_fast=args.fail_fast,
     )
     output = open_output(args.out)

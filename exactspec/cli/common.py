@@ -21,6 +21,7 @@ from exactspec.decoding.strategy import VERIFIERS, Strategy
 from exactspec.drafters.registry import drafter_kinds
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.errors import InvalidArgument
+from exactspec.foundations.grammar import Structure
 from exactspec.foundations.provenance import Provenance
 from exactspec.foundations.settings import (
     LOGIT_BIAS_MAX,
@@ -252,6 +253,38 @@ def sampling_settings(args: argparse.Namespace) -> SamplingSettings:
         )
     except ValueError as error:
         raise UsageError(_flag_message(str(error))) from None
+
+
+def add_structure_arguments(parser: argparse.ArgumentParser) -> None:
+    """--json-schema FILE and --grammar FILE: structured output (`exactspec.foundations.grammar`)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--json-schema",
+        metavar="FILE",
+        type=non_empty,
+        help="constrain the output to JSON valid against the JSON schema in FILE (written on one line, "
+        "as json.dumps writes it), exactly: the constraint is a transform of p and q",
+    )
+    group.add_argument(
+        "--grammar", metavar="FILE", type=non_empty, help="constrain the output to the GBNF grammar in FILE"
+    )
+
+
+def structure(args: argparse.Namespace) -> Structure | None:
+    """The `Structure` that --json-schema or --grammar names (their files read and parsed), or None."""
+    flag, path = ("--json-schema", args.json_schema) if args.json_schema else ("--grammar", args.grammar)
+    if path is None:
+        return None
+    try:
+        text = Path(path).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(
+            f"cannot read {flag} {path!r}: {getattr(error, 'strerror', None) or error}"
+        ) from None
+    try:
+        return Structure.json_schema(text) if flag == "--json-schema" else Structure.gbnf(text)
+    except InvalidArgument as error:
+        raise UsageError(f"{flag} {path}: {error}") from None
 
 
 def _flag_message(message: str) -> str:

@@ -14,6 +14,7 @@ from exactspec.cli.common import (
     add_model_arguments,
     add_sampling_arguments,
     add_strategy_arguments,
+    add_structure_arguments,
     check_model_arguments,
     decode_utf8,
     draft_to_load,
@@ -24,6 +25,7 @@ from exactspec.cli.common import (
     report_lines,
     sampling_settings,
     strategy,
+    structure,
     utf8_text,
     workload,
 )
@@ -83,6 +85,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     add_model_arguments(parser)
     add_device_argument(parser)
     add_sampling_arguments(parser, temperature=DEFAULTS.generate_temperature)  # greedy unless asked
+    add_structure_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -139,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
 
     prompt = read_prompt(args)
     settings = sampling_settings(args)
+    structured = structure(args)
     chosen = strategy(args)
     # Prompt lookup needs no draft model: do not load one. `--draft none` with the draft model is plain.
     draft = draft_to_load(args, chosen)
@@ -177,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
         drafter=chosen.drafter,
         verifier=chosen.verifier,
         adaptive_gamma=chosen.adaptive_gamma,
+        structure=structured,
     )
     if args.json:
         facts = {"gamma": gamma, "load_seconds": load_seconds, "plain_reason": plain_reason}

@@ -34,11 +34,13 @@ from exactspec.decoding.records import (
     RowState,
     RowStates,
     StopCondition,
+    prompt_ends,
 )
 from exactspec.decoding.round_times import RoundShape, RoundTimer
 from exactspec.decoding.scheduler import Scheduler
 from exactspec.decoding.target_pass import chain_probabilities, tree_probabilities
 from exactspec.drafters.base import Drafter, Proposal
+from exactspec.drafters.forced import drafter_own_counts, propose_after_forced
 from exactspec.foundations.metrics import DecodeMetrics, Stopwatch
 from exactspec.foundations.rows import RowLifecycle, RowStart
 from exactspec.foundations.sampler import Sampler
@@ -268,11 +270,11 @@ class SpeculativeEngine:
         # A drafter gets one SamplingSettings when every row shares it (drafters written for
         # one batch-wide setting keep working), else one per row.
         shared = all(row_settings == settings[0] for row_settings in settings)
-        proposal = self._draft(
-            histories, max_draft, settings[0] if shared else settings, sampler, active
-        )  # 2.1
         # Each row's output position of this round's first token: the positioned draws are keyed by it.
         positions = [len(states[row].generated) for row in active]
+        proposal, forced = self._draft(
+            histories, max_draft, settings[0] if shared else settings, sampler, active, positions
+        )  # 2.1
         top = [states[row].logprobs for row in active]  # None: the row reports no log-probabilities
         if proposal.parents is None:
             result, reported = self._verify_chain(
@@ -284,9 +286,7 @@ class SpeculativeEngine:
                 histories, proposal, max_draft, settings, sampler, active, positions, top
             )
             drafted = result.path_lengths
-        proposed, accepted = self._record(drafted, result.num_accepted, result.num_emitted)
-        if self.gamma_policy is not None:
-            record_round(self.gamma_policy, active, proposed, accepted)
+        proposed, accepted = self._record(drafted, result.num_accepted, forced, active)
         logprobs = round_logprobs(reported, result, active, top)
         output = append_emitted(states, active, result, config, stop, logprobs)
         self.metrics.emitted_tokens += sum(len(tokens) for tokens in output.new_tokens.values())
@@ -353,7 +353,7 @@ class SpeculativeEngine:
         with the log-probabilities of the rows whose `top` is not None (`target_pass`). `positions` are
         each row's generated tokens so far, so history length - position is where its prompt ends (what
         the presence and frequency penalties count from)."""
-        prompt_lengths = _prompt_lengths(histories, positions)
+        prompt_lengths = prompt_ends(histories, positions)
         report = [wants is not None for wants in top]
         if (
             self.greedy_verifier is not None
@@ -418,7 +418,7 @@ class SpeculativeEngine:
 
         The engine's verifier (token or block) is for chains; a tree is always walked by `verify_tree`.
         """
-        prompt_lengths = _prompt_lengths(histories, positions)
+        prompt_lengths = prompt_ends(histories, positions)
         p, reported = tree_probabilities(
             self.target,
             histories,
@@ -453,31 +453,37 @@ class SpeculativeEngine:
         settings: SamplingSettings | list[SamplingSettings],
         sampler: Sampler,
         rows: list[int],
-    ) -> Proposal:
+        positions: list[int],
+    ) -> tuple[Proposal, list[int]]:
+        """The round's proposal and how many leading tokens of each row's draft its constraint forced: the
+        forced tokens first, at q = 1, then the drafter's proposal after them (`drafters.forced`)."""
         if self.drafter is None or max(max_draft) <= 0:
-            return Proposal.empty(len(rows), self.target.vocab_size, self.device)
+            return Proposal.empty(len(rows), self.target.vocab_size, self.device), [0] * len(rows)
         clock = time.perf_counter()
-        proposal = self.drafter.propose(histories, max_draft, settings, sampler, rows)
+        starts = prompt_ends(histories, positions)
+        proposal, forced = propose_after_forced(
+            self.drafter, histories, max_draft, settings, sampler, rows, starts
+        )
         self.metrics.draft_seconds += time.perf_counter() - clock
         if self.draft_stopwatch is not None:
             self.metrics.draft_forward_seconds += self.draft_stopwatch.take()
         proposal = proposal.to(self.device)  # a host-side drafter (prompt lookup) on a GPU run
         # A deterministic proposal (prompt lookup) ran no draft model.
         self.metrics.draft_calls += 0 if proposal.deterministic else int(proposal.lengths.max())
-        return proposal
+        return proposal, forced
 
     def _record(
-        self, drafted: torch.Tensor, num_accepted: torch.Tensor, num_emitted: torch.Tensor
+        self, drafted: torch.Tensor, num_accepted: torch.Tensor, forced: list[int], active: list[int]
     ) -> tuple[list[int], list[int]]:
-        """drafted [A]: the draft length of each row (a tree's: the candidates its path could have kept)."""
+        """Count the round and tell the gamma policy. drafted [A]: the draft length of each row (a tree's:
+        the candidates its path could have kept); forced: how many of them the row's constraint forced."""
         proposed, accepted = drafted.tolist(), num_accepted.tolist()
-        self.metrics.record_round(proposed, accepted)
+        self.metrics.record_round(proposed, accepted, forced)
+        if self.gamma_policy is not None:
+            # The policy learns how the drafter's own tokens fare: forced tokens are the constraint's.
+            drafted_own, accepted_own = drafter_own_counts(proposed, accepted, forced)
+            record_round(self.gamma_policy, active, drafted_own, accepted_own)
         return proposed, accepted
-
-
-def _prompt_lengths(histories: list[list[int]], positions: list[int]) -> list[int]:
-    """Where each row's prompt ends: its history less the `positions` tokens it generated so far."""
-    return [len(history) - position for history, position in zip(histories, positions, strict=True)]
 
 
 def _drain(scheduler: Scheduler, events: list[RowEvent]) -> Iterator[RowEvent]:

@@ -192,3 +192,8 @@ class RowEvent:
     accepted: int = 0
     error: str | None = None
     logprobs: list[TokenLogprob] | None = None  # one per token, when the row's request asked
+
+
+def prompt_ends(histories: list[list[int]], positions: list[int]) -> list[int]:
+    """Where each row's prompt ends: its history less the `positions` tokens it generated so far."""
+    return [len(history) - position for history, position in zip(histories, positions, strict=True)]

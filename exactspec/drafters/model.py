@@ -134,14 +134,16 @@ class ModelDrafter:
             self._prompt_lengths.pop(row, None)
 
     def _prompt_starts(self, rows: Sequence[int], settings: Sequence[SamplingSettings]) -> list[int] | None:
-        """Where each row's generated tokens begin, when some row has a presence or frequency penalty."""
-        if not any(row_settings.penalises_output for row_settings in settings):
+        """Where each row's generated tokens begin, when some row has a presence or frequency penalty or a
+        token constraint."""
+        if not any(row_settings.reads_output for row_settings in settings):
             return None
         unknown = [row for row in rows if row not in self._prompt_lengths]
         if unknown:
             raise ValueError(
-                f"rows {unknown} have a presence or frequency penalty but joined without their prompt "
-                "(add_rows with RowStart.prompt): the draft cannot tell generated tokens from the prompt"
+                f"rows {unknown} have a presence or frequency penalty or a constraint but joined without "
+                "their prompt (add_rows with RowStart.prompt): the draft cannot tell generated tokens from "
+                "the prompt"
             )
         return [self._prompt_lengths[row] for row in rows]
 

@@ -74,6 +74,8 @@ class DecodeMetrics:
     accepted_tokens: int = 0
     row_rounds: int = 0  # rows summed over rounds: a round of 3 rows counts 3
     plain_rounds: int = 0  # rounds in which no row drafted
+    forced_tokens: int = 0  # draft tokens a row's constraint forced (`drafters.forced`), in proposed_tokens
+    forced_accepted: int = 0  # of them, accepted (in accepted_tokens)
     proposed_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
     target_calls: int = 0
@@ -138,8 +140,12 @@ class DecodeMetrics:
         middle = len(errors) // 2
         return errors[middle] if len(errors) % 2 else (errors[middle - 1] + errors[middle]) / 2
 
-    def record_round(self, proposed: list[int], accepted: list[int]) -> None:
-        """Add one round: row b proposed `proposed[b]` draft tokens and accepted `accepted[b]` of them."""
+    def record_round(self, proposed: list[int], accepted: list[int], forced: list[int] | None = None) -> None:
+        """Add one round: row b proposed `proposed[b]` draft tokens and accepted `accepted[b]` of them, the
+        first `forced[b]` of them forced by its constraint (`drafters.forced`)."""
+        if forced is not None:
+            self.forced_tokens += sum(forced)
+            self.forced_accepted += sum(min(n, k) for n, k in zip(accepted, forced, strict=True))
         self.rounds += 1
         self.plain_rounds += 0 if any(proposed) else 1
         self.row_rounds += len(proposed)
@@ -189,6 +195,8 @@ class DecodeMetrics:
             "emitted_tokens": self.emitted_tokens,
             "proposed_tokens": self.proposed_tokens,
             "accepted_tokens": self.accepted_tokens,
+            "forced_tokens": self.forced_tokens,
+            "forced_accepted": self.forced_accepted,
             "acceptance_rate": self.acceptance_rate,
             "tokens_per_round": self.tokens_per_round,
             "acceptance_by_position": self.acceptance_by_position(),

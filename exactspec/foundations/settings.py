@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from exactspec.foundations.constraints import TokenConstraint
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.errors import InvalidArgument
 
@@ -67,6 +68,12 @@ class SamplingSettings:
             In [-OUTPUT_PENALTY_MAX, OUTPUT_PENALTY_MAX]. Both are applied after
             the repetition penalty and before the temperature
             (`exactspec.foundations.penalties`).
+        constraint: a token constraint (a JSON schema or a grammar,
+            `exactspec.foundations.grammar`): the tokens it forbids after the
+            row's generated tokens get -inf, after the penalties and before the
+            temperature (`exactspec.foundations.constraints`); None: no constraint.
+            One constraint object follows one row (the API, the server and batch
+            jobs give every row its own from the request's structure).
     """
 
     temperature: float = DEFAULTS.temperature
@@ -77,6 +84,7 @@ class SamplingSettings:
     logit_bias: Mapping[int, float] = field(default_factory=dict)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    constraint: TokenConstraint | None = None
 
     def __post_init__(self) -> None:
         _require_finite("temperature", self.temperature)
@@ -147,10 +155,16 @@ class SamplingSettings:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     @property
+    def reads_output(self) -> bool:
+        """p depends on the tokens generated so far (the presence or frequency penalty, or a constraint):
+        the transforms need each position's history and where its prompt ends."""
+        return self.penalises_output or self.constraint is not None
+
+    @property
     def uses_history(self) -> bool:
-        """p depends on the row's history (the repetition penalty, or the presence or frequency penalty):
-        the transforms need each position's own history."""
-        return self.repetition_penalty != 1.0 or self.penalises_output
+        """p depends on the row's history (the repetition penalty, or what `reads_output` names): the
+        transforms need each position's own history."""
+        return self.repetition_penalty != 1.0 or self.reads_output
 
     def check_vocab(self, vocab_size: int) -> None:
         """Raise if a logit-bias id does not exist in a vocabulary of this size."""
@@ -172,6 +186,7 @@ class SamplingSettings:
                 tuple(sorted(self.logit_bias.items())),
                 self.presence_penalty,
                 self.frequency_penalty,
+                self.constraint,  # hashed and compared by identity: one object per row
             )
         )
 
@@ -192,6 +207,8 @@ class SamplingSettings:
             parts.append(f"frequency={self.frequency_penalty:g}")
         if self.logit_bias:
             parts.append(f"bias={dict(self.logit_bias)}")
+        if self.constraint is not None:
+            parts.append("constrained")
         return " ".join(parts)
 
 

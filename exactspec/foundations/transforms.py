@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from exactspec.foundations import truncation
+from exactspec.foundations.constraints import apply_constraint
 from exactspec.foundations.overflow import divide_by_temperature, penalise
 from exactspec.foundations.penalties import apply_output_penalties
 from exactspec.foundations.settings import SamplingSettings
@@ -115,6 +116,8 @@ def _penalised_scores(
         scores = _apply_repetition_penalty(scores, histories, settings.repetition_penalty)
     if settings.penalises_output:
         scores = _apply_output_penalties(scores, settings, histories, prompt_lengths)
+    if settings.constraint is not None:
+        scores = apply_constraint(scores, settings.constraint, histories, prompt_lengths)
     return scores, _check_rows(scores) if validate else None
 
 
@@ -314,7 +317,7 @@ def _by_settings(
         group_histories = group_starts = None
         if histories is not None and group_settings.uses_history:
             group_histories = [histories[n] for n in members]
-        if prompt_lengths is not None and group_settings.penalises_output:
+        if prompt_lengths is not None and group_settings.reads_output:
             group_starts = [prompt_lengths[n] for n in members]
         result = transform(logits[index], group_settings, group_histories, group_starts)  # [N_group, ...]
         if out is None:

@@ -40,6 +40,11 @@ def generation_config(
     """
     from transformers import GenerationConfig
 
+    if settings.constraint is not None:  # a peer runs as its users run it: no exactspec constraint
+        raise ValueError(
+            "transformers' generate is not given exactspec's token constraints; compare it unconstrained"
+        )
+
     if settings.penalises_output:
         raise ValueError("transformers' generate has no presence or frequency penalty (OpenAI's)")
     bias = [[[int(token)], float(value)] for token, value in sorted(settings.logit_bias.items())]

@@ -135,6 +135,10 @@ def generate(
     greedy), top-k (0 = off), top-p, min-p, repetition penalty. Logit bias is not passed (the bench
     does not use it). `seed` is taken modulo 2**32 - 1 (llama.cpp's 2**32 - 1 means a random seed).
     """
+    if settings.constraint is not None:  # a peer runs as its users run it: no exactspec constraint
+        raise ValueError(
+            "llama.cpp's generation is not given exactspec's token constraints; compare it unconstrained"
+        )
     if settings.penalises_output:
         # llama.cpp's penalties count the last tokens of the whole context, prompt included: not OpenAI's.
         raise ValueError("llama.cpp's presence and frequency penalties count the prompt too; not comparable")

@@ -127,6 +127,10 @@ def search_options(settings: SamplingSettings, max_length: int, vocab_size: int,
         raise ValueError(f"onnxruntime-genai has no min-p (asked min_p={settings.min_p})")
     if settings.logit_bias:
         raise ValueError("onnxruntime-genai has no logit bias")
+    if settings.constraint is not None:  # a peer runs as its users run it: no exactspec constraint
+        raise ValueError(
+            "onnxruntime-genai is not given exactspec's token constraints; compare it unconstrained"
+        )
     if settings.penalises_output:
         raise ValueError("onnxruntime-genai has no presence or frequency penalty")
     options: dict[str, Any] = {

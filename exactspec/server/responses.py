@@ -6,15 +6,41 @@ from __future__ import annotations
 from typing import Any
 
 from exactspec.api.session import Choice, Submission
+from exactspec.api.tools import parse_tool_calls
 from exactspec.server.logprobs import logprobs_body
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
 
 
-def finish_reason(choice: Choice) -> str | None:
-    """OpenAI's finish reason: "stop" for EOS and stop strings, "length" at the length limit."""
+def finish_reason(choice: Choice, called: bool = False) -> str | None:
+    """OpenAI's finish reason: "stop" for EOS and stop strings, "length" at the length limit, "tool_calls"
+    when the finished text is tool calls (`called`)."""
     reason = choice.finish_reason
+    if called and reason in ("eos", "stop"):
+        return "tool_calls"
     return None if reason is None else FINISH_REASONS.get(reason, reason)
+
+
+def reads_tool_calls(submission: Submission, choice: Choice) -> bool:
+    """Whether this choice's text is read back as tool calls (a chat request with tools, tool_choice
+    other than "none"): its text is then streamed in one piece at the end."""
+    return submission.requests[choice.request_index].tool_calls
+
+
+def assistant_message(submission: Submission, choice: Choice) -> tuple[dict[str, Any], bool]:
+    """(the finished choice's message, whether it holds tool calls): OpenAI's `tool_calls` for each call
+    the text makes (`api.tools.parse_tool_calls`), the text outside them as `content`."""
+    request = submission.requests[choice.request_index]
+    if not request.tool_calls or request.tools is None:
+        return {"role": "assistant", "content": choice.text}, False
+    content, calls = parse_tool_calls(choice.text, request.tools)
+    if not calls:
+        return {"role": "assistant", "content": choice.text}, False
+    tool_calls = [
+        {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+        for call in calls
+    ]
+    return {"role": "assistant", "content": content, "tool_calls": tool_calls}, True
 
 
 def completion_body(
@@ -31,7 +57,8 @@ def completion_body(
             "logprobs": logprobs_body(choice.logprobs, tokenizer, chat=chat) if asked else None,
         }
         if chat:
-            entry["message"] = {"role": "assistant", "content": choice.text}
+            entry["message"], called = assistant_message(submission, choice)
+            entry["finish_reason"] = finish_reason(choice, called)
         else:
             entry["text"] = choice.text
         out_choices.append(entry)

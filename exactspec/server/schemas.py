@@ -5,8 +5,10 @@ and `frequency_penalty` with OpenAI's definitions: `exactspec.foundations.penalt
 and `repetition_penalty` are vLLM's extra fields (with vLLM's meaning: top_k = -1 or 0 is off);
 `gamma` is exactspec's own (draft tokens per round for this request; 0 = plain decoding).
 `logprobs` (and chat's `top_logprobs`) report the target's log-probabilities after the request's
-transforms (`exactspec.decoding.logprobs`). Fields exactspec cannot honour exactly (tools, response
-formats other than text) are refused with a 400 rather than silently ignored.
+transforms (`exactspec.decoding.logprobs`). `response_format` (OpenAI's `json_object` and `json_schema`)
+and `grammar` (llama.cpp's server's field: a GBNF grammar) constrain the output
+(`exactspec.foundations.grammar`); chat's `tools` and `tool_choice` go through the chat template and
+constrain the call's arguments to the function's schema (`exactspec.api.tools`).
 
 Every numeric field carries its documented range (`exactspec.foundations.settings`) as
 `minimum`/`maximum`/`exclusiveMinimum` in the OpenAPI schema, so clients and schema-driven fuzzers see
@@ -16,7 +18,9 @@ cannot know before the app is built: the one model name served, and the streamin
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
@@ -25,6 +29,7 @@ from exactspec.decoding.logprobs import TOP_LOGPROBS_MAX
 from exactspec.decoding.records import MAX_GAMMA
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.errors import InvalidArgument
+from exactspec.foundations.grammar import RESPONSE_FORMATS, Structure
 from exactspec.foundations.settings import (
     LOGIT_BIAS_MAX,
     OUTPUT_PENALTY_MAX,
@@ -77,6 +82,18 @@ class Message(BaseModel):
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[dict[str, Any]] | None = Field(default=None, description="An assistant turn's calls")
+    tool_call_id: str | None = Field(default=None, description="A tool turn: the call it answers")
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as chat templates take it: role and text, and a turn's tool calls (arguments as
+        objects, as Hugging Face templates expect) or the call a tool turn answers."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [_template_call(call) for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
     def text(self) -> str:
         if self.content is None:
@@ -84,6 +101,14 @@ class Message(BaseModel):
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)
+
+
+def _template_call(call: dict[str, Any]) -> dict[str, Any]:
+    function = dict(call.get("function") or {})
+    if isinstance(function.get("arguments"), str):
+        with contextlib.suppress(json.JSONDecodeError):  # else the template shows the text as it is
+            function["arguments"] = json.loads(function["arguments"])
+    return {**call, "function": function}
 
 
 class SamplingFields(BaseModel):
@@ -115,19 +140,23 @@ class SamplingFields(BaseModel):
     )
     # exactspec's own: draft tokens per round for this request (0 = plain decoding)
     gamma: int | None = Field(default=None, ge=0, le=MAX_GAMMA)
-    # accepted only at their "off" values
-    tools: list[Any] | None = Field(default=None, json_schema_extra={"maxItems": 0})
     response_format: dict[str, Any] | None = Field(
-        default=None, json_schema_extra={"properties": {"type": {"enum": ["text"]}}}
+        default=None,
+        description='{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": '
+        '{"name": ..., "schema": {...}}}: the output is any JSON object, or JSON valid against the schema',
+        json_schema_extra={"properties": {"type": {"enum": list(RESPONSE_FORMATS)}}},
     )
+    # llama.cpp's server's field (vLLM's is structured_outputs.grammar, in its own dialect)
+    grammar: str | None = Field(default=None, description="A GBNF grammar (llama.cpp's) the output follows")
 
     def unsupported(self) -> tuple[str, str] | None:
         """(field, message) for the first field set to something exactspec does not do, else None."""
-        if self.tools:
-            return "tools", "tools are not supported"
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            return "response_format", "only the text response format is supported"
         return None
+
+    def structure(self) -> Structure | None:
+        """What the output must be (`response_format`, `grammar`), or None; raises `InvalidArgument` naming
+        the field (`Structure.from_fields`)."""
+        return Structure.from_fields(self.response_format, self.grammar)
 
     def stop_strings(self) -> list[str]:
         if self.stop is None:
@@ -169,6 +198,7 @@ class CompletionRequest(SamplingFields):
     echo: bool = off_only(False, default=False)
     best_of: int | None = off_only(None, 1)  # n is accepted too
     suffix: str | None = off_only(None, "")
+    tools: list[Any] | None = Field(default=None, json_schema_extra={"maxItems": 0})
     logprobs: int | None = Field(
         default=None,
         ge=0,
@@ -189,6 +219,8 @@ class CompletionRequest(SamplingFields):
         return [p if isinstance(p, str) else list(p) for p in prompt]  # type: ignore[union-attr]
 
     def unsupported(self) -> tuple[str, str] | None:
+        if self.tools:
+            return "tools", "tools are for /v1/chat/completions"
         if self.echo:
             return "echo", "echo is not supported"
         if self.suffix:
@@ -207,6 +239,19 @@ class ChatCompletionRequest(SamplingFields):
         le=TOP_LOGPROBS_MAX,
         description="Most likely alternatives per token (needs logprobs)",
     )
+
+    tools: list[dict[str, Any]] | None = Field(
+        default=None,
+        description='Functions the model may call: [{"type": "function", "function": {"name": ..., '
+        '"description": ..., "parameters": {...}}}], shown to it through the chat template',
+    )
+    tool_choice: str | dict[str, Any] | None = Field(
+        default=None,
+        description='"auto" (default), "none", "required", or '
+        '{"type": "function", "function": {"name": ...}}',
+    )
+
+    parallel_tool_calls: bool = Field(default=True, description="false: at most one call per answer")
 
     def top_alternatives(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None

@@ -122,4 +122,7 @@ class Service:
             "round_time_error": None if error != error else error,
             # Round counts since start (a load test takes differences: foundations.metrics.round_shares).
             **metrics.round_counts(),
+            # Draft tokens that rows' structures forced (grammar-forced drafts), and of them accepted.
+            "forced_tokens": metrics.forced_tokens,
+            "forced_accepted": metrics.forced_accepted,
         }

@@ -21,7 +21,7 @@ from exactspec.api.session import Choice, Submission
 from exactspec.decoding.records import RowEvent
 from exactspec.server.errors import ApiError
 from exactspec.server.logprobs import completion_characters, logprobs_body
-from exactspec.server.responses import finish_reason
+from exactspec.server.responses import assistant_message, finish_reason, reads_tool_calls
 from exactspec.server.schemas import ErrorResponse
 
 DONE = "[DONE]"
@@ -62,15 +62,32 @@ class CompletionChunk(StreamChunk):
     choices: list[CompletionChunkChoice]
 
 
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: str = Field(description="The arguments as JSON text, valid against the function's parameters")
+
+
+class ToolCallDelta(BaseModel):
+    index: int
+    id: str
+    type: Literal["function"]
+    function: ToolCallFunction
+
+
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = Field(None, description="In each choice's first chunk only")
-    content: str
+    content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = Field(
+        None, description="A request with tools: the calls, whole, in the choice's last chunk"
+    )
 
 
 class ChatChunkChoice(BaseModel):
     index: int
     delta: ChatDelta
-    finish_reason: str | None = Field(description="stop or length in the choice's last chunk, else null")
+    finish_reason: str | None = Field(
+        description="stop, length or tool_calls in the choice's last chunk, else null"
+    )
     logprobs: None
 
 
@@ -120,7 +137,9 @@ async def stream_events(
         payload.update(extra)
         return f"data: {json.dumps(payload)}\n\n"
 
-    def entry(choice: Choice, text: str, finish: str | None, first: bool = False) -> dict[str, Any]:
+    def entry(
+        choice: Choice, text: str, finish: str | None, first: bool = False, delta: dict | None = None
+    ) -> dict[str, Any]:
         item: dict[str, Any] = {"index": choice.index, "finish_reason": finish, "logprobs": None}
         if asked and not first:
             body = logprobs_body(
@@ -131,7 +150,7 @@ async def stream_events(
             pending[choice.index] = []
             item["logprobs"] = body
         if chat:
-            item["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
+            item["delta"] = {"role": "assistant", "content": text} if first else (delta or {"content": text})
         else:
             item["text"] = text
         return item
@@ -152,8 +171,8 @@ async def stream_events(
             if event.finish_reason is not None:
                 remaining -= 1
                 extra = {} if remaining or include_usage else {"exactspec": submission.statistics()}
-                yield chunk([entry(choice, delta, finish_reason(choice))], **extra)
-            elif delta:
+                yield chunk([_last_entry(entry, submission, choice, delta, chat)], **extra)
+            elif delta and not (chat and reads_tool_calls(submission, choice)):
                 yield chunk([entry(choice, delta, None)])
         else:
             if include_usage:  # OpenAI's last chunk: no choices, the usage (and our statistics)
@@ -162,6 +181,21 @@ async def stream_events(
     finally:
         # Normal end: nothing left to cancel. A client that went away: its rows leave the batch.
         submission.cancel()
+
+
+def _last_entry(entry: Any, submission: Submission, choice: Choice, delta: str, chat: bool) -> dict[str, Any]:
+    """A choice's last chunk; one whose text is read back as tool calls held it all back until now and sends
+    it here whole: the calls (OpenAI's `tool_calls` delta, each with its index) or, if it made none, the
+    text."""
+    if not (chat and reads_tool_calls(submission, choice)):
+        return entry(choice, delta, finish_reason(choice))
+    message, called = assistant_message(submission, choice)
+    if not called:
+        return entry(choice, choice.text, finish_reason(choice))
+    calls = [{"index": index, **call} for index, call in enumerate(message["tool_calls"])]
+    return entry(
+        choice, "", finish_reason(choice, True), delta={"content": message["content"], "tool_calls": calls}
+    )
 
 
 def describe_streams(schema: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,126 @@
+"""A toy grammar over a toy vocabulary: a small automaton as a `TokenConstraint`, for the exact grid.
+
+It has what a JSON schema has, in a few ids: forced stretches (a key, a closing brace), free choices
+(a value), and a place where the text may end (EOS allowed there only). `exactspec verify` enumerates
+constrained rounds with it (`checking.grid.grammar_cases`): forced drafts at q = 1 ahead of the
+drafter's, free positions, a lookup draft that leaves the grammar, and EOS only where it ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from exactspec.checking.cases import BLOCK, ExactCase
+from exactspec.decoding.strategy import Strategy
+from exactspec.foundations.settings import SamplingSettings
+
+TOY_EOS = 0
+"""The toy models' EOS id (`checking.toy.random_tabular_model`)."""
+
+
+@dataclass(frozen=True, eq=False)
+class ToyGrammar:
+    """A deterministic automaton over token ids: `transitions[state][token]` is the next state; EOS is
+    allowed in the `accepting` states only. A pure function of the history (no matcher to move), so one
+    object may serve every row; equality is identity, as for every constraint.
+
+    >>> grammar = KEY_VALUE_GRAMMAR
+    >>> grammar.forced([], 5), grammar.forced([1, 2], 5), grammar.forced([1, 2, 3, 3], 5)
+    ([1, 2], [], [1])
+    >>> grammar.allowed([1, 2, 4, 1], 5).tolist()  # the end: EOS, or 2 to go round again
+    [True, False, True, False, False]
+    """
+
+    transitions: Mapping[int, Mapping[int, int]]
+    accepting: frozenset[int]
+    start: int = 0
+
+    def state_after(self, generated: Sequence[int]) -> int | None:
+        """The state after `generated`, None where it left the grammar or passed its end (an EOS)."""
+        state = self.start
+        for token in generated:
+            following = self.transitions.get(state, {})
+            if token not in following:
+                return None
+            state = following[token]
+        return state
+
+    def allowed(self, generated: Sequence[int], vocab_size: int) -> torch.Tensor | None:
+        state = self.state_after(generated)
+        if state is None:
+            return None
+        allowed = torch.zeros(vocab_size, dtype=torch.bool)  # [V]
+        allowed[list(self.transitions.get(state, {}))] = True
+        allowed[TOY_EOS] = state in self.accepting
+        return allowed
+
+    def forced(self, generated: Sequence[int], limit: int) -> list[int]:
+        out: list[int] = []
+        state = self.state_after(generated)
+        while state is not None and len(out) < limit and state not in self.accepting:
+            following = self.transitions.get(state, {})
+            if len(following) != 1:
+                break
+            (token, state), *_ = following.items()
+            out.append(token)
+        return out
+
+    def accepts(self, sequence: Sequence[int]) -> bool:
+        """Whether a finished output is in the grammar: it ends with EOS in an accepting state, or was cut
+        by the length limit inside the grammar."""
+        if sequence and sequence[-1] == TOY_EOS:
+            state = self.state_after(sequence[:-1])
+            return state is not None and state in self.accepting
+        return self.state_after(sequence) is not None
+
+
+KEY_VALUE_GRAMMAR = ToyGrammar(
+    transitions={
+        0: {1: 1},  # the key, forced: 1 2
+        1: {2: 2},
+        2: {3: 3, 4: 3},  # the value, free: one or two of 3, 4
+        3: {3: 4, 4: 4, 1: 5},
+        4: {1: 5},  # the closing 1, forced after two value tokens
+        5: {2: 2},  # the end: EOS, or 2 and another value
+    },
+    accepting=frozenset({5}),
+)
+"""`1 2 (3|4) [(3|4)] 1 (2 (3|4) [(3|4)] 1)*` then EOS, over ids 0..4 (0 is EOS)."""
+
+
+def grammar_cases() -> list[ExactCase]:
+    """Constrained rounds for `exactspec verify`: every case's settings carry `KEY_VALUE_GRAMMAR`, so the
+    rounds draft its forced tokens at q = 1 ahead of the drafter's, the draft model's q and the target's p
+    are masked position by position, and EOS is allowed only at the grammar's end. The prompts make the
+    lookup drafters propose tokens the grammar forbids (prompt 1 2 2: after the forced key the lookup
+    proposes 2 where only 3 or 4 may come)."""
+    grammar = SamplingSettings(constraint=KEY_VALUE_GRAMMAR)
+    greedy = SamplingSettings(temperature=0.0, constraint=KEY_VALUE_GRAMMAR)
+    transforms = SamplingSettings(
+        temperature=0.8, top_k=3, repetition_penalty=1.3, presence_penalty=0.6, constraint=KEY_VALUE_GRAMMAR
+    )
+    lookup = Strategy("ngram", adaptive_gamma=False)
+    suffix = Strategy("suffix", adaptive_gamma=False)
+    leaving = ((1, 2, 2, 1),)
+    return [
+        ExactCase("grammar, draft model, forced and free positions", 5, 3, 6, grammar),
+        ExactCase("grammar, draft model, gamma=1", 5, 1, 5, grammar),
+        ExactCase("grammar, draft model, block verification", 5, 3, 5, grammar, strategy=BLOCK),
+        ExactCase("grammar, draft model, every transform", 5, 3, 4, transforms),
+        ExactCase(
+            "grammar, lookup drafts that leave the grammar",
+            5,
+            3,
+            5,
+            grammar,
+            prompts=leaving,
+            strategy=lookup,
+        ),
+        ExactCase("grammar, greedy, lookup drafts", 5, 4, 6, greedy, prompts=leaving, strategy=lookup),
+        ExactCase("grammar, suffix trees", 5, 3, 5, grammar, prompts=leaving, strategy=suffix),
+        ExactCase("grammar, batch of 2", 5, 2, 4, grammar, prompts=((1,), (2, 1))),
+        ExactCase("grammar, draft model, adaptive gamma", 5, 3, 5, grammar, strategy=Strategy("model")),
+    ]

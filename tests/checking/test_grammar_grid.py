@@ -1,0 +1,96 @@
+"""The exact grid's constrained rounds (`checking.toy_grammar.grammar_cases`): a toy grammar with forced
+and free positions, forced drafts at q = 1 ahead of every drafter's, lookup drafts that leave the grammar,
+EOS only where it ends; and checks that the cases exercise what they claim."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from conftest import grid_cases
+
+import exactspec.drafters.forced as forced_module
+from exactspec.checking.exact import target_distribution
+from exactspec.checking.grid import ExactCase, run_exact_case
+from exactspec.checking.toy_grammar import KEY_VALUE_GRAMMAR, TOY_EOS
+from exactspec.decoding.engine import DecodeConfig
+from exactspec.foundations.sampler import SeededSampler
+
+GRAMMAR_CASES = grid_cases("grammar")
+
+
+@pytest.mark.parametrize("case", GRAMMAR_CASES, ids=lambda case: case.name)
+def test_constrained_rounds_are_exact(case: ExactCase) -> None:
+    result = run_exact_case(case)
+    assert result.total_variation <= case.tolerance, result.total_variation
+
+
+def test_the_constrained_target_law_stays_in_the_grammar_and_ends_only_where_it_may() -> None:
+    case = GRAMMAR_CASES[0]
+    target, _ = case.models()
+    law = target_distribution(target, case.prompts[0], case.settings, case.max_new_tokens)
+    assert sum(law.values()) == pytest.approx(1.0)
+    assert all(KEY_VALUE_GRAMMAR.accepts(sequence) for sequence in law)
+    # Both ways to finish happen: EOS at the grammar's end, and the length limit inside the grammar.
+    assert any(sequence[-1] == TOY_EOS for sequence in law)
+    assert any(TOY_EOS not in sequence for sequence in law)
+    # The free value positions really are free: both values occur.
+    assert {sequence[2] for sequence in law if len(sequence) > 2} == {3, 4}
+
+
+def engine_metrics(case: ExactCase, seed: int = 0):
+    target, draft = case.models()
+    engine = case.engine_factory(target, draft)()
+    config = DecodeConfig(gamma=case.gamma, max_new_tokens=case.max_new_tokens, settings=case.settings)
+    states = engine.generate(list(case.prompts), config, SeededSampler(seed))
+    return engine.metrics, states
+
+
+def test_forced_tokens_are_drafted_and_accepted_and_lookup_drafts_leave_the_grammar(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    by_name = {case.name: case for case in GRAMMAR_CASES}
+    metrics, states = engine_metrics(by_name["grammar, draft model, forced and free positions"])
+    assert metrics.forced_tokens >= 2 and metrics.forced_accepted == metrics.forced_tokens
+    assert states[0].generated[:2] == [1, 2]
+    # The lookup drafter, after the forced key 1 2, proposes the prompt's next token 2: outside.
+    leaving = by_name["grammar, lookup drafts that leave the grammar"]
+    proposals = []
+    original = forced_module._prepend
+
+    def spy(forced, inner):
+        proposal = original(forced, inner)
+        proposals.extend(proposal.row_tokens(b) for b in range(proposal.tokens.shape[0]))
+        return proposal
+
+    monkeypatch.setattr(forced_module, "_prepend", spy)
+    metrics, states = engine_metrics(leaving)
+    assert [1, 2, 2] in [draft[:3] for draft in proposals]
+    assert KEY_VALUE_GRAMMAR.accepts(states[0].generated)
+
+
+def test_a_mask_built_from_the_rounds_first_history_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mask must follow each position's own history (drafted tokens included): a target pass that masks
+    every position of a block as its first is not exact, and the grid says so."""
+    import exactspec.decoding.target_pass as target_pass
+
+    original = target_pass.probabilities_per_row
+
+    def stale(logits, settings, histories=None, prompt_lengths=None):
+        if histories is not None:
+            first, previous, stale_histories = None, None, []
+            for history in histories:  # a row's positions extend each other by one token
+                if previous is None or list(history[:-1]) != list(previous):
+                    first = history
+                stale_histories.append(first)
+                previous = history
+            histories = stale_histories
+        return original(logits, settings, histories, prompt_lengths)
+
+    case = next(
+        case for case in GRAMMAR_CASES if case.name == "grammar, draft model, forced and free positions"
+    )
+    assert run_exact_case(case).paths > 20  # the enumeration branches: free positions, rejections
+    monkeypatch.setattr(target_pass, "probabilities_per_row", stale)
+    # Shorter outputs: wrong masks let far more paths through than the grammar allows.
+    assert run_exact_case(dataclasses.replace(case, max_new_tokens=4)).total_variation > 1e-3
