@@ -21,9 +21,10 @@ pass, and its softmax and value sums see exactly the keys it may attend, at the 
 G = H / kvH query heads share a key head. Every product has one row (M = 1), and a one-row product
 reduces over its inner dimension in order, so the keys past a query's own (masked to a weight of 0)
 add exact zeros: T, the bound capacity, does not change a query's result either. The attention bias
-is the caller's, so a row's queries may attend to any subset of the cells: a tree of candidates is
-scored in one pass (each node sees the history and its ancestors), and rows of different lengths
-share a pass (a row with fewer new tokens pads its queries, `OnnxModel`).
+is the caller's, so a row's queries may attend to any subset of the cells. (A tree's nodes could be
+scored in one pass that way, but a one-row product sums masked zeros lying between a node's
+ancestors in another order than a chain's contiguous cells: not a chain's bits. `OnnxModel` scores
+trees path by path.)
 
 Inputs the variant adds: `position_ids` [B, S] int64 (rotary positions), `cache_indices`
 [B, kvH, S, 3] int64 ((row, head, cell) of each new key and value) and `attention_bias` [B, S, T]
@@ -149,18 +150,10 @@ def _attention(gqa: Any, head_size: int, shared: _SharedNodes) -> list[Any]:
     """The nodes that replace one GroupQueryAttention node (same outputs, same names)."""
     from onnx import helper
 
-    heads, kv_heads = _attribute(gqa, "num_heads"), _attribute(gqa, "kv_num_heads")
-    if _attribute(gqa, "do_rotary", 0) != 1:
-        raise InvariantGraphError(f"{gqa.name}: only attention with rotary inside (do_rotary=1) is replaced")
-    if _attribute(gqa, "softcap", 0.0) or _attribute(gqa, "local_window_size", -1) != -1:
-        raise InvariantGraphError(f"{gqa.name}: soft-capping and local windows are not supported")
+    heads, kv_heads, scale, interleaved = _settings(gqa, head_size)
     inputs = list(gqa.input) + [""] * (12 - len(gqa.input))
     query, key, value, past_key, past_value = inputs[:5]
     cos, sin = inputs[7], inputs[8]
-    if any(inputs[9:]):
-        raise InvariantGraphError(f"{gqa.name}: position ids, attention bias or head sinks as inputs")
-    scale = _attribute(gqa, "scale", 0.0) or head_size**-0.5
-    interleaved = _attribute(gqa, "rotary_interleaved", 0)
     groups = heads // kv_heads
     out, present_key, present_value = gqa.output
     nodes: list[Any] = []
@@ -216,9 +209,8 @@ def _attention(gqa: Any, head_size: int, shared: _SharedNodes) -> list[Any]:
     add("FusedMatMul", [name("q_heads"), name("key_6d")], name("scores"), transA=0, transB=1, alpha=1.0)
     add("Mul", [name("scores"), shared.scalar(f"scale_{scale!r}", scale)], name("scaled"))
     add("Add", [name("scaled"), shared.bias], name("biased"))
-    # Softmax, with its sum a one-row product by ones: that sum runs over the cells in order, so the
-    # masked cells' exact zeros, wherever they lie, leave it as it is (a tree's node sees its ancestors
-    # at other offsets than a chain's token sees the same tokens).
+    # Softmax, its sum a one-row product by ones like the values' sum: the masked cells past a query's
+    # own add exact zeros, so the bound capacity does not change its result.
     add("ReduceMax", [name("biased"), shared.constant("axis_last", [-1])], name("max"), keepdims=1)
     add("Sub", [name("biased"), name("max")], name("shifted"))
     add("Exp", [name("shifted")], name("exp"))
@@ -229,6 +221,20 @@ def _attention(gqa: Any, head_size: int, shared: _SharedNodes) -> list[Any]:
     flat = shared.constant(f"out_shape_{heads}_{head_size}", [0, 0, heads * head_size])
     nodes.append(helper.make_node("Reshape", [name("context_t"), flat], [out], name=name("context/Reshape")))
     return nodes
+
+
+def _settings(gqa: Any, head_size: int) -> tuple[int, int, float, int]:
+    """(heads, key heads, scale, rotary_interleaved) of a GroupQueryAttention node this variant can
+    replace; `InvariantGraphError` names what it cannot."""
+    if _attribute(gqa, "do_rotary", 0) != 1:
+        raise InvariantGraphError(f"{gqa.name}: only attention with rotary inside (do_rotary=1) is replaced")
+    if _attribute(gqa, "softcap", 0.0) or _attribute(gqa, "local_window_size", -1) != -1:
+        raise InvariantGraphError(f"{gqa.name}: soft-capping and local windows are not supported")
+    if any(list(gqa.input)[9:]):
+        raise InvariantGraphError(f"{gqa.name}: position ids, attention bias or head sinks as inputs")
+    scale = _attribute(gqa, "scale", 0.0) or head_size**-0.5
+    heads, kv_heads = _attribute(gqa, "num_heads"), _attribute(gqa, "kv_num_heads")
+    return heads, kv_heads, scale, _attribute(gqa, "rotary_interleaved", 0)
 
 
 def _attribute(node: Any, name: str, default: Any = None) -> Any:

@@ -110,12 +110,7 @@ class OnnxModel(RowCacheModel):
                 every call is then one pass over all its rows.
         """
         self.folder = Path(folder)
-        config_path = self.folder / "genai_config.json"
-        if not config_path.is_file():
-            raise FileNotFoundError(
-                f"no genai_config.json in {self.folder}: not a model builder output folder"
-            )
-        config = json.loads(config_path.read_text())["model"]
+        config = _genai_config(self.folder)
         decoder = config["decoder"]
         self._layers = int(decoder["num_hidden_layers"])
         self._kv_heads = int(decoder["num_key_value_heads"])
@@ -144,21 +139,16 @@ class OnnxModel(RowCacheModel):
         self.huge_page_bytes = collapse_resident() if huge_pages and weights >= HUGE_PAGES_FROM else 0
         self._spinning = spinning
         self._stop_spinning_after_run = stop_spinning_after_run
-        if vocab_size is None:
-            vocab_size = self._n_vocab
-        if not 1 <= vocab_size <= self._n_vocab:
-            raise ValueError(f"vocab_size must lie in 1..{self._n_vocab} (the model's), got {vocab_size}")
-        self._vocab_size = vocab_size
-        if eos_token_ids is None:
-            eos_value = config.get("eos_token_id", [])
-            eos_token_ids = eos_value if isinstance(eos_value, list) else [eos_value]
-        eos = frozenset(int(t) for t in eos_token_ids)
-        if not eos or any(not 0 <= t < vocab_size for t in eos):
-            raise ValueError(f"EOS ids {sorted(eos)} must be given and lie in 0..{vocab_size - 1}")
-        self._eos_token_ids = eos
+        self._vocab_size, self._eos_token_ids = _vocabulary(config, vocab_size, eos_token_ids)
         if dtype not in (torch.float32, torch.float64):
             raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
         self._dtype = dtype
+        self._start_empty(max_rows, share_prefixes)
+        if self._invariant:
+            self._check_invariance()
+
+    def _start_empty(self, max_rows: int, share_prefixes: bool) -> None:
+        """No rows, and KV buffers of one slot of `MIN_CAPACITY` positions."""
         self._rows = RowSlots(max_rows, share_prefixes)
         self._adopted: dict[int, int] = {}  # row -> tokens its slot held when it took it, until first fed
         self.shared_tokens = 0
@@ -170,8 +160,6 @@ class OnnxModel(RowCacheModel):
         self._binding: Any = None  # the last pass's IO binding, its cache tensors bound (`_cache_binding`)
         self._binding_key: tuple[Any, ...] | None = None
         self._reserve(1, min(MIN_CAPACITY, self._context))
-        if self._invariant:
-            self._check_invariance()
 
     # ------------------------------------------------------------------ protocol
 
@@ -256,10 +244,9 @@ class OnnxModel(RowCacheModel):
             return 0
         held = sum(buffer.nbytes for buffer in (*self._keys, *self._values))
         held += 0 if self._scratch is None else self._scratch.nbytes
-        self._rows.clear()
-        self._adopted.clear()
-        self._keys, self._values, self._scratch, self._binding = [], [], None, None
-        self._reserve(1, min(MIN_CAPACITY, self._context))
+        shared, slots = self.shared_tokens, self._rows
+        self._start_empty(slots.max_rows, slots.share_prefixes)
+        self.shared_tokens = shared  # a count since the model loaded
         return held - sum(buffer.nbytes for buffer in (*self._keys, *self._values))
 
     def prefill(self, row: int, tokens: Sequence[int]) -> None:
@@ -479,3 +466,29 @@ class OnnxModel(RowCacheModel):
                 )
         self._binding, self._binding_key = binding, key
         return binding
+
+
+def _genai_config(folder: Path) -> dict[str, Any]:
+    """The "model" section of the builder's genai_config.json in `folder`."""
+    path = folder / "genai_config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no genai_config.json in {folder}: not a model builder output folder")
+    return json.loads(path.read_text())["model"]
+
+
+def _vocabulary(
+    config: dict[str, Any], vocab_size: int | None, eos_token_ids: Iterable[int] | None
+) -> tuple[int, frozenset[int]]:
+    """(V, EOS ids): the logits columns returned (default the model's) and the ids that end generation
+    (default the config's), checked against the model's output layer."""
+    full = int(config["vocab_size"])
+    vocab_size = full if vocab_size is None else vocab_size
+    if not 1 <= vocab_size <= full:
+        raise ValueError(f"vocab_size must lie in 1..{full} (the model's), got {vocab_size}")
+    if eos_token_ids is None:
+        eos_value = config.get("eos_token_id", [])
+        eos_token_ids = eos_value if isinstance(eos_value, list) else [eos_value]
+    eos = frozenset(int(t) for t in eos_token_ids)
+    if not eos or any(not 0 <= t < vocab_size for t in eos):
+        raise ValueError(f"EOS ids {sorted(eos)} must be given and lie in 0..{vocab_size - 1}")
+    return vocab_size, eos
