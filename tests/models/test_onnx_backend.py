@@ -184,12 +184,13 @@ def test_generate_with_batch_invariant_exports_blocks_of_32_and_gives_plain_deco
     folders: tuple[str, str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`--batch-invariant` on the command line: the pair is exported in blocks of 32 and run on the invariant
-    graph, and the defaults' greedy tokens are plain decoding's (sampled rows: test_onnx_invariant.py)."""
+    graph, and the suffix drafter's greedy tokens are plain decoding's (sampled: test_onnx_invariant.py)."""
     greedy = ("--temperature", "0", "--batch-invariant", "--max-new-tokens", "40")  # tiny models loop
     greedy += ("--logit-bias", f"{TOKENIZER_EOS_ID}=-100")  # every run is 40 tokens long
     plain = generate(folders, capsys, "--plain", *greedy, draft=False)
     assert plain["weights"] == "int4-b32-a4" and plain["gamma"] == 0
-    defaults = generate(folders, capsys, *greedy, draft=False)
+    # The suffix drafter at a fixed gamma: a planned one may find drafting does not pay on tiny models.
+    defaults = generate(folders, capsys, *greedy, "--fixed-gamma", "--gamma", "4", draft=False)
     assert defaults["token_ids"] == plain["token_ids"] and len(plain["token_ids"]) == 40
     assert defaults["statistics"]["accepted_tokens"] > 0  # drafts were kept: not plain against plain
 
