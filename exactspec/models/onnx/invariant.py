@@ -1,36 +1,25 @@
 """A variant of an exported graph whose every position's result is independent of how the pass is cut.
 
-The model builder's attention is ONNX Runtime's GroupQueryAttention. Its CPU kernel multiplies each head's
-S new queries by the keys as one [S, hd] x [hd, T] product, and the matrix library takes another kernel
-for a product of one row (S = 1) than for several: a one-token step and a k-token pass round the same
-query differently, and from the first layer on everything downstream differs (docs/numerics.md). It
-also takes several new tokens over a past for one row at a time only.
-
-The variant replaces every GroupQueryAttention node with attention in which **each query is a product
-of its own** (a batch entry of one row), so the same kernels run for a query whatever else is in the
-pass, and its softmax and value sums see exactly the keys it may attend, at the same offsets:
+The builder's GroupQueryAttention multiplies a head's S new queries by the keys as one S-row product, and
+ONNX Runtime's matrix library runs a one-row product through another kernel than several rows: a
+one-token step and a k-token pass round the same query differently (docs/numerics.md). The variant
+replaces every GroupQueryAttention with attention in which **each query is a product of its own**, so the
+same kernels run for a query whatever else is in the pass:
 
     qkv [B, S, (H + 2 kvH) hd] -> Split -> q [B, S, H hd], k, v [B, S, kvH hd]
-    q, k -> RotaryEmbedding(position_ids [B, S])              positions given, not derived from a mask
-    k, v -> [B, kvH, S, hd] -> ScatterND(past, cache_indices)  -> present [B, kvH, T, hd]
-        (present is bound to past's memory, so only the S new cells are written: `OnnxModel`)
+    q, k -> RotaryEmbedding(position_ids [B, S])              positions given, not read off a mask
+    k, v -> [B, kvH, S, hd] -> ScatterND(past, cache_indices)  -> present [B, kvH, T, hd], in place
     q -> [B, kvH, S, G, 1, hd]  x  present keys [B, kvH, 1, 1, T, hd]^T  -> scores [B, kvH, S, G, 1, T]
         x scale, + attention_bias [B, 1, S, 1, 1, T] (0 where a query may attend, -inf elsewhere)
-        -> Softmax -> x present values [B, kvH, 1, 1, T, hd] -> [B, kvH, S, G, 1, hd] -> [B, S, H hd]
+        -> softmax (its sum a one-row product by ones) -> x values -> [B, S, H hd]
 
-G = H / kvH query heads share a key head. Every product has one row (M = 1), and a one-row product
-reduces over its inner dimension in order, so the keys past a query's own (masked to a weight of 0)
-add exact zeros: T, the bound capacity, does not change a query's result either. The attention bias
-is the caller's, so a row's queries may attend to any subset of the cells. (A tree's nodes could be
-scored in one pass that way, but a one-row product sums masked zeros lying between a node's
-ancestors in another order than a chain's contiguous cells: not a chain's bits. `OnnxModel` scores
-trees path by path.)
-
-Inputs the variant adds: `position_ids` [B, S] int64 (rotary positions), `cache_indices`
-[B, kvH, S, 3] int64 ((row, head, cell) of each new key and value) and `attention_bias` [B, S, T]
-float32; `attention_mask` goes, with the nodes that only fed GroupQueryAttention. The matrix products
-with the model's weights are batch invariant on their own only with int4 weights in blocks of 32
-(`export.INVARIANT_RECIPE`; measured in docs/numerics.md): the variant is meant for those exports.
+G = H / kvH query heads share a key head, and T is the bound capacity: a one-row product's sums are the
+same bits with more masked (exact zero) cells after a query's own, so T does not change a result either
+(tests/models/test_onnx_invariant.py). The bias is the caller's; a tree's nodes could be masked that way,
+but masked zeros lying between a node's ancestors change a one-row product's sum order, so `OnnxModel`
+scores trees path by path. The weights' own products are invariant only as int4 in blocks of 32
+(`export.INVARIANT_RECIPE`). Inputs added: `position_ids`, `cache_indices` [B, kvH, S, 3] ((row, head,
+cell) of each new key and value) and `attention_bias` [B, S, T]; `attention_mask` goes.
 """
 
 from __future__ import annotations
