@@ -24,6 +24,7 @@ from exactspec.cli.common import (
     check_model_arguments,
     draft_to_load,
     gamma_argument,
+    load_options,
     positive_int,
     report_lines,
     strategy,
@@ -82,15 +83,13 @@ def run(args: argparse.Namespace) -> int:
     check_model_arguments(args, draft=draft is not None)
     plain = args.plain or (draft is None and chosen.needs_draft_model)
     progress = not args.no_progress
-    options: dict[str, Any] = dict(
-        dtype=args.dtype,
-        cache_dir=args.cache_dir,
-        progress=progress,
-        device=args.device,
-        weights=args.weights,
-        threads=args.threads,
-        report=report_lines(progress),
-    )
+    options: dict[str, Any] = {
+        **load_options(args),
+        "progress": progress,
+        "threads": args.threads,
+        "report": report_lines(progress),
+    }
+    options.pop("backend")
     work = workload(args, chosen, plain=plain, rows=args.rows)
     trusted = True
     backend, choice = args.backend, None
