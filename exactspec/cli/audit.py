@@ -19,16 +19,13 @@ from exactspec.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     UsageError,
-    add_model_arguments,
     add_sampling_arguments,
     add_strategy_arguments,
     backend_name,
-    check_model_arguments,
     check_significance,
     command_provenance,
     finite_float,
     gamma_argument,
-    load_options,
     output_folder,
     positive_int,
     report_lines,
@@ -36,6 +33,7 @@ from exactspec.cli.common import (
     strategy,
     utf8_text,
 )
+from exactspec.cli.model_flags import add_model_arguments, check_model_arguments, load_options
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.pair import ModelPair

@@ -12,22 +12,24 @@ from exactspec.batch.runner import BatchJob
 from exactspec.cli.common import (
     EXIT_OK,
     UsageError,
-    add_device_argument,
-    add_model_arguments,
     add_sampling_arguments,
     add_strategy_arguments,
     add_structure_arguments,
-    check_model_arguments,
     draft_to_load,
     finite_float,
     gamma_argument,
-    load_options,
     non_empty,
     positive_int,
     sampling_settings,
     strategy,
     structure,
     workload,
+)
+from exactspec.cli.model_flags import (
+    add_device_argument,
+    add_model_arguments,
+    check_model_arguments,
+    load_options,
 )
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.settings import SamplingSettings

@@ -27,13 +27,12 @@ from exactspec.cli.common import (
     EXIT_OK,
     UsageError,
     backend_name,
-    check_model_arguments,
     command_provenance,
-    load_options,
     output_folder,
     report_lines,
     strategy,
 )
+from exactspec.cli.model_flags import check_model_arguments, load_options
 from exactspec.decoding.engine import MAX_GAMMA
 from exactspec.foundations.defaults import DEFAULTS
 

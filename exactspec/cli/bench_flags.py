@@ -16,10 +16,10 @@ from exactspec.bench.config import (
 from exactspec.bench.methods import NAMED_SETTINGS
 from exactspec.bench.prompts import SELECTIONS
 from exactspec.cli.common import (
-    add_model_arguments,
     add_strategy_arguments,
     positive_int,
 )
+from exactspec.cli.model_flags import add_model_arguments
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.settings import TEMPERATURE_MAX
 

@@ -10,16 +10,12 @@ from typing import TYPE_CHECKING, Any
 from exactspec.cli.common import (
     EXIT_OK,
     UsageError,
-    add_device_argument,
-    add_model_arguments,
     add_sampling_arguments,
     add_strategy_arguments,
     add_structure_arguments,
-    check_model_arguments,
     decode_utf8,
     draft_to_load,
     gamma_argument,
-    load_options,
     non_empty,
     positive_int,
     report_lines,
@@ -28,6 +24,12 @@ from exactspec.cli.common import (
     structure,
     utf8_text,
     workload,
+)
+from exactspec.cli.model_flags import (
+    add_device_argument,
+    add_model_arguments,
+    check_model_arguments,
+    load_options,
 )
 from exactspec.foundations.defaults import DEFAULTS
 

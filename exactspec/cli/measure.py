@@ -18,17 +18,19 @@ from typing import TYPE_CHECKING, Any
 from exactspec.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
-    add_device_argument,
-    add_model_arguments,
     add_strategy_arguments,
-    check_model_arguments,
     draft_to_load,
     gamma_argument,
-    load_options,
     positive_int,
     report_lines,
     strategy,
     workload,
+)
+from exactspec.cli.model_flags import (
+    add_device_argument,
+    add_model_arguments,
+    check_model_arguments,
+    load_options,
 )
 
 if TYPE_CHECKING:

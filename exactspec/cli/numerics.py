@@ -19,14 +19,13 @@ from exactspec.bench.numerics import DEFAULT_BLOCKS, DEFAULT_GAMMA, NUMERICS_TEM
 from exactspec.cli.common import (
     EXIT_OK,
     UsageError,
-    add_model_arguments,
     backend_name,
     command_provenance,
     gamma_argument,
-    load_options,
     output_folder,
     positive_int,
 )
+from exactspec.cli.model_flags import add_model_arguments, load_options
 
 DEFAULT_OUT = "numerics-out"
 

@@ -8,18 +8,16 @@ import sys
 from exactspec.cli.common import (
     EXIT_OK,
     UsageError,
-    add_device_argument,
-    add_model_arguments,
     add_strategy_arguments,
     draft_to_load,
     finite_float,
     gamma_argument,
-    load_options,
     positive_int,
     report_lines,
     strategy,
     workload,
 )
+from exactspec.cli.model_flags import add_device_argument, add_model_arguments, load_options
 from exactspec.decoding.strategy import Strategy
 from exactspec.foundations.defaults import DEFAULTS
 

@@ -116,10 +116,8 @@ class AdaptiveGamma(PerRowGamma):
     with s = `position_strength`. r is the row's pooled acceptance rate under a
     Beta(prior_accepted, prior_rejected) prior. The default Beta(3, 1) starts it at 0.75, about
     what a draft of the target's own family gets: the first rounds draft 2 for the default pair
-    (c = 0.39), and one early rejection no longer sends a row to gamma 0 (with the earlier
-    Beta(1, 1), r = 1/3 after it, and grounded-edit-retry at the realistic row spent 16 of 35
-    rounds at 0 in the round-2 bench (commit 80bf7eb) though its first draft token was accepted 16 times
-    in 19).
+    (c = 0.39), and one early rejection does not send a row to gamma 0 (under Beta(1, 1), r = 1/3
+    after it).
     a_j is the acceptance rate at position j given that the round reached it, each shrunk
     towards the one before it, so a position with little evidence inherits its neighbour's rate
     and an untried position (n_j = 0) the deepest tried one's. Acceptance is not independent from

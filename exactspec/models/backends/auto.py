@@ -1,20 +1,14 @@
 """The "auto" backend: the installed backend predicted to decode the work at hand fastest on this machine.
 
-On a CPU the same GGUF pair can run as torch with packed int4 weights, torch with dense bfloat16
-weights, llama.cpp or another registered backend, and which is fastest depends on the CPU (its SIMD
-and matrix units, its cores) by two- to three-fold, and on the work: speculation pays only on a
-backend whose k-token pass costs much less than k one-token steps. So it is measured, never guessed.
-On first use for a pair on a machine, "auto" loads each candidate in turn and measures the target's
-plain one-token step, the draft step c and v(1..9) through the adapters
-(`models.costs.measure_cost_model`), and for a batch workload (the server) the seconds of a pass of
-r rows x 1 token for a few r up to the expected batch (`models.costs.measure_batch_costs`), and caches
-the measurement under the artefacts cache (`artefacts.measurements`, keyed by the target, the
-machine's CPU and flags, cores, the versions of torch and of every backend's runtime
-(`Backend.runtime_packages`) and threads, and, where the workload needs them, the draft whose step c
-counts and the batch sizes measured), with its provenance,
-when it passed its checks (`foundations.measuring`: stable over rounds, v(k) sensible, the machine quiet
-enough while it ran); one that did not is used for this run and said. Later runs read the measurement
-from the cache and load only the winner; `exactspec measure` measures again.
+Which backend is fastest depends on the CPU (its SIMD and matrix units, its cores) by two- to
+three-fold, and on the work: speculation pays only where a k-token pass costs much less than k steps.
+So it is measured, never guessed. On first use for a pair on a machine, "auto" loads each candidate
+(`Backend.candidates`; on another device, or with `--weights` naming a format, only the backends that
+read that option) and measures the target's one-token step, the draft step c and v(1..9), and for a
+batch workload the seconds of r rows x 1 token (`models.costs`), and caches it (`artefacts.measurements`,
+keyed by the target, the machine, the runtimes' versions, `Backend.runtime_packages`, threads, and the
+draft and batch sizes where they count) when it passed its checks (`foundations.measuring`); later runs
+read it and load only the winner; `exactspec measure` measures again.
 
 The choice (`predict`): each candidate's predicted tokens per second on the run's `Workload`, the best
 over draft lengths g = 0..cap (a fixed gamma: that g alone) of
@@ -22,21 +16,12 @@ over draft lengths g = 0..cap (a fixed gamma: that g alone) of
     one stream:  E(alpha, g) / (step (g c + v(g + 1)))                         (g = 0: 1 / step)
     r rows:      r E(alpha, g) / (T(r (g + 1)) + g c T(r))                      (g = 0: r / T(r))
 
-with E(alpha, g) = (1 - alpha^(g+1)) / (1 - alpha) (`foundations.costs.expected_tokens`), alpha the
-drafter's prior acceptance (`PRIOR_ACCEPTANCE`), c = 0 for a drafter that runs no model, and T(n) the
-measured seconds of a pass of n rows x 1 token, read at n = r (g + 1) tokens for a pass of r rows x
-(g + 1) tokens (interpolated, and extrapolated along the last two measured points: an estimate, since only
-one-token rows are timed; a draft step over r rows is taken as c T(r)). Plain decoding is g = 0, so a
-backend is never scored below its plain speed, and `--plain` chooses the fastest plain step. A cached
-measurement from before batch costs were measured (or one without them) scores a batch workload as one
-stream, and the reason says so.
-`BackendChoice.reason` says what was chosen and why. One run uses one backend and one set of weights for
-every target pass: a row's rounds never mix two targets.
-
-Each backend says what to measure of it (`Backend.candidates`: the transformers backend measures packed
-int4 and dense bfloat16 weights). On another device than the CPU, or when `--weights` names a weight
-format, only the backends that read that option are candidates. A backend that cannot run here (a
-missing extra) or cannot load the models is left out, said once.
+with E(alpha, g) = (1 - alpha^(g+1)) / (1 - alpha), alpha the drafter's prior acceptance
+(`PRIOR_ACCEPTANCE`), c = 0 for a drafter that runs no model, and T(n) the measured seconds of a pass
+of n one-token rows, read at n = r (g + 1) (interpolated, and extrapolated along the last two points).
+Plain decoding is g = 0, so a backend is never scored below its plain speed. `BackendChoice.reason`
+says what was chosen and why; one run uses one backend for every target pass. A backend that cannot
+run here or cannot load the models is left out, said once.
 """
 
 from __future__ import annotations

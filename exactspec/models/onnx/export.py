@@ -123,9 +123,8 @@ class ExportRecipe:
 
 
 DEFAULT_RECIPE = ExportRecipe()
-"""int4, block 128, int8 compute: the faster one-token step of the block sizes measured on a 2-core Zen 4
-(docs/bench/onnx-costs: 36.0 ms against block 32's 43.0 on a shared machine; issue 36's quiet probe:
-29.9 ms, llama.cpp's Q4_K_M 29.5), with no steeper v(k) and the same NLL on real text."""
+"""int4, block 128, int8 compute: the fastest one-token step of the block sizes measured, with no steeper
+v(k) and the same NLL on real text (docs/performance.md)."""
 FP32_RECIPE = ExportRecipe(precision="fp32")
 INVARIANT_RECIPE = ExportRecipe(block_size=32)
 """int4 in blocks of 32, int8 compute: the weights whose products ONNX Runtime computes the same way for a
