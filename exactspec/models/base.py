@@ -11,7 +11,7 @@ row is released.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -199,6 +199,21 @@ def check_logits_inputs(histories: list[list[int]], k: int, row_ids: list[int], 
         low, high = min(history), max(history)
         if low < 0 or high >= vocab_size:
             raise ValueError(f"history {b} has token ids outside 0..{vocab_size - 1}: min {low}, max {high}")
+
+
+def checked_vocabulary(
+    vocab_size: int, full: int, eos_token_ids: Iterable[int], source: str
+) -> tuple[int, frozenset[int]]:
+    """(V, EOS ids) an adapter returns logits and stops by: V in 1..`full` (the model's output rows; a
+    smaller V drops trailing ids), at least one EOS id, each below V. `source` names the model in errors."""
+    if not 1 <= vocab_size <= full:
+        raise ValueError(f"vocab_size must lie in 1..{full} (the vocabulary of {source}), got {vocab_size}")
+    eos = frozenset(int(t) for t in eos_token_ids)
+    if not eos:
+        raise ValueError(f"no end-of-generation id known for {source}; pass eos_token_ids")
+    if any(not 0 <= t < vocab_size for t in eos):
+        raise ValueError(f"EOS ids {sorted(eos)} must lie in 0..{vocab_size - 1}")
+    return vocab_size, eos
 
 
 def common_prefix_length(cached: list[int], history: list[int]) -> int:

@@ -40,7 +40,7 @@ import torch
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.rows import RowStart
 from exactspec.foundations.trees import leaf_paths
-from exactspec.models.base import common_prefix_length
+from exactspec.models.base import checked_vocabulary, common_prefix_length
 from exactspec.models.llamacpp.context import LlamaContext
 from exactspec.models.llamacpp.library import INSTALL_HINT as INSTALL_HINT
 from exactspec.models.llamacpp.library import KV_TYPES, llama_cpp
@@ -167,19 +167,8 @@ class LlamaCppModel(RowCacheModel):
         """(V, the EOS ids): `vocab_size` (default the GGUF's vocabulary) and `eos_token_ids` (default the
         GGUF's end-of-generation ids), checked against each other and the GGUF's vocabulary."""
         vocab_size = self._n_vocab if vocab_size is None else vocab_size
-        if not 1 <= vocab_size <= self._n_vocab:
-            raise ValueError(
-                f"vocab_size must lie in 1..{self._n_vocab} (the GGUF's vocabulary), got {vocab_size}"
-            )
-        if eos_token_ids is None:
-            eos = self._llama.end_of_generation_ids()
-        else:
-            eos = frozenset(int(t) for t in eos_token_ids)
-        if not eos:
-            raise ValueError(f"no end-of-generation id known for {self.path}; pass eos_token_ids")
-        if any(not 0 <= t < vocab_size for t in eos):
-            raise ValueError(f"EOS ids {sorted(eos)} must lie in 0..{vocab_size - 1}")
-        return vocab_size, eos
+        eos = self._llama.end_of_generation_ids() if eos_token_ids is None else eos_token_ids
+        return checked_vocabulary(vocab_size, self._n_vocab, eos, str(self.path))
 
     # ------------------------------------------------------------------ protocol
 

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from exactspec.foundations.rows import RowStart
-from exactspec.models.base import common_prefix_length, logits_inputs
+from exactspec.models.base import checked_vocabulary, common_prefix_length, logits_inputs
 from exactspec.models.onnx.feeds import causal_feeds, mask_feeds
 from exactspec.models.onnx.huge_pages import collapse_resident
 from exactspec.models.onnx.invariant import InvariantGraphError
@@ -482,13 +482,9 @@ def _vocabulary(
     """(V, EOS ids): the logits columns returned (default the model's) and the ids that end generation
     (default the config's), checked against the model's output layer."""
     full = int(config["vocab_size"])
-    vocab_size = full if vocab_size is None else vocab_size
-    if not 1 <= vocab_size <= full:
-        raise ValueError(f"vocab_size must lie in 1..{full} (the model's), got {vocab_size}")
     if eos_token_ids is None:
         eos_value = config.get("eos_token_id", [])
         eos_token_ids = eos_value if isinstance(eos_value, list) else [eos_value]
-    eos = frozenset(int(t) for t in eos_token_ids)
-    if not eos or any(not 0 <= t < vocab_size for t in eos):
-        raise ValueError(f"EOS ids {sorted(eos)} must be given and lie in 0..{vocab_size - 1}")
-    return vocab_size, eos
+    return checked_vocabulary(
+        full if vocab_size is None else vocab_size, full, eos_token_ids, "the ONNX model"
+    )
