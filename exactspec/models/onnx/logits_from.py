@@ -18,10 +18,10 @@ as the builder wrote it (`variant_path` returns None).
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from exactspec.models.onnx.graph_files import write_variant
 
 VARIANT_FILE = "model.logits-from.onnx"
 INPUT_NAME = "logits_from"
@@ -31,40 +31,24 @@ FOLLOWERS = ("Add", "Mul", "Div", "Tanh", "Where", "Cast")
 INT64_MAX = 2**63 - 1
 
 
+class NoOutputLayer(ValueError):
+    """The graph's `logits` are not computed by an output layer this variant can slice in front of."""
+
+
 def variant_path(folder: Path, model_file: str) -> Path | None:
-    """The variant of `folder / model_file` (written on first use, reused after), or None when it cannot be
-    made: the output layer is not found, or the folder is not writable."""
-    source = folder / model_file
-    target = folder / VARIANT_FILE
-    if target.is_file() and target.stat().st_mtime_ns >= source.stat().st_mtime_ns:
-        return target
+    """The variant of `folder / model_file` (written on first use, reused after: `graph_files.write_variant`),
+    or None when it cannot be made: the output layer is not found, or the folder is not writable."""
     try:
-        model = _with_logits_from(source)
-    except Exception:  # a graph onnx cannot read or edit (its parse errors have several types)
+        return write_variant(folder, model_file, VARIANT_FILE, _with_logits_from)
+    except Exception:  # a graph onnx cannot read or edit (its errors have several types), or an OSError
         return None
-    if model is None:
-        return None
-    try:
-        handle, scratch = tempfile.mkstemp(dir=folder, prefix=".variant-", suffix=".onnx")
-    except OSError:
-        return None
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(model.SerializeToString())
-        os.replace(scratch, target)  # another process writing the same bytes at once is harmless
-    except OSError:
-        Path(scratch).unlink(missing_ok=True)
-        return None
-    return target
 
 
-def _with_logits_from(source: Path) -> Any | None:
-    """The graph of `source` (its weights left in their external file) with the `logits_from` slice, or
-    None when no output layer feeds `logits` through the ops the builder puts after it."""
-    import onnx
+def _with_logits_from(model: Any) -> Any:
+    """`model` (loaded without its external weights) with the `logits_from` slice; `NoOutputLayer` when no
+    output layer feeds `logits` through the ops the builder puts after it."""
     from onnx import TensorProto, helper, numpy_helper
 
-    model = onnx.load(str(source), load_external_data=False)
     graph = model.graph
     if any(i.name == INPUT_NAME for i in graph.input):
         return model
@@ -75,11 +59,11 @@ def _with_logits_from(source: Path) -> Any | None:
         if node is None or node.op_type in OUTPUT_LAYERS:
             break
         if node.op_type not in FOLLOWERS:
-            return None
+            raise NoOutputLayer(f"{node.op_type} lies between the output layer and logits")
         activations = [name for name in node.input if name in producer and name not in constants]
         node = producer.get(activations[0]) if len(activations) == 1 else None
     if node is None or node.op_type not in OUTPUT_LAYERS:
-        return None
+        raise NoOutputLayer("no MatMulNBits or MatMul feeds logits")
     hidden = node.input[0]
     sliced = f"{hidden}/logits_from"
     # A required input, not an overridable initializer: ONNX Runtime's IO binding binds graph inputs only.
