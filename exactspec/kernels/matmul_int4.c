@@ -1,0 +1,388 @@
+/* int4 weights times a few float32 rows, each row's bits independent of the others (README.md).
+ *
+ * The definition, for row r and column n, with the K axis cut into blocks b of `block` values:
+ *   activations: sa = max|x[r, block b]| / 127, qa = round-half-even(x * (1 / sa)) in -127..127,
+ *                asum = sum of qa over the block (all zeros when sa is 0 or not a normal float);
+ *   t_b  = sum_k q[n, k] * qa[r, k] - z[n, b] * asum[r, b]     (exact int32)
+ *   acc  = fmaf((float)t_b, s[n, b] * sa[r, b], acc)            (b increasing, acc from 0.0f)
+ *   out  = acc (+ bias[n], one float add).
+ * Every path performs exactly these float operations in this order for every (r, n), so the paths, the
+ * row count, the row's place, the thread count and the tiling cannot change a bit.
+ *
+ * Packed weights (int4.py builds them): N padded to tiles of 16 columns, K to whole blocks. For tile t
+ * and block b, `weights` holds 8 * block bytes at ((t * nb + b) * 8 * block): chunk c (64 bytes, c <
+ * block / 8) covers the block's K offsets 8c..8c+7; its byte 4j + i holds column j's value at offset
+ * 8c + i in the low nibble and at 8c + 4 + i in the high nibble. So a 32-bit lane j holds 4 consecutive
+ * K values of column j, what an u8 x s8 -> s32 dot product of 4 wants. `scales` holds 16 floats and
+ * `zeros` 16 bytes per (t, b), in the same order.
+ */
+#include "matmul_int4.h"
+
+#include <float.h>
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ES_ROWS 16 /* rows per pass over a tile: all of a call's rows when it has at most 16 */
+
+/* Quantized activations of a call: qa [M][kp] int8, sa [M][nb], asum [M][nb]. */
+typedef struct {
+    int8_t *qa;
+    float *sa;
+    int32_t *asum;
+    int64_t kp, nb;
+} acts_t;
+
+/* The scale of a block whose largest magnitude is amax, and its inverse; 0 when the block quantizes to
+ * zeros (amax 0, or a scale that is not a normal float, whose inverse could overflow). */
+static inline void block_scale(float amax, float *sa, float *inv) {
+    float s = amax / 127.0f;
+    if (!(s >= FLT_MIN) || !(s <= FLT_MAX)) {
+        *sa = 0.0f;
+        *inv = 0.0f;
+        return;
+    }
+    *sa = s;
+    *inv = 1.0f / s;
+}
+
+static inline int8_t quantize_one(float v, float inv) {
+    float q = nearbyintf(v * inv); /* the current rounding mode: half to even, as cvtps2dq */
+    if (q > 127.0f) q = 127.0f;
+    if (q < -127.0f) q = -127.0f;
+    return (int8_t)q;
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * The reference path: plain C, the definition.
+ */
+
+static void quantize_block_reference(const float *x, int64_t len, int64_t block, int8_t *qa, float *sa,
+                                     int32_t *asum) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < len; i++) amax = fmaxf(amax, fabsf(x[i]));
+    float inv;
+    block_scale(amax, sa, &inv);
+    int32_t sum = 0;
+    for (int64_t i = 0; i < block; i++) {
+        qa[i] = (i < len && *sa != 0.0f) ? quantize_one(x[i], inv) : 0;
+        sum += qa[i];
+    }
+    *asum = sum;
+}
+
+static inline int weight_at(const uint8_t *weights, int64_t nb, int64_t block, int64_t n, int64_t k) {
+    int64_t t = n / ES_TILE, j = n % ES_TILE, b = k / block, o = k % block;
+    const uint8_t *chunk = weights + (t * nb + b) * 8 * block + (o / 8) * 64;
+    uint8_t byte = chunk[4 * j + (o % 4)];
+    return (o % 8) < 4 ? (byte & 15) : (byte >> 4);
+}
+
+static void tile_reference(int64_t t, int64_t r0, int rows, const acts_t *a, int64_t block,
+                           const uint8_t *weights, const float *scales, const uint8_t *zeros,
+                           float facc[ES_ROWS][ES_TILE]) {
+    for (int r = 0; r < rows; r++) {
+        for (int j = 0; j < ES_TILE; j++) {
+            int64_t n = t * ES_TILE + j;
+            float acc = 0.0f;
+            for (int64_t b = 0; b < a->nb; b++) {
+                const int8_t *qa = a->qa + (r0 + r) * a->kp + b * block;
+                int32_t idot = 0;
+                for (int64_t o = 0; o < block; o++) idot += weight_at(weights, a->nb, block, n, b * block + o) * qa[o];
+                int64_t tb = t * a->nb + b;
+                int32_t term = idot - (int32_t)zeros[tb * ES_TILE + j] * a->asum[(r0 + r) * a->nb + b];
+                acc = fmaf((float)term, scales[tb * ES_TILE + j] * a->sa[(r0 + r) * a->nb + b], acc);
+            }
+            facc[r][j] = acc;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * The AVX2 (+FMA) path: 8 columns per 256-bit register, u8 x s8 pairs (vpmaddubsw, at most 2 * 15 * 127
+ * = 3810 each, eight of them summed in int16 <= 30480) widened with vpmaddwd by ones.
+ */
+
+#define AVX2 __attribute__((target("avx2,fma")))
+#define AVX2_INLINE static inline __attribute__((always_inline, target("avx2,fma")))
+
+static AVX2 void quantize_block_avx2(const float *x, int64_t len, int64_t block, int8_t *qa, float *sa,
+                                     int32_t *asum) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 vmax = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= len; i += 8) vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, vmax);
+    float amax = 0.0f;
+    for (int l = 0; l < 8; l++) amax = fmaxf(amax, lanes[l]);
+    for (; i < len; i++) amax = fmaxf(amax, fabsf(x[i]));
+    float inv;
+    block_scale(amax, sa, &inv);
+    if (*sa == 0.0f) {
+        memset(qa, 0, (size_t)block);
+        *asum = 0;
+        return;
+    }
+    const __m256 vinv = _mm256_set1_ps(inv);
+    const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+    __m256i vsum = _mm256_setzero_si256();
+    i = 0;
+    for (; i + 8 <= len; i += 8) {
+        __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i), vinv));
+        q = _mm256_min_epi32(_mm256_max_epi32(q, lo), hi);
+        vsum = _mm256_add_epi32(vsum, q);
+        int32_t w[8];
+        _mm256_storeu_si256((__m256i *)w, q);
+        for (int l = 0; l < 8; l++) qa[i + l] = (int8_t)w[l];
+    }
+    int32_t sums[8];
+    _mm256_storeu_si256((__m256i *)sums, vsum);
+    int32_t sum = 0;
+    for (int l = 0; l < 8; l++) sum += sums[l];
+    for (; i < len; i++) {
+        qa[i] = quantize_one(x[i], inv);
+        sum += qa[i];
+    }
+    for (; i < block; i++) qa[i] = 0;
+    *asum = sum;
+}
+
+static inline int32_t load4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* Rows r < R of one tile and block, 8 columns (half h of the tile): integer dot products, then the
+ * fused multiply-add into facc. R is a constant after inlining, so the accumulators live in registers. */
+AVX2_INLINE void block_avx2(const int R, int h, const uint8_t *w, int64_t block, const int8_t *qa, int64_t kp,
+                            const float *sa, const int32_t *asum, int64_t nb, const float *s, const uint8_t *z,
+                            float facc[ES_ROWS][ES_TILE]) {
+    const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    __m256i acc[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_si256();
+    for (int64_t sc = 0; sc < block / 32; sc++) {
+        __m256i part[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) part[r] = _mm256_setzero_si256();
+#pragma GCC unroll 1 /* unrolled, gcc computes every product first and spills them */
+        for (int c = 0; c < 4; c++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(w + sc * 256 + c * 64 + h * 32));
+            __m256i low = _mm256_and_si256(v, mask), high = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const int8_t *a = qa + r * kp + sc * 32 + c * 8;
+                part[r] = _mm256_add_epi16(part[r], _mm256_maddubs_epi16(low, _mm256_set1_epi32(load4(a))));
+                part[r] = _mm256_add_epi16(part[r], _mm256_maddubs_epi16(high, _mm256_set1_epi32(load4(a + 4))));
+            }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(part[r], ones));
+    }
+    const __m256i zv = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(z + 8 * h)));
+    const __m256 sv = _mm256_loadu_ps(s + 8 * h);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        __m256i term = _mm256_sub_epi32(acc[r], _mm256_mullo_epi32(zv, _mm256_set1_epi32(asum[r * nb])));
+        __m256 scale = _mm256_mul_ps(sv, _mm256_set1_ps(sa[r * nb]));
+        __m256 f = _mm256_loadu_ps(&facc[r][8 * h]);
+        _mm256_storeu_ps(&facc[r][8 * h], _mm256_fmadd_ps(_mm256_cvtepi32_ps(term), scale, f));
+    }
+}
+
+static AVX2 void tile_avx2(int64_t t, int64_t r0, int rows, const acts_t *a, int64_t block,
+                           const uint8_t *weights, const float *scales, const uint8_t *zeros,
+                           float facc[ES_ROWS][ES_TILE]) {
+    for (int64_t b = 0; b < a->nb; b++) {
+        int64_t tb = t * a->nb + b;
+        const uint8_t *w = weights + tb * 8 * block;
+        const float *s = scales + tb * ES_TILE;
+        const uint8_t *z = zeros + tb * ES_TILE;
+        for (int r = 0; r < rows; r += 4) {
+            const int8_t *qa = a->qa + (r0 + r) * a->kp + b * block;
+            const float *sa = a->sa + (r0 + r) * a->nb + b;
+            const int32_t *asum = a->asum + (r0 + r) * a->nb + b;
+            float(*f)[ES_TILE] = facc + r;
+            for (int h = 0; h < 2; h++) {
+                switch (rows - r < 4 ? rows - r : 4) {
+                case 1: block_avx2(1, h, w, block, qa, a->kp, sa, asum, a->nb, s, z, f); break;
+                case 2: block_avx2(2, h, w, block, qa, a->kp, sa, asum, a->nb, s, z, f); break;
+                case 3: block_avx2(3, h, w, block, qa, a->kp, sa, asum, a->nb, s, z, f); break;
+                default: block_avx2(4, h, w, block, qa, a->kp, sa, asum, a->nb, s, z, f); break;
+                }
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * The AVX-512 (F, BW, VL) + VNNI path: 16 columns per 512-bit register, vpdpbusd (u8 x s8, 4 per lane).
+ */
+
+#define AVX512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
+#define AVX512_INLINE \
+    static inline __attribute__((always_inline, target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
+
+/* Rows r < R of one tile and block: the 8 unpacked registers of 32 K values serve every row. */
+AVX512_INLINE void block_avx512(const int R, const uint8_t *w, int64_t block, const int8_t *qa, int64_t kp,
+                                const float *sa, const int32_t *asum, int64_t nb, const float *s,
+                                const uint8_t *z, float facc[ES_ROWS][ES_TILE]) {
+    const __m512i mask = _mm512_set1_epi8(0x0F);
+    __m512i acc[ES_ROWS];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_si512();
+    for (int64_t sc = 0; sc < block / 32; sc++) {
+        __m512i u[8];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            __m512i v = _mm512_loadu_si512((const void *)(w + sc * 256 + c * 64));
+            u[2 * c] = _mm512_and_si512(v, mask);
+            u[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+        }
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; g++) {
+#pragma GCC unroll 16
+            for (int r = 0; r < R; r++) {
+                const int8_t *a = qa + r * kp + sc * 32 + g * 4;
+                acc[r] = _mm512_dpbusd_epi32(acc[r], u[g], _mm512_set1_epi32(load4(a)));
+            }
+        }
+    }
+    const __m512i zv = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)z));
+    const __m512 sv = _mm512_loadu_ps(s);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; r++) {
+        __m512i term = _mm512_sub_epi32(acc[r], _mm512_mullo_epi32(zv, _mm512_set1_epi32(asum[r * nb])));
+        __m512 scale = _mm512_mul_ps(sv, _mm512_set1_ps(sa[r * nb]));
+        __m512 f = _mm512_loadu_ps(facc[r]);
+        _mm512_storeu_ps(facc[r], _mm512_fmadd_ps(_mm512_cvtepi32_ps(term), scale, f));
+    }
+}
+
+#define ES_CASE(R) \
+    case R: block_avx512(R, w, block, qa, a->kp, sa, asum, a->nb, s, z, facc); break;
+
+static AVX512 void tile_avx512(int64_t t, int64_t r0, int rows, const acts_t *a, int64_t block,
+                               const uint8_t *weights, const float *scales, const uint8_t *zeros,
+                               float facc[ES_ROWS][ES_TILE]) {
+    for (int64_t b = 0; b < a->nb; b++) {
+        int64_t tb = t * a->nb + b;
+        const uint8_t *w = weights + tb * 8 * block;
+        const float *s = scales + tb * ES_TILE;
+        const uint8_t *z = zeros + tb * ES_TILE;
+        const int8_t *qa = a->qa + r0 * a->kp + b * block;
+        const float *sa = a->sa + r0 * a->nb + b;
+        const int32_t *asum = a->asum + r0 * a->nb + b;
+        switch (rows) {
+            ES_CASE(1) ES_CASE(2) ES_CASE(3) ES_CASE(4) ES_CASE(5) ES_CASE(6) ES_CASE(7) ES_CASE(8)
+            ES_CASE(9) ES_CASE(10) ES_CASE(11) ES_CASE(12) ES_CASE(13) ES_CASE(14) ES_CASE(15)
+            default: block_avx512(16, w, block, qa, a->kp, sa, asum, a->nb, s, z, facc); break;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * The driver: threads over column tiles only (a static split); per tile, at most 16 rows per pass.
+ */
+
+typedef void (*tile_fn)(int64_t, int64_t, int, const acts_t *, int64_t, const uint8_t *, const float *,
+                        const uint8_t *, float[ES_ROWS][ES_TILE]);
+typedef void (*quantize_fn)(const float *, int64_t, int64_t, int8_t *, float *, int32_t *);
+
+/* One scratch per calling thread, grown as needed, for the quantized activations. */
+static _Thread_local void *scratch;
+static _Thread_local size_t scratch_size;
+
+int es_int4_matmul(int path, const float *x, int64_t m, int64_t k, int64_t n, int64_t block,
+                   const uint8_t *weights, const float *scales, const uint8_t *zeros, const float *bias,
+                   float *out, int threads) {
+    if (m < 0 || k < 1 || n < 1 || (block != 32 && block != 64 && block != 128) || threads < 1) return -1;
+    if (path < 0 || path >= ES_PATH_COUNT) return -1;
+    if (!(es_cpu_paths() & (1 << path))) return -2;
+    if (m == 0) return 0;
+    tile_fn tile = path == ES_PATH_AVX512 ? tile_avx512 : path == ES_PATH_AVX2 ? tile_avx2 : tile_reference;
+    quantize_fn quantize = path == ES_PATH_REFERENCE ? quantize_block_reference : quantize_block_avx2;
+    acts_t a;
+    a.nb = (k + block - 1) / block;
+    a.kp = a.nb * block;
+    size_t need = (size_t)(m * a.kp) + (size_t)(m * a.nb) * (sizeof(float) + sizeof(int32_t)) + 64;
+    if (need > scratch_size) {
+        free(scratch);
+        scratch = malloc(need);
+        scratch_size = scratch ? need : 0;
+        if (!scratch) return -3;
+    }
+    a.sa = (float *)scratch;
+    a.asum = (int32_t *)(a.sa + m * a.nb);
+    a.qa = (int8_t *)(a.asum + m * a.nb);
+    int64_t tiles = (n + ES_TILE - 1) / ES_TILE;
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < m * a.nb; i++) {
+            int64_t r = i / a.nb, b = i % a.nb;
+            int64_t len = k - b * block < block ? k - b * block : block;
+            quantize(x + r * k + b * block, len, block, a.qa + r * a.kp + b * block, a.sa + i, a.asum + i);
+        }
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tiles; t++) {
+            float facc[ES_ROWS][ES_TILE] __attribute__((aligned(64)));
+            int64_t n0 = t * ES_TILE;
+            int cols = n - n0 < ES_TILE ? (int)(n - n0) : ES_TILE;
+            for (int64_t r0 = 0; r0 < m; r0 += ES_ROWS) {
+                int rows = m - r0 < ES_ROWS ? (int)(m - r0) : ES_ROWS;
+                memset(facc, 0, sizeof facc);
+                tile(t, r0, rows, &a, block, weights, scales, zeros, facc);
+                for (int r = 0; r < rows; r++) {
+                    float *o = out + (r0 + r) * n + n0;
+                    if (bias)
+                        for (int j = 0; j < cols; j++) o[j] = facc[r][j] + bias[n0 + j];
+                    else
+                        for (int j = 0; j < cols; j++) o[j] = facc[r][j];
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * For the benchmark: read `size` bytes with `threads` threads (a static split, as the matmul does) and
+ * return a sum of them, so that the machine's read bandwidth is measured the way the kernel reads.
+ */
+
+static AVX2 uint64_t read_avx2(const uint8_t *p, int64_t size) {
+    __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+    int64_t i = 0;
+    for (; i + 128 <= size; i += 128) {
+        s0 = _mm256_add_epi64(s0, _mm256_sad_epu8(_mm256_loadu_si256((const __m256i *)(p + i)),
+                                                  _mm256_loadu_si256((const __m256i *)(p + i + 32))));
+        s1 = _mm256_add_epi64(s1, _mm256_sad_epu8(_mm256_loadu_si256((const __m256i *)(p + i + 64)),
+                                                  _mm256_loadu_si256((const __m256i *)(p + i + 96))));
+    }
+    uint64_t lanes[4];
+    _mm256_storeu_si256((__m256i *)lanes, _mm256_add_epi64(s0, s1));
+    uint64_t sum = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+    for (; i < size; i++) sum += p[i];
+    return sum;
+}
+
+uint64_t es_read_bytes(const uint8_t *p, int64_t size, int threads) {
+    uint64_t total = 0;
+    int wide = (es_cpu_paths() & (1 << ES_PATH_AVX2)) != 0;
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+    {
+        int64_t parts = omp_get_num_threads(), me = omp_get_thread_num();
+        int64_t begin = size * me / parts, end = size * (me + 1) / parts;
+        if (wide) {
+            total += read_avx2(p + begin, end - begin);
+        } else {
+            for (int64_t i = begin; i < end; i++) total += p[i];
+        }
+    }
+    return total;
+}
