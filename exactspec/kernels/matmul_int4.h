@@ -21,4 +21,8 @@ int es_int4_matmul(int path, const float *x, int64_t m, int64_t k, int64_t n, in
                    const uint8_t *weights, const float *scales, const uint8_t *zeros, const float *bias,
                    float *out, int threads);
 
+/* Read `size` bytes at p with `threads` threads (a static split) and return their sum: the machine's read
+ * bandwidth as the kernel reads (a benchmark's yardstick). */
+uint64_t es_read_bytes(const uint8_t *p, int64_t size, int threads);
+
 #endif
