@@ -21,7 +21,7 @@
 #include <float.h>
 #include <immintrin.h>
 #include <math.h>
-#include <omp.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -286,7 +286,7 @@ static AVX512 void tile_avx512(int64_t t, int64_t r0, int rows, const acts_t *a,
 }
 
 /* ---------------------------------------------------------------------------------------------------
- * The driver: threads over column tiles only (a static split); per tile, at most 16 rows per pass.
+ * The driver: threads over column tiles only (es_run, dispatch.c); per tile, at most 16 rows per pass.
  */
 
 typedef void (*tile_fn)(int64_t, int64_t, int, const acts_t *, int64_t, const uint8_t *, const float *,
@@ -297,6 +297,53 @@ typedef void (*quantize_fn)(const float *, int64_t, int64_t, int8_t *, float *, 
 static _Thread_local void *scratch;
 static _Thread_local size_t scratch_size;
 
+typedef struct {
+    acts_t a;
+    tile_fn tile;
+    quantize_fn quantize;
+    const float *x, *scales, *bias;
+    const uint8_t *weights, *zeros;
+    float *out;
+    int64_t m, k, n, block, tiles, per_item;
+} call_t;
+
+static void quantize_item(void *ctx, int64_t item) {
+    call_t *c = ctx;
+    int64_t end = (item + 1) * c->per_item < c->m * c->a.nb ? (item + 1) * c->per_item : c->m * c->a.nb;
+    for (int64_t i = item * c->per_item; i < end; i++) {
+        int64_t r = i / c->a.nb, b = i % c->a.nb;
+        int64_t len = c->k - b * c->block < c->block ? c->k - b * c->block : c->block;
+        c->quantize(c->x + r * c->k + b * c->block, len, c->block, c->a.qa + r * c->a.kp + b * c->block,
+                    c->a.sa + i, c->a.asum + i);
+    }
+}
+
+static void tiles_item(void *ctx, int64_t item) {
+    call_t *c = ctx;
+    float facc[ES_ROWS][ES_TILE] __attribute__((aligned(64)));
+    int64_t end = (item + 1) * c->per_item < c->tiles ? (item + 1) * c->per_item : c->tiles;
+    for (int64_t t = item * c->per_item; t < end; t++) {
+        int64_t n0 = t * ES_TILE;
+        int cols = c->n - n0 < ES_TILE ? (int)(c->n - n0) : ES_TILE;
+        for (int64_t r0 = 0; r0 < c->m; r0 += ES_ROWS) {
+            int rows = c->m - r0 < ES_ROWS ? (int)(c->m - r0) : ES_ROWS;
+            memset(facc, 0, sizeof facc);
+            c->tile(t, r0, rows, &c->a, c->block, c->weights, c->scales, c->zeros, facc);
+            for (int r = 0; r < rows; r++) {
+                float *o = c->out + (r0 + r) * c->n + n0;
+                if (c->bias)
+                    for (int j = 0; j < cols; j++) o[j] = facc[r][j] + c->bias[n0 + j];
+                else
+                    for (int j = 0; j < cols; j++) o[j] = facc[r][j];
+            }
+        }
+    }
+}
+
+/* Items per thread: enough that a late or slow thread leaves little undone, few enough that claiming
+ * them (one atomic each) costs nothing. */
+#define ES_ITEMS_PER_THREAD 16
+
 int es_int4_matmul(int path, const float *x, int64_t m, int64_t k, int64_t n, int64_t block,
                    const uint8_t *weights, const float *scales, const uint8_t *zeros, const float *bias,
                    float *out, int threads) {
@@ -304,55 +351,36 @@ int es_int4_matmul(int path, const float *x, int64_t m, int64_t k, int64_t n, in
     if (path < 0 || path >= ES_PATH_COUNT) return -1;
     if (!(es_cpu_paths() & (1 << path))) return -2;
     if (m == 0) return 0;
-    tile_fn tile = path == ES_PATH_AVX512 ? tile_avx512 : path == ES_PATH_AVX2 ? tile_avx2 : tile_reference;
-    quantize_fn quantize = path == ES_PATH_REFERENCE ? quantize_block_reference : quantize_block_avx2;
-    acts_t a;
-    a.nb = (k + block - 1) / block;
-    a.kp = a.nb * block;
-    size_t need = (size_t)(m * a.kp) + (size_t)(m * a.nb) * (sizeof(float) + sizeof(int32_t)) + 64;
+    call_t c = {.x = x, .scales = scales, .bias = bias, .weights = weights, .zeros = zeros, .out = out,
+                .m = m, .k = k, .n = n, .block = block};
+    c.tile = path == ES_PATH_AVX512 ? tile_avx512 : path == ES_PATH_AVX2 ? tile_avx2 : tile_reference;
+    c.quantize = path == ES_PATH_REFERENCE ? quantize_block_reference : quantize_block_avx2;
+    c.a.nb = (k + block - 1) / block;
+    c.a.kp = c.a.nb * block;
+    size_t need = (size_t)(m * c.a.kp) + (size_t)(m * c.a.nb) * (sizeof(float) + sizeof(int32_t)) + 64;
     if (need > scratch_size) {
         free(scratch);
         scratch = malloc(need);
         scratch_size = scratch ? need : 0;
         if (!scratch) return -3;
     }
-    a.sa = (float *)scratch;
-    a.asum = (int32_t *)(a.sa + m * a.nb);
-    a.qa = (int8_t *)(a.asum + m * a.nb);
-    int64_t tiles = (n + ES_TILE - 1) / ES_TILE;
-#pragma omp parallel num_threads(threads)
-    {
-#pragma omp for schedule(static)
-        for (int64_t i = 0; i < m * a.nb; i++) {
-            int64_t r = i / a.nb, b = i % a.nb;
-            int64_t len = k - b * block < block ? k - b * block : block;
-            quantize(x + r * k + b * block, len, block, a.qa + r * a.kp + b * block, a.sa + i, a.asum + i);
-        }
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < tiles; t++) {
-            float facc[ES_ROWS][ES_TILE] __attribute__((aligned(64)));
-            int64_t n0 = t * ES_TILE;
-            int cols = n - n0 < ES_TILE ? (int)(n - n0) : ES_TILE;
-            for (int64_t r0 = 0; r0 < m; r0 += ES_ROWS) {
-                int rows = m - r0 < ES_ROWS ? (int)(m - r0) : ES_ROWS;
-                memset(facc, 0, sizeof facc);
-                tile(t, r0, rows, &a, block, weights, scales, zeros, facc);
-                for (int r = 0; r < rows; r++) {
-                    float *o = out + (r0 + r) * n + n0;
-                    if (bias)
-                        for (int j = 0; j < cols; j++) o[j] = facc[r][j] + bias[n0 + j];
-                    else
-                        for (int j = 0; j < cols; j++) o[j] = facc[r][j];
-                }
-            }
-        }
-    }
+    c.a.sa = (float *)scratch;
+    c.a.asum = (int32_t *)(c.a.sa + m * c.a.nb);
+    c.a.qa = (int8_t *)(c.a.asum + m * c.a.nb);
+    /* The activations first: a few microseconds for a verification pass, so on this thread unless big. */
+    int64_t pieces = m * c.a.nb;
+    int quantizers = m * k < (1 << 16) ? 1 : threads;
+    c.per_item = (pieces + quantizers * ES_ITEMS_PER_THREAD - 1) / (quantizers * ES_ITEMS_PER_THREAD);
+    es_run(quantizers, (pieces + c.per_item - 1) / c.per_item, quantize_item, &c);
+    c.tiles = (n + ES_TILE - 1) / ES_TILE;
+    c.per_item = (c.tiles + threads * ES_ITEMS_PER_THREAD - 1) / (threads * ES_ITEMS_PER_THREAD);
+    es_run(threads, (c.tiles + c.per_item - 1) / c.per_item, tiles_item, &c);
     return 0;
 }
 
 /* ---------------------------------------------------------------------------------------------------
- * For the benchmark: read `size` bytes with `threads` threads (a static split, as the matmul does) and
- * return a sum of them, so that the machine's read bandwidth is measured the way the kernel reads.
+ * For the benchmark: read `size` bytes on `threads` threads, split as the matmul splits its tiles, and
+ * return their sum, so that the machine's read bandwidth is measured the way the kernel reads.
  */
 
 static AVX2 uint64_t read_avx2(const uint8_t *p, int64_t size) {
@@ -371,18 +399,28 @@ static AVX2 uint64_t read_avx2(const uint8_t *p, int64_t size) {
     return sum;
 }
 
+typedef struct {
+    const uint8_t *p;
+    int64_t size, parts;
+    int wide;
+    _Atomic uint64_t total;
+} read_t;
+
+static void read_item(void *ctx, int64_t item) {
+    read_t *r = ctx;
+    int64_t begin = r->size * item / r->parts, end = r->size * (item + 1) / r->parts;
+    uint64_t sum = 0;
+    if (r->wide)
+        sum = read_avx2(r->p + begin, end - begin);
+    else
+        for (int64_t i = begin; i < end; i++) sum += r->p[i];
+    atomic_fetch_add(&r->total, sum);
+}
+
 uint64_t es_read_bytes(const uint8_t *p, int64_t size, int threads) {
-    uint64_t total = 0;
-    int wide = (es_cpu_paths() & (1 << ES_PATH_AVX2)) != 0;
-#pragma omp parallel num_threads(threads) reduction(+ : total)
-    {
-        int64_t parts = omp_get_num_threads(), me = omp_get_thread_num();
-        int64_t begin = size * me / parts, end = size * (me + 1) / parts;
-        if (wide) {
-            total += read_avx2(p + begin, end - begin);
-        } else {
-            for (int64_t i = begin; i < end; i++) total += p[i];
-        }
-    }
-    return total;
+    read_t r = {.p = p, .size = size, .parts = (int64_t)threads * ES_ITEMS_PER_THREAD};
+    r.wide = (es_cpu_paths() & (1 << ES_PATH_AVX2)) != 0;
+    atomic_init(&r.total, 0);
+    es_run(threads, r.parts, read_item, &r);
+    return atomic_load(&r.total);
 }

@@ -231,3 +231,18 @@ def test_threads_default_to_the_cores_this_process_may_use(monkeypatch: pytest.M
     assert int4.default_threads() == len(os.sched_getaffinity(0))
     monkeypatch.setattr(int4, "threads", 3)
     assert int4.default_threads() == 3
+
+
+def test_calls_from_several_threads_at_once_keep_their_bits() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    generator = np.random.default_rng(6)
+    weights = random_weights(generator, 300, 256, 32, zero_points=True)[0]
+    x = random_rows(generator, 8, 256)
+    expected = matmul(x, weights, threads=1)
+
+    def calls(seed: int) -> bool:
+        return all(torch.equal(matmul(x, weights, threads=1 + (seed + i) % 3), expected) for i in range(40))
+
+    with ThreadPoolExecutor(3) as executor:
+        assert all(executor.map(calls, range(3)))
