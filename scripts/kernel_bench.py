@@ -142,6 +142,22 @@ def theirs(n: int, k: int, block: int, rows: list[int], args) -> dict:
     return {"weight_bytes": nbytes, "seconds": results}
 
 
+def aims(record: dict) -> list[str]:
+    """Per shape, block and path: one row's time over MatMulNBits' (aim <= 1.05), and 4 and 8 rows' over
+    one row's (aims 1.25; 1.6 on the AVX-512 path, 2.2 on AVX2)."""
+    lines = ["## Aims", "", "| shape | block | path | 1 row / MatMulNBits | 4 rows / 1 | 8 rows / 1 |"]
+    lines.append("|---|---:|---|---:|---:|---:|")
+    for shape, result in record["shapes"].items():
+        for block, mine in result["ours"].items():
+            theirs = result["onnxruntime"].get(block, {}).get("seconds", {})
+            for name, seconds in mine["seconds"].items():
+                first = seconds.get(1)
+                cells = [f"{first / theirs[1]:.2f}" if first and 1 in theirs else ""]
+                cells += [f"{seconds[m] / first:.2f}" if first and m in seconds else "" for m in (4, 8)]
+                lines.append(f"| {shape} | {block} | {name} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
 def table(record: dict) -> str:
     cpu = record["cpu"]
     lines = [
@@ -156,6 +172,7 @@ def table(record: dict) -> str:
         "",
         "Median ms per call; in brackets the effective GB/s of weight bytes, then the time over one row's.",
         "",
+        *aims(record),
     ]
     for shape, result in record["shapes"].items():
         n, k = SHAPES[shape]
