@@ -114,7 +114,14 @@ static void *worker(void *arg) {
     return NULL;
 }
 
-static void forget_workers(void) { pool.workers = 0; } /* a forked child has none of them */
+/* A forked child has only the thread that forked: no workers, and no other caller holding the pool. */
+static void forget_workers(void) {
+    pool.workers = 0;
+    atomic_store(&pool.sleepers, 0);
+    pthread_mutex_init(&pool.lock, NULL);
+    pthread_cond_init(&pool.wake, NULL);
+    pthread_mutex_init(&pool.callers, NULL);
+}
 
 void es_run(int threads, int64_t items, es_task_fn fn, void *ctx) {
     if (items <= 0) return;
