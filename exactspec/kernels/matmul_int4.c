@@ -26,6 +26,9 @@
 #include <string.h>
 
 #define ES_ROWS 16 /* rows per pass over a tile: all of a call's rows when it has at most 16 */
+#ifndef ES_PREFETCH
+#define ES_PREFETCH 4096 /* bytes ahead of the weights being read that are asked for */
+#endif
 
 /* Quantized activations of a call: qa [M][kp] int8, sa [M][nb], asum [M][nb] (and as floats, exact). */
 typedef struct {
@@ -172,6 +175,7 @@ AVX2_INLINE void block_avx2(const int R, int h, const uint8_t *w, int64_t block,
         for (int r = 0; r < R; r++) part[r] = _mm256_setzero_si256();
 #pragma GCC unroll 1 /* unrolled, gcc computes every product first and spills them */
         for (int c = 0; c < 4; c++) {
+            if (h == 0) _mm_prefetch((const char *)(w + sc * 256 + c * 64 + ES_PREFETCH), _MM_HINT_T0);
             __m256i v = _mm256_loadu_si256((const __m256i *)(w + sc * 256 + c * 64 + h * 32));
             __m256i low = _mm256_and_si256(v, mask), high = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
 #pragma GCC unroll 4
@@ -247,6 +251,7 @@ AVX512_INLINE void block_avx512(const int R, const uint8_t *w, int64_t block, co
         __m512i u[8];
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
+            _mm_prefetch((const char *)(w + sc * 256 + c * 64 + ES_PREFETCH), _MM_HINT_T0);
             __m512i v = _mm512_loadu_si512((const void *)(w + sc * 256 + c * 64));
             u[2 * c] = _mm512_and_si512(v, mask);
             u[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
