@@ -3,8 +3,9 @@
    Cache layout, per layer: keys and values each [slots, kv_heads, capacity, head_size] float32, so one
    (slot, KV head) is a contiguous run of cells.
 
-   One (query, head) pair is one work item, done by one thread from start to end, over its own cell list
-   (increasing cell ids) in list order:
+   Each (query, head) pair is done by one thread from start to end, over its query's own cell list
+   (increasing cell ids) in list order (a work item is one query's heads that share a KV head, or a part
+   of them when there are few queries and many threads; see attend_group):
      s_j = dot(q, k_j) * scale      dot: 16 lanes (element d in lane d % 16, fused multiply-add), the
                                     es_sum16 tree, then the tail elements d >= head_size & ~15 one by one
      m   = max_j s_j
@@ -168,27 +169,28 @@ __attribute__((target("avx512f"))) static float weights_avx512(float *s, int pad
     return es_sum16_avx512(acc);
 }
 
-/* ---------------------------------------------------------------- out = (sum_j e_j v_j) / den */
+/* ---------------------------------------------------------------- acc += sum_j e_j v_j
+   acc (head_size floats) carries the sums from one block of cells to the next: storing and reloading a
+   float is exact, so the per-element chain of fused multiply-adds over the list is the same however the
+   list is cut into blocks. */
 
 static void mix_ref(const float *e, const float *values, const int32_t *cells, int length, int head_size,
-                    float den, float *out) {
-    for (int d = 0; d < head_size; d++) out[d] = 0.0f;
+                    float *acc) {
     for (int j = 0; j < length; j++) {
         const float *v = values + (size_t)cells[j] * head_size;
-        for (int d = 0; d < head_size; d++) out[d] = fmaf(e[j], v[d], out[d]);
+        for (int d = 0; d < head_size; d++) acc[d] = fmaf(e[j], v[d], acc[d]);
     }
-    for (int d = 0; d < head_size; d++) out[d] = out[d] / den;
 }
 
 __attribute__((target("avx2,fma"))) static void mix_avx2(const float *e, const float *values,
                                                          const int32_t *cells, int length, int head_size,
-                                                         float den, float *out) {
+                                                         float *acc) {
     int d = 0;
-    __m256 dv = _mm256_set1_ps(den);
     for (; d + 64 <= head_size; d += 64) { /* eight accumulators: eight independent chains over j */
-        __m256 c0 = _mm256_setzero_ps(), c1 = _mm256_setzero_ps(), c2 = _mm256_setzero_ps();
-        __m256 c3 = _mm256_setzero_ps(), c4 = _mm256_setzero_ps(), c5 = _mm256_setzero_ps();
-        __m256 c6 = _mm256_setzero_ps(), c7 = _mm256_setzero_ps();
+        __m256 c0 = _mm256_loadu_ps(acc + d), c1 = _mm256_loadu_ps(acc + d + 8);
+        __m256 c2 = _mm256_loadu_ps(acc + d + 16), c3 = _mm256_loadu_ps(acc + d + 24);
+        __m256 c4 = _mm256_loadu_ps(acc + d + 32), c5 = _mm256_loadu_ps(acc + d + 40);
+        __m256 c6 = _mm256_loadu_ps(acc + d + 48), c7 = _mm256_loadu_ps(acc + d + 56);
         for (int j = 0; j < length; j++) {
             const float *v = values + (size_t)cells[j] * head_size + d;
             __m256 w = _mm256_set1_ps(e[j]);
@@ -201,38 +203,37 @@ __attribute__((target("avx2,fma"))) static void mix_avx2(const float *e, const f
             c6 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 48), c6);
             c7 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 56), c7);
         }
-        _mm256_storeu_ps(out + d, _mm256_div_ps(c0, dv));
-        _mm256_storeu_ps(out + d + 8, _mm256_div_ps(c1, dv));
-        _mm256_storeu_ps(out + d + 16, _mm256_div_ps(c2, dv));
-        _mm256_storeu_ps(out + d + 24, _mm256_div_ps(c3, dv));
-        _mm256_storeu_ps(out + d + 32, _mm256_div_ps(c4, dv));
-        _mm256_storeu_ps(out + d + 40, _mm256_div_ps(c5, dv));
-        _mm256_storeu_ps(out + d + 48, _mm256_div_ps(c6, dv));
-        _mm256_storeu_ps(out + d + 56, _mm256_div_ps(c7, dv));
+        _mm256_storeu_ps(acc + d, c0);
+        _mm256_storeu_ps(acc + d + 8, c1);
+        _mm256_storeu_ps(acc + d + 16, c2);
+        _mm256_storeu_ps(acc + d + 24, c3);
+        _mm256_storeu_ps(acc + d + 32, c4);
+        _mm256_storeu_ps(acc + d + 40, c5);
+        _mm256_storeu_ps(acc + d + 48, c6);
+        _mm256_storeu_ps(acc + d + 56, c7);
     }
     for (; d + 8 <= head_size; d += 8) {
-        __m256 c0 = _mm256_setzero_ps();
+        __m256 c0 = _mm256_loadu_ps(acc + d);
         for (int j = 0; j < length; j++)
-            c0 = _mm256_fmadd_ps(_mm256_set1_ps(e[j]), _mm256_loadu_ps(values + (size_t)cells[j] * head_size + d),
-                                 c0);
-        _mm256_storeu_ps(out + d, _mm256_div_ps(c0, dv));
+            c0 = _mm256_fmadd_ps(_mm256_set1_ps(e[j]), _mm256_loadu_ps(values + (size_t)cells[j] * head_size + d), c0);
+        _mm256_storeu_ps(acc + d, c0);
     }
     for (; d < head_size; d++) {
-        float c = 0.0f;
+        float c = acc[d];
         for (int j = 0; j < length; j++) c = fmaf(e[j], values[(size_t)cells[j] * head_size + d], c);
-        out[d] = c / den;
+        acc[d] = c;
     }
 }
 
 __attribute__((target("avx512f"))) static void mix_avx512(const float *e, const float *values,
                                                           const int32_t *cells, int length, int head_size,
-                                                          float den, float *out) {
+                                                          float *acc) {
     int d = 0;
-    __m512 dv = _mm512_set1_ps(den);
     for (; d + 128 <= head_size; d += 128) { /* eight accumulators: eight independent chains over j */
-        __m512 c0 = _mm512_setzero_ps(), c1 = _mm512_setzero_ps(), c2 = _mm512_setzero_ps();
-        __m512 c3 = _mm512_setzero_ps(), c4 = _mm512_setzero_ps(), c5 = _mm512_setzero_ps();
-        __m512 c6 = _mm512_setzero_ps(), c7 = _mm512_setzero_ps();
+        __m512 c0 = _mm512_loadu_ps(acc + d), c1 = _mm512_loadu_ps(acc + d + 16);
+        __m512 c2 = _mm512_loadu_ps(acc + d + 32), c3 = _mm512_loadu_ps(acc + d + 48);
+        __m512 c4 = _mm512_loadu_ps(acc + d + 64), c5 = _mm512_loadu_ps(acc + d + 80);
+        __m512 c6 = _mm512_loadu_ps(acc + d + 96), c7 = _mm512_loadu_ps(acc + d + 112);
         for (int j = 0; j < length; j++) {
             const float *v = values + (size_t)cells[j] * head_size + d;
             __m512 w = _mm512_set1_ps(e[j]);
@@ -245,30 +246,94 @@ __attribute__((target("avx512f"))) static void mix_avx512(const float *e, const 
             c6 = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 96), c6);
             c7 = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 112), c7);
         }
-        _mm512_storeu_ps(out + d, _mm512_div_ps(c0, dv));
-        _mm512_storeu_ps(out + d + 16, _mm512_div_ps(c1, dv));
-        _mm512_storeu_ps(out + d + 32, _mm512_div_ps(c2, dv));
-        _mm512_storeu_ps(out + d + 48, _mm512_div_ps(c3, dv));
-        _mm512_storeu_ps(out + d + 64, _mm512_div_ps(c4, dv));
-        _mm512_storeu_ps(out + d + 80, _mm512_div_ps(c5, dv));
-        _mm512_storeu_ps(out + d + 96, _mm512_div_ps(c6, dv));
-        _mm512_storeu_ps(out + d + 112, _mm512_div_ps(c7, dv));
+        _mm512_storeu_ps(acc + d, c0);
+        _mm512_storeu_ps(acc + d + 16, c1);
+        _mm512_storeu_ps(acc + d + 32, c2);
+        _mm512_storeu_ps(acc + d + 48, c3);
+        _mm512_storeu_ps(acc + d + 64, c4);
+        _mm512_storeu_ps(acc + d + 80, c5);
+        _mm512_storeu_ps(acc + d + 96, c6);
+        _mm512_storeu_ps(acc + d + 112, c7);
     }
     for (; d + 16 <= head_size; d += 16) {
-        __m512 c0 = _mm512_setzero_ps();
+        __m512 c0 = _mm512_loadu_ps(acc + d);
         for (int j = 0; j < length; j++)
-            c0 = _mm512_fmadd_ps(_mm512_set1_ps(e[j]), _mm512_loadu_ps(values + (size_t)cells[j] * head_size + d),
-                                 c0);
-        _mm512_storeu_ps(out + d, _mm512_div_ps(c0, dv));
+            c0 = _mm512_fmadd_ps(_mm512_set1_ps(e[j]), _mm512_loadu_ps(values + (size_t)cells[j] * head_size + d), c0);
+        _mm512_storeu_ps(acc + d, c0);
     }
     for (; d < head_size; d++) {
-        float c = 0.0f;
+        float c = acc[d];
         for (int j = 0; j < length; j++) c = fmaf(e[j], values[(size_t)cells[j] * head_size + d], c);
-        out[d] = c / den;
+        acc[d] = c;
     }
 }
 
-/* ---------------------------------------------------------------- one (query, head) */
+/* ---------------------------------------------------------------- a group of heads of one query
+
+   The `count` query heads h0 .. h0+count-1 of one query that read the same KV head. Each head's
+   operations are exactly those of the header; the group only changes which memory is warm: the cells
+   are taken in blocks small enough to stay in L1, and every head of the group runs over a block before
+   the next block is read, so a block of keys (then of values) comes from memory once for the group.
+   How many heads share a work item (es_attend picks it from the thread count) therefore changes the
+   time, never the bits. */
+
+static void scores_path(int path, const float *q, const float *keys, const int32_t *cells, int length,
+                        int head_size, float scale, float *s) {
+    if (path == ES_PATH_AVX512)
+        scores_avx512(q, keys, cells, length, head_size, scale, s);
+    else if (path == ES_PATH_AVX2)
+        scores_avx2(q, keys, cells, length, head_size, scale, s);
+    else
+        scores_ref(q, keys, cells, length, head_size, scale, s);
+}
+
+static void mix_path(int path, const float *e, const float *values, const int32_t *cells, int length,
+                     int head_size, float *acc) {
+    if (path == ES_PATH_AVX512)
+        mix_avx512(e, values, cells, length, head_size, acc);
+    else if (path == ES_PATH_AVX2)
+        mix_avx2(e, values, cells, length, head_size, acc);
+    else
+        mix_ref(e, values, cells, length, head_size, acc);
+}
+
+static void attend_group(int path, const float *q, int count, const float *keys, const float *values,
+                         const int32_t *cells, int length, int head_size, float scale, float *scratch,
+                         size_t stride, float *out) {
+    if (length == 0) {
+        for (size_t x = 0; x < (size_t)count * head_size; x++) out[x] = 0.0f;
+        return;
+    }
+    int padded = (length + 15) & ~15;
+    int block = 32768 / (int)(sizeof(float) * head_size); /* cells per block: 32 KB of keys */
+    block = block < 16 ? 16 : block;
+    for (int j0 = 0; j0 < length; j0 += block) {
+        int n = length - j0 < block ? length - j0 : block;
+        for (int b = 0; b < count; b++)
+            scores_path(path, q + (size_t)b * head_size, keys, cells + j0, n, head_size, scale,
+                        scratch + b * stride + j0);
+    }
+    for (int b = 0; b < count; b++) {
+        float *s = scratch + b * stride;
+        float m = max_of(s, length);
+        for (int j = length; j < padded; j++) s[j] = -INFINITY;
+        float den = path == ES_PATH_AVX512 ? weights_avx512(s, padded, m)
+                    : path == ES_PATH_AVX2 ? weights_avx2(s, padded, m)
+                                           : weights_ref(s, padded, m);
+        s[padded] = den; /* kept beside the weights until the division */
+        for (int d = 0; d < head_size; d++) out[(size_t)b * head_size + d] = 0.0f;
+    }
+    for (int j0 = 0; j0 < length; j0 += block) {
+        int n = length - j0 < block ? length - j0 : block;
+        for (int b = 0; b < count; b++)
+            mix_path(path, scratch + b * stride + j0, values, cells + j0, n, head_size, out + (size_t)b * head_size);
+    }
+    for (int b = 0; b < count; b++) {
+        float den = scratch[b * stride + padded];
+        float *o = out + (size_t)b * head_size;
+        for (int d = 0; d < head_size; d++) o[d] = o[d] / den;
+    }
+}
 
 static int check_cells(const int32_t *cells, int length, int capacity) {
     for (int j = 0; j < length; j++) {
@@ -276,34 +341,6 @@ static int check_cells(const int32_t *cells, int length, int capacity) {
         if (j > 0 && cells[j] <= cells[j - 1]) return ES_ATTN_ERROR_ORDER;
     }
     return 0;
-}
-
-static void attend_one(int path, const float *q, const float *keys, const float *values, const int32_t *cells,
-                       int length, int head_size, float scale, float *scratch, float *out) {
-    if (length == 0) {
-        for (int d = 0; d < head_size; d++) out[d] = 0.0f;
-        return;
-    }
-    int padded = (length + 15) & ~15;
-    if (path == ES_PATH_AVX512)
-        scores_avx512(q, keys, cells, length, head_size, scale, scratch);
-    else if (path == ES_PATH_AVX2)
-        scores_avx2(q, keys, cells, length, head_size, scale, scratch);
-    else
-        scores_ref(q, keys, cells, length, head_size, scale, scratch);
-    float m = max_of(scratch, length);
-    for (int j = length; j < padded; j++) scratch[j] = -INFINITY;
-    float den;
-    if (path == ES_PATH_AVX512) {
-        den = weights_avx512(scratch, padded, m);
-        mix_avx512(scratch, values, cells, length, head_size, den, out);
-    } else if (path == ES_PATH_AVX2) {
-        den = weights_avx2(scratch, padded, m);
-        mix_avx2(scratch, values, cells, length, head_size, den, out);
-    } else {
-        den = weights_ref(scratch, padded, m);
-        mix_ref(scratch, values, cells, length, head_size, den, out);
-    }
 }
 
 int es_attention_best_path(void) { return es_best_path(); }
@@ -325,23 +362,32 @@ int es_attend(int path, int threads, const float *keys, const float *values, int
         if (error) return error;
         longest = length > longest ? length : longest;
     }
-    size_t scratch_floats = (size_t)((longest + 15) & ~15) + 16;
+    /* Heads per work item: the whole group when there are enough (query, KV head) pairs to keep every
+       thread busy, else fewer, down to one head per item. */
+    int per_item = group;
+    while (per_item > 1 && (long)n * kv_heads * ((group + per_item - 1) / per_item) < threads) per_item--;
+    int splits = (group + per_item - 1) / per_item;
+    size_t stride = (size_t)((longest + 15) & ~15) + 16; /* a head's scores, then its denominator */
     int failed = 0;
     size_t cell_stride = (size_t)capacity * head_size;
 #pragma omp parallel num_threads(threads)
     {
-        float *scratch = aligned_alloc(64, scratch_floats * sizeof(float));
+        float *scratch = aligned_alloc(64, ((stride * per_item * sizeof(float)) + 63) & ~(size_t)63);
         if (scratch == NULL) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for schedule(dynamic, 1)
-        for (long w = 0; w < (long)n * heads; w++) {
+        for (long w = 0; w < (long)n * kv_heads * splits; w++) {
             if (scratch == NULL) continue;
-            int i = (int)(w / heads), h = (int)(w % heads);
-            size_t base = ((size_t)query_slots[i] * kv_heads + (size_t)(h / group)) * cell_stride;
-            attend_one(path, queries + (size_t)w * head_size, keys + base, values + base, cells + offsets[i],
-                       offsets[i + 1] - offsets[i], head_size, scale, scratch, out + (size_t)w * head_size);
+            int i = (int)(w / ((long)kv_heads * splits));
+            int rest = (int)(w % ((long)kv_heads * splits));
+            int kv = rest / splits, h0 = kv * group + (rest % splits) * per_item;
+            int count = kv * group + group - h0 < per_item ? kv * group + group - h0 : per_item;
+            size_t base = ((size_t)query_slots[i] * kv_heads + (size_t)kv) * cell_stride;
+            size_t first = ((size_t)i * heads + h0) * head_size;
+            attend_group(path, queries + first, count, keys + base, values + base, cells + offsets[i],
+                         offsets[i + 1] - offsets[i], head_size, scale, scratch, stride, out + first);
         }
         free(scratch);
     }
