@@ -127,9 +127,39 @@ __attribute__((target("avx512f"))) static void scores_avx512(const float *q, con
    s holds `padded` = length rounded up to 16 entries, the pad set to -inf (exp gives exactly 0 there);
    e_j overwrites s_j. Returns den. */
 
-static float max_of(const float *s, int length) {
+/* The maximum is the same number in any order (scores are not NaN; +0 and -0 give the same weights), so the
+   vector paths take it lane-wise. */
+static float max_ref(const float *s, int length) {
     float m = s[0];
     for (int j = 1; j < length; j++) m = s[j] > m ? s[j] : m;
+    return m;
+}
+
+__attribute__((target("avx2,fma"))) static float max_avx2(const float *s, int length) {
+    int j = 0;
+    float m = s[0];
+    if (length >= 8) {
+        __m256 mv = _mm256_loadu_ps(s);
+        for (j = 8; j + 8 <= length; j += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + j));
+        float lanes[8];
+        _mm256_storeu_ps(lanes, mv);
+        m = max_ref(lanes, 8);
+    }
+    for (; j < length; j++) m = s[j] > m ? s[j] : m;
+    return m;
+}
+
+__attribute__((target("avx512f"))) static float max_avx512(const float *s, int length) {
+    int j = 0;
+    float m = s[0];
+    if (length >= 16) {
+        __m512 mv = _mm512_loadu_ps(s);
+        for (j = 16; j + 16 <= length; j += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(s + j));
+        float lanes[16];
+        _mm512_storeu_ps(lanes, mv);
+        m = max_ref(lanes, 16);
+    }
+    for (; j < length; j++) m = s[j] > m ? s[j] : m;
     return m;
 }
 
@@ -268,6 +298,67 @@ __attribute__((target("avx512f"))) static void mix_avx512(const float *e, const 
     }
 }
 
+/* Three heads at once (their weights e0, e1, e2, accumulators a0, a1, a2), each value vector loaded once
+   for the three: per element the same chain of fused multiply-adds as mix_avx512 / mix_avx2. Needs
+   head_size a multiple of 128 (AVX-512) or 32 (AVX2). */
+#define ES_MIX3_STEP(VEC, FMA, LOAD, SET1, W, OFF)                                                         \
+    do {                                                                                                   \
+        VEC v0 = LOAD(v + (OFF)), v1 = LOAD(v + (OFF) + W), v2 = LOAD(v + (OFF) + 2 * W);                 \
+        VEC v3 = LOAD(v + (OFF) + 3 * W);                                                                  \
+        x0 = FMA(w0, v0, x0), x1 = FMA(w0, v1, x1), x2 = FMA(w0, v2, x2), x3 = FMA(w0, v3, x3);          \
+        y0 = FMA(w1, v0, y0), y1 = FMA(w1, v1, y1), y2 = FMA(w1, v2, y2), y3 = FMA(w1, v3, y3);          \
+        z0 = FMA(w2, v0, z0), z1 = FMA(w2, v1, z1), z2 = FMA(w2, v2, z2), z3 = FMA(w2, v3, z3);          \
+    } while (0)
+
+__attribute__((target("avx512f"))) static void mix3_avx512(const float *e0, const float *e1, const float *e2,
+                                                           const float *values, const int32_t *cells,
+                                                           int length, int head_size, float *a0, float *a1,
+                                                           float *a2) {
+    for (int d = 0; d < head_size; d += 64) {
+        __m512 x0 = _mm512_loadu_ps(a0 + d), x1 = _mm512_loadu_ps(a0 + d + 16);
+        __m512 x2 = _mm512_loadu_ps(a0 + d + 32), x3 = _mm512_loadu_ps(a0 + d + 48);
+        __m512 y0 = _mm512_loadu_ps(a1 + d), y1 = _mm512_loadu_ps(a1 + d + 16);
+        __m512 y2 = _mm512_loadu_ps(a1 + d + 32), y3 = _mm512_loadu_ps(a1 + d + 48);
+        __m512 z0 = _mm512_loadu_ps(a2 + d), z1 = _mm512_loadu_ps(a2 + d + 16);
+        __m512 z2 = _mm512_loadu_ps(a2 + d + 32), z3 = _mm512_loadu_ps(a2 + d + 48);
+        for (int j = 0; j < length; j++) {
+            const float *v = values + (size_t)cells[j] * head_size + d;
+            __m512 w0 = _mm512_set1_ps(e0[j]), w1 = _mm512_set1_ps(e1[j]), w2 = _mm512_set1_ps(e2[j]);
+            ES_MIX3_STEP(__m512, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_set1_ps, 16, 0);
+        }
+        _mm512_storeu_ps(a0 + d, x0), _mm512_storeu_ps(a0 + d + 16, x1);
+        _mm512_storeu_ps(a0 + d + 32, x2), _mm512_storeu_ps(a0 + d + 48, x3);
+        _mm512_storeu_ps(a1 + d, y0), _mm512_storeu_ps(a1 + d + 16, y1);
+        _mm512_storeu_ps(a1 + d + 32, y2), _mm512_storeu_ps(a1 + d + 48, y3);
+        _mm512_storeu_ps(a2 + d, z0), _mm512_storeu_ps(a2 + d + 16, z1);
+        _mm512_storeu_ps(a2 + d + 32, z2), _mm512_storeu_ps(a2 + d + 48, z3);
+    }
+}
+
+__attribute__((target("avx2,fma"))) static void mix3_avx2(const float *e0, const float *e1, const float *e2,
+                                                          const float *values, const int32_t *cells, int length,
+                                                          int head_size, float *a0, float *a1, float *a2) {
+    for (int d = 0; d < head_size; d += 32) {
+        __m256 x0 = _mm256_loadu_ps(a0 + d), x1 = _mm256_loadu_ps(a0 + d + 8);
+        __m256 x2 = _mm256_loadu_ps(a0 + d + 16), x3 = _mm256_loadu_ps(a0 + d + 24);
+        __m256 y0 = _mm256_loadu_ps(a1 + d), y1 = _mm256_loadu_ps(a1 + d + 8);
+        __m256 y2 = _mm256_loadu_ps(a1 + d + 16), y3 = _mm256_loadu_ps(a1 + d + 24);
+        __m256 z0 = _mm256_loadu_ps(a2 + d), z1 = _mm256_loadu_ps(a2 + d + 8);
+        __m256 z2 = _mm256_loadu_ps(a2 + d + 16), z3 = _mm256_loadu_ps(a2 + d + 24);
+        for (int j = 0; j < length; j++) {
+            const float *v = values + (size_t)cells[j] * head_size + d;
+            __m256 w0 = _mm256_set1_ps(e0[j]), w1 = _mm256_set1_ps(e1[j]), w2 = _mm256_set1_ps(e2[j]);
+            ES_MIX3_STEP(__m256, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_set1_ps, 8, 0);
+        }
+        _mm256_storeu_ps(a0 + d, x0), _mm256_storeu_ps(a0 + d + 8, x1);
+        _mm256_storeu_ps(a0 + d + 16, x2), _mm256_storeu_ps(a0 + d + 24, x3);
+        _mm256_storeu_ps(a1 + d, y0), _mm256_storeu_ps(a1 + d + 8, y1);
+        _mm256_storeu_ps(a1 + d + 16, y2), _mm256_storeu_ps(a1 + d + 24, y3);
+        _mm256_storeu_ps(a2 + d, z0), _mm256_storeu_ps(a2 + d + 8, z1);
+        _mm256_storeu_ps(a2 + d + 16, z2), _mm256_storeu_ps(a2 + d + 24, z3);
+    }
+}
+
 /* ---------------------------------------------------------------- a group of heads of one query
 
    The `count` query heads h0 .. h0+count-1 of one query that read the same KV head. Each head's
@@ -315,7 +406,9 @@ static void attend_group(int path, const float *q, int count, const float *keys,
     }
     for (int b = 0; b < count; b++) {
         float *s = scratch + b * stride;
-        float m = max_of(s, length);
+        float m = path == ES_PATH_AVX512 ? max_avx512(s, length)
+                  : path == ES_PATH_AVX2   ? max_avx2(s, length)
+                                           : max_ref(s, length);
         for (int j = length; j < padded; j++) s[j] = -INFINITY;
         float den = path == ES_PATH_AVX512 ? weights_avx512(s, padded, m)
                     : path == ES_PATH_AVX2 ? weights_avx2(s, padded, m)
@@ -325,7 +418,19 @@ static void attend_group(int path, const float *q, int count, const float *keys,
     }
     for (int j0 = 0; j0 < length; j0 += block) {
         int n = length - j0 < block ? length - j0 : block;
-        for (int b = 0; b < count; b++)
+        int b = 0;
+        int triples = (path == ES_PATH_AVX512 && head_size % 64 == 0) || (path == ES_PATH_AVX2 && head_size % 32 == 0);
+        for (; triples && b + 3 <= count; b += 3) {
+            const float *e = scratch + b * stride + j0;
+            float *o = out + (size_t)b * head_size;
+            if (path == ES_PATH_AVX512)
+                mix3_avx512(e, e + stride, e + 2 * stride, values, cells + j0, n, head_size, o, o + head_size,
+                            o + 2 * head_size);
+            else
+                mix3_avx2(e, e + stride, e + 2 * stride, values, cells + j0, n, head_size, o, o + head_size,
+                          o + 2 * head_size);
+        }
+        for (; b < count; b++)
             mix_path(path, scratch + b * stride + j0, values, cells + j0, n, head_size, out + (size_t)b * head_size);
     }
     for (int b = 0; b < count; b++) {
