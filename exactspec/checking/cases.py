@@ -236,6 +236,10 @@ class BackendCase(ExactCase):
         from exactspec.checking.tiny_hf import FullForwardModel, tiny_hf_pair
 
         module, _ = tiny_hf_pair(self.spec())
+        tiny = backend(self.backend).tiny
+        assert tiny is not None
+        if tiny.reference is not None:
+            return tiny.reference(module, self.eos_token_id)
         return FullForwardModel(module, target.eos_token_ids, target.vocab_size)
 
 

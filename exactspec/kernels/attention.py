@@ -137,6 +137,13 @@ class KVCache:
         self.keys[:, target_slot, :, :cells] = self.keys[:, source_slot, :, :cells]
         self.values[:, target_slot, :, :cells] = self.values[:, source_slot, :, :cells]
 
+    def move_cells(self, slot: int, sources: list[int], targets: list[int]) -> None:
+        """Cells `sources` of `slot` into cells `targets` (every layer): a tree's accepted path moved to
+        the cells a chain would have used. All sources are read before any target is written."""
+        source, target = torch.tensor(sources, dtype=torch.long), torch.tensor(targets, dtype=torch.long)
+        for buffer in (self.keys, self.values):
+            buffer[:, slot, :, target] = buffer[:, slot, :, source]
+
     def grow(self, *, slots: int | None = None, capacity: int | None = None) -> None:
         """More slots and/or cells; every cell written so far keeps its contents (new ones are zero)."""
         new_slots = self.slots if slots is None else slots

@@ -155,15 +155,32 @@ class RotaryTable:
             raise ValueError(f"rotary: head_size must be even, got {head_size}")
         self.head_size = head_size
         self.theta = theta
+        self.fixed = False
         self.inv_freq = 1.0 / (theta ** (torch.arange(0, head_size, 2, dtype=torch.float) / head_size))
         self.cos = torch.empty((0, head_size // 2), dtype=torch.float32)
         self.sin = torch.empty((0, head_size // 2), dtype=torch.float32)
+
+    @classmethod
+    def given(cls, cos: torch.Tensor, sin: torch.Tensor) -> RotaryTable:
+        """A fixed table, `cos` and `sin` `[positions, head_size / 2]` (a model's own: an ONNX export's
+        cos_cache and sin_cache); positions past its end are refused, not computed."""
+        if cos.shape != sin.shape or cos.dim() != 2:
+            raise ValueError(
+                f"rotary: cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must be one 2-D shape"
+            )
+        table = cls(2 * cos.shape[1], 0.0)
+        table.cos = cos.to(torch.float32).contiguous()
+        table.sin = sin.to(torch.float32).contiguous()
+        table.fixed = True
+        return table
 
     def ensure(self, positions: int) -> None:
         """Rows for positions 0..positions-1 at least (grown to a power of two, at least 1024)."""
         have = self.cos.shape[0]
         if positions <= have:
             return
+        if self.fixed:
+            raise ValueError(f"rotary: position {positions - 1} is past the model's table of {have}")
         rows = max(1024, 1 << (positions - 1).bit_length())
         angles = torch.arange(have, rows, dtype=torch.float32)[:, None] * self.inv_freq[None, :]
         self.cos = torch.cat([self.cos, angles.double().cos().float()])
@@ -177,9 +194,11 @@ def rotary_table(head_size: int, theta: float) -> RotaryTable:
 
 
 def rotary(
-    x: torch.Tensor, positions: torch.Tensor, theta: float, *, threads: int | None = None
+    x: torch.Tensor, positions: torch.Tensor, theta: float | RotaryTable, *, threads: int | None = None
 ) -> torch.Tensor:
     """Rotates `x` `[M, heads, head_size]` (contiguous float32) in place by each row's position; returns x.
+    `theta` is the rotary base (a table computed for it), or a table of the model's own
+    (`RotaryTable.given`).
 
     `x1' = x1 cos - x2 sin`, `x2' = x2 cos + x1 sin` over the head's two halves, the products and sums
     Hugging Face's `q * cos + rotate_half(q) * sin` rounds (RotaryTable says how cos and sin match it).
@@ -193,7 +212,9 @@ def rotary(
     if positions.shape != (M,):
         raise ValueError(f"rotary: {M} rows need {M} positions, got {tuple(positions.shape)}")
     positions = positions.to(torch.int64).contiguous()
-    table = rotary_table(head_size, float(theta))
+    table = theta if isinstance(theta, RotaryTable) else rotary_table(head_size, float(theta))
+    if table.head_size != head_size:
+        raise ValueError(f"rotary: a table for heads of {table.head_size}, got heads of {head_size}")
     if M:
         low, high = int(positions.min()), int(positions.max())
         if low < 0:
