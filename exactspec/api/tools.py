@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exactspec.foundations.errors import InvalidArgument
-from exactspec.foundations.grammar import JSON_LAYOUT, Structure
+from exactspec.foundations.grammar import JSON_LAYOUT, Structure, check_schema
 
 CALL_OPEN = "<tool_call>\n"
 CALL_CLOSE = "\n</tool_call>"
@@ -67,6 +67,7 @@ def check_tools(tools: Any, tool_choice: Any) -> tuple[list[dict[str, Any]], str
         parameters = function.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(parameters, Mapping):
             raise InvalidArgument(f"tools[{index}].function.parameters must be a JSON schema", param="tools")
+        check_schema(parameters, "tools")
         functions.append({"type": "function", "function": {**function, "parameters": dict(parameters)}})
     names = [f["function"]["name"] for f in functions]
     if len(set(names)) != len(names):

@@ -30,7 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from exactspec.api.session import Choice, Submission
 from exactspec.decoding.records import RowEvent
-from exactspec.server.errors import ApiError, add_error_handlers, openapi_schema
+from exactspec.server.errors import add_error_handlers, openapi_schema, row_error
 from exactspec.server.responses import completion_body
 from exactspec.server.schemas import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, SamplingFields
 from exactspec.server.service import Service
@@ -147,7 +147,7 @@ async def _all_finished(
             if event.finish_reason is not None:
                 remaining -= 1
                 if event.finish_reason == "error":
-                    raise ApiError(500, f"generation failed: {event.error}", type="server_error")
+                    raise row_error(event.error, event.error_param)
     except BaseException:
         submission.cancel()
         raise

@@ -19,7 +19,7 @@ from pydantic.json_schema import models_json_schema
 
 from exactspec.api.session import Choice, Submission
 from exactspec.decoding.records import RowEvent
-from exactspec.server.errors import ApiError
+from exactspec.server.errors import row_error
 from exactspec.server.logprobs import completion_characters, logprobs_body
 from exactspec.server.responses import assistant_message, finish_reason, reads_tool_calls
 from exactspec.server.schemas import ErrorResponse
@@ -162,7 +162,7 @@ async def stream_events(
         while remaining:
             choice, event = await events.get()
             if event.finish_reason == "error":
-                error = ApiError(500, f"generation failed: {event.error}", type="server_error")
+                error = row_error(event.error, event.error_param)
                 yield f"data: {json.dumps(error.body())}\n\n"
                 submission.cancel()
                 break
