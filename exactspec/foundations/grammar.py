@@ -346,6 +346,11 @@ class GrammarCompiler:
         large for the matcher's limits, or matches no text."""
         return self._compile(structure)
 
+    @property
+    def ready(self) -> bool:
+        """Whether the tokenizer's llguidance form is built."""
+        return self._tokenizer is not None
+
     def warm(self) -> bool:
         """Build the tokenizer's llguidance form now; False where there is none to build (no tokenizer,
         or llguidance not installed: structured requests are then refused with the reason)."""

@@ -11,12 +11,19 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
-from test_openai_client import MODEL, live_server
+from conftest import TOKENIZER_EOS_ID, tiny_causal_lm, tiny_tokenizer
+from test_openai_client import MODEL, VOCAB, live_server
+
+from exactspec.decoding.strategy import Strategy
+from exactspec.foundations.grammar import GrammarCompiler, Structure
+from exactspec.models.pair import ModelPair
+from exactspec.server.service import Service
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 TIMEOUT = 30.0
@@ -169,3 +176,40 @@ def test_a_catastrophic_pattern_compiles_and_constrains_quickly(base: str) -> No
     choice = reply.json()["choices"][0]
     if choice["finish_reason"] == "stop":
         assert re.fullmatch("(a|aa|aaa|a?){1,30}b", json.loads(choice["message"]["content"]))
+
+
+def test_health_answers_while_a_schema_compiles(base: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compiling runs on a worker thread: a compile that takes 3 s (made slow here, as a 15,000-property
+    schema was before it was refused) leaves /health answering within a fraction of that."""
+    original = GrammarCompiler.compile
+    compiling = threading.Event()
+
+    def slow(self: GrammarCompiler, structure: Structure) -> object:
+        compiling.set()
+        time.sleep(3.0)
+        return original(self, structure)
+
+    monkeypatch.setattr(GrammarCompiler, "compile", slow)
+    replies: list[httpx.Response] = []
+    worker = threading.Thread(target=lambda: replies.append(chat(base, {"grammar": 'root ::= "ok"'})))
+    worker.start()
+    assert compiling.wait(TIMEOUT)
+    started = time.monotonic()
+    assert httpx.get(base + "/health", timeout=TIMEOUT).json()["status"] == "ok"
+    waited = time.monotonic() - started
+    still_compiling = worker.is_alive()
+    worker.join(TIMEOUT)
+    assert still_compiling and waited < 1.0, waited
+    assert replies[0].status_code == 200 and replies[0].json()["choices"][0]["message"]["content"] == "ok"
+
+
+def test_the_tokenizers_matcher_form_is_built_when_the_service_starts() -> None:
+    pair = ModelPair.from_models(
+        tiny_causal_lm(vocab_size=VOCAB, seed=0, eos_token_id=TOKENIZER_EOS_ID),
+        None,
+        tokenizer=tiny_tokenizer(),
+    )
+    compiler = GrammarCompiler(pair.tokenizer, VOCAB, [TOKENIZER_EOS_ID])
+    assert not compiler.ready
+    service = Service(pair, gamma=0, strategy=Strategy(drafter="ngram"))
+    assert service.session.grammars.ready and service.health()["structured_output"] is True
