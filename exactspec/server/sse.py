@@ -20,7 +20,7 @@ from pydantic.json_schema import models_json_schema
 from exactspec.api.session import Choice, Submission
 from exactspec.decoding.records import RowEvent
 from exactspec.server.errors import row_error
-from exactspec.server.logprobs import completion_characters, logprobs_body
+from exactspec.server.logprobs import ContentLogprobs, chat_body, completion_characters, logprobs_body
 from exactspec.server.responses import assistant_message, finish_reason, reads_tool_calls
 from exactspec.server.schemas import ErrorResponse
 
@@ -123,6 +123,7 @@ async def stream_events(
     asked = any(request.logprobs is not None for request in submission.requests)
     pending: dict[int, list] = {choice.index: [] for choice in submission.choices}  # not yet sent
     offsets = dict.fromkeys(pending, 0)  # completion characters the sent tokens cover
+    contents = {choice.index: ContentLogprobs(tokenizer) for choice in submission.choices}  # chat's
 
     def chunk(entries: list[dict[str, Any]], **extra: Any) -> str:
         payload = {
@@ -141,12 +142,16 @@ async def stream_events(
         choice: Choice, text: str, finish: str | None, first: bool = False, delta: dict | None = None
     ) -> dict[str, Any]:
         item: dict[str, Any] = {"index": choice.index, "finish_reason": finish, "logprobs": None}
-        if asked and not first:
-            body = logprobs_body(
-                pending[choice.index], tokenizer, chat=chat, text_offset=offsets[choice.index]
+        if asked and not first and chat:  # what the content shown so far holds: it joins byte for byte
+            shown = len(choice.text)
+            item["logprobs"] = chat_body(
+                contents[choice.index].release(shown, final=finish is not None), tokenizer
             )
-            if not chat:
-                offsets[choice.index] += completion_characters(body)
+        elif asked and not first:
+            body = logprobs_body(
+                pending[choice.index], tokenizer, chat=False, text_offset=offsets[choice.index]
+            )
+            offsets[choice.index] += completion_characters(body)
             pending[choice.index] = []
             item["logprobs"] = body
         if chat:
@@ -167,7 +172,10 @@ async def stream_events(
                 submission.cancel()
                 break
             delta = choice.apply(event)
-            pending[choice.index].extend(event.logprobs or ())
+            if chat:
+                contents[choice.index].add(event.logprobs or ())
+            else:
+                pending[choice.index].extend(event.logprobs or ())
             if event.finish_reason is not None:
                 remaining -= 1
                 extra = {} if remaining or include_usage else {"exactspec": submission.statistics()}
