@@ -23,7 +23,7 @@ def finish_reason(choice: Choice, called: bool = False) -> str | None:
 
 def reads_tool_calls(submission: Submission, choice: Choice) -> bool:
     """Whether this choice's text is read back as tool calls (a chat request with tools, tool_choice
-    other than "none"): its text is then streamed in one piece at the end."""
+    other than "none"): streamed, its calls go out as `tool_calls` deltas (`api.tools.ToolCallStream`)."""
     return submission.requests[choice.request_index].tool_calls
 
 
