@@ -81,9 +81,9 @@ def apply_constraint(
             f"{len(histories)} histories and {len(prompt_lengths)} prompt lengths for {scores.shape[0]} rows"
         )
     vocab_size = scores.shape[1]
-    forbidden = torch.zeros(scores.shape, dtype=torch.bool)  # [N, V]
+    out = scores.clone()  # [N, V]
     for n, (history, start) in enumerate(zip(histories, prompt_lengths, strict=True)):
         allowed = constraint.allowed(history[start:], vocab_size)  # [V] or None
-        if allowed is not None:
-            forbidden[n] = ~allowed
-    return scores.masked_fill(forbidden.to(scores.device), -torch.inf)
+        if allowed is not None:  # one pass over the row: no [N, V] mask built first
+            out[n].masked_fill_(allowed.logical_not().to(scores.device), -torch.inf)
+    return out

@@ -289,9 +289,12 @@ class GrammarConstraint:
                 return allowed
             if not inside:
                 return None
-        bits = np.unpackbits(words, bitorder="little")[:vocab_size]  # [<= V] 0 or 1
-        allowed = torch.zeros(vocab_size, dtype=torch.bool)  # [V]; ids past the tokenizer's stay False
-        allowed[: bits.shape[0]] = torch.from_numpy(bits.astype(bool))
+        known = min(vocab_size, words.shape[0] * 8)  # ids past the tokenizer's are never allowed
+        bits = np.unpackbits(words, count=known, bitorder="little").view(np.bool_)  # [known], no copy
+        if known == vocab_size:
+            return torch.from_numpy(bits)  # [V]
+        allowed = torch.zeros(vocab_size, dtype=torch.bool)  # [V]
+        allowed[:known] = torch.from_numpy(bits)
         return allowed
 
     def forced(self, generated: Sequence[int], limit: int) -> list[int]:
