@@ -78,7 +78,13 @@ def test_the_batch_invariant_mode_gives_the_tokens_of_a_local_run_on_ray_workers
     pytest.importorskip("onnxruntime_genai")
     import json
 
-    from conftest import TOKENIZER_EOS_ID, TOKENIZER_VOCAB, tiny_causal_lm, tiny_tokenizer
+    from conftest import (
+        TOKENIZER_EOS_ID,
+        TOKENIZER_VOCAB,
+        skip_unless_kernels_are_invariant,
+        tiny_causal_lm,
+        tiny_tokenizer,
+    )
 
     folder = tmp_path / "target"
     model = tiny_causal_lm(
@@ -92,6 +98,9 @@ def test_the_batch_invariant_mode_gives_the_tokens_of_a_local_run_on_ray_workers
     )
     model.save_pretrained(folder)
     tiny_tokenizer().save_pretrained(folder)
+    from exactspec.models.onnx.export import INVARIANT_RECIPE, exported_model
+
+    skip_unless_kernels_are_invariant(exported_model(folder, INVARIANT_RECIPE, cache_dir=tmp_path / "cache"))
     records = [
         {
             "id": i,
