@@ -445,6 +445,7 @@ GRID_OWNERS = {
     "block": "verifiers/test_block.py",
     "quick": "checking/test_grid.py",
     "grammar": "checking/test_grammar_grid.py",
+    "positioned": "checking/test_positioned.py",
 }
 """Owner -> the test module (under tests/) that runs its cases with `grid_cases(owner)`."""
 
@@ -452,15 +453,24 @@ GRID_OWNERS = {
 def grid_owner(case: ExactCase) -> str | None:
     """The one owner of a case (None: only the full `exactspec verify` runs it).
 
-    The first rule that matches wins: the backend (llama.cpp, the HF adapter with trees or chains),
-    trees of candidates (toy tables, the suffix drafter's), the cost-aware scheduler case, adaptive
+    The first rule that matches wins: the checks of the positioned draws, the backend (llama.cpp, the HF
+    adapter with trees or chains), trees of candidates (toy tables, the suffix drafter's), the cost-aware
+    scheduler case, adaptive
     gamma, the drafter (lookup and hybrid; the registry's other drafters), the verifier. What is left
     (token verification of a draft model, and the scheduler cases) is the quick grid's: the cases
     `exactspec verify --quick` runs (`ExactCase.quick`), which tests/cli/test_cli.py used to run
     through the command line.
     """
-    from exactspec.checking.grid import BackendCase, BackendTreeCase, TreeCase
+    from exactspec.checking.grid import (
+        BackendCase,
+        BackendTreeCase,
+        PointMassCase,
+        PositionedLawCase,
+        TreeCase,
+    )
 
+    if isinstance(case, PositionedLawCase | PointMassCase):
+        return "positioned"
     if isinstance(case, BackendCase):  # a backend's own cases: its trees apart where a module owns them
         tree_owner = f"{case.backend} tree"
         return tree_owner if isinstance(case, BackendTreeCase) and tree_owner in GRID_OWNERS else case.backend
