@@ -434,6 +434,7 @@ def tree_rounds(
 GRID_OWNERS = {
     "llamacpp": "checking/test_llamacpp_grid.py",
     "onnx": "checking/test_onnx_grid.py",
+    "native": "checking/test_native_grid.py",
     "hf tree": "checking/test_adapter_grid.py",
     "hf": "checking/test_adapter_grid.py",
     "tree": "verifiers/test_tree.py",

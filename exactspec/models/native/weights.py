@@ -155,9 +155,9 @@ def _layer(graph: _Graph, index: int, shape_heads: tuple[int, int, int]) -> tupl
     prefix = rf"/model/layers\.{index}"
     input_norm, eps = _norm(graph, rf"{prefix}/input_layernorm/.*")
     post_norm, _ = _norm(graph, rf"{prefix}/post_attention_layernorm/.*")
-    fused = graph.node(rf"{prefix}/attn/qkv_proj/MatMul_Q4")
+    fused = graph.node(rf"{prefix}/attn/qkv_proj/(?:MatMul_Q4|MatMulNBits)")
     nodes = (
-        [fused] if fused is not None else [graph.node(rf"{prefix}/attn/{p}_proj/MatMul_Q4") for p in "qkv"]
+        [fused] if fused is not None else [graph.node(rf"{prefix}/attn/{p}_proj/(?:MatMul_Q4|MatMulNBits)") for p in "qkv"]
     )
     if any(node is None for node in nodes):
         raise UnsupportedGraph(f"layer {index}: no int4 q/k/v products (is the export int4?)")
@@ -175,11 +175,11 @@ def _layer(graph: _Graph, index: int, shape_heads: tuple[int, int, int]) -> tupl
         )
     if qkv.n != (heads + 2 * kv_heads) * head_size:
         raise UnsupportedGraph(f"layer {index}: q/k/v products give {qkv.n} outputs, not (H + 2 kvH) x hd")
-    mlp = [graph.node(rf"{prefix}/mlp/{p}_proj/MatMul_Q4") for p in ("gate", "up", "down")]
+    mlp = [graph.node(rf"{prefix}/mlp/{p}_proj/(?:MatMul_Q4|MatMulNBits)") for p in ("gate", "up", "down")]
     if any(node is None for node in mlp):
         raise UnsupportedGraph(f"layer {index}: no int4 gate/up/down products")
     gate_up = _products(graph, mlp[:2])
-    output = graph.node(rf"{prefix}/attn/o_proj/MatMul_Q4")
+    output = graph.node(rf"{prefix}/attn/o_proj/(?:MatMul_Q4|MatMulNBits)")
     if output is None:
         raise UnsupportedGraph(f"layer {index}: no int4 output projection")
     layer = LayerWeights(
@@ -216,7 +216,7 @@ def load_exported(folder: str | Path) -> DecoderWeights:
         layer, eps, intermediate = _layer(graph, index, (heads, kv_heads, head_size))
         layers.append(layer)
     final_norm, _ = _norm(graph, rf"/model/layers\.{layers_count}/final_norm_layernorm/.*")
-    head = graph.node(r"/lm_head/MatMul_Q4")
+    head = graph.node(r"/lm_head/(?:MatMul_Q4|MatMulNBits)")
     if head is None:
         raise UnsupportedGraph(f"{folder}: no int4 output layer (/lm_head/MatMul_Q4)")
     lm_head = _products(graph, [head])
