@@ -83,6 +83,7 @@ def test_top_level_holds_only_the_package_entry_points() -> None:
 
 LAYERS = {
     "foundations": 0,  # settings, transforms, sampler, rows, costs, metrics, errors
+    "kernels": 0,  # our own C kernels: int4 matmul, attention
     "artefacts": 1,  # files: the built-in pair, conversion cache, locks, staging, cleanup
     "verifiers": 1,  # pure verification rules
     "kernels": 1,  # our own CPU kernels (C, built at setup), below the models that call them

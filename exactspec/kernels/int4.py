@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+import statistics
+import time
 from functools import cache
 
 import numpy as np
@@ -156,6 +158,18 @@ class Int4Weights:
         steps = q.astype(np.float32).reshape(self.n, self.blocks, self.block) - zeros[..., None]
         return torch.from_numpy((steps * scales[..., None]).reshape(self.n, -1)[:, : self.k].copy())
 
+    def copy(self) -> Int4Weights:
+        """The same weights in memory of their own (a benchmark streams copies to defeat the caches)."""
+        twin = object.__new__(Int4Weights)
+        twin.n, twin.k, twin.block, twin.blocks = self.n, self.k, self.block, self.blocks
+        for name in ("packed", "scales", "zeros"):
+            source = getattr(self, name)
+            target = _aligned(source.size, source.dtype)
+            target[:] = source
+            setattr(twin, name, target)
+        twin._pointers = (twin.packed.ctypes.data, twin.scales.ctypes.data, twin.zeros.ctypes.data)
+        return twin
+
     @property
     def nbytes(self) -> int:
         """Bytes the kernel streams per call: the packed values, scales and zero points."""
@@ -209,3 +223,19 @@ def matmul(
     if status != 0:
         raise RuntimeError(f"the int4 kernel refused its arguments (status {status})")
     return out
+
+
+def read_bandwidth(size: int = 1 << 30, *, threads: int | None = None, repeats: int = 5) -> float:
+    """The machine's read bandwidth in GB/s: the median of `repeats` reads of `size` bytes (beyond the
+    caches) by the library's read loop with `threads` threads, the way the kernel streams weights."""
+    function = library().es_read_bytes
+    function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+    function.restype = ctypes.c_uint64
+    data = _aligned(size, np.uint8)
+    data[::4096] = 1  # every page mapped before the clock starts
+    times = []
+    for _ in range(repeats + 1):
+        started = time.perf_counter()
+        function(data.ctypes.data, size, threads or default_threads())
+        times.append(time.perf_counter() - started)
+    return size / statistics.median(times[1:]) / 1e9

@@ -21,17 +21,18 @@
 #include <float.h>
 #include <immintrin.h>
 #include <math.h>
-#include <omp.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define ES_ROWS 16 /* rows per pass over a tile: all of a call's rows when it has at most 16 */
 
-/* Quantized activations of a call: qa [M][kp] int8, sa [M][nb], asum [M][nb]. */
+/* Quantized activations of a call: qa [M][kp] int8, sa [M][nb], asum [M][nb] (and as floats, exact). */
 typedef struct {
     int8_t *qa;
     float *sa;
     int32_t *asum;
+    float *asumf;
     int64_t kp, nb;
 } acts_t;
 
@@ -159,7 +160,7 @@ static inline int32_t load4(const int8_t *p) {
 /* Rows r < R of one tile and block, 8 columns (half h of the tile): integer dot products, then the
  * fused multiply-add into facc. R is a constant after inlining, so the accumulators live in registers. */
 AVX2_INLINE void block_avx2(const int R, int h, const uint8_t *w, int64_t block, const int8_t *qa, int64_t kp,
-                            const float *sa, const int32_t *asum, int64_t nb, const float *s, const uint8_t *z,
+                            const float *sa, const float *asum, int64_t nb, const float *s, const uint8_t *z,
                             float facc[ES_ROWS][ES_TILE]) {
     const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     __m256i acc[4];
@@ -183,14 +184,14 @@ AVX2_INLINE void block_avx2(const int R, int h, const uint8_t *w, int64_t block,
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(part[r], ones));
     }
-    const __m256i zv = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(z + 8 * h)));
+    const __m256 zv = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(z + 8 * h))));
     const __m256 sv = _mm256_loadu_ps(s + 8 * h);
 #pragma GCC unroll 4
-    for (int r = 0; r < R; r++) {
-        __m256i term = _mm256_sub_epi32(acc[r], _mm256_mullo_epi32(zv, _mm256_set1_epi32(asum[r * nb])));
+    for (int r = 0; r < R; r++) { /* t - z * asum in float: exact (block_avx512 says why) */
+        __m256 term = _mm256_fnmadd_ps(zv, _mm256_set1_ps(asum[r * nb]), _mm256_cvtepi32_ps(acc[r]));
         __m256 scale = _mm256_mul_ps(sv, _mm256_set1_ps(sa[r * nb]));
         __m256 f = _mm256_loadu_ps(&facc[r][8 * h]);
-        _mm256_storeu_ps(&facc[r][8 * h], _mm256_fmadd_ps(_mm256_cvtepi32_ps(term), scale, f));
+        _mm256_storeu_ps(&facc[r][8 * h], _mm256_fmadd_ps(term, scale, f));
     }
 }
 
@@ -205,7 +206,7 @@ static AVX2 void tile_avx2(int64_t t, int64_t r0, int rows, const acts_t *a, int
         for (int r = 0; r < rows; r += 4) {
             const int8_t *qa = a->qa + (r0 + r) * a->kp + b * block;
             const float *sa = a->sa + (r0 + r) * a->nb + b;
-            const int32_t *asum = a->asum + (r0 + r) * a->nb + b;
+            const float *asum = a->asumf + (r0 + r) * a->nb + b;
             float(*f)[ES_TILE] = facc + r;
             for (int h = 0; h < 2; h++) {
                 switch (rows - r < 4 ? rows - r : 4) {
@@ -227,14 +228,21 @@ static AVX2 void tile_avx2(int64_t t, int64_t r0, int rows, const acts_t *a, int
 #define AVX512_INLINE \
     static inline __attribute__((always_inline, target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
 
-/* Rows r < R of one tile and block: the 8 unpacked registers of 32 K values serve every row. */
+/* Rows r < R of one tile and block: the 8 unpacked registers of 32 K values serve every row. With at most
+ * 4 rows, each row sums into two registers (even and odd groups of 4 K values) so that its chain of
+ * dependent vpdpbusd is half as long; integer sums, so the split changes nothing. The zero-point term is
+ * subtracted in float: t, z * asum and their difference are integers below 2^24, so exact, and the
+ * result is the definition's (float)(idot - z * asum). */
 AVX512_INLINE void block_avx512(const int R, const uint8_t *w, int64_t block, const int8_t *qa, int64_t kp,
-                                const float *sa, const int32_t *asum, int64_t nb, const float *s,
+                                const float *sa, const float *asum, int64_t nb, const float *s,
                                 const uint8_t *z, float facc[ES_ROWS][ES_TILE]) {
     const __m512i mask = _mm512_set1_epi8(0x0F);
-    __m512i acc[ES_ROWS];
+    const int split = R <= 4;
+    __m512i acc[ES_ROWS], odd[4];
 #pragma GCC unroll 16
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) odd[r] = _mm512_setzero_si512();
     for (int64_t sc = 0; sc < block / 32; sc++) {
         __m512i u[8];
 #pragma GCC unroll 4
@@ -247,19 +255,23 @@ AVX512_INLINE void block_avx512(const int R, const uint8_t *w, int64_t block, co
         for (int g = 0; g < 8; g++) {
 #pragma GCC unroll 16
             for (int r = 0; r < R; r++) {
-                const int8_t *a = qa + r * kp + sc * 32 + g * 4;
-                acc[r] = _mm512_dpbusd_epi32(acc[r], u[g], _mm512_set1_epi32(load4(a)));
+                __m512i a = _mm512_set1_epi32(load4(qa + r * kp + sc * 32 + g * 4));
+                if (split && (g & 1))
+                    odd[r] = _mm512_dpbusd_epi32(odd[r], u[g], a);
+                else
+                    acc[r] = _mm512_dpbusd_epi32(acc[r], u[g], a);
             }
         }
     }
-    const __m512i zv = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)z));
+    const __m512 zv = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)z)));
     const __m512 sv = _mm512_loadu_ps(s);
 #pragma GCC unroll 16
     for (int r = 0; r < R; r++) {
-        __m512i term = _mm512_sub_epi32(acc[r], _mm512_mullo_epi32(zv, _mm512_set1_epi32(asum[r * nb])));
+        __m512i idot = split ? _mm512_add_epi32(acc[r], odd[r]) : acc[r];
+        __m512 term = _mm512_fnmadd_ps(zv, _mm512_set1_ps(asum[r * nb]), _mm512_cvtepi32_ps(idot));
         __m512 scale = _mm512_mul_ps(sv, _mm512_set1_ps(sa[r * nb]));
         __m512 f = _mm512_loadu_ps(facc[r]);
-        _mm512_storeu_ps(facc[r], _mm512_fmadd_ps(_mm512_cvtepi32_ps(term), scale, f));
+        _mm512_storeu_ps(facc[r], _mm512_fmadd_ps(term, scale, f));
     }
 }
 
@@ -276,7 +288,7 @@ static AVX512 void tile_avx512(int64_t t, int64_t r0, int rows, const acts_t *a,
         const uint8_t *z = zeros + tb * ES_TILE;
         const int8_t *qa = a->qa + r0 * a->kp + b * block;
         const float *sa = a->sa + r0 * a->nb + b;
-        const int32_t *asum = a->asum + r0 * a->nb + b;
+        const float *asum = a->asumf + r0 * a->nb + b;
         switch (rows) {
             ES_CASE(1) ES_CASE(2) ES_CASE(3) ES_CASE(4) ES_CASE(5) ES_CASE(6) ES_CASE(7) ES_CASE(8)
             ES_CASE(9) ES_CASE(10) ES_CASE(11) ES_CASE(12) ES_CASE(13) ES_CASE(14) ES_CASE(15)
@@ -286,7 +298,7 @@ static AVX512 void tile_avx512(int64_t t, int64_t r0, int rows, const acts_t *a,
 }
 
 /* ---------------------------------------------------------------------------------------------------
- * The driver: threads over column tiles only (a static split); per tile, at most 16 rows per pass.
+ * The driver: threads over column tiles only (es_run, dispatch.c); per tile, at most 16 rows per pass.
  */
 
 typedef void (*tile_fn)(int64_t, int64_t, int, const acts_t *, int64_t, const uint8_t *, const float *,
@@ -297,6 +309,54 @@ typedef void (*quantize_fn)(const float *, int64_t, int64_t, int8_t *, float *, 
 static _Thread_local void *scratch;
 static _Thread_local size_t scratch_size;
 
+typedef struct {
+    acts_t a;
+    tile_fn tile;
+    quantize_fn quantize;
+    const float *x, *scales, *bias;
+    const uint8_t *weights, *zeros;
+    float *out;
+    int64_t m, k, n, block, tiles, per_item;
+} call_t;
+
+static void quantize_item(void *ctx, int64_t item) {
+    call_t *c = ctx;
+    int64_t end = (item + 1) * c->per_item < c->m * c->a.nb ? (item + 1) * c->per_item : c->m * c->a.nb;
+    for (int64_t i = item * c->per_item; i < end; i++) {
+        int64_t r = i / c->a.nb, b = i % c->a.nb;
+        int64_t len = c->k - b * c->block < c->block ? c->k - b * c->block : c->block;
+        c->quantize(c->x + r * c->k + b * c->block, len, c->block, c->a.qa + r * c->a.kp + b * c->block,
+                    c->a.sa + i, c->a.asum + i);
+        c->a.asumf[i] = (float)c->a.asum[i];
+    }
+}
+
+static void tiles_item(void *ctx, int64_t item) {
+    call_t *c = ctx;
+    float facc[ES_ROWS][ES_TILE] __attribute__((aligned(64)));
+    int64_t end = (item + 1) * c->per_item < c->tiles ? (item + 1) * c->per_item : c->tiles;
+    for (int64_t t = item * c->per_item; t < end; t++) {
+        int64_t n0 = t * ES_TILE;
+        int cols = c->n - n0 < ES_TILE ? (int)(c->n - n0) : ES_TILE;
+        for (int64_t r0 = 0; r0 < c->m; r0 += ES_ROWS) {
+            int rows = c->m - r0 < ES_ROWS ? (int)(c->m - r0) : ES_ROWS;
+            memset(facc, 0, sizeof facc);
+            c->tile(t, r0, rows, &c->a, c->block, c->weights, c->scales, c->zeros, facc);
+            for (int r = 0; r < rows; r++) {
+                float *o = c->out + (r0 + r) * c->n + n0;
+                if (c->bias)
+                    for (int j = 0; j < cols; j++) o[j] = facc[r][j] + c->bias[n0 + j];
+                else
+                    for (int j = 0; j < cols; j++) o[j] = facc[r][j];
+            }
+        }
+    }
+}
+
+/* Items per thread: enough that a late or slow thread leaves little undone, few enough that claiming
+ * them (one atomic each) costs nothing. */
+#define ES_ITEMS_PER_THREAD 16
+
 int es_int4_matmul(int path, const float *x, int64_t m, int64_t k, int64_t n, int64_t block,
                    const uint8_t *weights, const float *scales, const uint8_t *zeros, const float *bias,
                    float *out, int threads) {
@@ -304,55 +364,37 @@ int es_int4_matmul(int path, const float *x, int64_t m, int64_t k, int64_t n, in
     if (path < 0 || path >= ES_PATH_COUNT) return -1;
     if (!(es_cpu_paths() & (1 << path))) return -2;
     if (m == 0) return 0;
-    tile_fn tile = path == ES_PATH_AVX512 ? tile_avx512 : path == ES_PATH_AVX2 ? tile_avx2 : tile_reference;
-    quantize_fn quantize = path == ES_PATH_REFERENCE ? quantize_block_reference : quantize_block_avx2;
-    acts_t a;
-    a.nb = (k + block - 1) / block;
-    a.kp = a.nb * block;
-    size_t need = (size_t)(m * a.kp) + (size_t)(m * a.nb) * (sizeof(float) + sizeof(int32_t)) + 64;
+    call_t c = {.x = x, .scales = scales, .bias = bias, .weights = weights, .zeros = zeros, .out = out,
+                .m = m, .k = k, .n = n, .block = block};
+    c.tile = path == ES_PATH_AVX512 ? tile_avx512 : path == ES_PATH_AVX2 ? tile_avx2 : tile_reference;
+    c.quantize = path == ES_PATH_REFERENCE ? quantize_block_reference : quantize_block_avx2;
+    c.a.nb = (k + block - 1) / block;
+    c.a.kp = c.a.nb * block;
+    size_t need = (size_t)(m * c.a.kp) + (size_t)(m * c.a.nb) * (2 * sizeof(float) + sizeof(int32_t)) + 64;
     if (need > scratch_size) {
         free(scratch);
         scratch = malloc(need);
         scratch_size = scratch ? need : 0;
         if (!scratch) return -3;
     }
-    a.sa = (float *)scratch;
-    a.asum = (int32_t *)(a.sa + m * a.nb);
-    a.qa = (int8_t *)(a.asum + m * a.nb);
-    int64_t tiles = (n + ES_TILE - 1) / ES_TILE;
-#pragma omp parallel num_threads(threads)
-    {
-#pragma omp for schedule(static)
-        for (int64_t i = 0; i < m * a.nb; i++) {
-            int64_t r = i / a.nb, b = i % a.nb;
-            int64_t len = k - b * block < block ? k - b * block : block;
-            quantize(x + r * k + b * block, len, block, a.qa + r * a.kp + b * block, a.sa + i, a.asum + i);
-        }
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < tiles; t++) {
-            float facc[ES_ROWS][ES_TILE] __attribute__((aligned(64)));
-            int64_t n0 = t * ES_TILE;
-            int cols = n - n0 < ES_TILE ? (int)(n - n0) : ES_TILE;
-            for (int64_t r0 = 0; r0 < m; r0 += ES_ROWS) {
-                int rows = m - r0 < ES_ROWS ? (int)(m - r0) : ES_ROWS;
-                memset(facc, 0, sizeof facc);
-                tile(t, r0, rows, &a, block, weights, scales, zeros, facc);
-                for (int r = 0; r < rows; r++) {
-                    float *o = out + (r0 + r) * n + n0;
-                    if (bias)
-                        for (int j = 0; j < cols; j++) o[j] = facc[r][j] + bias[n0 + j];
-                    else
-                        for (int j = 0; j < cols; j++) o[j] = facc[r][j];
-                }
-            }
-        }
-    }
+    c.a.sa = (float *)scratch;
+    c.a.asumf = c.a.sa + m * c.a.nb;
+    c.a.asum = (int32_t *)(c.a.asumf + m * c.a.nb);
+    c.a.qa = (int8_t *)(c.a.asum + m * c.a.nb);
+    /* The activations first: a few microseconds for a verification pass, so on this thread unless big. */
+    int64_t pieces = m * c.a.nb;
+    int quantizers = m * k < (1 << 16) ? 1 : threads;
+    c.per_item = (pieces + quantizers * ES_ITEMS_PER_THREAD - 1) / (quantizers * ES_ITEMS_PER_THREAD);
+    es_run(quantizers, (pieces + c.per_item - 1) / c.per_item, quantize_item, &c);
+    c.tiles = (n + ES_TILE - 1) / ES_TILE;
+    c.per_item = (c.tiles + threads * ES_ITEMS_PER_THREAD - 1) / (threads * ES_ITEMS_PER_THREAD);
+    es_run(threads, (c.tiles + c.per_item - 1) / c.per_item, tiles_item, &c);
     return 0;
 }
 
 /* ---------------------------------------------------------------------------------------------------
- * For the benchmark: read `size` bytes with `threads` threads (a static split, as the matmul does) and
- * return a sum of them, so that the machine's read bandwidth is measured the way the kernel reads.
+ * For the benchmark: read `size` bytes on `threads` threads, split as the matmul splits its tiles, and
+ * return their sum, so that the machine's read bandwidth is measured the way the kernel reads.
  */
 
 static AVX2 uint64_t read_avx2(const uint8_t *p, int64_t size) {
@@ -371,18 +413,28 @@ static AVX2 uint64_t read_avx2(const uint8_t *p, int64_t size) {
     return sum;
 }
 
+typedef struct {
+    const uint8_t *p;
+    int64_t size, parts;
+    int wide;
+    _Atomic uint64_t total;
+} read_t;
+
+static void read_item(void *ctx, int64_t item) {
+    read_t *r = ctx;
+    int64_t begin = r->size * item / r->parts, end = r->size * (item + 1) / r->parts;
+    uint64_t sum = 0;
+    if (r->wide)
+        sum = read_avx2(r->p + begin, end - begin);
+    else
+        for (int64_t i = begin; i < end; i++) sum += r->p[i];
+    atomic_fetch_add(&r->total, sum);
+}
+
 uint64_t es_read_bytes(const uint8_t *p, int64_t size, int threads) {
-    uint64_t total = 0;
-    int wide = (es_cpu_paths() & (1 << ES_PATH_AVX2)) != 0;
-#pragma omp parallel num_threads(threads) reduction(+ : total)
-    {
-        int64_t parts = omp_get_num_threads(), me = omp_get_thread_num();
-        int64_t begin = size * me / parts, end = size * (me + 1) / parts;
-        if (wide) {
-            total += read_avx2(p + begin, end - begin);
-        } else {
-            for (int64_t i = begin; i < end; i++) total += p[i];
-        }
-    }
-    return total;
+    read_t r = {.p = p, .size = size, .parts = (int64_t)threads * ES_ITEMS_PER_THREAD};
+    r.wide = (es_cpu_paths() & (1 << ES_PATH_AVX2)) != 0;
+    atomic_init(&r.total, 0);
+    es_run(threads, r.parts, read_item, &r);
+    return atomic_load(&r.total);
 }

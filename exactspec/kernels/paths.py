@@ -8,12 +8,15 @@ forcing a narrower one only changes the speed; an AVX-512 machine tests them all
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from exactspec.kernels.build import library
 
 NAMES = ("reference", "avx2", "avx512")
 """The paths by their number in the C sources (matmul_int4.h)."""
 FORCE_ENV = "EXACTSPEC_KERNEL_PATH"
+FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_int8")
+"""The CPU flags (as /proc/cpuinfo names them) that decide the paths, and AMX, which none uses."""
 
 
 class PathUnavailable(RuntimeError):
@@ -46,3 +49,16 @@ def path_number(name: str | None = None) -> int:
 def path() -> str:
     """The path that runs: `EXACTSPEC_KERNEL_PATH` when set (checked), else the widest this CPU runs."""
     return NAMES[path_number()]
+
+
+def cpu_description() -> dict[str, object]:
+    """The CPU's model name and which of `FLAGS` it has (Linux; empty where /proc/cpuinfo is absent)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    model = fields.get("model name", "")
+    return {"model": model, "flags": [f for f in FLAGS if f in flags], "paths": available_paths()}

@@ -231,3 +231,31 @@ def test_threads_default_to_the_cores_this_process_may_use(monkeypatch: pytest.M
     assert int4.default_threads() == len(os.sched_getaffinity(0))
     monkeypatch.setattr(int4, "threads", 3)
     assert int4.default_threads() == 3
+
+
+def test_calls_from_several_threads_at_once_keep_their_bits() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    generator = np.random.default_rng(6)
+    weights = random_weights(generator, 300, 256, 32, zero_points=True)[0]
+    x = random_rows(generator, 8, 256)
+    expected = matmul(x, weights, threads=1)
+
+    def calls(seed: int) -> bool:
+        return all(torch.equal(matmul(x, weights, threads=1 + (seed + i) % 3), expected) for i in range(40))
+
+    with ThreadPoolExecutor(3) as executor:
+        assert all(executor.map(calls, range(3)))
+
+
+def test_a_forked_child_multiplies_with_threads_of_its_own() -> None:
+    import os
+
+    generator = np.random.default_rng(7)
+    weights = random_weights(generator, 200, 128, 32, zero_points=False)[0]
+    x = random_rows(generator, 4, 128)
+    expected = matmul(x, weights, threads=2)  # the parent's pool has a worker now
+    child = os.fork()
+    if child == 0:
+        os._exit(0 if np.array_equal(matmul(x, weights, threads=2).numpy(), expected.numpy()) else 1)
+    assert os.waitpid(child, 0)[1] == 0

@@ -1,0 +1,241 @@
+"""The int4 kernel (exactspec.kernels.int4) against ONNX Runtime's MatMulNBits on the built-in target's
+matmul shapes (Qwen2.5-1.5B), for 1 to 16 rows, on every kernel path this CPU runs.
+
+For each shape, path and row count: the median time of one call, the effective GB/s of the weight bytes
+it streams (packed values, scales and zero points), and its time over the one-row time; the machine's
+read bandwidth measured in the same run (the library's read loop, same threads); MatMulNBits (accuracy
+level 4, int8 activations) at blocks of 128 and 32 with the same threads. Every call streams a different
+copy of the weights, cycling through at least --stream-bytes, so that the weights come from memory as in
+a model's forward pass and not from the caches.
+
+    python scripts/kernel_bench.py --out docs/bench/kernel-int4
+    python scripts/kernel_bench.py --out /tmp/kernel-quick --shapes q,gate --rows 1,4,8 --repeats 10
+
+The aims: one row within 5% of MatMulNBits' time, 4 rows at most 1.25x one row's time, 8 rows at most
+1.6x (AVX-512) or 2.2x (AVX2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from _alternated import machine_before, write_report
+
+from exactspec.kernels import int4, paths
+
+SHAPES = {  # name: (N, K), Qwen2.5-1.5B: hidden 1536, 2 key-value heads of 128, intermediate 8960
+    "q,o": (1536, 1536),
+    "k,v": (256, 1536),
+    "qkv": (2048, 1536),
+    "gate,up": (8960, 1536),
+    "down": (1536, 8960),
+    "lm_head": (151936, 1536),
+}
+PROVIDERS = ["CPUExecutionProvider"]
+SHORT = {"q": "q,o", "o": "q,o", "k": "k,v", "v": "k,v", "gate": "gate,up", "up": "gate,up"}
+
+
+def random_weights(n: int, k: int, block: int, seed: int) -> int4.Int4Weights:
+    generator = np.random.default_rng(seed)
+    blocks = -(-k // block)
+    q = generator.integers(0, 16, size=(n, blocks * block), dtype=np.uint8)
+    scales = generator.uniform(0.001, 0.02, size=(n, blocks)).astype(np.float32)
+    zeros = np.full((n, blocks), 8, dtype=np.uint8)
+    return int4.Int4Weights(q, scales, zeros, k=k, block=block)
+
+
+def copies_for(nbytes: int, stream_bytes: int) -> int:
+    return max(2, math.ceil(stream_bytes / nbytes))
+
+
+def median_time(call, copies: int, repeats: int) -> float:
+    """The median seconds of `repeats` calls, call(i) on copy i % copies, after one pass of warm-up."""
+    for i in range(copies):
+        call(i)
+    times = []
+    for i in range(repeats):
+        started = time.perf_counter()
+        call(i % copies)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def ours(n: int, k: int, block: int, rows: list[int], names: list[str], args) -> dict:
+    base = random_weights(n, k, block, seed=n + k)
+    copies = [base] + [base.copy() for _ in range(copies_for(base.nbytes, args.stream_bytes) - 1)]
+    results: dict[str, dict[int, float]] = {}
+    for name in names:
+        results[name] = {}
+        for m in rows:
+            x = torch.randn(m, k)
+            out = torch.empty(m, n)
+
+            def call(i: int, x=x, out=out, name=name) -> None:
+                int4.matmul(x, copies[i], out=out, threads=args.threads, path=name)
+
+            results[name][m] = median_time(call, len(copies), args.repeats)
+    return {"weight_bytes": base.nbytes, "copies": len(copies), "seconds": results}
+
+
+def onnxruntime_sessions(n: int, k: int, block: int, count: int, threads: int) -> list:
+    import onnxruntime
+    from onnx import TensorProto, helper, numpy_helper
+
+    sessions = []
+    blocks = -(-k // block)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    for copy in range(count):
+        generator = np.random.default_rng(copy)
+        packed = generator.integers(0, 256, size=(n, blocks, block // 2), dtype=np.uint8)
+        scales = generator.uniform(0.001, 0.02, size=n * blocks).astype(np.float32)
+        node = helper.make_node(
+            "MatMulNBits",
+            ["A", "B", "scales"],
+            ["Y"],
+            domain="com.microsoft",
+            K=k,
+            N=n,
+            bits=4,
+            block_size=block,
+            accuracy_level=4,
+        )
+        graph = helper.make_graph(
+            [node],
+            "matmulnbits",
+            [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", k])],
+            [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", n])],
+            [numpy_helper.from_array(packed, "B"), numpy_helper.from_array(scales, "scales")],
+        )
+        opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+        model = helper.make_model(graph, opset_imports=opsets, ir_version=10)
+        sessions.append(
+            onnxruntime.InferenceSession(
+                model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+            )
+        )
+    return sessions
+
+
+def theirs(n: int, k: int, block: int, rows: list[int], args) -> dict:
+    nbytes = n * -(-k // block) * (block // 2 + 4)
+    sessions = onnxruntime_sessions(n, k, block, copies_for(nbytes, args.stream_bytes), args.threads)
+    results = {}
+    for m in rows:
+        x = np.random.default_rng(m).standard_normal((m, k)).astype(np.float32)
+        feeds = {"A": x}
+
+        def call(i: int, feeds=feeds) -> None:
+            sessions[i].run(None, feeds)
+
+        results[m] = median_time(call, len(sessions), args.repeats)
+    return {"weight_bytes": nbytes, "seconds": results}
+
+
+def aims(record: dict) -> list[str]:
+    """Per shape, block and path: one row's time over MatMulNBits' (aim <= 1.05), and 4 and 8 rows' over
+    one row's (aims 1.25; 1.6 on the AVX-512 path, 2.2 on AVX2)."""
+    lines = ["## Aims", "", "| shape | block | path | 1 row / MatMulNBits | 4 rows / 1 | 8 rows / 1 |"]
+    lines.append("|---|---:|---|---:|---:|---:|")
+    for shape, result in record["shapes"].items():
+        for block, mine in result["ours"].items():
+            theirs = result["onnxruntime"].get(block, {}).get("seconds", {})
+            for name, seconds in mine["seconds"].items():
+                first = seconds.get(1)
+                cells = [f"{first / theirs[1]:.2f}" if first and 1 in theirs else ""]
+                cells += [f"{seconds[m] / first:.2f}" if first and m in seconds else "" for m in (4, 8)]
+                lines.append(f"| {shape} | {block} | {name} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def table(record: dict) -> str:
+    cpu = record["cpu"]
+    lines = [
+        "# int4 kernel against MatMulNBits",
+        "",
+        f"CPU: {cpu['model']}; flags: {', '.join(cpu['flags'])}; paths: {', '.join(cpu['paths'])}; "
+        f"{record['threads']} threads; read bandwidth {record['read_gb_s']:.1f} GB/s (same run); "
+        f"load average before {record['load_before']}, after {record['load_after']}"
+        + (" (shared machine)" if record["shared"] else ""),
+        "",
+        f"`{record['command']}`",
+        "",
+        "Median ms per call; in brackets the effective GB/s of weight bytes, then the time over one row's.",
+        "",
+        *aims(record),
+    ]
+    for shape, result in record["shapes"].items():
+        n, k = SHAPES[shape]
+        lines += [f"## {shape}: N {n} x K {k}", ""]
+        columns = [f"ours b{b} {p}" for b in result["ours"] for p in result["ours"][b]["seconds"]]
+        columns += [f"MatMulNBits b{b}" for b in result["onnxruntime"]]
+        lines += ["| rows | " + " | ".join(columns) + " |", "|---:|" + "---:|" * len(columns)]
+        series = [(r["weight_bytes"], r["seconds"][p]) for r in result["ours"].values() for p in r["seconds"]]
+        series += [(r["weight_bytes"], r["seconds"]) for r in result["onnxruntime"].values()]
+        for m in record["rows"]:
+            cells = []
+            for nbytes, seconds in series:
+                first = seconds[min(seconds)]
+                t = seconds[m]
+                cells.append(f"{t * 1e3:.3f} ({nbytes / t / 1e9:.1f}, {t / first:.2f}x)")
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder for results.json and table.md")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated: " + ", ".join(SHAPES))
+    parser.add_argument("--rows", default="1,2,3,4,8,16")
+    parser.add_argument("--paths", default=None, help="comma-separated (default: every path but reference)")
+    parser.add_argument("--blocks", default="128,32", help="block sizes, for both kernels")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--stream-bytes", type=int, default=1 << 30, help="weight copies per shape, in bytes")
+    parser.add_argument("--no-onnxruntime", action="store_true")
+    parser.add_argument("--shared", action="store_true", help="mark the report as taken on a shared machine")
+    args = parser.parse_args()
+    shapes = [SHORT.get(s, s) for s in args.shapes.split(",")]
+    rows = [int(r) for r in args.rows.split(",")]
+    blocks = [int(b) for b in args.blocks.split(",")]
+    names = args.paths.split(",") if args.paths else [p for p in paths.available_paths() if p != "reference"]
+    before = machine_before()
+    record = {
+        "command": "python scripts/kernel_bench.py " + " ".join(sys.argv[1:]),
+        "cpu": paths.cpu_description(),
+        "threads": args.threads,
+        "rows": rows,
+        "shared": args.shared,
+        "load_before": [round(v, 2) for v in before["load_average_before"]],
+        "read_gb_s": int4.read_bandwidth(threads=args.threads),
+        "shapes": {},
+    }
+    for shape in dict.fromkeys(shapes):
+        n, k = SHAPES[shape]
+        result = {"ours": {}, "onnxruntime": {}}
+        for block in blocks:
+            result["ours"][block] = ours(n, k, block, rows, names, args)
+            if not args.no_onnxruntime:
+                result["onnxruntime"][block] = theirs(n, k, block, rows, args)
+            print(f"{shape} block {block} done", file=sys.stderr, flush=True)
+        record["shapes"][shape] = result
+    record["read_gb_s_after"] = int4.read_bandwidth(threads=args.threads)
+    record["load_after"] = [round(v, 2) for v in os.getloadavg()]
+    text = table(record)
+    write_report(args.out, text, before, json.loads(json.dumps(record)))
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
