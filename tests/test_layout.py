@@ -86,7 +86,6 @@ LAYERS = {
     "kernels": 0,  # our own C kernels: int4 matmul, attention
     "artefacts": 1,  # files: the built-in pair, conversion cache, locks, staging, cleanup
     "verifiers": 1,  # pure verification rules
-    "kernels": 1,  # our own CPU kernels (C, built at setup), below the models that call them
     "models": 2,  # backends behind LanguageModel, ModelPair
     "drafters": 3,  # proposers of draft tokens (over models)
     "peers": 3,  # other engines run as their users run them
