@@ -50,9 +50,7 @@ def load(spec: LoadSpec, **options: Any) -> ModelPair:
     except KernelBuildError as error:
         raise InvalidArgument(f"--backend native: {error}") from error
     if spec.threads is not None:
-        from exactspec.kernels import paths
-
-        paths.threads = spec.threads
+        options = {"threads": spec.threads, **options}
 
     def open_model(role: str, name: Any, eos: Any) -> tuple[NativeModel, Any]:
         tokenizer = load_tokenizer(name, cache_dir=spec.cache_dir, progress=spec.progress)
@@ -168,7 +166,7 @@ def _tiny_model(module: Any, eos: int, **options: Any) -> Any:
     from exactspec.models.native.model import NativeModel
     from exactspec.models.native.modules import from_module
 
-    settings: dict[str, Any] = {"max_rows": 4, "dtype": torch.float64, **options}
+    settings: dict[str, Any] = {"max_rows": 4, "dtype": torch.float64, "threads": 1, **options}
     return NativeModel(from_module(module), eos_token_ids={eos}, name=type(module).__name__, **settings)
 
 

@@ -101,31 +101,39 @@ class PassPlan:
     wanted: torch.Tensor
 
 
-def forward(weights: DecoderWeights, cache: KVCache, plan: PassPlan) -> torch.Tensor:
+def forward(
+    weights: DecoderWeights, cache: KVCache, plan: PassPlan, threads: int | None = None
+) -> torch.Tensor:
     """Run `plan`'s tokens through every layer, writing their keys and values into `cache`; returns the
-    logits [W, V] float32 of `plan.wanted` (module docstring)."""
+    logits [W, V] float32 of `plan.wanted` (module docstring). `threads`: the kernels' threads (None:
+    their default); no bit depends on it."""
     shape = weights.shape
     heads, kv_heads, head_size = shape.heads, shape.kv_heads, shape.head_size
     count = plan.tokens.shape[0]
     scale = head_size**-0.5
     x = weights.embedding.index_select(0, plan.tokens)  # [T, D]
     for index, layer in enumerate(weights.layers):
-        h = rms_norm(x, layer.input_norm, shape.rms_eps)  # [T, D]
-        qkv = matmul(h, layer.qkv, bias=layer.qkv_bias)  # [T, (H + 2 kvH) * hd]
+        h = rms_norm(x, layer.input_norm, shape.rms_eps, threads=threads)  # [T, D]
+        qkv = matmul(h, layer.qkv, bias=layer.qkv_bias, threads=threads)  # [T, (H + 2 kvH) * hd]
         q = qkv[:, : heads * head_size].reshape(count, heads, head_size).contiguous()  # [T, H, hd]
         k = qkv[:, heads * head_size : (heads + kv_heads) * head_size].reshape(count, kv_heads, head_size)
         k = k.contiguous()  # [T, kvH, hd]
         v = qkv[:, (heads + kv_heads) * head_size :].reshape(count, kv_heads, head_size).contiguous()
-        rotary(q, plan.positions, weights.rotary)
-        rotary(k, plan.positions, weights.rotary)
+        rotary(q, plan.positions, weights.rotary, threads=threads)
+        rotary(k, plan.positions, weights.rotary, threads=threads)
         cache.write(index, plan.slots, plan.cells, k, v)
-        attended = attend(cache, index, q, plan.slots, plan.offsets, plan.visible, scale=scale)  # [T, H, hd]
-        x = x + matmul(attended.reshape(count, heads * head_size), layer.output)
-        h = rms_norm(x, layer.post_norm, shape.rms_eps)
-        gate_up = matmul(h, layer.gate_up)  # [T, 2F]
+        attended = attend(
+            cache, index, q, plan.slots, plan.offsets, plan.visible, scale=scale, threads=threads
+        )  # [T, H, hd]
+        x = x + matmul(attended.reshape(count, heads * head_size), layer.output, threads=threads)
+        h = rms_norm(x, layer.post_norm, shape.rms_eps, threads=threads)
+        gate_up = matmul(h, layer.gate_up, threads=threads)  # [T, 2F]
         half = shape.intermediate_size
-        x = x + matmul(silu_mul(gate_up[:, :half].contiguous(), gate_up[:, half:].contiguous()), layer.down)
+        gated = silu_mul(gate_up[:, :half].contiguous(), gate_up[:, half:].contiguous(), threads=threads)
+        x = x + matmul(gated, layer.down, threads=threads)
     if plan.wanted.numel() == 0:
         return torch.empty(0, shape.vocab_size)
-    last = rms_norm(x.index_select(0, plan.wanted).contiguous(), weights.final_norm, shape.rms_eps)
-    return matmul(last, weights.lm_head)  # [W, V]
+    last = x.index_select(0, plan.wanted).contiguous()
+    return matmul(
+        rms_norm(last, weights.final_norm, shape.rms_eps, threads=threads), weights.lm_head, threads=threads
+    )

@@ -63,6 +63,7 @@ class NativeModel(RowCacheModel):
         max_rows: int = DEFAULT_MAX_ROWS,
         share_prefixes: bool = True,
         dtype: torch.dtype = torch.float32,
+        threads: int | None = None,
         name: str = "native",
     ) -> None:
         """
@@ -75,6 +76,7 @@ class NativeModel(RowCacheModel):
             share_prefixes: a row's prompt prefix another slot holds is copied, not computed.
             dtype: of the returned logits: float32 (what the model computes) or float64 (the same values
                 widened exactly: `exactspec verify` enumerates in float64).
+            threads: the kernels' threads (None: the cores this process may use); no bit depends on it.
             name: what the model is (its folder or file), for errors and reports.
         """
         if max_rows < 1:
@@ -88,7 +90,10 @@ class NativeModel(RowCacheModel):
         self._vocab_size, self._eos_token_ids = checked_vocabulary(
             full if vocab_size is None else vocab_size, full, eos_token_ids, "the native model"
         )
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
         self._dtype = dtype
+        self.threads = threads
         self._rows = RowSlots(max_rows, share_prefixes)
         self._trees: dict[
             int, tuple[list[int], PendingTree[int]]
@@ -304,7 +309,7 @@ class NativeModel(RowCacheModel):
             plan, order = _plan(chunk, wanted_at)
             if not chunk:
                 continue
-            logits = forward(self.weights, self._cache, plan)  # [W_chunk, Vm]
+            logits = forward(self.weights, self._cache, plan, self.threads)  # [W_chunk, Vm]
             if order:
                 out[torch.tensor(order)] = logits
         return out

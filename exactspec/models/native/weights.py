@@ -157,7 +157,9 @@ def _layer(graph: _Graph, index: int, shape_heads: tuple[int, int, int]) -> tupl
     post_norm, _ = _norm(graph, rf"{prefix}/post_attention_layernorm/.*")
     fused = graph.node(rf"{prefix}/attn/qkv_proj/(?:MatMul_Q4|MatMulNBits)")
     nodes = (
-        [fused] if fused is not None else [graph.node(rf"{prefix}/attn/{p}_proj/(?:MatMul_Q4|MatMulNBits)") for p in "qkv"]
+        [fused]
+        if fused is not None
+        else [graph.node(rf"{prefix}/attn/{p}_proj/(?:MatMul_Q4|MatMulNBits)") for p in "qkv"]
     )
     if any(node is None for node in nodes):
         raise UnsupportedGraph(f"layer {index}: no int4 q/k/v products (is the export int4?)")
