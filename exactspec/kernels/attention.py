@@ -9,7 +9,7 @@ node, whose list is its prefix's cells then its ancestors' and its own, the bits
 a chain.
 
 The path is `path=`, else `EXACTSPEC_KERNEL_PATH`, else the widest the CPU runs (paths.py, the same choice
-as every kernel here).
+as every kernel here); the threads `threads=`, else `threads.default_threads()`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch
 
 from exactspec.kernels.build import library
 from exactspec.kernels.paths import PathUnavailable, path_number
+from exactspec.kernels.threads import default_threads
 
 _ERRORS = {
     1: "a cell id outside the cache's capacity",
@@ -29,11 +30,6 @@ _ERRORS = {
     4: "out of memory for the score buffers",
 }
 _PATH_ERROR = 5
-
-
-def default_threads() -> int:
-    """Threads a kernel uses when the caller names none: torch's intra-op count."""
-    return torch.get_num_threads()
 
 
 @cache

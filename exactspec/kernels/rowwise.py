@@ -2,7 +2,7 @@
 of that row alone (rowwise.c gives the order of every sum; README.md in this folder).
 
 The path is `path=`, else `EXACTSPEC_KERNEL_PATH`, else the widest the CPU runs (paths.py), and the three
-paths agree bit for bit.
+paths agree bit for bit; the threads `threads=`, else `threads.default_threads()`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from functools import cache
 
 import torch
 
-from exactspec.kernels.attention import default_threads
 from exactspec.kernels.build import library
 from exactspec.kernels.paths import path_number
+from exactspec.kernels.threads import default_threads
 
 _c_int, _c_long, _ptr, _c_float = ctypes.c_int, ctypes.c_long, ctypes.c_void_p, ctypes.c_float
 
