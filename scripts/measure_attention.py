@@ -16,7 +16,8 @@ import time
 
 import torch
 
-from exactspec.kernels.attention import KVCache, attend, available_paths
+from exactspec.kernels.attention import KVCache, attend
+from exactspec.kernels.paths import available_paths
 from exactspec.kernels.rowwise import rms_norm, silu_mul
 
 

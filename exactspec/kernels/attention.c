@@ -16,7 +16,8 @@
    Nothing in that sequence reads another query, the number of queries or the number of threads, so a
    query's output has the same bits alone, among others, in any order and on any thread count; and the
    three paths (reference, AVX2, AVX-512) perform the same operations, so they agree bit for bit too. */
-#include <omp.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -26,6 +27,11 @@
 #define ES_ATTN_ERROR_ORDER 2 /* a cell list not strictly increasing */
 #define ES_ATTN_ERROR_SLOT 3  /* a slot outside [0, slots) */
 #define ES_ATTN_ERROR_MEMORY 4
+#define ES_ATTN_ERROR_PATH 5 /* a path this CPU does not run */
+
+/* Below this many multiply-adds (cells x heads x head_size, over all queries) a call runs on the calling
+   thread alone: handing work to the pool costs a few microseconds, what such a call takes in all. */
+#define ES_ATTN_SMALL 65536
 
 /* ---------------------------------------------------------------- scores: s_j = dot(q, k_j) * scale */
 
@@ -448,7 +454,73 @@ static int check_cells(const int32_t *cells, int length, int capacity) {
     return 0;
 }
 
-int es_attention_best_path(void) { return es_best_path(); }
+/* A thread's score buffer, kept between calls (pool workers live as long as the process; a caller thread's
+   buffer is freed when it exits). */
+typedef struct {
+    size_t floats;
+    float *data;
+} Scratch;
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_free(void *p) {
+    Scratch *scratch = p;
+    free(scratch->data);
+    free(scratch);
+}
+
+static void scratch_key_make(void) { pthread_key_create(&scratch_key, scratch_free); }
+
+/* This thread's buffer of at least `floats` floats (64-byte aligned), or NULL when out of memory. */
+static float *thread_scratch(size_t floats) {
+    pthread_once(&scratch_once, scratch_key_make);
+    Scratch *scratch = pthread_getspecific(scratch_key);
+    if (scratch == NULL) {
+        scratch = calloc(1, sizeof *scratch);
+        if (scratch == NULL || pthread_setspecific(scratch_key, scratch) != 0) {
+            free(scratch);
+            return NULL;
+        }
+    }
+    if (scratch->floats < floats) {
+        free(scratch->data);
+        scratch->data = aligned_alloc(64, (floats * sizeof(float) + 63) & ~(size_t)63);
+        scratch->floats = scratch->data == NULL ? 0 : floats;
+    }
+    return scratch->data;
+}
+
+/* One call's arguments, for its work items (attend_item). */
+typedef struct {
+    int path, kv_heads, group, per_item, splits, head_size;
+    const float *keys, *values, *queries;
+    int heads;
+    const int32_t *query_slots, *offsets, *cells;
+    float scale;
+    float *out;
+    size_t stride, cell_stride;
+    atomic_int failed;
+} Attend;
+
+/* Work item w: query w / (kv_heads * splits), one KV head's query heads (or a part of them). */
+static void attend_item(void *context, int64_t w) {
+    Attend *a = context;
+    float *scratch = thread_scratch(a->stride * a->per_item);
+    if (scratch == NULL) {
+        atomic_store(&a->failed, 1);
+        return;
+    }
+    int i = (int)(w / ((int64_t)a->kv_heads * a->splits));
+    int rest = (int)(w % ((int64_t)a->kv_heads * a->splits));
+    int kv = rest / a->splits, h0 = kv * a->group + (rest % a->splits) * a->per_item;
+    int count = kv * a->group + a->group - h0 < a->per_item ? kv * a->group + a->group - h0 : a->per_item;
+    size_t base = ((size_t)a->query_slots[i] * a->kv_heads + (size_t)kv) * a->cell_stride;
+    size_t first = ((size_t)i * a->heads + h0) * a->head_size;
+    attend_group(a->path, a->queries + first, count, a->keys + base, a->values + base,
+                 a->cells + a->offsets[i], a->offsets[i + 1] - a->offsets[i], a->head_size, a->scale, scratch,
+                 a->stride, a->out + first);
+}
 
 /* keys, values: one layer of the cache, [slots, kv_heads, capacity, head_size].
    queries, out: [n, heads, head_size]. query_slots: [n]. offsets: [n + 1]; query i's cells are
@@ -457,8 +529,10 @@ int es_attention_best_path(void) { return es_best_path(); }
 int es_attend(int path, int threads, const float *keys, const float *values, int slots, int kv_heads, int capacity,
               int head_size, const float *queries, int n, int heads, const int32_t *query_slots,
               const int32_t *offsets, const int32_t *cells, float scale, float *out) {
+    if (path < 0 || path >= ES_PATH_COUNT || !(es_cpu_paths() & (1 << path))) return ES_ATTN_ERROR_PATH;
     int group = heads / kv_heads;
     int longest = 0;
+    int64_t total = 0;
     for (int i = 0; i < n; i++) {
         if (query_slots[i] < 0 || query_slots[i] >= slots) return ES_ATTN_ERROR_SLOT;
         int length = offsets[i + 1] - offsets[i];
@@ -466,35 +540,31 @@ int es_attend(int path, int threads, const float *keys, const float *values, int
         int error = check_cells(cells + offsets[i], length, capacity);
         if (error) return error;
         longest = length > longest ? length : longest;
+        total += length;
     }
+    if (total * heads * head_size < ES_ATTN_SMALL) threads = 1;
     /* Heads per work item: the whole group when there are enough (query, KV head) pairs to keep every
        thread busy, else fewer, down to one head per item. */
     int per_item = group;
     while (per_item > 1 && (long)n * kv_heads * ((group + per_item - 1) / per_item) < threads) per_item--;
-    int splits = (group + per_item - 1) / per_item;
-    size_t stride = (size_t)((longest + 15) & ~15) + 16; /* a head's scores, then its denominator */
-    int failed = 0;
-    size_t cell_stride = (size_t)capacity * head_size;
-#pragma omp parallel num_threads(threads)
-    {
-        float *scratch = aligned_alloc(64, ((stride * per_item * sizeof(float)) + 63) & ~(size_t)63);
-        if (scratch == NULL) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for schedule(dynamic, 1)
-        for (long w = 0; w < (long)n * kv_heads * splits; w++) {
-            if (scratch == NULL) continue;
-            int i = (int)(w / ((long)kv_heads * splits));
-            int rest = (int)(w % ((long)kv_heads * splits));
-            int kv = rest / splits, h0 = kv * group + (rest % splits) * per_item;
-            int count = kv * group + group - h0 < per_item ? kv * group + group - h0 : per_item;
-            size_t base = ((size_t)query_slots[i] * kv_heads + (size_t)kv) * cell_stride;
-            size_t first = ((size_t)i * heads + h0) * head_size;
-            attend_group(path, queries + first, count, keys + base, values + base, cells + offsets[i],
-                         offsets[i + 1] - offsets[i], head_size, scale, scratch, stride, out + first);
-        }
-        free(scratch);
-    }
-    return failed ? ES_ATTN_ERROR_MEMORY : 0;
+    Attend a = {.path = path,
+                .kv_heads = kv_heads,
+                .group = group,
+                .per_item = per_item,
+                .splits = (group + per_item - 1) / per_item,
+                .head_size = head_size,
+                .keys = keys,
+                .values = values,
+                .queries = queries,
+                .heads = heads,
+                .query_slots = query_slots,
+                .offsets = offsets,
+                .cells = cells,
+                .scale = scale,
+                .out = out,
+                .stride = (size_t)((longest + 15) & ~15) + 16, /* a head's scores, then its denominator */
+                .cell_stride = (size_t)capacity * head_size};
+    atomic_init(&a.failed, 0);
+    es_run(threads, (int64_t)n * kv_heads * a.splits, attend_item, &a);
+    return atomic_load(&a.failed) ? ES_ATTN_ERROR_MEMORY : 0;
 }

@@ -1,5 +1,5 @@
 """A float32 KV cache and attention of a few queries over their own cells, each query's bits independent of
-the others (attention.c; ATTENTION.md in this folder).
+the others (attention.c; README.md in this folder).
 
 `attend` computes every (query, head) pair on one thread over that query's own cell list, in list order, by
 one fixed sequence of float operations (attention.c's header gives it). A query's output therefore has the
@@ -8,22 +8,20 @@ AVX-512): a chain of tokens scored in one pass gives each position the bits of a
 node, whose list is its prefix's cells then its ancestors' and its own, the bits of the same path scored as
 a chain.
 
-The path is `EXACTSPEC_KERNEL_PATH` (reference, avx2 or avx512) when set, else the widest the CPU runs;
-`path=` overrides both (the tests run every path the machine has).
+The path is `path=`, else `EXACTSPEC_KERNEL_PATH`, else the widest the CPU runs (paths.py, the same choice
+as every kernel here); the threads `threads=`, else `threads.default_threads()`.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 from functools import cache
 
 import torch
 
 from exactspec.kernels.build import library
-
-PATH_ENV = "EXACTSPEC_KERNEL_PATH"
-PATHS = ("reference", "avx2", "avx512")  # attention.c / fixed_math.h: ES_PATH_* are these indices
+from exactspec.kernels.paths import PathUnavailable, path_number
+from exactspec.kernels.threads import default_threads
 
 _ERRORS = {
     1: "a cell id outside the cache's capacity",
@@ -31,13 +29,12 @@ _ERRORS = {
     3: "a slot outside the cache",
     4: "out of memory for the score buffers",
 }
+_PATH_ERROR = 5
 
 
 @cache
 def _functions() -> ctypes.CDLL:
     lib = library()
-    lib.es_attention_best_path.restype = ctypes.c_int
-    lib.es_attention_best_path.argtypes = []
     lib.es_attend.restype = ctypes.c_int
     lib.es_attend.argtypes = [
         ctypes.c_int,  # path
@@ -58,30 +55,6 @@ def _functions() -> ctypes.CDLL:
         ctypes.c_void_p,  # out
     ]
     return lib
-
-
-def available_paths() -> tuple[str, ...]:
-    """The paths this CPU runs, narrowest first: always the reference, then avx2 and avx512 where present."""
-    best = _functions().es_attention_best_path()
-    return PATHS[: best + 1]
-
-
-def path_index(path: str | None = None) -> int:
-    """The index (as the C side numbers paths) of `path`, else of `EXACTSPEC_KERNEL_PATH`, else of the widest
-    path the CPU runs; ValueError for an unknown name or one this CPU cannot run."""
-    name = path or os.environ.get(PATH_ENV) or available_paths()[-1]
-    if name not in PATHS:
-        raise ValueError(f"unknown kernel path {name!r} (from {PATH_ENV} or path=): choose one of {PATHS}")
-    if name not in available_paths():
-        raise ValueError(
-            f"kernel path {name!r} needs CPU features this machine lacks: it runs {available_paths()}"
-        )
-    return PATHS.index(name)
-
-
-def default_threads() -> int:
-    """Threads a kernel uses when the caller names none: torch's intra-op count."""
-    return torch.get_num_threads()
 
 
 class KVCache:
@@ -210,7 +183,7 @@ def attend(
         raise ValueError(f"attend: out must be a contiguous float32 tensor of shape {(n, heads, head_size)}")
     keys, values = cache.keys[layer], cache.values[layer]
     code = _functions().es_attend(
-        path_index(path),
+        path_number(path),
         threads or default_threads(),
         keys.data_ptr(),
         values.data_ptr(),
@@ -227,6 +200,8 @@ def attend(
         scale,
         out.data_ptr(),
     )
+    if code == _PATH_ERROR:
+        raise PathUnavailable(f"kernel path {path!r} does not run on this CPU")
     if code:
         raise ValueError(f"attend: {_ERRORS.get(code, f'error {code}')}")
     return out

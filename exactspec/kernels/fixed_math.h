@@ -21,6 +21,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "dispatch.h" /* ES_PATH_*, es_run */
+
 #define ES_EXP_LO -104.0f /* exp(-104) rounds to 0 in float32 */
 #define ES_EXP_HI 89.0f   /* exp(89) overflows to inf */
 #define ES_LOG2E 1.44269504088896341f
@@ -34,10 +36,6 @@
 #define ES_P4 1.6666665459e-1f
 #define ES_P5 5.0000001201e-1f
 
-/* Kernel paths, as the Python side names them. */
-#define ES_PATH_REFERENCE 0
-#define ES_PATH_AVX2 1
-#define ES_PATH_AVX512 2
 
 static inline float es_bits_to_float(int32_t bits) {
     float f;
@@ -153,14 +151,6 @@ __attribute__((target("avx512f"))) static inline float es_sum16_avx512(__m512 a)
     __m128 r2 = _mm_add_ps(r4, _mm_movehl_ps(r4, r4));
     __m128 r1 = _mm_add_ss(r2, _mm_shuffle_ps(r2, r2, 1));
     return _mm_cvtss_f32(r1);
-}
-
-/* The widest path this CPU runs: AVX-512F, else AVX2 with FMA, else the reference. */
-static inline int es_best_path(void) {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return ES_PATH_AVX512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return ES_PATH_AVX2;
-    return ES_PATH_REFERENCE;
 }
 
 #endif

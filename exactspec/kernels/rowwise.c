@@ -11,14 +11,20 @@
    rotary:    x1' = x1 * cos - x2 * sin, x2' = x2 * cos + x1 * sin over the two halves of each head (NeoX
               "rotate_half"), no fused multiply-add: the products and sums Hugging Face's
               q * cos + rotate_half(q) * sin rounds, from a cos/sin table the caller builds.
-   Threads split over rows (rms_norm, rotary) or over independent elements (silu_mul); one row's
-   reduction is never split. */
-#include <omp.h>
+   Threads (es_run) take work items of whole rows (rms_norm, add_rms_norm, rotary) or of independent
+   elements (silu_mul); one row's reduction is never split. An item holds at least ES_ROWWISE_ITEM floats,
+   so a call of one or a few rows is one item and runs on the calling thread alone: handing it to the pool
+   would cost about what it takes. */
 #include <stdint.h>
 
 #include "fixed_math.h"
 
-int es_rowwise_best_path(void) { return es_best_path(); }
+#define ES_ROWWISE_ITEM 8192
+
+/* Rows per work item for rows of `floats` floats. */
+static int64_t rows_per_item(int64_t floats) {
+    return floats >= ES_ROWWISE_ITEM ? 1 : (ES_ROWWISE_ITEM + floats - 1) / (floats > 0 ? floats : 1);
+}
 
 /* ---------------------------------------------------------------- sum of squares of one row */
 
@@ -69,20 +75,43 @@ static void norm_row(int path, const float *x, const float *w, float eps, float 
     scale_row(x, w, inv, y, D);
 }
 
+typedef struct {
+    int path, M, D;
+    int64_t rows;
+    const float *x, *weight;
+    float *residual, *y;
+    float eps;
+} Norm;
+
+/* Rows item * rows .. of rms_norm, or of add_rms_norm when residual is not NULL. */
+static void norm_item(void *context, int64_t item) {
+    Norm *a = context;
+    int64_t end = (item + 1) * a->rows < a->M ? (item + 1) * a->rows : a->M;
+    for (int64_t m = item * a->rows; m < end; m++) {
+        const float *xr = a->x + (size_t)m * a->D;
+        if (a->residual != NULL) {
+            float *r = a->residual + (size_t)m * a->D;
+            for (int d = 0; d < a->D; d++) r[d] = r[d] + xr[d];
+            xr = r;
+        }
+        norm_row(a->path, xr, a->weight, a->eps, a->y + (size_t)m * a->D, a->D);
+    }
+}
+
+static void run_norm(Norm *a, int threads) {
+    a->rows = rows_per_item(a->D);
+    es_run(threads, (a->M + a->rows - 1) / a->rows, norm_item, a);
+}
+
 void es_rms_norm(int path, int threads, const float *x, const float *weight, float eps, float *y, int M, int D) {
-#pragma omp parallel for num_threads(threads) schedule(static) if (M > 1)
-    for (int m = 0; m < M; m++) norm_row(path, x + (size_t)m * D, weight, eps, y + (size_t)m * D, D);
+    Norm a = {.path = path, .M = M, .D = D, .x = x, .weight = weight, .residual = NULL, .y = y, .eps = eps};
+    run_norm(&a, threads);
 }
 
 void es_add_rms_norm(int path, int threads, const float *x, float *residual, const float *weight, float eps,
                      float *y, int M, int D) {
-#pragma omp parallel for num_threads(threads) schedule(static) if (M > 1)
-    for (int m = 0; m < M; m++) {
-        float *r = residual + (size_t)m * D;
-        const float *xr = x + (size_t)m * D;
-        for (int d = 0; d < D; d++) r[d] = r[d] + xr[d];
-        norm_row(path, r, weight, eps, y + (size_t)m * D, D);
-    }
+    Norm a = {.path = path, .M = M, .D = D, .x = x, .weight = weight, .residual = residual, .y = y, .eps = eps};
+    run_norm(&a, threads);
 }
 
 /* ---------------------------------------------------------------- silu(gate) * up */
@@ -113,45 +142,76 @@ __attribute__((target("avx512f"))) static void silu_mul_avx512(const float *g, c
     silu_mul_ref(g + i, u + i, y + i, count - i);
 }
 
-#define ES_SILU_CHUNK 2048
+typedef struct {
+    int path;
+    long count, chunk;
+    const float *gate, *up;
+    float *y;
+} Silu;
 
-/* gate, up, y: [M, F] contiguous; the M * F elements are independent, so they are cut into chunks. */
+static void silu_item(void *context, int64_t item) {
+    Silu *a = context;
+    long start = (long)item * a->chunk;
+    long length = a->count - start < a->chunk ? a->count - start : a->chunk;
+    if (a->path == ES_PATH_AVX512)
+        silu_mul_avx512(a->gate + start, a->up + start, a->y + start, length);
+    else if (a->path == ES_PATH_AVX2)
+        silu_mul_avx2(a->gate + start, a->up + start, a->y + start, length);
+    else
+        silu_mul_ref(a->gate + start, a->up + start, a->y + start, length);
+}
+
+/* gate, up, y: [M, F] contiguous; the M * F elements are independent, so they are cut into equal items
+   (a multiple of 16 elements) of at least ES_ROWWISE_ITEM elements. */
 void es_silu_mul(int path, int threads, const float *gate, const float *up, float *y, long count) {
-    long chunks = (count + ES_SILU_CHUNK - 1) / ES_SILU_CHUNK;
-#pragma omp parallel for num_threads(threads) schedule(static) if (chunks > 1)
-    for (long c = 0; c < chunks; c++) {
-        long start = c * ES_SILU_CHUNK;
-        long length = count - start < ES_SILU_CHUNK ? count - start : ES_SILU_CHUNK;
-        if (path == ES_PATH_AVX512)
-            silu_mul_avx512(gate + start, up + start, y + start, length);
-        else if (path == ES_PATH_AVX2)
-            silu_mul_avx2(gate + start, up + start, y + start, length);
-        else
-            silu_mul_ref(gate + start, up + start, y + start, length);
-    }
+    long items = count / ES_ROWWISE_ITEM > 1 ? count / ES_ROWWISE_ITEM : 1;
+    long chunk = ((count + items - 1) / items + 15) & ~15L;
+    Silu a = {.path = path, .count = count, .chunk = chunk > 0 ? chunk : 16, .gate = gate, .up = up, .y = y};
+    es_run(threads, (count + a.chunk - 1) / a.chunk, silu_item, &a);
 }
 
 /* ---------------------------------------------------------------- rotary position embedding
 
    x: [M, heads, head_size] in place; positions: [M]; cos, sin: [table rows, head_size / 2], row p for
    position p. Elementwise multiplies and adds only: the same bits however the compiler vectorizes. */
-void es_rotary(int threads, float *x, const int64_t *positions, const float *cos_table, const float *sin_table,
-               int M, int heads, int head_size) {
-    int half = head_size / 2;
-#pragma omp parallel for num_threads(threads) schedule(static) if (M > 1)
-    for (int m = 0; m < M; m++) {
-        const float *c = cos_table + (size_t)positions[m] * half;
-        const float *s = sin_table + (size_t)positions[m] * half;
-        for (int h = 0; h < heads; h++) {
-            float *x1 = x + ((size_t)m * heads + h) * head_size;
+typedef struct {
+    int M, heads, head_size;
+    int64_t rows;
+    float *x;
+    const int64_t *positions;
+    const float *cos_table, *sin_table;
+} Rotary;
+
+static void rotary_item(void *context, int64_t item) {
+    Rotary *a = context;
+    int half = a->head_size / 2;
+    int64_t end = (item + 1) * a->rows < a->M ? (item + 1) * a->rows : a->M;
+    for (int64_t m = item * a->rows; m < end; m++) {
+        const float *c = a->cos_table + (size_t)a->positions[m] * half;
+        const float *s = a->sin_table + (size_t)a->positions[m] * half;
+        for (int h = 0; h < a->heads; h++) {
+            float *x1 = a->x + ((size_t)m * a->heads + h) * a->head_size;
             float *x2 = x1 + half;
             for (int d = 0; d < half; d++) {
-                float a = x1[d], b = x2[d];
-                x1[d] = a * c[d] - b * s[d];
-                x2[d] = b * c[d] + a * s[d];
+                float p = x1[d], q = x2[d];
+                x1[d] = p * c[d] - q * s[d];
+                x2[d] = q * c[d] + p * s[d];
             }
         }
     }
+}
+
+void es_rotary(int threads, float *x, const int64_t *positions, const float *cos_table, const float *sin_table,
+               int M, int heads, int head_size) {
+    Rotary a = {.M = M,
+                .heads = heads,
+                .head_size = head_size,
+                .rows = rows_per_item((int64_t)heads * head_size),
+                .x = x,
+                .positions = positions,
+                .cos_table = cos_table,
+                .sin_table = sin_table};
+    es_run(threads, (M + a.rows - 1) / a.rows, rotary_item, &a);
 }
 
 /* ---------------------------------------------------------------- exp, element by element (for tests) */

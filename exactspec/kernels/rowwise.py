@@ -1,7 +1,8 @@
 """Row-wise operations of a Qwen2 layer (rms_norm, add_rms_norm, rotary, silu_mul), each row's bits a function
-of that row alone (rowwise.c gives the order of every sum; ATTENTION.md in this folder).
+of that row alone (rowwise.c gives the order of every sum; README.md in this folder).
 
-The same path choice as attention (`EXACTSPEC_KERNEL_PATH`, `path=`), and the three paths agree bit for bit.
+The path is `path=`, else `EXACTSPEC_KERNEL_PATH`, else the widest the CPU runs (paths.py), and the three
+paths agree bit for bit; the threads `threads=`, else `threads.default_threads()`.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from functools import cache
 
 import torch
 
-from exactspec.kernels.attention import default_threads, path_index
 from exactspec.kernels.build import library
+from exactspec.kernels.paths import path_number
+from exactspec.kernels.threads import default_threads
 
 _c_int, _c_long, _ptr, _c_float = ctypes.c_int, ctypes.c_long, ctypes.c_void_p, ctypes.c_float
 
@@ -63,7 +65,7 @@ def rms_norm(
         raise ValueError(f"rms_norm: weight {tuple(weight.shape)} for rows of {D}")
     out = _output(out, (M, D))
     _functions().es_rms_norm(
-        path_index(path),
+        path_number(path),
         threads or default_threads(),
         x.data_ptr(),
         weight.data_ptr(),
@@ -94,7 +96,7 @@ def add_rms_norm(
         raise ValueError(f"add_rms_norm: weight {tuple(weight.shape)} for rows of {D}")
     out = _output(out, (M, D))
     _functions().es_add_rms_norm(
-        path_index(path),
+        path_number(path),
         threads or default_threads(),
         x.data_ptr(),
         residual.data_ptr(),
@@ -121,7 +123,7 @@ def silu_mul(
         raise ValueError(f"silu_mul: gate {tuple(gate.shape)} and up {tuple(up.shape)} differ")
     out = _output(out, tuple(gate.shape))
     _functions().es_silu_mul(
-        path_index(path),
+        path_number(path),
         threads or default_threads(),
         gate.data_ptr(),
         up.data_ptr(),
@@ -135,7 +137,7 @@ def exp(x: torch.Tensor, *, path: str | None = None) -> torch.Tensor:
     """fixed_math.h's exp of every element (the one attention's softmax and silu_mul use), single-threaded."""
     x = _f32(x)
     out = torch.empty_like(x)
-    _functions().es_exp(path_index(path), x.data_ptr(), out.data_ptr(), x.numel())
+    _functions().es_exp(path_number(path), x.data_ptr(), out.data_ptr(), x.numel())
     return out
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from exactspec.kernels.attention import KVCache, attend, available_paths, path_index
+from exactspec.kernels.attention import KVCache, attend
+from exactspec.kernels.paths import PathUnavailable, available_paths
+from exactspec.kernels.rowwise import rms_norm
 
 PATHS = available_paths()
 
@@ -235,9 +237,39 @@ def test_bad_cell_lists_and_slots_are_refused():
         attend(cache, 0, queries, torch.tensor([7]), offsets, torch.tensor([0, 1, 2]), scale=1.0)
 
 
-def test_an_unknown_path_is_refused(monkeypatch):
+def test_an_unknown_path_is_refused_as_every_kernel_refuses_it(monkeypatch):
+    cache = filled_cache(slots=1, layers=1)
+    queries, slot = torch.randn(1, 12, 128), torch.tensor([0])
+    offsets, cells = torch.tensor([0, 2]), torch.tensor([0, 1])
     monkeypatch.setenv("EXACTSPEC_KERNEL_PATH", "neon")
-    with pytest.raises(ValueError, match="unknown kernel path"):
-        path_index()
+    with pytest.raises(PathUnavailable, match="unknown kernel path 'neon'"):
+        attend(cache, 0, queries, slot, offsets, cells, scale=1.0)
+    with pytest.raises(PathUnavailable, match="unknown kernel path 'neon'"):
+        rms_norm(torch.ones(1, 8), torch.ones(8), 1e-6)
     monkeypatch.setenv("EXACTSPEC_KERNEL_PATH", "reference")
-    assert path_index() == 0
+    forced = attend(cache, 0, queries, slot, offsets, cells, scale=1.0)
+    assert torch.equal(forced, attend(cache, 0, queries, slot, offsets, cells, scale=1.0, path="reference"))
+
+
+def test_calls_from_several_threads_at_once_keep_their_bits():
+    from concurrent.futures import ThreadPoolExecutor
+
+    generator = torch.Generator().manual_seed(9)
+    cache = filled_cache()
+    lists = random_lists(8, cache.capacity, generator)
+    queries = torch.randn((8, 12, 128), generator=generator)
+    slots = torch.randint(0, cache.slots, (8,), generator=generator)
+    offsets, cells = pack(lists)
+    expected = attend(cache, 0, queries, slots, offsets, cells, scale=0.1, threads=1)
+
+    def calls(seed: int) -> bool:
+        return all(
+            torch.equal(
+                attend(cache, 0, queries, slots, offsets, cells, scale=0.1, threads=1 + (seed + i) % 3),
+                expected,
+            )
+            for i in range(20)
+        )
+
+    with ThreadPoolExecutor(3) as executor:
+        assert all(executor.map(calls, range(3)))
