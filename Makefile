@@ -1,8 +1,14 @@
 # The two quick-start commands (README): `make run` and `make test`.
-.PHONY: setup run serve test lint slow
+.PHONY: setup setup-llamacpp run serve test lint slow
 
+# What the default path uses (ONNX Runtime, the server, Ray, the tests' tools), without llama.cpp.
 setup:
 	bash scripts/setup.sh
+
+# The same and llama-cpp-python, compiled for this CPU once per machine (minutes on 2 cores; the wheel is
+# cached): what the tests need (`--backend llamacpp`, the bench's llama.cpp peer).
+setup-llamacpp:
+	bash scripts/setup.sh --llamacpp
 
 # The main job: speculative generation on the built-in default pair (the first run fetches the models and
 # exports the target to ONNX for --backend auto to measure), on an edit of a given function, where the
@@ -16,11 +22,11 @@ run: setup
 serve: setup
 	.venv/bin/exactspec serve
 
-test: setup
+test: setup-llamacpp
 	.venv/bin/ruff check exactspec tests scripts
 	.venv/bin/ruff format --check exactspec tests scripts
 	.venv/bin/python -m pytest -q -n 2
 
 # Opt-in real-model tests on the default pair (slow: fetches and converts the models on first use).
-slow: setup
+slow: setup-llamacpp
 	.venv/bin/python -m pytest -q -m slow

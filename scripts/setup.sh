@@ -1,29 +1,49 @@
 #!/usr/bin/env bash
-# Creates .venv (if missing) and installs exactspec with what the tests and the CLI need.
-# torch is pinned to the CPU build (==2.13.0): an unpinned torch would pull a multi-GB CUDA build.
+# Creates .venv (if missing) and installs exactspec with what the CLI's default path and the tests need.
+#
+#   bash scripts/setup.sh              # what `make run` and `make serve` use: no llama.cpp
+#   bash scripts/setup.sh --llamacpp   # and llama-cpp-python, compiled for this CPU (`make test`, CI)
+#
+# The default path (`--backend auto` on the built-in pair) runs ONNX Runtime; llama.cpp is a backend by
+# choice (`--backend llamacpp`) and the bench's peer, and exactspec says how to install it when one of them
+# needs it. torch is pinned to the CPU build (==2.13.0): an unpinned torch would pull a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+with_llamacpp=0
+for arg in "$@"; do
+  case "$arg" in
+    --llamacpp) with_llamacpp=1 ;;
+    *) echo "usage: bash scripts/setup.sh [--llamacpp]" >&2; exit 2 ;;
+  esac
+done
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-stamp=.venv/.exactspec-setup
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$0" -nt "$stamp" ]; then
-  .venv/bin/python -m pip install --quiet --upgrade pip
+# One stamp per part: a setup redoes a part when the stamp is missing or older than pyproject.toml or this
+# script, so `make test` after `make run` adds llama.cpp and reinstalls nothing else.
+stale() { [ ! -f "$1" ] || [ pyproject.toml -nt "$1" ] || [ "$0" -nt "$1" ]; }
+base_stamp=.venv/.exactspec-setup
+llamacpp_stamp=.venv/.exactspec-setup-llamacpp
+need_base=0
+need_llamacpp=0
+if stale "$base_stamp"; then need_base=1; fi
+if [ "$with_llamacpp" = 1 ] && stale "$llamacpp_stamp"; then need_llamacpp=1; fi
+build=""
+# A setup that stops early (a failed install, Ctrl-C) stops the compile running beside it too.
+trap 'if [ -n "$build" ]; then kill "$build" 2>/dev/null || true; fi' EXIT
+if [ "$need_llamacpp" = 1 ]; then
   # llama.cpp backend (exactspec/models/llamacpp/), built from source once per machine and set of flags.
   # A native build (-march=native) segfaults on its first decode on some of our CPUs, and an AVX-512
   # build dies of SIGILL on a CPU without avx512f: the flags follow /proc/cpuinfo. LLAVA_BUILD=OFF
   # leaves out llama-cpp-python's multimodal library (mtmd), which exactspec never loads: on a 2-core
-  # Zen 3 the compile took 4 min 50 s without it against 5 min 53 s with it (README, Install).
+  # Zen 3 the compile took 4 min 50 s without it against 5 min 53 s with it (docs/install.md).
   simd="-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
   if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then simd="-DGGML_AVX512=ON"; fi
   flags="-DGGML_NATIVE=OFF $simd -DLLAVA_BUILD=OFF"
   # pip's own wheel cache ignores CMAKE_ARGS (a wheel built for AVX-512 would be reused on an AVX2 CPU and
   # die of SIGILL), so the built wheel is kept in a folder named after its flags.
   wheels="${XDG_CACHE_HOME:-$HOME/.cache}/exactspec/wheels/llama-cpp-python-0.3.36-$(echo "$flags" | sha1sum | cut -c1-12)"
-  build=""
-  # A setup that stops early (a failed install, Ctrl-C) stops the compile running beside it too.
-  trap 'if [ -n "$build" ]; then kill "$build" 2>/dev/null || true; fi' EXIT
   if ! ls "$wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
     # The compile is CPU-bound and the installs below mostly fetch and unpack, so the compile runs
     # beside them rather than after them.
@@ -37,8 +57,14 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$0" -nt "$stamp" ]
     build=$!
     started=$SECONDS
   fi
+fi
+if [ "$need_base" = 1 ]; then
+  .venv/bin/python -m pip install --quiet --upgrade pip
   .venv/bin/python -m pip install --quiet "torch==2.13.0"
   .venv/bin/python -m pip install --quiet -e ".[hf,dev,serve,ray,onnx,structured]"
+  touch "$base_stamp"
+fi
+if [ "$need_llamacpp" = 1 ]; then
   if [ -n "$build" ]; then
     echo "waiting for the llama-cpp-python compile ($((SECONDS - started)) s so far)" >&2
     status=0
@@ -57,5 +83,5 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$0" -nt "$stamp" ]
   .venv/bin/python -m pip install --quiet --force-reinstall --no-deps --no-index --find-links "$wheels" \
     "llama-cpp-python==0.3.36"
   .venv/bin/python -m pip install --quiet -e ".[llamacpp]"
-  touch "$stamp"
+  touch "$llamacpp_stamp"
 fi

@@ -271,6 +271,33 @@ def tiny_model_folders(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, s
     return str(save_tiny_model(root / "target", 0)), str(save_tiny_model(root / "draft", 1))
 
 
+def skip_unless_kernels_are_invariant(folder: Path | str) -> None:
+    """Skip the calling test where ONNX Runtime's kernels are not batch invariant on this CPU for the export
+    in `folder`: the mode's own load-time probe (an 8-token pass against eight one-token passes) refuses it
+    (`KernelsNotInvariantHere`; measured invariant on AVX-512 CPUs, refused on an AVX2-only Zen 3). ONNX
+    Runtime picks its kernels by the CPU's instruction sets and has no setting that forces another path, so
+    a test of the mode runs only on a CPU whose path is invariant."""
+    from exactspec.models.onnx.invariant import KernelsNotInvariantHere
+    from exactspec.models.onnx.model import OnnxModel
+
+    try:
+        OnnxModel(Path(folder), batch_invariant=True, eos_token_ids={0}, threads=2, max_rows=1)
+    except KernelsNotInvariantHere as error:
+        pytest.skip(f"ONNX Runtime's kernels are not batch invariant on this CPU: {error}")
+
+
+def skip_if_refused_for_kernels(error: BaseException) -> None:
+    """Skip the calling test when `error` (a load's failure, or what wraps it) is the batch-invariant mode's
+    refusal of this CPU's kernels (`skip_unless_kernels_are_invariant`)."""
+    from exactspec.models.onnx.invariant import KernelsNotInvariantHere
+
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, KernelsNotInvariantHere):
+            pytest.skip(f"ONNX Runtime's kernels are not batch invariant on this CPU: {cause}")
+        cause = cause.__cause__
+
+
 TINY_GGUF_CONTEXT = 2048
 """Cells of the tiny GGUF pairs' contexts in CLI tests: the bench prompts in the tiny tokenizer fit."""
 
@@ -407,6 +434,7 @@ def tree_rounds(
 GRID_OWNERS = {
     "llamacpp": "checking/test_llamacpp_grid.py",
     "onnx": "checking/test_onnx_grid.py",
+    "native": "checking/test_native_grid.py",
     "hf tree": "checking/test_adapter_grid.py",
     "hf": "checking/test_adapter_grid.py",
     "tree": "verifiers/test_tree.py",
@@ -418,6 +446,7 @@ GRID_OWNERS = {
     "block": "verifiers/test_block.py",
     "quick": "checking/test_grid.py",
     "grammar": "checking/test_grammar_grid.py",
+    "positioned": "checking/test_positioned.py",
 }
 """Owner -> the test module (under tests/) that runs its cases with `grid_cases(owner)`."""
 
@@ -425,15 +454,24 @@ GRID_OWNERS = {
 def grid_owner(case: ExactCase) -> str | None:
     """The one owner of a case (None: only the full `exactspec verify` runs it).
 
-    The first rule that matches wins: the backend (llama.cpp, the HF adapter with trees or chains),
-    trees of candidates (toy tables, the suffix drafter's), the cost-aware scheduler case, adaptive
+    The first rule that matches wins: the checks of the positioned draws, the backend (llama.cpp, the HF
+    adapter with trees or chains), trees of candidates (toy tables, the suffix drafter's), the cost-aware
+    scheduler case, adaptive
     gamma, the drafter (lookup and hybrid; the registry's other drafters), the verifier. What is left
     (token verification of a draft model, and the scheduler cases) is the quick grid's: the cases
     `exactspec verify --quick` runs (`ExactCase.quick`), which tests/cli/test_cli.py used to run
     through the command line.
     """
-    from exactspec.checking.grid import BackendCase, BackendTreeCase, TreeCase
+    from exactspec.checking.grid import (
+        BackendCase,
+        BackendTreeCase,
+        PointMassCase,
+        PositionedLawCase,
+        TreeCase,
+    )
 
+    if isinstance(case, PositionedLawCase | PointMassCase):
+        return "positioned"
     if isinstance(case, BackendCase):  # a backend's own cases: its trees apart where a module owns them
         tree_owner = f"{case.backend} tree"
         return tree_owner if isinstance(case, BackendTreeCase) and tree_owner in GRID_OWNERS else case.backend

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from exactspec.decoding.engine import MAX_GAMMA
+from exactspec.decoding.logprobs import TOP_LOGPROBS_MAX
 from exactspec.foundations.errors import InvalidArgument
 from exactspec.foundations.settings import SamplingSettings
 
@@ -119,6 +120,19 @@ def gamma_value(gamma: Any, has_draft: bool) -> int:
 def max_new_tokens_value(value: Any) -> int:
     if isinstance(value, bool) or not _is_integral(value) or operator.index(value) < 1:
         raise InvalidArgument(f"max_new_tokens must be an integer >= 1, got {value!r}")
+    return operator.index(value)
+
+
+def logprobs_value(value: Any) -> int | None:
+    """None (no log-probabilities) or k in 0..TOP_LOGPROBS_MAX (each token's and its k likeliest)."""
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not _is_integral(value)
+        or not 0 <= operator.index(value) <= TOP_LOGPROBS_MAX
+    ):
+        raise InvalidArgument(f"logprobs must be None or an integer in 0..{TOP_LOGPROBS_MAX}, got {value!r}")
     return operator.index(value)
 
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import exactspec.api.arguments as arguments
 from exactspec.api.session import Choice, RequestError, RequestRules, Session, SessionConfig, TextRequest
 from exactspec.decoding.engine import FinishReason
+from exactspec.decoding.logprobs import TokenLogprob
 from exactspec.decoding.strategy import DrafterName, Strategy, VerifierName
 from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.errors import InvalidArgument
@@ -46,6 +47,7 @@ class Completion:
     token_ids: list[int]
     finish_reason: FinishReason
     prompt_tokens: int
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when the call asked for them
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class StreamEvent:
     token_ids: list[int]
     finish_reason: FinishReason | None = None
     metrics: DecodeMetrics | None = field(default=None, repr=False)
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when the call asked for them
 
 
 _HELD = threading.local()
@@ -213,6 +216,7 @@ class SpeculativeDecoder:
         verifier: VerifierName = DEFAULTS.verifier,
         adaptive_gamma: bool = DEFAULTS.adaptive_gamma,
         structure: Structure | None = None,
+        logprobs: int | None = None,
     ) -> Iterator[StreamEvent]:
         """Yield text as the target accepts it (one event per row per round that emitted something).
 
@@ -232,6 +236,7 @@ class SpeculativeDecoder:
             verifier,
             adaptive_gamma,
             structure,
+            logprobs,
         )
         return self._stream(call)
 
@@ -244,9 +249,13 @@ class SpeculativeDecoder:
             with contextlib.closing(session.stream(call.requests)) as events:
                 for choice, delta, event in events:
                     reason = event.finish_reason
+                    if reason == "error" and event.error_param is not None:
+                        raise InvalidArgument(str(event.error), param=event.error_param)
                     if event.tokens or delta or reason:
                         metrics = session.metrics if reason else None
-                        yield StreamEvent(choice.index, delta, list(event.tokens), reason, metrics)
+                        asked = call.requests[choice.request_index].logprobs is not None
+                        top = list(event.logprobs or ()) if asked else None
+                        yield StreamEvent(choice.index, delta, list(event.tokens), reason, metrics, top)
 
     def generate(
         self,
@@ -262,6 +271,7 @@ class SpeculativeDecoder:
         verifier: VerifierName = DEFAULTS.verifier,
         adaptive_gamma: bool = DEFAULTS.adaptive_gamma,
         structure: Structure | None = None,
+        logprobs: int | None = None,
     ) -> GenerationOutput:
         """Generate for one prompt or a batch; rows are independent (own seed seed + row, own stops).
 
@@ -282,6 +292,9 @@ class SpeculativeDecoder:
             structure: what every output must be: `Structure.json_object()`,
                 `Structure.json_schema(schema)` or `Structure.gbnf(grammar)` (each row constrained by its
                 own matcher, exactly: `exactspec.foundations.grammar`); None: free text.
+            logprobs: None, or k in 0..20: each completion's `logprobs` holds, per token, its log p under
+                the target after the settings' transforms and its k likeliest alternatives
+                (`exactspec.decoding.logprobs.TokenLogprob`; the server's `logprobs` come from the same).
 
         Raises:
             InvalidArgument: an argument has the wrong type or value (the message names it).
@@ -298,11 +311,16 @@ class SpeculativeDecoder:
             verifier,
             adaptive_gamma,
             structure,
+            logprobs,
         )
         with self._locked():
             session = self._session(call)
             submission = session.generate(call.requests)
-            return GenerationOutput([_completion(choice) for choice in submission.choices], session.metrics)
+            for choice in submission.choices:  # a structure its matcher could not enforce to the end
+                if choice.finish_reason == "error" and choice.error_param is not None:
+                    raise InvalidArgument(str(choice.error), param=choice.error_param)
+            completions = [_completion(choice, call) for choice in submission.choices]
+            return GenerationOutput(completions, session.metrics)
 
     def _call(
         self,
@@ -317,6 +335,7 @@ class SpeculativeDecoder:
         verifier: Any,
         adaptive_gamma: Any,
         structure: Any = None,
+        logprobs: Any = None,
     ) -> _Call:
         """Every argument checked and normalised, before the lock is taken or a model runs."""
         try:
@@ -339,6 +358,7 @@ class SpeculativeDecoder:
         seed, stop = arguments.seed_value(seed), arguments.stop_strings(stop)
         chat = arguments.flag("chat", chat)
         prompt_list = arguments.prompt_batch(prompts)
+        top = arguments.logprobs_value(logprobs)
         if structure is not None and not isinstance(structure, Structure):
             raise InvalidArgument(
                 "structure must be a Structure (Structure.json_schema(...), ...), got "
@@ -354,6 +374,7 @@ class SpeculativeDecoder:
                 seed=seed + i,
                 stop=stop,
                 structure=structure,
+                logprobs=top,
             )
             for i, prompt in enumerate(prompt_list)
         ]
@@ -396,6 +417,8 @@ class SpeculativeDecoder:
                 held.discard(id(lock))
 
 
-def _completion(choice: Choice) -> Completion:
+def _completion(choice: Choice, call: _Call) -> Completion:
     assert choice.finish_reason is not None  # generate() returns once every row has finished
-    return Completion(choice.text, list(choice.tokens), choice.finish_reason, choice.prompt_tokens)
+    asked = call.requests[choice.request_index].logprobs is not None
+    logprobs = list(choice.logprobs) if asked else None
+    return Completion(choice.text, list(choice.tokens), choice.finish_reason, choice.prompt_tokens, logprobs)

@@ -111,6 +111,7 @@ class Choice:
         self.text = ""
         self.finish_reason: FinishReason | None = None
         self.error: str | None = None
+        self.error_param: str | None = None  # the request field at fault, when the request was
         self.last_event_at: float | None = None  # the consumer's bookkeeping (the server's latencies)
 
     @property
@@ -126,6 +127,7 @@ class Choice:
         if event.finish_reason is not None:
             self.finish_reason = event.finish_reason
             self.error = event.error
+            self.error_param = event.error_param
         if self.stream is None:
             return ""
         delta = self.stream.update(self.tokens, final=event.finish_reason is not None)

@@ -7,6 +7,8 @@ target's distribution (docs/algorithm.md 3, truncation).
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -103,3 +105,62 @@ class TextStream:
         delta = text[self.shown : safe] if safe > self.shown else ""
         self.shown = max(self.shown, safe)
         return delta
+
+
+class TokenBytes:
+    """Each token's own bytes, so that a text's tokens join to its UTF-8 byte for byte (OpenAI's logprobs
+    `bytes`), also where a token holds part of a character (which decodes alone to U+FFFD).
+
+    Byte-level BPE vocabularies (GPT-2's, Qwen's, Llama 3's) spell each byte as one printable character
+    (`bytes_to_unicode`): a token's bytes are its symbols mapped back. SentencePiece's byte fallback
+    spells a byte as `<0xNN>` and a space as "▁". Added tokens are their text; special ones, which the
+    text leaves out (decoded with skip_special_tokens), have none (None). Any other vocabulary: the
+    token's text decoded alone, as UTF-8.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._special = set(getattr(tokenizer, "all_special_ids", ()))
+        added = tokenizer.get_added_vocab() if hasattr(tokenizer, "get_added_vocab") else {}
+        self._added = {int(i): text for text, i in added.items()}
+        decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+        self._byte_level = type(decoder).__name__ == "ByteLevel"
+        self._unicode_to_byte = {c: b for b, c in _bytes_to_unicode().items()}
+        self._cache: dict[int, bytes | None] = {}
+
+    def __call__(self, token: int) -> bytes | None:
+        if token not in self._cache:
+            self._cache[token] = self._bytes(token)
+        return self._cache[token]
+
+    def _bytes(self, token: int) -> bytes | None:
+        if token in self._special:
+            return None
+        if token in self._added:
+            return self._added[token].encode("utf-8")
+        pieces = getattr(self.tokenizer, "convert_ids_to_tokens", None)
+        piece = pieces(token) if pieces is not None else None
+        if self._byte_level and piece is not None and all(c in self._unicode_to_byte for c in piece):
+            return bytes(self._unicode_to_byte[c] for c in piece)
+        if piece is not None and re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", piece):
+            return bytes([int(piece[3:5], 16)])
+        if piece is not None and "\u2581" in piece:
+            return piece.replace("\u2581", " ").encode("utf-8")
+        return self.tokenizer.decode([token]).encode("utf-8")
+
+    def text(self, token: int) -> str:
+        """The token's text: its bytes as UTF-8, a byte that is not whole text as `\\xNN`."""
+        data = self(token)
+        return "" if data is None else data.decode("utf-8", errors="backslashreplace")
+
+
+@functools.cache
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's map of the 256 bytes to printable characters (the alphabet of byte-level BPE vocabularies)."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    shifted = iter(range(256, 512))
+    return {b: chr(b) if b in printable else chr(next(shifted)) for b in range(256)}

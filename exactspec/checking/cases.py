@@ -6,6 +6,8 @@ shipped builder wires (`decoding.builder.build_engine`); `TreeCase` proposes fix
 one `GridCell` of its registration) against no-cache full forwards of the same float64 weights.
 `run_exact_case` enumerates every random path of a case (`checking.exact`, `checking.scheduled`) and
 gives the total variation distance between what the engine emits and the target's distribution.
+`PositionedLawCase` and `PointMassCase` check the shipped sampler's draws keyed by position instead
+(`checking.positioned`).
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import torch
 from tqdm import tqdm
 
 from exactspec.checking.exact import EngineFactory, check_speculative
+from exactspec.checking.positioned import point_mass_mismatches, positioned_law
 from exactspec.checking.scheduled import ScheduledRow, check_scheduler
 from exactspec.checking.toy import FixedTreeDrafter, TabularModel, random_tabular_model, rotating_tree
 from exactspec.decoding.builder import build_engine
@@ -236,6 +240,10 @@ class BackendCase(ExactCase):
         from exactspec.checking.tiny_hf import FullForwardModel, tiny_hf_pair
 
         module, _ = tiny_hf_pair(self.spec())
+        tiny = backend(self.backend).tiny
+        assert tiny is not None
+        if tiny.reference is not None:
+            return tiny.reference(module, self.eos_token_id)
         return FullForwardModel(module, target.eos_token_ids, target.vocab_size)
 
 
@@ -246,6 +254,61 @@ class BackendTreeCase(BackendCase, TreeCase):
     the next round keeps the accepted path and rolls the other branches back.
 
     `BackendCase` comes first so that its field defaults win; `engine_factory` is `TreeCase`'s."""
+
+
+@dataclass(frozen=True)
+class PositionedLawCase(ExactCase):
+    """The exact law of one draw of `SeededSampler.categorical_at` at `position` over a uniformly random
+    seed, against `probabilities` (`checking.positioned.positioned_law`). Reported as: paths, the real
+    draws that fixed the law's steps; TV distance, the law's to the probabilities."""
+
+    probabilities: tuple[float, ...] = ()
+    position: int = 0
+
+    def check(self) -> tuple[float, int, int]:
+        """(TV distance, draws, ids)."""
+        law = positioned_law(torch.tensor(self.probabilities, dtype=torch.float64), self.position)
+        return law.total_variation, law.draws, len(self.probabilities)
+
+
+POINT_MASS_SEEDS = 64
+"""Seeds each `PointMassCase` decodes with (each plainly and at every gamma)."""
+
+
+@dataclass(frozen=True)
+class PointMassCase(ExactCase):
+    """A drafter that runs no model (`strategy`: suffix trees or prompt lookup, fixed or planned gamma) with
+    the shipped `SeededSampler`: every seed's tokens at gamma 1..`gamma` must be plain decoding's
+    (`checking.positioned.point_mass_mismatches`). Reported as: paths, the speculative runs; TV distance,
+    the share of them whose tokens differ from plain decoding's (1 when no draft was proposed: plain
+    against plain proves nothing)."""
+
+    seeds: int = POINT_MASS_SEEDS
+
+    def check(self) -> tuple[float, int, int]:
+        """(share of runs that differ, runs, seeds)."""
+        target, _ = self.models()
+
+        def build(gamma: int) -> SpeculativeEngine:
+            return build_engine(
+                target,
+                None,
+                self.strategy if gamma else Strategy(adaptive_gamma=False),
+                gamma,
+                costs=self.costs().up_to(gamma) if gamma else None,
+                validate=True,
+                policy_options=GRID_POLICY_OPTIONS,
+                batch_costs=GRID_BATCH_COSTS if self.planned else None,
+                round_timer=grid_round_time,
+            )
+
+        config = DecodeConfig(gamma=self.gamma, max_new_tokens=self.max_new_tokens, settings=self.settings)
+        gammas = range(1, self.gamma + 1)
+        found = point_mass_mismatches(
+            build, self.prompts, config, gammas, range(self.seed, self.seed + self.seeds)
+        )
+        share = found.differing / found.runs if found.proposed else 1.0
+        return share, found.runs, self.seeds
 
 
 GRID_BATCH_COSTS = BatchCosts(
@@ -291,9 +354,12 @@ class ExactResult:
 
 
 def run_exact_case(case: ExactCase) -> ExactResult:
+    started = time.perf_counter()
+    if isinstance(case, PositionedLawCase | PointMassCase):
+        distance, paths, sequences = case.check()
+        return ExactResult(case, distance, paths, sequences, time.perf_counter() - started)
     target, draft = case.models()
     config = DecodeConfig(gamma=case.gamma, max_new_tokens=case.max_new_tokens, settings=case.settings)
-    started = time.perf_counter()
     engine = case.engine_factory(target, draft)
     if case.schedule:
         check = check_scheduler(engine, case.schedule, case.gamma, max_batch=case.max_batch)

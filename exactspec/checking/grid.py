@@ -7,7 +7,9 @@ draft, every sampling transform, and a batch whose rows have different
 histories; then the same for block verification, the prompt-lookup and hybrid
 drafters (including rounds where the lookup finds no match) and adaptive
 gamma (`round_two_grid`), trees of deterministic candidates verified by tree
-verification (`tree_cases`), and constrained rounds under a toy grammar (`grammar_cases`). Then every
+verification (`tree_cases`), constrained rounds under a toy grammar (`grammar_cases`), and the shipped
+sampler's draws keyed by position (`positioned_cases`: each draw's law, and point-mass drafts giving
+plain decoding's tokens whatever gamma). Then every
 registered backend's own cases (`backend_cases`: the cells
 its registration lists, `Backend.tiny`): the same enumeration through the backend's real adapters over
 tiny random transformers models (`tiny_hf`), so KV cache rows, rollback, holes, compaction and
@@ -17,6 +19,8 @@ same float64 weights, to the backend's tolerance. A backend that cannot run here
 """
 
 from __future__ import annotations
+
+import torch
 
 from exactspec.checking.cases import (
     BLOCK,
@@ -30,6 +34,8 @@ from exactspec.checking.cases import (
     BackendTreeCase,
     ExactCase,
     ExactResult,
+    PointMassCase,
+    PositionedLawCase,
     TreeCase,
     grid_round_time,
     run_exact_case,
@@ -158,7 +164,17 @@ def exact_grid() -> list[ExactCase]:
     trees = tree_cases() + suffix_tree_cases()
     # Every backend's own cases last (`verify` says which backends are skipped: `skipped_backends`).
     constrained = grammar_cases()
-    return cases + round_two_grid() + extra + trees + constrained + scheduler_cases() + backend_cases()
+    positioned = positioned_cases()
+    return (
+        cases
+        + round_two_grid()
+        + extra
+        + trees
+        + constrained
+        + positioned
+        + scheduler_cases()
+        + backend_cases()
+    )
 
 
 DRAFTERS_WITH_OWN_CASES = frozenset({"model", "ngram", "hybrid"})
@@ -299,6 +315,59 @@ def suffix_tree_cases() -> list[ExactCase]:
                 previous=((2, 3, 1), (3, 1, 2), (3, 1, 3)),
             ),
         ]
+    return cases
+
+
+def _random_probabilities(vocab: int, seed: int, zeros: int = 0) -> tuple[float, ...]:
+    """A random distribution over `vocab` ids (softmax of normal logits), its first `zeros` ids 0."""
+    generator = torch.Generator().manual_seed(seed)
+    probs = torch.softmax(2.0 * torch.randn(vocab, generator=generator, dtype=torch.float64), dim=0)
+    probs[:zeros] = 0.0
+    return tuple((probs / probs.sum()).tolist())
+
+
+def positioned_cases() -> list[ExactCase]:
+    """The shipped sampler's draws keyed by position (`checking.positioned`): the law of one draw over a
+    random seed at positions near and far, for random, sparse, one-hot and near-zero probabilities; and
+    the drafters that run no model (suffix, its trees, prompt lookup; fixed, adaptive and planned gamma)
+    giving every seed plain decoding's tokens at gamma 1..3."""
+    laws = [
+        ("V=4, position 0", _random_probabilities(4, 1), 0),
+        ("V=6 with zeros, position 7", _random_probabilities(6, 2, zeros=3), 7),
+        ("V=1000, position 2^40", _random_probabilities(1000, 3), 1 << 40),
+        ("one-hot, position 5", (0.0, 0.0, 1.0, 0.0), 5),
+        ("mass 1e-300 below the grid", (1e-300, 0.5, 0.5 - 1e-300), 1),
+    ]
+    cases: list[ExactCase] = [
+        PositionedLawCase(f"positioned draw's law, {name}", len(p), 0, 1, probabilities=p, position=t, seed=i)
+        for i, (name, p, t) in enumerate(laws)
+    ]
+    sampled = SamplingSettings(temperature=0.8, top_k=3, repetition_penalty=1.3)
+    drafters = [
+        ("suffix", Strategy("suffix", "token", False), False, SamplingSettings()),
+        ("suffix, planned gamma", Strategy("suffix", "token", True), True, SamplingSettings()),
+        (
+            "suffix trees, adaptive gamma",
+            Strategy("suffix", "token", True, SUFFIX_TREE_OPTIONS),
+            False,
+            sampled,
+        ),
+        ("ngram, all transforms", Strategy("ngram", "token", False), False, ALL_TRANSFORMS),
+        ("ngram, planned gamma", Strategy("ngram", "token", True), True, sampled),
+    ]
+    for name, strategy, planned, settings in drafters:
+        cases.append(
+            PointMassCase(
+                f"point-mass drafts = plain tokens, {name}",
+                4,
+                3,
+                6,
+                settings,
+                prompts=((1, 2, 1, 2, 1), (3,)),
+                strategy=strategy,
+                planned=planned,
+            )
+        )
     return cases
 
 

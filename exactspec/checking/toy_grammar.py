@@ -68,6 +68,9 @@ class ToyGrammar:
             out.append(token)
         return out
 
+    def failure(self) -> None:
+        return None  # an automaton has no limits to reach
+
     def accepts(self, sequence: Sequence[int]) -> bool:
         """Whether a finished output is in the grammar: it ends with EOS in an accepting state, or was cut
         by the length limit inside the grammar."""

@@ -274,7 +274,20 @@ def _summary(
         )
     if plain_reason:
         summary += f", {plain_reason}"
-    return summary
+    return summary + _planning(metrics)
+
+
+def _planning(metrics: DecodeMetrics) -> str:
+    """How the planned rounds went, when gamma was planned from predicted round times: how many rounds
+    drafted, and how far the round times were from their predictions (the planner falls back to plain
+    rounds where drafting rounds ran slower than plain ones would: docs/performance.md)."""
+    if not metrics.round_times:
+        return ""
+    drafted = metrics.rounds - metrics.plain_rounds
+    return (
+        f", drafted in {drafted} of {metrics.rounds} rounds, round times {metrics.round_time_error:.0%} off "
+        f"their predictions (median of {len(metrics.round_times)})"
+    )
 
 
 @dataclass(frozen=True)

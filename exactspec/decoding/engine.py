@@ -266,15 +266,18 @@ class SpeculativeEngine:
         )
         histories = [states[row].history for row in active]
         settings = [states[row].settings or config.settings for row in active]
-        max_draft = self._draft_limits(states, active, config)
+        caps = self._draft_caps(states, active, config)
+        planned = self._plan(states, active, caps)
         # A drafter gets one SamplingSettings when every row shares it (drafters written for
         # one batch-wide setting keep working), else one per row.
         shared = all(row_settings == settings[0] for row_settings in settings)
         # Each row's output position of this round's first token: the positioned draws are keyed by it.
         positions = [len(states[row].generated) for row in active]
         proposal, forced = self._draft(
-            histories, max_draft, settings[0] if shared else settings, sampler, active, positions
+            histories, caps, planned, settings[0] if shared else settings, sampler, active, positions
         )  # 2.1
+        # What each row may hold: its forced tokens, then the drafter's planned own.
+        max_draft = [min(cap, count + own) for cap, count, own in zip(caps, forced, planned, strict=True)]
         top = [states[row].logprobs for row in active]  # None: the row reports no log-probabilities
         if proposal.parents is None:
             result, reported = self._verify_chain(
@@ -300,16 +303,20 @@ class SpeculativeEngine:
             self._teach_round_time(proposal, len(active), elapsed)
         return output
 
-    def _draft_limits(self, states: RowStates, active: list[int], config: DecodeConfig) -> list[int]:
+    def _draft_caps(self, states: RowStates, active: list[int], config: DecodeConfig) -> list[int]:
         """Each active row's most draft tokens this round: its gamma, never past its length limit (a round
-        emits at most draft length + 1 tokens), then the gamma policy's choice up to that."""
-        max_draft = [
+        emits at most draft length + 1 tokens). Its constraint's forced tokens may fill it whatever the
+        gamma policy plans (they cost no draft work); a row whose request names gamma 0 drafts none."""
+        return [
             min(
                 config.gamma if states[row].gamma is None else states[row].gamma,
                 max_new_tokens(states[row], config) - len(states[row].generated) - 1,
             )
             for row in active
         ]
+
+    def _plan(self, states: RowStates, active: list[int], max_draft: list[int]) -> list[int]:
+        """The drafter's own tokens each row may propose: the gamma policy's choice up to its cap."""
         if self.gamma_policy is None:
             return max_draft
         # docs/algorithm.md 5: draft lengths chosen before the round's draws keep the round exact.
@@ -449,20 +456,30 @@ class SpeculativeEngine:
     def _draft(
         self,
         histories: list[list[int]],
-        max_draft: list[int],
+        caps: list[int],
+        planned: list[int],
         settings: SamplingSettings | list[SamplingSettings],
         sampler: Sampler,
         rows: list[int],
         positions: list[int],
     ) -> tuple[Proposal, list[int]]:
         """The round's proposal and how many leading tokens of each row's draft its constraint forced: the
-        forced tokens first, at q = 1, then the drafter's proposal after them (`drafters.forced`)."""
-        if self.drafter is None or max(max_draft) <= 0:
+        forced tokens first, at q = 1, up to the row's cap, then the drafter's proposal after them, up to
+        its planned length and the cap (`drafters.forced`)."""
+        if self.drafter is None or max(caps) <= 0:
             return Proposal.empty(len(rows), self.target.vocab_size, self.device), [0] * len(rows)
         clock = time.perf_counter()
         starts = prompt_ends(histories, positions)
         proposal, forced = propose_after_forced(
-            self.drafter, histories, max_draft, settings, sampler, rows, starts
+            self.drafter,
+            histories,
+            caps,
+            settings,
+            sampler,
+            rows,
+            starts,
+            own_limits=planned,
+            vocab_size=self.target.vocab_size,
         )
         self.metrics.draft_seconds += time.perf_counter() - clock
         if self.draft_stopwatch is not None:

@@ -113,7 +113,7 @@ class CostAwareGamma:
         self.gains = gains if gains is not None else RowGains()
         self.batch_prior_strength = batch_prior_strength
         self.rounds_planned = 0
-        self.last_plan_probe = False  # whether the last plan was a probe round
+        self.last_plan_probe = False  # whether the last plan offered some row a probe draft
         self._joining = 0  # rows about to join the batch (`joining`), as of the next plan
         self._pooled = (0.0, 0.0)  # (kept, reached) of every row's drafting rounds, decayed
         self._seen: dict[int, int] = {}  # row -> tokens of its history the draft model has seen
@@ -166,27 +166,30 @@ class CostAwareGamma:
         kept, reached = self._pooled
         return (kept + 1.0) / (reached + 2.0)
 
-    def offer(self, row: int, alone: bool, probe: bool) -> Offer | None:
+    def offer(self, row: int, alone: bool, probe: bool, due: bool = False) -> Offer | None:
         """What the plan may give this row (None: no draft tokens this round), so that a prior alone does
         not make a full batch draft and drafting that does not pay stops:
 
         - a row alone is planned from `AdaptiveGamma`'s estimate (its own rounds under the prior);
         - a row that shares the round needs evidence, its own drafting rounds or the session's (every
           row's rounds pooled, `pooled_rate`); its rates are its own counts shrunk towards the pooled
-          rate with weight `batch_prior_strength`. A row without either is held back;
+          rate with weight `batch_prior_strength`. A row without either is held back, and offered a
+          probe in the planner's probe rounds (`probe`: `RowGains.is_probe_round`);
         - a row whose realized gain is below 1 (`RowGains`: tokens per second of its drafting rounds
-          against its plain rounds) is held back;
-        - in a probe round (`RowGains.is_probe_round`) a held-back row is offered up to PROBE_TOKENS
-          tokens at the prior's rate: whether it drafts is still the costs' decision."""
-        held_back = self.gains.stopped(row)
-        if not alone and not held_back:
-            own, pooled = self.rates.evidence(row), self._pooled[1]
-            held_back = own <= 0.0 and pooled <= 0.0
-        if held_back:
-            if not probe:
-                return None
-            prior = self.rates.prior_accepted / (self.rates.prior_accepted + self.rates.prior_rejected)
-            return Offer([prior] * self.max_gamma, PROBE_TOKENS, probe=True)
+          against its plain rounds) is stopped: held back;
+        - a row that has rested long enough (`due`: `RowGains.probe_due`; waits that double while its
+          probes do not bring it back to drafting) is offered a probe whatever else holds.
+
+        A probe offers up to PROBE_TOKENS tokens at the prior's rate; whether a row that shares the round
+        drafts them is still the costs' decision (`plan` drafts a lone row's probe whatever they say)."""
+        prior = self.rates.prior_accepted / (self.rates.prior_accepted + self.rates.prior_rejected)
+        probe_offer = Offer([prior] * self.max_gamma, PROBE_TOKENS, probe=True)
+        if due:
+            return probe_offer
+        if self.gains.stopped(row):
+            return None
+        if not alone and self.rates.evidence(row) <= 0.0 and self._pooled[1] <= 0.0:
+            return probe_offer if probe else None
         if alone:
             return Offer(self.rates.position_rates(row), self.max_gamma)
         shared = self.rates.rates_under(row, self.pooled_rate(), self.batch_prior_strength)
@@ -195,15 +198,16 @@ class CostAwareGamma:
     def plan(self, rows: Sequence[RoundRow]) -> list[int]:
         if not rows:
             return []
-        probe = self.last_plan_probe = self.gains.is_probe_round(self.rounds_planned)
+        probe = self.gains.is_probe_round(self.rounds_planned)
         self.rounds_planned += 1
         self._round.clear()  # a round that was not timed (it fed a prompt) teaches no gains
         fixed = [r.limit if r.fixed else 0 for r in rows]
+        due = [not r.fixed and r.limit > 0 and self.gains.probe_due(r.row) for r in rows]
         # Marginal expected tokens of each offered row's j-th draft token, j = 1..its limit.
         marginals: list[tuple[float, int, int]] = []  # (m_{b,j}, b, j)
         self._probing.clear()
         for b, r in enumerate(rows):
-            offer = None if r.fixed else self.offer(r.row, len(rows) == 1, probe)
+            offer = None if r.fixed else self.offer(r.row, len(rows) == 1, probe, due[b])
             if offer is None:
                 continue
             if offer.probe:
@@ -239,8 +243,14 @@ class CostAwareGamma:
                 reach, b, j = step
                 drafts[b] = j  # the marginals of one row come in order 1, 2, ...
                 expected += reach
+        if len(rows) == 1 and due[0] and best[0] == 0:
+            # A lone row's probe drafts whatever the costs say: they are what the probe looks at again.
+            best[0] = min(rows[0].limit, PROBE_TOKENS)
         for b, r in enumerate(rows):
+            if not r.fixed:
+                self.gains.planned(r.row, drafts=best[b] > 0, probed=due[b], could_draft=r.limit > 0)
             self._planned[r.row] = (r.length, best[b])
+        self.last_plan_probe = bool(self._probing)  # some row was offered a probe draft
         return best
 
     def joining(self, rows: int) -> None:

@@ -182,7 +182,8 @@ class RowEvent:
     """What one round did for one row: its new tokens, and why it ended once it has.
 
     `proposed` and `accepted` count this round's draft tokens; `error` says what failed when
-    `finish_reason` is "error".
+    `finish_reason` is "error", and `error_param` names the request field at fault when the request
+    itself is (a constraint its matcher could not enforce: the server's 400), else None (a failed round).
     """
 
     row: int
@@ -192,6 +193,7 @@ class RowEvent:
     accepted: int = 0
     error: str | None = None
     logprobs: list[TokenLogprob] | None = None  # one per token, when the row's request asked
+    error_param: str | None = None
 
 
 def prompt_ends(histories: list[list[int]], positions: list[int]) -> list[int]:

@@ -11,10 +11,15 @@ of shape s = (rows, width, draft steps) is predicted as
 
 where ratio(s) is the running geometric mean of measured / seeded over the rounds of that shape (each
 round's weight 1/n until n reaches `1 / (1 - memory)`, then `1 - memory`; geometric so that one round a
-shared CPU delayed tenfold moves later predictions little), and for a shape not seen yet the same mean
-over the rounds of as many rows, or over every round when none of as many rows ran yet. A cost model
-wrong by a factor converges within a few dozen rounds; one wrong by a fixed overhead converges shape by
-shape, unseen shapes inheriting their batch size's ratio.
+shared CPU delayed tenfold moves later predictions little). A shape not seen yet inherits a ratio from
+rounds of its own kind first, plain (width 1, no draft steps) or drafting: of as many rows, else of any
+number; only then from the other kind's, as many rows first. The kinds are kept apart because plain
+rounds are what drafting rounds are weighed against: a drafting round's extra cost (a wider pass, more
+positions to sample and verify) is exactly what the comparison must see, so a plain round is never
+predicted slower from drafting rounds (their ratio is inherited only where below 1: the machine runs
+everything faster than measured; else 1, the measured pass cost), and a drafting width not tried yet
+takes the ratio of the widths tried, not the plain rounds'. A cost model wrong by a factor converges
+within a few dozen rounds; one wrong by a fixed overhead converges shape by shape.
 
 Exactness is untouched: what is learned is timing, known before the next round's draws, so every
 draft length chosen from it is a rule of docs/algorithm.md 5.
@@ -72,10 +77,11 @@ class RoundTimes:
             raise ValueError(f"memory must lie in (0, 1), got {memory}")
         self.costs = costs
         self.memory = memory
-        # shape -> (mean of log(measured / seeded), rounds); rows -> the same over its shapes; every shape
+        # shape -> (mean of log(measured / seeded), rounds); (plain?, rows) -> the same over the shapes of
+        # that kind and batch size; plain? -> over every shape of that kind
         self._ratios: dict[RoundShape, tuple[float, int]] = {}
-        self._by_rows: dict[int, tuple[float, int]] = {}
-        self._overall = (0.0, 0)
+        self._by_rows: dict[tuple[bool, int], tuple[float, int]] = {}
+        self._by_kind: dict[bool, tuple[float, int]] = {}
         self._predictions: collections.deque[tuple[float, float]] = collections.deque(maxlen=PREDICTIONS_KEPT)
         # shape -> `seeded` (the table never changes) and -> `predict` (until the next round is observed):
         # a plan of many rows asks for hundreds of round times, and computing each anew was most of the
@@ -93,13 +99,20 @@ class RoundTimes:
         return seconds
 
     def ratio(self, shape: RoundShape) -> float:
-        """measured / seeded for rounds of this shape (of as many rows, else of every shape, if none ran)."""
+        """measured / seeded for rounds of this shape; if none ran, inherited (the module docstring)."""
         mean, rounds = self._ratios.get(shape, (0.0, 0))
-        if not rounds:
-            mean, rounds = self._by_rows.get(shape.rows, (0.0, 0))
-        if not rounds:
-            mean, rounds = self._overall
-        return math.exp(mean)
+        if rounds:
+            return math.exp(mean)
+        plain = _plain(shape)
+        for kind in (plain, not plain):
+            for mean, rounds in (
+                self._by_rows.get((kind, shape.rows), (0.0, 0)),
+                self._by_kind.get(kind, (0.0, 0)),
+            ):
+                if rounds:
+                    # A plain shape takes a drafting rounds' ratio only where it is below 1.
+                    return math.exp(min(mean, 0.0) if plain and not kind else mean)
+        return 1.0
 
     def predict(self, shape: RoundShape) -> float:
         """Predicted seconds of a round of this shape."""
@@ -115,9 +128,12 @@ class RoundTimes:
         self._predictions.append((self.predict(shape), seconds))
         self._predicted.clear()
         ratio = seconds / self.seeded(shape)
+        kind = _plain(shape)
         self._ratios[shape] = self._updated(self._ratios.get(shape, (0.0, 0)), ratio)
-        self._by_rows[shape.rows] = self._updated(self._by_rows.get(shape.rows, (0.0, 0)), ratio)
-        self._overall = self._updated(self._overall, ratio)
+        self._by_rows[kind, shape.rows] = self._updated(
+            self._by_rows.get((kind, shape.rows), (0.0, 0)), ratio
+        )
+        self._by_kind[kind] = self._updated(self._by_kind.get(kind, (0.0, 0)), ratio)
 
     def _updated(self, mean_rounds: tuple[float, int], ratio: float) -> tuple[float, int]:
         mean, rounds = mean_rounds
@@ -145,3 +161,8 @@ class RoundTimes:
         if draft and self.costs.draft is not None:
             draft_cost = max(0.0, self.predict(RoundShape(1, 1, 1)) / plain - 1.0)
         return CostModel(draft_cost, verify)
+
+
+def _plain(shape: RoundShape) -> bool:
+    """A round in which no row drafted: one token a row, no draft steps."""
+    return shape.width == 1 and shape.draft_steps == 0

@@ -30,6 +30,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from exactspec.decoding.logprobs import TOP_LOGPROBS_MAX
@@ -314,6 +315,12 @@ class Scheduler:
                     output.accepted.get(row, 0),
                     logprobs=output.logprobs.get(row),
                 )
+                constraint = handle.request.settings.constraint
+                failure = None if constraint is None else constraint.failure()
+                if failure is not None:  # never a row's text past what its constraint could enforce
+                    event = replace(
+                        event, finish_reason="error", error=str(failure), error_param=failure.param
+                    )
                 if event.finish_reason is not None:
                     self._retire(row, event)
                 else:

@@ -11,6 +11,10 @@ deterministic tokens (suffix, n-gram drafts), a chain with dense q (the draft mo
 get one-hot rows of q), or a tree of candidates (the suffix drafter's: the forced tokens become a trunk
 below the tree's roots).
 
+Forced tokens cost no draft work: the engine drafts them up to the row's gamma cap whatever its gamma
+policy plans for the drafter (a row planned at 0 in a full batch still drafts a forced key), and the
+drafter's own tokens follow up to the planned length.
+
 Example: a row whose schema forces `"name": "` after `{` and whose suffix drafter then proposes
 `Ada"` drafts the chain `"name": "Ada"` in one round.
 """
@@ -51,18 +55,29 @@ def propose_after_forced(
     sampler: Sampler,
     rows: Sequence[int],
     prompt_lengths: Sequence[int],
+    own_limits: Sequence[int] | None = None,
+    vocab_size: int = 0,
 ) -> tuple[Proposal, list[int]]:
-    """(proposal, forced counts): each row's forced tokens, then `drafter`'s proposal after them.
+    """(proposal, forced counts): each row's forced tokens (at most max_tokens[b]), then `drafter`'s
+    proposal after them (at most own_limits[b], default max_tokens[b], and the room the forced ones left).
+    A row whose gamma policy planned no draft of the drafter's still drafts its forced tokens; with
+    nothing forced and nothing planned, the proposal is empty (`vocab_size` wide) and the drafter is not
+    called.
 
     `histories` are extended by the forced tokens in place for the drafter's call and cut back after (no
     copy of a history per round). forced counts [B]: how many leading tokens of row b's draft were forced.
     """
+    own = list(max_tokens) if own_limits is None else list(own_limits)
     per_row = list(settings) if not isinstance(settings, SamplingSettings) else [settings] * len(histories)
     forced = forced_tokens(histories, max_tokens, per_row, prompt_lengths)
     counts = [len(tokens) for tokens in forced]
     if not any(counts):
-        return drafter.propose(histories, max_tokens, settings, sampler, rows), counts
-    left = [limit - count for limit, count in zip(max_tokens, counts, strict=True)]
+        if max(own) <= 0:
+            return Proposal.empty(len(histories), vocab_size, torch.device("cpu")), counts
+        return drafter.propose(histories, own, settings, sampler, rows), counts
+    left = [
+        max(0, min(mine, limit - count)) for limit, count, mine in zip(max_tokens, counts, own, strict=True)
+    ]
     for history, tokens in zip(histories, forced, strict=True):
         history.extend(tokens)
     try:

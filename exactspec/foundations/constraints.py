@@ -20,6 +20,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from exactspec.foundations.errors import InvalidArgument
+
 
 @runtime_checkable
 class TokenConstraint(Protocol):
@@ -35,6 +37,12 @@ class TokenConstraint(Protocol):
     def forced(self, generated: Sequence[int], limit: int) -> list[int]:
         """The tokens that must follow `generated`, up to `limit` of them: the only continuation the
         constraint allows (a key, a closing brace). Empty when there is a choice (EOS is never forced)."""
+        ...
+
+    def failure(self) -> InvalidArgument | None:
+        """None while the constraint holds; else why it can no longer be enforced (a matcher's limit
+        reached), naming the request field. From then on `allowed` allows EOS only, and the scheduler
+        ends the row with this error: a row never goes on unconstrained."""
         ...
 
 
@@ -60,6 +68,8 @@ def apply_constraint(
     ...         return torch.arange(vocab_size) % 2 == 0
     ...     def forced(self, generated, limit):
     ...         return []
+    ...     def failure(self):
+    ...         return None
     >>> apply_constraint(torch.zeros(1, 4), EvenIds(), [[7]], [1]).tolist()
     [[0.0, -inf, 0.0, -inf]]
     """
@@ -71,9 +81,9 @@ def apply_constraint(
             f"{len(histories)} histories and {len(prompt_lengths)} prompt lengths for {scores.shape[0]} rows"
         )
     vocab_size = scores.shape[1]
-    forbidden = torch.zeros(scores.shape, dtype=torch.bool)  # [N, V]
+    out = scores.clone()  # [N, V]
     for n, (history, start) in enumerate(zip(histories, prompt_lengths, strict=True)):
         allowed = constraint.allowed(history[start:], vocab_size)  # [V] or None
-        if allowed is not None:
-            forbidden[n] = ~allowed
-    return scores.masked_fill(forbidden.to(scores.device), -torch.inf)
+        if allowed is not None:  # one pass over the row: no [N, V] mask built first
+            out[n].masked_fill_(allowed.logical_not().to(scores.device), -torch.inf)
+    return out

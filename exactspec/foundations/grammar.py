@@ -9,8 +9,14 @@ changed (a rejected draft rolled back, the accepted ones consumed), never a re-p
 
 JSON is written in one fixed layout, that of Python's `json.dumps`: no whitespace but one space after
 each `,` and `:`. Every key and separator is then forced by the schema (what grammar-forced drafts
-propose at q = 1); a schema may ask for free whitespace with llguidance's own option,
-`"x-guidance": {"whitespace_flexible": true}`.
+propose at q = 1). A schema may not carry llguidance's own options (`x-guidance`): what a request asks
+for is the schema's language, whatever matcher serves it.
+
+Enforced or refused: a structure that the matcher cannot take, or whose language is empty, is an
+`InvalidArgument` before any row runs (`GrammarCompiler.compile` checks its size and depth, compiles it
+under `MATCHER_LIMITS` and walks a few tokens into it). If a row's matcher still fails later (a limit
+reached deep in the text), its mask allows EOS only and `failure()` says why, so the row ends with an
+error: the text is never left unconstrained.
 
 llguidance (an optional dependency, the `structured` extra) was chosen over xgrammar and outlines-core:
 no dependencies (xgrammar pulls triton), schemas compile in milliseconds where outlines-core builds a
@@ -44,6 +50,27 @@ _FORMAT = "response_format"
 _LITERAL_RULE = re.compile(r'^([a-z_][a-z0-9_]*): ("(?:[^"\\]|\\.)*")$', re.MULTILINE)
 """A Lark rule that is one quoted literal (`_added_token_literals`)."""
 INSTALL_HINT = "structured output needs llguidance: pip install 'exactspec[structured]'"
+MAX_STRUCTURE_CHARS = 100_000
+"""Most characters in a schema (as JSON text), a grammar, or the tool calls' grammar of a request."""
+MAX_STRUCTURE_DEPTH = 64
+"""Most levels of nesting in a JSON schema (objects and arrays within each other)."""
+PROBE_TOKENS = 16
+"""Tokens `GrammarCompiler.compile` walks into a new structure (the lowest allowed id each time) to find
+an empty language or a matcher limit before a row meets it."""
+MATCHER_LIMITS = {
+    "max_items_in_row": 2_000,
+    "initial_lexer_fuel": 1_000_000,
+    "step_lexer_fuel": 200_000,
+    "step_max_items": 50_000,
+    "max_lexer_states": 50_000,
+    "max_grammar_size": 200_000,
+}
+"""llguidance's resource limits (`LLParserLimits`) for every matcher: they bound the time of a compile
+(the lexer's fuel: about 50,000 units a millisecond) and of one mask (200,000 lexer units, 50,000 parser
+items), and the memory of a grammar (50,000 lexer states of 1 to 2 kB, 200,000 grammar symbols).
+docs/serving.md states them with the sizes above."""
+_NAME_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+"""Schema keywords whose object's keys are names (of properties, definitions), not keywords."""
 
 
 @dataclass(frozen=True)
@@ -75,12 +102,16 @@ class Structure:
                 raise InvalidArgument(f"the JSON schema is not valid JSON: {error}", param=param) from None
         if not isinstance(schema, dict | bool):
             raise InvalidArgument(f"a JSON schema is an object, got {type(schema).__name__}", param=param)
-        return Structure("json_schema", json.dumps(schema), param)  # key order kept: it is the output's
+        check_schema(schema, param)
+        text = json.dumps(schema)  # key order kept: it is the output's
+        _check_size(text, "the JSON schema", param)
+        return Structure("json_schema", text, param)
 
     @staticmethod
     def gbnf(grammar: str, param: str = "grammar") -> Structure:
         if not isinstance(grammar, str) or not grammar.strip():
             raise InvalidArgument("the grammar is empty", param=param)
+        _check_size(grammar, "the grammar", param)
         return Structure("grammar", grammar, param)
 
     @staticmethod
@@ -120,32 +151,106 @@ class Structure:
         return names.get(self.kind, "tool call grammar")
 
 
-class CompiledGrammar:
-    """A structure compiled for one tokenizer: hands out one matcher-backed constraint per row."""
+def check_schema(schema: Any, param: str) -> None:
+    """Refuse, naming `param`, a schema nested deeper than `MAX_STRUCTURE_DEPTH` or carrying a matcher's
+    own options (an `x-guidance` keyword anywhere: they would change what the schema means)."""
 
-    def __init__(
-        self, structure: Structure, tokenizer: Any, grammar: str, eos_token_ids: Sequence[int]
-    ) -> None:
+    def walk(node: Any, depth: int, names: bool) -> None:
+        if depth > MAX_STRUCTURE_DEPTH:
+            raise InvalidArgument(
+                f"the JSON schema nests deeper than {MAX_STRUCTURE_DEPTH} levels; flatten it (use $defs)",
+                param=param,
+            )
+        if isinstance(node, dict):
+            if not names and "x-guidance" in node:
+                raise InvalidArgument(
+                    "the JSON schema has an x-guidance key: matcher-specific options are not accepted; "
+                    "remove it (JSON comes in one layout, docs/serving.md)",
+                    param=param,
+                )
+            for key, value in node.items():
+                walk(value, depth + 1, not names and key in _NAME_MAPS)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value, depth + 1, False)
+
+    walk(schema, 0, False)
+
+
+def _check_size(text: str, what: str, param: str) -> None:
+    if len(text) > MAX_STRUCTURE_CHARS:
+        raise InvalidArgument(
+            f"{what} has {len(text):,} characters, more than the {MAX_STRUCTURE_CHARS:,} this server "
+            "compiles; make it smaller",
+            param=param,
+        )
+
+
+def _one_line(message: str, limit: int = 300) -> str:
+    """The matcher's message without its parser state, backtrace or line breaks, at most `limit` chars."""
+    for cut in ("<state>", "<backtrace>", "<non-verbose/>"):
+        message = message.split(cut)[0]
+    message = " ".join(message.split()).removeprefix("panic: ")
+    return message if len(message) <= limit else message[: limit - 3] + "..."
+
+
+def _refusal(structure: Structure, message: str) -> InvalidArgument:
+    """The 400 for a structure the matcher cannot take: a limit named as one, anything else as invalid."""
+    reason = _one_line(message)
+    limit_words = ("limit", "too big", "too many", "too complex", "max is", "assertion failed")
+    if any(word in reason.lower() for word in limit_words):
+        return InvalidArgument(
+            f"the {structure.describe()} is too large or complex for the matcher ({reason}); make it "
+            "smaller or simpler (the limits: docs/serving.md, Structured output)",
+            param=structure.param,
+        )
+    return InvalidArgument(f"invalid {structure.describe()}: {reason}", param=structure.param)
+
+
+def _limits() -> Any:
+    import llguidance
+
+    return llguidance.LLParserLimits(**MATCHER_LIMITS, verbose_errors=False)
+
+
+class CompiledGrammar:
+    """A structure compiled for one tokenizer: hands out one matcher-backed constraint per row, each a copy
+    of one fresh matcher (the grammar is compiled once, not once per row)."""
+
+    def __init__(self, structure: Structure, matcher: Any, eos_token_ids: Sequence[int]) -> None:
         self.structure = structure
-        self._tokenizer = tokenizer  # llguidance.LLTokenizer
-        self._grammar = grammar  # llguidance's grammar text
+        self._matcher = matcher  # llguidance.LLMatcher at the start; never moved
         self._eos = frozenset(eos_token_ids)
+        self._lock = threading.Lock()
 
     def for_row(self) -> GrammarConstraint:
-        import llguidance
-
-        matcher = llguidance.LLMatcher(self._tokenizer, self._grammar, log_level=0)
-        return GrammarConstraint(matcher, self._eos)
+        with self._lock:
+            matcher = self._matcher.deep_copy()
+        return GrammarConstraint(matcher, self._eos, self.structure)
 
 
 class GrammarConstraint:
-    """One row's matcher (`TokenConstraint`): the allowed tokens and the forced ones after a history."""
+    """One row's matcher (`TokenConstraint`): the allowed tokens and the forced ones after a history.
 
-    def __init__(self, matcher: Any, eos_token_ids: frozenset[int]) -> None:
+    A matcher that fails on a token its own mask allowed (a resource limit reached) cannot be enforced any
+    further: from there its mask allows EOS only and `failure()` names the structure's field, so the row
+    ends with that error instead of going on unconstrained."""
+
+    def __init__(self, matcher: Any, eos_token_ids: frozenset[int], structure: Structure) -> None:
         self._matcher = matcher  # llguidance.LLMatcher
         self._eos = eos_token_ids
+        self._structure = structure
         self._consumed: list[int] = []  # the generated tokens the matcher stands after
+        self._failure: InvalidArgument | None = None
         self._lock = threading.Lock()  # rounds run on one thread; the lock keeps a shared one sound
+
+    def failure(self) -> InvalidArgument | None:
+        """Why the constraint can no longer be enforced (the matcher failed), or None while it holds."""
+        return self._failure
+
+    def _fail(self) -> None:
+        if self._failure is None:
+            self._failure = _refusal(self._structure, self._matcher.get_error() or "the matcher failed")
 
     def _move_to(self, generated: Sequence[int]) -> bool:
         """Roll the matcher back to the prefix it shares with `generated`, then consume the rest; False
@@ -163,27 +268,44 @@ class GrammarConstraint:
             del consumed[common:]
         rest = [int(t) for t in generated[common:]]
         if rest:
-            taken = self._matcher.try_consume_tokens(rest)
+            taken = self._matcher.try_consume_tokens(rest)  # stops before a forbidden token, no error
             consumed.extend(rest[:taken])
+            if self._matcher.is_error():  # a limit reached on an allowed token
+                self._fail()
             if taken < len(rest):
                 return False
-        return not self._matcher.is_error()
+        return True
 
     def allowed(self, generated: Sequence[int], vocab_size: int) -> torch.Tensor | None:
         with self._lock:
-            if not self._move_to(generated) or self._ended():
+            inside = self._failure is None and self._move_to(generated) and not self._ended()
+            if inside and self._failure is None:
+                words = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)  # a bit per id
+                if self._matcher.is_error():
+                    self._fail()
+            if self._failure is not None:  # the row ends here, with the failure as its error
+                allowed = torch.zeros(vocab_size, dtype=torch.bool)  # [V]
+                allowed[[t for t in self._eos if t < vocab_size]] = True
+                return allowed
+            if not inside:
                 return None
-            words = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)  # one bit per token id
-        bits = np.unpackbits(words, bitorder="little")[:vocab_size]  # [<= V] 0 or 1
-        allowed = torch.zeros(vocab_size, dtype=torch.bool)  # [V]; ids past the tokenizer's stay False
-        allowed[: bits.shape[0]] = torch.from_numpy(bits.astype(bool))
+        known = min(vocab_size, words.shape[0] * 8)  # ids past the tokenizer's are never allowed
+        bits = np.unpackbits(words, count=known, bitorder="little").view(np.bool_)  # [known], no copy
+        if known == vocab_size:
+            return torch.from_numpy(bits)  # [V]
+        allowed = torch.zeros(vocab_size, dtype=torch.bool)  # [V]
+        allowed[:known] = torch.from_numpy(bits)
         return allowed
 
     def forced(self, generated: Sequence[int], limit: int) -> list[int]:
         with self._lock:
-            if limit <= 0 or not self._move_to(generated) or self._ended():
+            if self._failure is not None or limit <= 0 or not self._move_to(generated) or self._ended():
                 return []
-            return [int(t) for t in self._matcher.compute_ff_tokens()[:limit]]
+            forced = [int(t) for t in self._matcher.compute_ff_tokens()[:limit]]
+            if self._matcher.is_error():
+                self._fail()
+                return []
+            return forced
 
     def _ended(self) -> bool:
         # No position past an EOS is read (the row ended there).
@@ -198,7 +320,8 @@ _SHARED_LOCK = threading.Lock()
 
 class GrammarCompiler:
     """Compiles structures for one tokenizer and vocabulary; the tokenizer's llguidance form is built once
-    (about 2 s for a 150k-token vocabulary) on the first structured request."""
+    (about 2 s for a 150k-token vocabulary), by `warm` (a server's start) or else on the first
+    structured request."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: Sequence[int]) -> None:
         self._hf_tokenizer = tokenizer
@@ -222,8 +345,23 @@ class GrammarCompiler:
             return compilers[key]
 
     def compile(self, structure: Structure) -> CompiledGrammar:
-        """Raises InvalidArgument (naming `structure.param`) when the schema or grammar is invalid."""
+        """Raises InvalidArgument (naming `structure.param`) when the schema or grammar is invalid, too
+        large for the matcher's limits, or matches no text."""
         return self._compile(structure)
+
+    @property
+    def ready(self) -> bool:
+        """Whether the tokenizer's llguidance form is built."""
+        return self._tokenizer is not None
+
+    def warm(self) -> bool:
+        """Build the tokenizer's llguidance form now; False where there is none to build (no tokenizer,
+        or llguidance not installed: structured requests are then refused with the reason)."""
+        try:
+            self._llg_tokenizer()
+        except InvalidArgument:
+            return False
+        return True
 
     def _llg_tokenizer(self) -> Any:
         with self._lock:
@@ -261,6 +399,7 @@ class GrammarCompiler:
         import llguidance
         from llguidance.gbnf_to_lark import gbnf_to_lark
 
+        _check_size(structure.text, f"the {structure.describe()}", structure.param)
         try:
             if structure.kind == "grammar":
                 grammar = llguidance.LLMatcher.grammar_from_lark(gbnf_to_lark(structure.text))
@@ -270,9 +409,35 @@ class GrammarCompiler:
                 schema = {"type": "object"} if structure.kind == "json_object" else json.loads(structure.text)
                 grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
         except Exception as error:  # noqa: BLE001 - gbnf_to_lark raises bare Exceptions for bad grammars
-            raise InvalidArgument(f"invalid {structure.describe()}: {error}", param=structure.param) from None
-        probe = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
-        if probe.is_error():
-            message = " ".join(probe.get_error().split("<state>")[0].split())  # one line, no parser dump
-            raise InvalidArgument(f"invalid {structure.describe()}: {message}", param=structure.param)
-        return CompiledGrammar(structure, tokenizer, grammar, self._eos)
+            raise _refusal(structure, str(error)) from None
+        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=_limits())
+        if matcher.is_error():
+            raise _refusal(structure, matcher.get_error())
+        self._probe(structure, matcher.deep_copy())
+        return CompiledGrammar(structure, matcher, self._eos)
+
+    def _probe(self, structure: Structure, matcher: Any) -> None:
+        """Walk up to `PROBE_TOKENS` tokens into the structure, the lowest allowed id other than EOS each
+        time: InvalidArgument when its language is empty (nothing allowed at the start) or the matcher
+        fails on the way (a limit that a row would meet at its first tokens)."""
+        for step in range(PROBE_TOKENS):
+            words = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
+            if matcher.is_error() and step == 0 and "NoExtension" in matcher.get_error():
+                raise InvalidArgument(
+                    f"the {structure.describe()} matches no text (its language is empty: a rule or $ref "
+                    "that only refers to itself, or no way to finish); give it a non-recursive choice",
+                    param=structure.param,
+                )
+            if matcher.is_error():
+                raise _refusal(structure, matcher.get_error())
+            every = [int(t) for t in np.flatnonzero(np.unpackbits(words, bitorder="little"))]
+            ids = [t for t in every if t not in self._eos]
+            if not every and step == 0:
+                raise InvalidArgument(
+                    f"the {structure.describe()} matches no text (its language is empty); check its rules",
+                    param=structure.param,
+                )
+            if not ids:
+                return  # only EOS is left: the walk reached an end of the language
+            if not matcher.consume_token(ids[0]):
+                raise _refusal(structure, matcher.get_error())

@@ -29,7 +29,7 @@ from pathlib import Path
 
 SOURCES = Path(__file__).parent
 LIBRARY_NAME = "libexactspec_kernels.so"
-FLAGS = ["-O3", "-std=c11", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off", "-fno-math-errno"]
+FLAGS = ["-O3", "-std=c11", "-shared", "-fPIC", "-pthread", "-ffp-contract=off", "-fno-math-errno"]
 
 
 class KernelBuildError(RuntimeError):

@@ -1,7 +1,7 @@
-/* Which path of the int4 kernel this CPU runs (README.md): the widest one it has. The checks ask the
+/* Which paths of the kernels this CPU runs (README.md): the widest one is the default. The checks ask the
  * CPU and the operating system (gcc's __builtin_cpu_supports reads cpuid and whether the OS saves the
  * wide registers), once per process. */
-#include "matmul_int4.h"
+#include "dispatch.h"
 
 static int paths = -1;
 

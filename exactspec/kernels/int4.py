@@ -10,7 +10,6 @@ path (README.md in this folder says how the weights are packed and why).
 from __future__ import annotations
 
 import ctypes
-import os
 import statistics
 import time
 from functools import cache
@@ -20,19 +19,13 @@ import torch
 
 from exactspec.kernels.build import library
 from exactspec.kernels.paths import PathUnavailable, path_number
+from exactspec.kernels.threads import default_threads
 
 TILE = 16
 """Output columns per tile: the kernel's unit of work and of threading."""
 BLOCKS = (32, 64, 128)
 DEFAULT_ZERO_POINT = 8
 """MatMulNBits' zero point for 4-bit weights when the graph gives none."""
-
-threads: int | None = None
-"""Threads per call when `matmul` is not given any: None = the cores this process may run on."""
-
-
-def default_threads() -> int:
-    return threads or len(os.sched_getaffinity(0))
 
 
 @cache
@@ -190,8 +183,9 @@ def matmul(
 ) -> torch.Tensor:
     """x [M, K] float32 contiguous times weights.T (+ bias [N]) -> [M, N] float32 (into `out` if given).
 
-    `threads` defaults to the module's `threads`, else the cores this process may run on; `path` to
-    `EXACTSPEC_KERNEL_PATH`, else the widest the CPU runs. Neither changes a bit of the result."""
+    `threads` defaults to `threads.default_threads()` (`set_threads`, else the cores this process may run
+    on); `path` to `EXACTSPEC_KERNEL_PATH`, else the widest the CPU runs. Neither changes a bit of the
+    result."""
     if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != weights.k or not x.is_contiguous():
         raise ValueError(f"x must be float32 [M, {weights.k}] contiguous, not {x.dtype} {tuple(x.shape)}")
     m = x.shape[0]

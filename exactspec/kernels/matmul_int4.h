@@ -4,20 +4,10 @@
 
 #include <stdint.h>
 
-/* The paths, by number; paths.py names them. */
-enum { ES_PATH_REFERENCE = 0, ES_PATH_AVX2 = 1, ES_PATH_AVX512 = 2, ES_PATH_COUNT = 3 };
+#include "dispatch.h"
 
 /* Columns per tile: one 32-bit lane of a 512-bit register per column. */
 #define ES_TILE 16
-
-/* Bit i set when path i runs on this CPU (dispatch.c). */
-int es_cpu_paths(void);
-/* The widest path this CPU runs (dispatch.c). */
-int es_best_path(void);
-
-/* Run fn(ctx, i) for i < items on the calling thread and up to threads - 1 pool workers (dispatch.c). */
-typedef void (*es_task_fn)(void *ctx, int64_t item);
-void es_run(int threads, int64_t items, es_task_fn fn, void *ctx);
 
 /* out[M, N] = x[M, K] times the packed weights (+ bias[N] when not NULL); 0, or a negative error:
  * -1 an argument is out of range, -2 the path does not run on this CPU, -3 no memory. */

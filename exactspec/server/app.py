@@ -5,7 +5,8 @@ Routes: POST /v1/completions, POST /v1/chat/completions (streaming as server-sen
 with `data: [DONE]`, `sse`, or one JSON body, `responses`), GET /v1/models, GET /health, GET /metrics
 (Prometheus, `metrics`), GET /openapi.json (every route's bodies, streamed events included).
 
-Threads: the scheduler runs rounds on its own thread; each HTTP request submits its rows and
+Threads: the scheduler runs rounds on its own thread; each HTTP request submits its rows from a worker
+thread (the chat template, tokenizing and compiling its structure stay off the event loop) and
 reads their events through an asyncio queue fed from the round thread
 (`loop.call_soon_threadsafe`). A client that disconnects has its rows cancelled; they leave
 the batch before the next round and free their caches.
@@ -30,7 +31,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from exactspec.api.session import Choice, Submission
 from exactspec.decoding.records import RowEvent
-from exactspec.server.errors import ApiError, add_error_handlers, openapi_schema
+from exactspec.server.errors import add_error_handlers, openapi_schema, row_error
 from exactspec.server.responses import completion_body
 from exactspec.server.schemas import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, SamplingFields
 from exactspec.server.service import Service
@@ -97,7 +98,9 @@ async def _generate(service: Service, body: SamplingFields, request: Request, *,
         with contextlib.suppress(RuntimeError):  # the loop has closed (server shutting down)
             loop.call_soon_threadsafe(events.put_nowait, (choice, event))
 
-    submission = service.submit(body, on_event)
+    # Off the event loop: the chat template, tokenizing and compiling a schema or grammar (seconds for a
+    # large one) run on a worker thread while /health and the other requests' streams go on.
+    submission = await asyncio.to_thread(service.submit, body, on_event)
     kind = "chatcmpl" if chat else "cmpl"
     ident = f"{kind}-{uuid.uuid4().hex}"
     created = int(time.time())
@@ -147,7 +150,7 @@ async def _all_finished(
             if event.finish_reason is not None:
                 remaining -= 1
                 if event.finish_reason == "error":
-                    raise ApiError(500, f"generation failed: {event.error}", type="server_error")
+                    raise row_error(event.error, event.error_param)
     except BaseException:
         submission.cancel()
         raise

@@ -42,6 +42,14 @@ class ApiError(Exception):
         return JSONResponse(self.body(), status_code=self.status)
 
 
+def row_error(error: str | None, param: str | None) -> ApiError:
+    """The error a row that ended with "error" answers: a 400 naming the field when the request was at
+    fault (a structure its matcher could not enforce to the end: `RowEvent.error_param`), else a 500."""
+    if param is not None:
+        return ApiError(400, str(error), param=param, code="invalid_value")
+    return ApiError(500, f"generation failed: {error}", type="server_error")
+
+
 def add_error_handlers(app: FastAPI, rejected: Callable[[int], None]) -> None:
     """Answer every error of `app` in OpenAI's shape; `rejected(status)` hears each refused request (4xx,
     and our own `ApiError`s)."""

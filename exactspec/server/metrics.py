@@ -37,6 +37,16 @@ class ServerMetrics:
             registry=r,
         ).set_function(lambda: scheduler.metrics.acceptance_rate)
         Gauge(
+            "exactspec_forced_tokens",
+            "Draft tokens that rows' structures forced (drafted at q = 1), since start",
+            registry=r,
+        ).set_function(lambda: scheduler.metrics.forced_tokens)
+        Gauge(
+            "exactspec_forced_accepted_tokens",
+            "Forced draft tokens accepted, since start",
+            registry=r,
+        ).set_function(lambda: scheduler.metrics.forced_accepted)
+        Gauge(
             "exactspec_round_time_error",
             "Median |predicted / measured - 1| of the planner's round times (NaN before any)",
             registry=r,

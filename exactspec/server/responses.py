@@ -7,7 +7,7 @@ from typing import Any
 
 from exactspec.api.session import Choice, Submission
 from exactspec.api.tools import parse_tool_calls
-from exactspec.server.logprobs import logprobs_body
+from exactspec.server.logprobs import ContentLogprobs, chat_body, logprobs_body
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
 
@@ -23,7 +23,7 @@ def finish_reason(choice: Choice, called: bool = False) -> str | None:
 
 def reads_tool_calls(submission: Submission, choice: Choice) -> bool:
     """Whether this choice's text is read back as tool calls (a chat request with tools, tool_choice
-    other than "none"): its text is then streamed in one piece at the end."""
+    other than "none"): streamed, its calls go out as `tool_calls` deltas (`api.tools.ToolCallStream`)."""
     return submission.requests[choice.request_index].tool_calls
 
 
@@ -51,10 +51,17 @@ def completion_body(
     asked = any(request.logprobs is not None for request in submission.requests)
     out_choices = []
     for choice in submission.choices:
+        logprobs = None
+        if asked and chat:  # the bytes the content holds of each token: they join to it byte for byte
+            content = ContentLogprobs(tokenizer)
+            content.add(choice.logprobs)
+            logprobs = chat_body(content.release(len(choice.text), final=True), tokenizer)
+        elif asked:
+            logprobs = logprobs_body(choice.logprobs, tokenizer, chat=False)
         entry: dict[str, Any] = {
             "index": choice.index,
             "finish_reason": finish_reason(choice),
-            "logprobs": logprobs_body(choice.logprobs, tokenizer, chat=chat) if asked else None,
+            "logprobs": logprobs,
         }
         if chat:
             entry["message"], called = assistant_message(submission, choice)

@@ -59,6 +59,9 @@ class Service:
             plan_batch=True,
         )
         self.session = Session(pair, config, batch_costs=batch_costs, progress=progress)
+        # The tokenizer's matcher form now (about 2 s for a 150k-token vocabulary), not on the first
+        # structured request; without llguidance or a tokenizer those requests are refused with why.
+        self.structured_output = self.session.grammars.warm()
         self.pair = pair
         self.model_name = model_name
         self.metrics = ServerMetrics(self.session.scheduler)
@@ -125,4 +128,5 @@ class Service:
             # Draft tokens that rows' structures forced (grammar-forced drafts), and of them accepted.
             "forced_tokens": metrics.forced_tokens,
             "forced_accepted": metrics.forced_accepted,
+            "structured_output": self.structured_output,
         }

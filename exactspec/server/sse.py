@@ -18,10 +18,11 @@ from pydantic import BaseModel, Field
 from pydantic.json_schema import models_json_schema
 
 from exactspec.api.session import Choice, Submission
+from exactspec.api.tools import ToolCallStream
 from exactspec.decoding.records import RowEvent
-from exactspec.server.errors import ApiError
-from exactspec.server.logprobs import completion_characters, logprobs_body
-from exactspec.server.responses import assistant_message, finish_reason, reads_tool_calls
+from exactspec.server.errors import row_error
+from exactspec.server.logprobs import ContentLogprobs, chat_body, completion_characters, logprobs_body
+from exactspec.server.responses import finish_reason, reads_tool_calls
 from exactspec.server.schemas import ErrorResponse
 
 DONE = "[DONE]"
@@ -63,14 +64,17 @@ class CompletionChunk(StreamChunk):
 
 
 class ToolCallFunction(BaseModel):
-    name: str
-    arguments: str = Field(description="The arguments as JSON text, valid against the function's parameters")
+    name: str | None = Field(None, description="In the call's first delta only")
+    arguments: str = Field(
+        description="The next fragment of the arguments' JSON text, as generated; the fragments of a call "
+        "join to JSON valid against the function's parameters"
+    )
 
 
 class ToolCallDelta(BaseModel):
     index: int
-    id: str
-    type: Literal["function"]
+    id: str | None = Field(None, description="In the call's first delta only")
+    type: Literal["function"] | None = Field(None, description="In the call's first delta only")
     function: ToolCallFunction
 
 
@@ -78,7 +82,9 @@ class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = Field(None, description="In each choice's first chunk only")
     content: str | None = None
     tool_calls: list[ToolCallDelta] | None = Field(
-        None, description="A request with tools: the calls, whole, in the choice's last chunk"
+        None,
+        description="A request with tools: each call's id and name once the name is whole, then its "
+        "arguments in fragments as they are generated",
     )
 
 
@@ -123,6 +129,10 @@ async def stream_events(
     asked = any(request.logprobs is not None for request in submission.requests)
     pending: dict[int, list] = {choice.index: [] for choice in submission.choices}  # not yet sent
     offsets = dict.fromkeys(pending, 0)  # completion characters the sent tokens cover
+    contents = {choice.index: ContentLogprobs(tokenizer) for choice in submission.choices}  # chat's
+    readers = {
+        c.index: ToolCallStream() for c in submission.choices if chat and reads_tool_calls(submission, c)
+    }
 
     def chunk(entries: list[dict[str, Any]], **extra: Any) -> str:
         payload = {
@@ -141,12 +151,16 @@ async def stream_events(
         choice: Choice, text: str, finish: str | None, first: bool = False, delta: dict | None = None
     ) -> dict[str, Any]:
         item: dict[str, Any] = {"index": choice.index, "finish_reason": finish, "logprobs": None}
-        if asked and not first:
-            body = logprobs_body(
-                pending[choice.index], tokenizer, chat=chat, text_offset=offsets[choice.index]
+        if asked and not first and chat:  # what the content shown so far holds: it joins byte for byte
+            shown = len(choice.text)
+            item["logprobs"] = chat_body(
+                contents[choice.index].release(shown, final=finish is not None), tokenizer
             )
-            if not chat:
-                offsets[choice.index] += completion_characters(body)
+        elif asked and not first:
+            body = logprobs_body(
+                pending[choice.index], tokenizer, chat=False, text_offset=offsets[choice.index]
+            )
+            offsets[choice.index] += completion_characters(body)
             pending[choice.index] = []
             item["logprobs"] = body
         if chat:
@@ -162,18 +176,26 @@ async def stream_events(
         while remaining:
             choice, event = await events.get()
             if event.finish_reason == "error":
-                error = ApiError(500, f"generation failed: {event.error}", type="server_error")
+                error = row_error(event.error, event.error_param)
                 yield f"data: {json.dumps(error.body())}\n\n"
                 submission.cancel()
                 break
             delta = choice.apply(event)
-            pending[choice.index].extend(event.logprobs or ())
+            if chat:
+                contents[choice.index].add(event.logprobs or ())
+            else:
+                pending[choice.index].extend(event.logprobs or ())
+            reader, deltas = readers.get(choice.index), {}
+            if reader is not None:  # a chat with tools: its calls as `tool_calls` deltas, as they come
+                delta, calls = reader.update(choice.text)
+                deltas = {"tool_calls": calls} if calls else {}
             if event.finish_reason is not None:
                 remaining -= 1
                 extra = {} if remaining or include_usage else {"exactspec": submission.statistics()}
-                yield chunk([_last_entry(entry, submission, choice, delta, chat)], **extra)
-            elif delta and not (chat and reads_tool_calls(submission, choice)):
-                yield chunk([entry(choice, delta, None)])
+                finish = finish_reason(choice, reader is not None and reader.complete > 0)
+                yield chunk([entry(choice, delta, finish, delta=deltas or None)], **extra)
+            elif delta or deltas:
+                yield chunk([entry(choice, delta, None, delta=deltas or None)])
         else:
             if include_usage:  # OpenAI's last chunk: no choices, the usage (and our statistics)
                 yield chunk([], usage=submission.usage(), exactspec=submission.statistics())
@@ -181,21 +203,6 @@ async def stream_events(
     finally:
         # Normal end: nothing left to cancel. A client that went away: its rows leave the batch.
         submission.cancel()
-
-
-def _last_entry(entry: Any, submission: Submission, choice: Choice, delta: str, chat: bool) -> dict[str, Any]:
-    """A choice's last chunk; one whose text is read back as tool calls held it all back until now and sends
-    it here whole: the calls (OpenAI's `tool_calls` delta, each with its index) or, if it made none, the
-    text."""
-    if not (chat and reads_tool_calls(submission, choice)):
-        return entry(choice, delta, finish_reason(choice))
-    message, called = assistant_message(submission, choice)
-    if not called:
-        return entry(choice, choice.text, finish_reason(choice))
-    calls = [{"index": index, **call} for index, call in enumerate(message["tool_calls"])]
-    return entry(
-        choice, "", finish_reason(choice, True), delta={"content": message["content"], "tool_calls": calls}
-    )
 
 
 def describe_streams(schema: dict[str, Any]) -> dict[str, Any]:

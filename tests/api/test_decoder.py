@@ -13,6 +13,8 @@ tokenizers = pytest.importorskip("tokenizers")
 from conftest import TOKENIZER_EOS_ID, TOKENIZER_IM_END_ID, TOKENIZER_VOCAB, tiny_causal_lm, tiny_tokenizer  # noqa: E402
 
 from exactspec.api.decoder import Completion, SpeculativeDecoder  # noqa: E402
+from exactspec.foundations.errors import InvalidArgument  # noqa: E402
+from exactspec.foundations.grammar import Structure  # noqa: E402
 from exactspec.foundations.settings import SamplingSettings  # noqa: E402
 
 GREEDY = SamplingSettings(temperature=0.0)
@@ -318,3 +320,34 @@ def test_adaptive_costs_are_measured_once_per_pair(decoder: SpeculativeDecoder) 
 def test_unknown_drafter_is_an_error(decoder: SpeculativeDecoder) -> None:
     with pytest.raises(ValueError, match="drafter must be one of"):
         decoder.generate(PROMPT, gamma=2, max_new_tokens=4, drafter="tree")
+
+
+# --- log-probabilities and structure failures ----------------------------------------------------
+
+
+def test_generate_and_stream_return_logprobs_when_asked(decoder: SpeculativeDecoder) -> None:
+    """One entry per token, the token's own, with k alternatives; the same numbers with speculation on and
+    off (float32 rounding of wider passes aside) and the same as the stream's; none when not asked."""
+    common = dict(max_new_tokens=10, settings=SAMPLED, seed=4, logprobs=3)
+    drafted = decoder.generate([PROMPT, "x = "], gamma=3, **common).completions
+    plain = decoder.generate([PROMPT, "x = "], gamma=0, **common).completions
+    for mine, theirs in zip(drafted, plain, strict=True):
+        assert mine.token_ids == theirs.token_ids and mine.logprobs is not None
+        assert [e.token for e in mine.logprobs] == mine.token_ids
+        assert all(len(e.top) == 3 and e.logprob <= e.top[0][1] + 1e-6 for e in mine.logprobs)
+        assert [e.logprob for e in mine.logprobs] == pytest.approx(
+            [e.logprob for e in theirs.logprobs], abs=1e-5
+        )
+    streamed = [e for event in decoder.stream(PROMPT, gamma=3, **common) for e in event.logprobs or []]
+    assert [e.token for e in streamed] == drafted[0].token_ids
+    assert decoder.generate(PROMPT, max_new_tokens=4).completions[0].logprobs is None
+    with pytest.raises(InvalidArgument, match="logprobs"):
+        decoder.generate(PROMPT, max_new_tokens=4, logprobs=21)
+
+
+def test_a_matcher_that_fails_mid_text_raises_naming_the_structure(decoder: SpeculativeDecoder) -> None:
+    alternatives = " | ".join(f'"w{i}"' for i in range(2100))
+    grammar = Structure.gbnf(f'root ::= [a-z]{{20}} "-" ({alternatives})')
+    with pytest.raises(InvalidArgument, match="too large or complex") as caught:
+        decoder.generate(PROMPT, max_new_tokens=40, settings=SAMPLED, structure=grammar)
+    assert caught.value.param == "grammar"

@@ -8,7 +8,7 @@ import json
 import pytest
 from conftest import TOKENIZER_EOS_ID, tiny_tokenizer
 
-from exactspec.api.tools import check_tools, parse_tool_calls, tool_structure
+from exactspec.api.tools import ToolCallStream, check_tools, parse_tool_calls, tool_structure
 from exactspec.foundations.errors import InvalidArgument
 from exactspec.foundations.grammar import GrammarCompiler
 
@@ -55,3 +55,37 @@ def test_required_and_named_calls_follow_the_schema_and_tags_may_be_single_token
     assert row.allowed(ids, vocab).nonzero().flatten().tolist() == [TOKENIZER_EOS_ID]
     lamp = tokenizer.encode(CALL.replace("fan", "lamp"), add_special_tokens=False)
     assert row.allowed(lamp[: len(lamp) - 1], vocab) is None  # the named function only
+
+
+def test_a_growing_call_text_streams_as_openai_tool_call_deltas() -> None:
+    """Fed one character at a time, two calls come out as OpenAI's deltas: each header once (index, id,
+    type, name), then argument fragments that join to the arguments `parse_tool_calls` reads back."""
+    text = f"{CALL}\n{CALL.replace('fan', 'lamp').replace('true', 'false')}"
+    stream = ToolCallStream()
+    deltas = []
+    for end in range(len(text) + 1):
+        content, calls = stream.update(text[:end])
+        assert content == ""
+        deltas += calls
+    headers = [d for d in deltas if "id" in d]
+    assert [(d["index"], d["type"], d["function"]["name"]) for d in headers] == [
+        (0, "function", "fan"),
+        (1, "function", "lamp"),
+    ]
+    assert len({d["id"] for d in headers}) == 2 and all(d["id"].startswith("call_") for d in headers)
+    arguments = ["".join(d["function"]["arguments"] for d in deltas if d["index"] == i) for i in (0, 1)]
+    assert (
+        arguments
+        == [c.arguments for c in parse_tool_calls(text, TOOLS)[1]]
+        == ['{"on": true}', '{"on": false}']
+    )
+    assert len([d for d in deltas if d["index"] == 0]) > 5  # streamed as generated, not whole at the end
+    assert stream.complete == 2
+
+
+def test_text_that_is_no_call_streams_as_content() -> None:
+    stream = ToolCallStream()
+    assert stream.update("") == ("", [])
+    assert stream.update("It is") == ("It is", [])
+    assert stream.update("It is sunny.") == (" sunny.", [])
+    assert stream.complete == 0

@@ -46,8 +46,18 @@ def write_jsonl(path: Path, records: list[dict[str, Any]]) -> Path:
     return path
 
 
-def batch_args(folders: tuple[str, str], source: Path, out: Path, *extra: str) -> list[str]:
+def batch_args(
+    folders: tuple[str, str], source: Path, out: Path, *extra: str, defaults: bool = False
+) -> list[str]:
+    """The job's command line on the tiny float32 models.
+
+    By default the draft model at a fixed gamma (4): a draft model's seeded tokens depend on its draft
+    lengths, and planned lengths come from the costs a process measured, so only a fixed gamma makes
+    whole files comparable byte for byte between processes. `defaults`: the default drafter (suffix,
+    no draft model) with planned gamma, whose tokens do not depend on the lengths (docs/batch.md, Seeds).
+    """
     target, draft = folders
+    speculation = ["--draft", "none"] if defaults else ["--draft", draft, "--fixed-gamma"]
     return [
         "batch",
         str(source),
@@ -55,8 +65,7 @@ def batch_args(folders: tuple[str, str], source: Path, out: Path, *extra: str) -
         str(out),
         "--target",
         target,
-        "--draft",
-        draft,
+        *speculation,
         "--weights",
         "bf16",
         "--dtype",
@@ -72,11 +81,22 @@ def entries(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def local_reference(folders: tuple[str, str], folder: Path) -> bytes:
-    """The output of one uninterrupted local run of the job (the bytes every other run must reproduce)."""
+def entries_by_id_without_statistics(path: Path) -> dict[Any, dict[str, Any]]:
+    """The output's entries by id, each without its `statistics` (rounds, drafts proposed and accepted:
+    with planned gamma they depend on timing and on the rows beside a record, its tokens do not)."""
+    found = {}
+    for entry in entries(path):
+        entry.pop("statistics", None)
+        found[entry["id"]] = entry
+    return found
+
+
+def local_reference(folders: tuple[str, str], folder: Path, *, defaults: bool = False) -> Path:
+    """The output of one uninterrupted local run of the job (what every other run must reproduce)."""
     out = folder / "out.jsonl"
-    assert main(batch_args(folders, write_jsonl(folder / "in.jsonl", job_records()), out)) == EXIT_OK
-    return out.read_bytes()
+    source = write_jsonl(folder / "in.jsonl", job_records())
+    assert main(batch_args(folders, source, out, defaults=defaults)) == EXIT_OK
+    return out
 
 
 KILLER = """

@@ -2,8 +2,9 @@
 (byte for byte), error entries, --fail-fast, and no model loaded when the flags, input or output are bad.
 
 Tiny float32 models in folders (`tiny_model_folders`): their passes are batch-invariant on the CPU, so
-a record's tokens do not depend on the rows it shares rounds with, and whole output files compare
-byte for byte.
+a record's tokens do not depend on the rows it shares rounds with. The draft model's jobs draft a fixed
+gamma (`jobs.batch_args`), so whole output files compare byte for byte; the default drafter's jobs plan
+their gamma from the costs each process measures, and every entry but its statistics compares.
 """
 
 from __future__ import annotations
@@ -13,7 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jobs import batch_args, entries, job_records, local_reference, run_killed, write_jsonl
+from jobs import (
+    batch_args,
+    entries,
+    entries_by_id_without_statistics,
+    job_records,
+    local_reference,
+    run_killed,
+    write_jsonl,
+)
 
 from exactspec.batch.output import InOrderWriter, OutputFile
 from exactspec.batch.records import record_seed
@@ -25,7 +34,7 @@ from exactspec.models.pair import ModelPair
 
 @pytest.fixture(scope="module")
 def reference(tiny_model_folders: tuple[str, str], tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    return local_reference(tiny_model_folders, tmp_path_factory.mktemp("reference"))
+    return local_reference(tiny_model_folders, tmp_path_factory.mktemp("reference")).read_bytes()
 
 
 def test_every_record_gets_an_entry_in_input_order(reference: bytes) -> None:
@@ -56,8 +65,8 @@ def test_every_record_gets_an_entry_in_input_order(reference: bytes) -> None:
     assert results["r8"]["settings"]["frequency_penalty"] == 1.5
     assert results["r5"]["statistics"]["proposed_tokens"] == 0 and results["r5"]["settings"]["gamma"] == 0
     assert results["r6"]["settings"]["logit_bias"] == {"40": -100.0} and 40 not in results["r6"]["token_ids"]
-    # --draft named, no --drafter: the draft model, each row planning its own lengths (up to gamma 4).
-    assert results["r0"]["settings"]["gamma"] == 4 and results["r0"]["statistics"]["gamma_planned"]
+    # --draft named, no --drafter: the draft model, at the fixed gamma 4 the job pins (`jobs.batch_args`).
+    assert results["r0"]["settings"]["gamma"] == 4 and not results["r0"]["statistics"]["gamma_planned"]
     stopped, unstopped = results["r4"], results["r2"]  # the same prompt, greedy; r4 stops at "R8"
     assert "R8" in unstopped["text"] and stopped["finish_reason"] == "stop"
     assert stopped["text"] == unstopped["text"][: unstopped["text"].index("R8")]
@@ -92,26 +101,38 @@ def test_outputs_do_not_depend_on_order_batch_size_or_a_resume(
     assert out.read_bytes() == reference
 
 
-def test_planned_suffix_drafts_leave_every_record_its_tokens_whatever_the_order_and_batch(
+def test_planned_suffix_drafts_leave_every_record_its_tokens_whatever_the_order_batch_or_resume(
     tiny_model_folders: tuple[str, str], tmp_path: Path
 ) -> None:
-    """The default drafter: rows plan together and the shared tree learns in input order, so the draft
-    lengths (and the statistics that count them) depend on the neighbours; coupled verification keeps
-    every record's tokens (docs/batch.md)."""
+    """The defaults (suffix drafter, planned gamma): rows plan together from the costs this process
+    measured and the round times it meets, and the shared tree learns in input order, so the draft lengths
+    (and the statistics that count them) depend on timing and on the neighbours; the drafts' q is a point
+    mass and every position's draw is keyed by the record's seed and the position, so every record's entry
+    but its statistics is the same in input order with 3 rows a round, reversed with 1 row a round,
+    resumed after 5 records, and at a fixed gamma 8, where drafts are proposed whatever the timing
+    (docs/batch.md, Seeds)."""
     records = job_records()
-    runs = []
-    for name, ordered, batch in (("forward", records, "3"), ("reversed", records[::-1], "1")):
-        out = tmp_path / f"{name}.jsonl"
+    (tmp_path / "reference").mkdir()
+    reference = local_reference(tiny_model_folders, tmp_path / "reference", defaults=True)
+    forward = entries_by_id_without_statistics(reference)
+    assert entries(reference)[0]["statistics"]["gamma_planned"] and forward["r0"]["settings"]["gamma"] == 8
+    others = {}
+    for name, ordered, extra in (
+        ("reversed", records[::-1], ("--max-batch", "1")),
+        ("fixed", records, ("--fixed-gamma", "--gamma", "8")),
+    ):
+        others[name] = tmp_path / f"{name}.jsonl"
         source = write_jsonl(tmp_path / f"{name}-in.jsonl", ordered)
-        argv = batch_args(tiny_model_folders, source, out, "--max-batch", batch, "--draft", "none")
-        assert main(argv) == EXIT_OK
-        runs.append({e["id"]: e for e in entries(out)})
-    forward, backward = runs
-    assert forward["r0"]["settings"]["gamma"] == 8 and forward["r0"]["statistics"]["gamma_planned"]
-    assert sum(e["statistics"]["proposed_tokens"] for e in forward.values() if "statistics" in e) > 0
-    for key, entry in forward.items():
-        entry.pop("statistics", None), backward[key].pop("statistics", None)
-        assert backward[key] == entry, key
+        assert main(batch_args(tiny_model_folders, source, others[name], *extra, defaults=True)) == EXIT_OK
+    others["resumed"] = tmp_path / "resumed.jsonl"
+    for part in (records[:5], records):
+        source = write_jsonl(tmp_path / f"part-{len(part)}.jsonl", part)
+        assert main(batch_args(tiny_model_folders, source, others["resumed"], defaults=True)) == EXIT_OK
+    for name, out in others.items():
+        assert entries_by_id_without_statistics(out) == forward, name
+    fixed = [e["statistics"] for e in entries(others["fixed"]) if "statistics" in e]
+    assert sum(s["proposed_tokens"] for s in fixed) > 0 and not fixed[0]["gamma_planned"]
+    assert [e["id"] for e in entries(others["resumed"])] == [r["id"] for r in records]
 
 
 def test_a_resumed_run_says_what_it_skipped_and_loads_nothing_when_all_is_done(

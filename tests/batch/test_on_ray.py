@@ -1,13 +1,21 @@
 """`exactspec batch --ray` on a local Ray instance (2 CPUs, started once per test session): the same
-bytes as a local run for 1 and 2 workers, and for a Ray run whose driver is killed (kill -9) midway
-and then resumed."""
+bytes as a local run for 1 and 2 workers (the draft model at a fixed gamma, `jobs.batch_args`), and for a
+Ray run whose driver is killed (kill -9) midway and then resumed; with the defaults (suffix drafter,
+planned gamma, each worker planning from the costs it measured) every record's entry but its statistics."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from jobs import batch_args, job_records, local_reference, run_killed, write_jsonl
+from jobs import (
+    batch_args,
+    entries_by_id_without_statistics,
+    job_records,
+    local_reference,
+    run_killed,
+    write_jsonl,
+)
 
 from exactspec.cli import EXIT_OK
 from exactspec.cli.main import main
@@ -15,7 +23,7 @@ from exactspec.cli.main import main
 
 @pytest.fixture(scope="module")
 def reference(tiny_model_folders: tuple[str, str], tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    return local_reference(tiny_model_folders, tmp_path_factory.mktemp("reference"))
+    return local_reference(tiny_model_folders, tmp_path_factory.mktemp("reference")).read_bytes()
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -27,6 +35,20 @@ def test_ray_workers_write_the_bytes_of_a_local_run(
     ray = ["--ray", "--workers", str(workers), "--cpus-per-worker", "1", "--block-size", "4"]
     assert main(batch_args(tiny_model_folders, source, out, *ray)) == EXIT_OK
     assert out.read_bytes() == reference
+
+
+def test_ray_workers_with_the_defaults_give_every_record_the_entry_of_a_local_run(
+    ray_address: str, tiny_model_folders: tuple[str, str], tmp_path: Path
+) -> None:
+    """Suffix drafts and planned gamma: 2 workers, each with its own costs, tree and batches, write every
+    record's entry but its statistics as one local process does (docs/batch.md, Seeds)."""
+    (tmp_path / "local").mkdir()
+    local = local_reference(tiny_model_folders, tmp_path / "local", defaults=True)
+    source = write_jsonl(tmp_path / "in.jsonl", job_records())
+    out = tmp_path / "ray.jsonl"
+    ray = ["--ray", "--workers", "2", "--cpus-per-worker", "1", "--block-size", "4"]
+    assert main(batch_args(tiny_model_folders, source, out, *ray, defaults=True)) == EXIT_OK
+    assert entries_by_id_without_statistics(out) == entries_by_id_without_statistics(local)
 
 
 def test_a_ray_run_killed_midway_resumes_to_the_same_file(
@@ -78,7 +100,13 @@ def test_the_batch_invariant_mode_gives_the_tokens_of_a_local_run_on_ray_workers
     pytest.importorskip("onnxruntime_genai")
     import json
 
-    from conftest import TOKENIZER_EOS_ID, TOKENIZER_VOCAB, tiny_causal_lm, tiny_tokenizer
+    from conftest import (
+        TOKENIZER_EOS_ID,
+        TOKENIZER_VOCAB,
+        skip_unless_kernels_are_invariant,
+        tiny_causal_lm,
+        tiny_tokenizer,
+    )
 
     folder = tmp_path / "target"
     model = tiny_causal_lm(
@@ -92,6 +120,9 @@ def test_the_batch_invariant_mode_gives_the_tokens_of_a_local_run_on_ray_workers
     )
     model.save_pretrained(folder)
     tiny_tokenizer().save_pretrained(folder)
+    from exactspec.models.onnx.export import INVARIANT_RECIPE, exported_model
+
+    skip_unless_kernels_are_invariant(exported_model(folder, INVARIANT_RECIPE, cache_dir=tmp_path / "cache"))
     records = [
         {
             "id": i,

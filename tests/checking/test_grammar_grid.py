@@ -10,7 +10,7 @@ import pytest
 from conftest import grid_cases
 
 import exactspec.drafters.forced as forced_module
-from exactspec.checking.exact import target_distribution
+from exactspec.checking.exact import check_speculative, target_distribution
 from exactspec.checking.grid import ExactCase, run_exact_case
 from exactspec.checking.toy_grammar import KEY_VALUE_GRAMMAR, TOY_EOS
 from exactspec.decoding.engine import DecodeConfig
@@ -94,3 +94,49 @@ def test_a_mask_built_from_the_rounds_first_history_is_caught(monkeypatch: pytes
     monkeypatch.setattr(target_pass, "probabilities_per_row", stale)
     # Shorter outputs: wrong masks let far more paths through than the grammar allows.
     assert run_exact_case(dataclasses.replace(case, max_new_tokens=4)).total_variation > 1e-3
+
+
+class PlansNothing:
+    """A gamma policy that plans no draft of the drafter's for any row (a full batch's plan)."""
+
+    def plan(self, rows) -> list[int]:
+        return [0] * len(rows)
+
+    def record(self, row: int, proposed: int, accepted: int) -> None:
+        assert proposed == 0  # the policy hears of the drafter's own tokens only, never the forced ones
+
+    def timed(self, shape, seconds: float) -> None:
+        return None
+
+    def joining(self, rows: int) -> None:
+        pass
+
+    def add_rows(self, rows) -> None:
+        pass
+
+    def release_rows(self, rows) -> None:
+        pass
+
+
+def test_forced_tokens_are_drafted_where_the_policy_plans_no_draft_and_stay_exact() -> None:
+    """Forced tokens cost no draft work: a row planned at gamma 0 still drafts them at q = 1 (the whole
+    key in one round), and the law is the target's, enumerated exactly."""
+    case = {c.name: c for c in GRAMMAR_CASES}["grammar, draft model, forced and free positions"]
+    target, draft = case.models()
+    build = case.engine_factory(target, draft)
+
+    def planned_at_zero():
+        engine = build()
+        engine.gamma_policy = PlansNothing()
+        return engine
+
+    config = DecodeConfig(gamma=case.gamma, max_new_tokens=case.max_new_tokens, settings=case.settings)
+    engine = planned_at_zero()
+    states = engine.generate(list(case.prompts), config, SeededSampler(0))
+    assert (
+        engine.metrics.forced_tokens >= 2 and engine.metrics.forced_accepted == engine.metrics.forced_tokens
+    )
+    assert engine.metrics.proposed_tokens == engine.metrics.forced_tokens  # nothing of the drafter's own
+    assert states[0].generated[:2] == [1, 2]
+    check = check_speculative(planned_at_zero, case.prompts, config, reference=target)
+    assert check.total_variation <= case.tolerance, check.total_variation

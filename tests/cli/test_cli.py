@@ -197,6 +197,19 @@ def test_generate_streams_text_and_a_summary(
     assert "[exactspec]" in streamed.err and "finish:" in streamed.err and "Traceback" not in streamed.err
 
 
+def test_a_planned_runs_summary_says_how_often_it_drafted_and_how_far_off_its_predictions_were(
+    models: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The defaults plan gamma from predicted round times: the summary counts the drafting rounds and gives
+    the median |predicted / measured - 1| of the round times (the values are this machine's timings)."""
+    import re
+
+    assert run([*generate_args(models, "--drafter", "suffix", "--draft", "none"), PROMPT]) == EXIT_OK
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    found = re.search(r"drafted in (\d+) of (\d+) rounds, round times (\d+)% off their predictions", last)
+    assert found and int(found[1]) <= int(found[2]), last
+
+
 def test_compare_plain_ends_the_summary_with_the_speedup_and_identical_tokens(
     models: tuple[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -207,7 +207,8 @@ def test_the_scheduler_tells_the_planner_how_many_rows_are_being_prefilled() -> 
         return original(rows)
 
     policy.plan = recording  # type: ignore[method-assign]
-    first = scheduler.submit(Request([1, 2], SamplingSettings(), 40, seed=0))  # outlives the joins
+    no_eos = SamplingSettings(logit_bias={0: -100.0})  # its length whatever its draws (they depend on timing)
+    first = scheduler.submit(Request([1, 2], no_eos, 80, seed=0))  # outlives the joins
     scheduler.step()  # the first row's 1-token prefix is fed, then its first round, alone
     later = [scheduler.submit(Request([1, 2, 3, 4, 1, 2], SamplingSettings(), 3, seed=s)) for s in (1, 2)]
     scheduler.run_until_idle()

@@ -95,23 +95,32 @@ def test_a_probe_round_offers_held_back_rows_a_short_draft_at_the_prior() -> Non
     assert all(cpu.plan(rows) == [0] * 4 for _ in range(cpu.gains.probe_every))
 
 
-def test_a_row_whose_realized_gain_is_below_one_stops_and_is_probed_on_schedule() -> None:
+def test_a_row_whose_realized_gain_is_below_one_stops_and_is_probed_after_waits_that_double() -> None:
     policy = planner(WIDE, 1)
+    every = policy.gains.probe_every
     accepted_alone(policy, 0, 5)  # its drafts are accepted: the acceptance estimate says draft
-    assert policy.plan([RoundRow(0, 3, length=30)])[0] > 0
+    row = RoundRow(0, 3, length=30)
+    assert policy.plan([row])[0] > 0
     for _ in range(4):  # but its drafting rounds gave fewer tokens per second than its plain rounds
         policy.gains.observe(0, drafted=True, tokens=2, plain_equivalents=3.0)
     assert policy.gains.gain(0) < 1.0 and policy.gains.stopped(0)
-    until_probe = -policy.rounds_planned % policy.gains.probe_every  # plans before the next probe round
-    stopped = [policy.plan([RoundRow(0, 3, length=30)])[0] for _ in range(until_probe)]
-    assert stopped == [0] * until_probe
-    (probe,) = policy.plan([RoundRow(0, 3, length=30)])
-    assert policy.last_plan_probe and 0 < probe <= PROBE_TOKENS
-    # The text turned repetitive: the probe's round gave many tokens cheaply, and drafting resumes.
+    # Probes after `every` resting rounds, then after twice and four times as many.
+    expected = [every, every + 1 + 2 * every, every + 1 + 2 * every + 1 + 4 * every]
+    probes = []  # the plans, from the round it stopped, in which it was probed
+    for index in range(expected[-1] + 1):
+        (planned,) = policy.plan([row])
+        if policy.last_plan_probe:
+            probes.append(index)
+            assert 0 < planned <= PROBE_TOKENS
+            policy.gains.observe(0, drafted=True, tokens=1, plain_equivalents=2.0)  # each probe loses
+        else:
+            assert planned == 0
+    assert probes == expected
+    # The text turned repetitive: the next probe's round gave many tokens cheaply, and drafting resumes.
     for _ in range(6):
         policy.gains.observe(0, drafted=True, tokens=3, plain_equivalents=1.05)
     assert not policy.gains.stopped(0)
-    assert policy.plan([RoundRow(0, 3, length=30)])[0] > 0
+    assert policy.plan([row])[0] > 0
 
 
 def test_realized_gain_is_learned_from_the_round_times() -> None:

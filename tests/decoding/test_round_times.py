@@ -53,6 +53,23 @@ def test_an_unseen_shape_takes_the_ratio_of_its_batch_size_first() -> None:
     assert times.predict(RoundShape(1, 3, 0)) == pytest.approx(2 * times.seeded(RoundShape(1, 3, 0)))
 
 
+def test_a_plain_round_is_never_predicted_slower_from_drafting_rounds() -> None:
+    """Drafting rounds twice their passes' cost say nothing of a plain round: it stays the pass cost until
+    plain rounds run (of any batch size); drafting rounds faster than measured make it faster too."""
+    times = RoundTimes(COSTS)
+    plain = RoundShape(1, 1, 0)
+    for _ in range(10):
+        times.observe(RoundShape(1, 3, 0), 2 * times.seeded(RoundShape(1, 3, 0)))
+    assert times.predict(plain) == pytest.approx(times.seeded(plain))
+    for _ in range(10):
+        times.observe(RoundShape(2, 1, 0), 1.5 * times.seeded(RoundShape(2, 1, 0)))
+    assert times.predict(plain) == pytest.approx(1.5 * times.seeded(plain))  # plain rounds of 2 rows
+    fast = RoundTimes(COSTS)
+    for _ in range(10):
+        fast.observe(RoundShape(1, 3, 0), 0.5 * fast.seeded(RoundShape(1, 3, 0)))
+    assert fast.predict(plain) == pytest.approx(0.5 * fast.seeded(plain))
+
+
 def test_a_prediction_asked_again_follows_every_round_observed_in_between() -> None:
     """Predictions are kept between rounds (a plan asks for hundreds); each observed round renews them."""
     times = RoundTimes(COSTS)

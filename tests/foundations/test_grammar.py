@@ -104,12 +104,86 @@ def test_a_gbnf_grammar_and_json_mode() -> None:
         (lambda: Structure.json_schema({"$ref": "#/nowhere"}), "nowhere"),
         (lambda: Structure.gbnf("root ::= missing"), "missing"),
         (lambda: Structure.gbnf("  "), "empty"),
+        # Languages with nothing in them.
+        (lambda: Structure.gbnf("root ::= root"), "matches no text"),
+        (lambda: Structure.gbnf("root ::= a\na ::= b\nb ::= a"), "matches no text"),
+        (
+            lambda: Structure.json_schema({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}),
+            "no text",
+        ),
+        (lambda: Structure.json_schema({"$ref": "#"}), "matches no text"),
+        # Valid, but past what the matcher takes: refused, never left unconstrained.
+        (lambda: Structure.gbnf(alternatives(2100)), "too large or complex for the matcher"),
+        (lambda: Structure.gbnf('root ::= "a"{100000}'), "too large or complex for the matcher"),
+        # Past this server's own bounds.
+        (lambda: Structure.json_schema({"properties": {f"p{i}": {} for i in range(15_000)}}), "100,000"),
+        (lambda: Structure.json_schema({"enum": [f"v{i}" for i in range(100_000)]}), "100,000"),
+        (lambda: Structure.json_schema({"description": "x" * 1_000_000}), "characters"),
+        (lambda: Structure.gbnf(alternatives(50_000)), "characters"),
+        (lambda: Structure.json_schema(nested(200)), "nests deeper than 64"),
+        (lambda: Structure.json_schema({"x-guidance": {"whitespace_flexible": True}}), "x-guidance"),
+        (lambda: Structure.json_schema({"items": {"x-guidance": {"lenient": True}}}), "x-guidance"),
     ],
 )
 def test_bad_schemas_and_grammars_raise_naming_the_problem(structure, words: str) -> None:
     with pytest.raises(InvalidArgument, match=words) as caught:
         compiler().compile(structure())
     assert caught.value.param in ("response_format", "grammar")
+    message = str(caught.value)
+    assert (
+        "\n" not in message and len(message) < 400 and "backtrace" not in message and "<state>" not in message
+    )
+
+
+def alternatives(n: int) -> str:
+    """A GBNF grammar of n alternatives: root ::= "w0" | "w1" | ..."""
+    return "root ::= " + " | ".join(f'"w{i}"' for i in range(n))
+
+
+def nested(levels: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
+def test_a_property_named_x_guidance_is_a_name_not_an_option() -> None:
+    schema = {"type": "object", "properties": {"x-guidance": {"type": "integer"}}, "required": ["x-guidance"]}
+    row = compiler().compile(Structure.json_schema(schema)).for_row()
+    assert TOKENIZER.decode(row.forced([], 20)).startswith('{"x-guidance":')
+
+
+def test_a_large_valid_grammar_is_enforced_on_every_token() -> None:
+    """1,500 alternatives (under the matcher's 2,000 items a row): every mask keeps to the language, and
+    a walk through the masks only ever spells one of the words."""
+    words = [f"w{i}" for i in range(1500)]
+    row = compiler().compile(Structure.gbnf(alternatives(1500))).for_row()
+    rng = random.Random(0)
+    for _ in range(20):
+        history: list[int] = []
+        while True:
+            mask = row.allowed(history, VOCAB)
+            assert mask is not None and row.failure() is None
+            choices = sorted(allowed_ids(mask))
+            token = rng.choice(choices)
+            if token in EOS:
+                break
+            history.append(token)
+        assert TOKENIZER.decode(history) in words
+
+
+def test_a_matcher_that_fails_deep_in_the_text_allows_eos_only_and_says_why() -> None:
+    """A limit met past the compile's probe (20 free letters, more than it walks, then 2,100
+    alternatives): from there the mask allows EOS only and failure() names the field."""
+    grammar = 'root ::= [a-z]{20} "-" (' + alternatives(2100).removeprefix("root ::= ") + ")"
+    row = compiler().compile(Structure.gbnf(grammar)).for_row()
+    ids = encode("q" * 20 + "-")
+    assert row.failure() is None and row.allowed(ids, VOCAB) is not None
+    assert allowed_ids(row.allowed([*ids, *encode("w")], VOCAB)) == set(EOS)
+    failure = row.failure()
+    assert failure is not None and failure.param == "grammar" and "2000" in str(failure)
+    assert row.forced(ids, 5) == []
+    assert allowed_ids(row.allowed(ids, VOCAB)) == set(EOS)  # no way back: the row must end
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7])

@@ -121,6 +121,26 @@ def test_categorical_frequency_test_has_teeth() -> None:
     assert result.pvalue < 1e-3
 
 
+def test_positioned_draws_of_one_seed_at_two_positions_look_independent() -> None:
+    """The positioned draws at positions 3 and 4 over 20000 seeds: each is p's law (a chi-square fit) and
+    the pair shows no dependence (a chi-square test of the 4 x 4 table). A hash's outputs are
+    pseudo-random, as a sequential stream's are; the exact law of one draw is `exactspec verify`'s
+    (exactspec/checking/positioned.py)."""
+    probs = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)
+    num_rows = 20_000
+    sampler = SeededSampler(seeds=list(range(num_rows)))
+    rows = list(range(num_rows))
+    first = sampler.categorical_at(probs.expand(num_rows, 4), rows, [3] * num_rows)
+    second = sampler.categorical_at(probs.expand(num_rows, 4), rows, [4] * num_rows)
+    for drawn in (first, second):
+        counts = torch.bincount(drawn, minlength=4).double()
+        assert stats.chisquare(counts.numpy(), (probs * num_rows).numpy()).pvalue > 1e-3
+    table = torch.zeros(4, 4)
+    table.index_put_((first, second), torch.ones(num_rows), accumulate=True)
+    assert stats.chi2_contingency(table.numpy()).pvalue > 1e-3
+    assert not torch.equal(first, second)
+
+
 @pytest.mark.parametrize("prob", [0.0, 0.03, 0.5, 0.9, 1.0])
 def test_bernoulli_frequency(prob: float) -> None:
     num_rows = 20_000

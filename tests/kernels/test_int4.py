@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 
-from exactspec.kernels import int4
 from exactspec.kernels.int4 import Int4Weights, matmul
 from exactspec.kernels.paths import available_paths
 
@@ -223,14 +222,6 @@ def test_out_and_bias_and_bad_arguments() -> None:
         matmul(x, weights, out=torch.empty(3, 21))
     with pytest.raises(ValueError, match="block must be"):
         Int4Weights.quantize(torch.zeros(4, 16), block=16)
-
-
-def test_threads_default_to_the_cores_this_process_may_use(monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
-
-    assert int4.default_threads() == len(os.sched_getaffinity(0))
-    monkeypatch.setattr(int4, "threads", 3)
-    assert int4.default_threads() == 3
 
 
 def test_calls_from_several_threads_at_once_keep_their_bits() -> None:

@@ -166,6 +166,28 @@ def test_a_backend_that_cannot_run_here_says_why_before_loading(capsys: pytest.C
         registry.BACKENDS.unregister("absent-test")
 
 
+def test_without_llama_cpp_the_backend_and_the_bench_say_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`make run` sets up without llama-cpp-python: `--backend llamacpp` and the bench's llama.cpp column
+    name the setup step that compiles it."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    from exactspec.cli import bench
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a)
+    )
+    assert main(["generate", "x", "--backend", "llamacpp", "--no-progress"]) == 2
+    error = capsys.readouterr().err
+    assert "--backend llamacpp cannot run here" in error and "make setup-llamacpp" in error
+    said: list[str] = []
+    assert bench._load_llamacpp(SimpleNamespace(), said.append) is None
+    assert said[0].startswith("llama.cpp column skipped") and "make setup-llamacpp" in said[0]
+
+
 class Slow(ModelWrapper):
     """A model whose every pass takes at least `seconds`."""
 

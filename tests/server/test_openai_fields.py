@@ -150,6 +150,45 @@ def _tokens_and_logprobs(
     return list(zip(logprobs.tokens, logprobs.token_logprobs, strict=True)), proposed
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_logprobs_bytes_join_to_the_content_byte_for_byte(
+    served: tuple[openai.OpenAI, ModelPair], stream: bool
+) -> None:
+    """OpenAI's contract for `bytes`: the entries join to the message's content, also where a token holds
+    half of "é" (the tiny vocabulary spells it as two byte tokens), an answer ends with EOS (not in the
+    content, not reported) or a stop string cuts it. The random tiny model also writes bytes that are no
+    UTF-8 (a lone half of "é"), which the content shows as U+FFFD: there the bytes decode to the content."""
+    client, _ = served
+    split, valid = 0, 0
+    for seed in range(16):
+        common = dict(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Write é."}],
+            max_tokens=24,
+            temperature=1.0,
+            seed=seed,
+            logprobs=True,
+            top_logprobs=2,
+            stop=["e"] if seed % 4 == 0 else None,
+            # Odd seeds: the two bytes of "é" made likely, so that characters split (and bytes go astray).
+            logit_bias={"96": 3.0, "97": 3.0} if seed % 2 else None,
+        )
+        if stream:
+            chunks = [c for c in client.chat.completions.create(**common, stream=True) if c.choices]
+            content = "".join(c.choices[0].delta.content or "" for c in chunks)
+            items = [i for c in chunks if c.choices[0].logprobs for i in c.choices[0].logprobs.content]
+        else:
+            reply = client.chat.completions.create(**common)
+            content, items = reply.choices[0].message.content, reply.choices[0].logprobs.content
+        joined = b"".join(bytes(item.bytes) for item in items)
+        assert joined.decode("utf-8", errors="replace") == content, (seed, content, [i.token for i in items])
+        if "\ufffd" not in content:
+            valid += 1
+            assert joined == content.encode()
+        split += sum(a.bytes == [0xC3] and b.bytes == [0xA9] for a, b in zip(items, items[1:], strict=False))
+    assert split >= 2 and valid >= 2, (split, valid)  # the test saw split characters and valid answers
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_a_seeded_request_gives_the_same_tokens_and_logprobs_with_speculation_and_with_gamma_0(
     served: tuple[openai.OpenAI, ModelPair], temperature: float

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import jsonschema
 import openai
 import pytest
+from openai.lib.streaming.chat import ChatCompletionStreamState
 from test_openai_client import MODEL, live_server
 
 WEATHER = {
@@ -71,16 +72,21 @@ def test_required_tool_calls_have_valid_arguments_streamed_and_not(client: opena
         choice = reply.choices[0]
         assert choice.finish_reason == "tool_calls", choice
         check_calls(choice.message.tool_calls, set(SCHEMAS))
-        streamed, finish = [], None
+        # Streamed: OpenAI's tool-call deltas, accumulated by the official client's own stream state.
+        state = ChatCompletionStreamState(input_tools=TOOLS)
+        deltas = []
         for chunk in client.chat.completions.create(stream=True, **common):
-            if chunk.choices:
-                streamed += chunk.choices[0].delta.tool_calls or []
-                finish = chunk.choices[0].finish_reason or finish
-        assert finish == "tool_calls"
-        check_calls(streamed, set(SCHEMAS))
-        assert [c.function.arguments for c in streamed] == [
-            c.function.arguments for c in choice.message.tool_calls
+            state.handle_chunk(chunk)
+            deltas += [d for c in chunk.choices for d in c.delta.tool_calls or []]
+        streamed = state.get_final_completion().choices[0]
+        assert streamed.finish_reason == "tool_calls"
+        check_calls(streamed.message.tool_calls, set(SCHEMAS))
+        assert [(c.function.name, c.function.arguments) for c in streamed.message.tool_calls] == [
+            (c.function.name, c.function.arguments) for c in choice.message.tool_calls
         ]
+        # The header once, then the arguments in fragments as they were generated.
+        assert deltas[0].id.startswith("call_") and deltas[0].function.name in SCHEMAS
+        assert len(deltas) >= 3 and all(d.id is None and d.function.name is None for d in deltas[1:])
 
 
 def test_parallel_calls_are_one_or_more_valid_calls_or_cut_by_the_length(client: openai.OpenAI) -> None:
@@ -120,6 +126,27 @@ def test_auto_gives_text_or_valid_calls_and_none_gives_text(client: openai.OpenA
             check_calls(auto.message.tool_calls, set(SCHEMAS))
         else:
             assert not (auto.message.content or "").startswith("<")
+        # Streamed, the same answer: its text as content deltas as it comes, or its calls as tool calls.
+        state = ChatCompletionStreamState(input_tools=TOOLS)
+        chunks = 0
+        for chunk in client.chat.completions.create(
+            model=MODEL,
+            messages=MESSAGES,
+            tools=TOOLS,
+            parallel_tool_calls=False,
+            max_tokens=MAX_TOKENS,
+            temperature=1.0,
+            seed=seed,
+            stream=True,
+        ):
+            state.handle_chunk(chunk)
+            chunks += 1
+        streamed = state.get_final_completion().choices[0].message
+        assert streamed.content == auto.message.content
+        assert [c.function.arguments for c in streamed.tool_calls or []] == [
+            c.function.arguments for c in auto.message.tool_calls or []
+        ]
+        assert chunks > 3
         none = client.chat.completions.create(
             model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="none", max_tokens=8, seed=seed
         ).choices[0]

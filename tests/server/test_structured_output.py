@@ -15,7 +15,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from test_openai_client import MODEL, live_server
+from test_openai_client import MODEL, live_server, metric
 
 from exactspec.models.pair import ModelPair
 
@@ -200,6 +200,8 @@ def test_forced_keys_are_drafted_and_accepted_and_health_counts_them(
     forced = after["forced_tokens"] - before["forced_tokens"]
     accepted = after["forced_accepted"] - before["forced_accepted"]
     assert forced >= 10 and accepted >= 0.9 * forced, (forced, accepted)
+    assert metric(base, "exactspec_forced_tokens") == after["forced_tokens"]  # /metrics counts them too
+    assert metric(base, "exactspec_forced_accepted_tokens") == after["forced_accepted"]
     plain = client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "A person."}],

@@ -276,6 +276,9 @@ class TinyModels:
             audit's own (`audit.tiny.TinyPairSpec`), e.g. another family or vocabulary.
         grid_spec: `checking.tiny_hf.TinyHFSpec` fields its grid models change from a cell's own (e.g.
             a hidden size its attention kernel needs); the reference is built from the same spec.
+        reference: (target module, EOS id) -> the model whose law the exactness cases compare with
+            (None: the float64 module itself, `checking.tiny_hf.FullForwardModel`); a backend whose
+            weights are not the module's (int4) gives the law of its own one-token passes.
     """
 
     family: str
@@ -285,6 +288,7 @@ class TinyModels:
     pair: Callable[[Module, Module, int], TinyPair]
     audit_spec: tuple[tuple[str, Any], ...] = ()
     grid_spec: tuple[tuple[str, Any], ...] = ()
+    reference: Callable[[Module, int], LanguageModel] | None = None
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,15 @@ import threading
 from typing import Any
 
 INSTALL_HINT = (
-    'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON" pip install "exactspec[llamacpp]" on a CPU with '
-    'avx512f, else CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" '
-    "(llama-cpp-python==0.3.36, built from source, 12 to 40 minutes on 2 cores; scripts/setup.sh picks "
-    "the flags; a native -march=native build segfaults on its first decode on some CPUs)"
+    "from a clone, make setup-llamacpp (scripts/setup.sh --llamacpp) compiles llama-cpp-python 0.3.36 "
+    "with the flags this CPU needs and keeps the wheel (a compile of minutes on 2 cores, once per machine; "
+    "docs/install.md); elsewhere "
+    'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DLLAVA_BUILD=OFF" pip install "exactspec[llamacpp]" '
+    'on a CPU with avx512f, else CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON '
+    '-DLLAVA_BUILD=OFF" (a native -march=native build segfaults on its first decode on some CPUs)'
 )
+"""How to install llama-cpp-python, in every message that finds it missing (`--backend llamacpp`, the
+bench's llama.cpp peer, `--backend auto` leaving llama.cpp out)."""
 
 KV_TYPES = {"f16": 1, "f32": 0}
 """KV cache element types (ggml type ids): f16 is llama.cpp's default; f32 for float32 references."""

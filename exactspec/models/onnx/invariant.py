@@ -41,6 +41,15 @@ class InvariantGraphError(ValueError):
     """The graph has an attention this variant cannot replace (named in the message)."""
 
 
+class KernelsNotInvariantHere(InvariantGraphError):
+    """The graph was made invariant, but on this machine ONNX Runtime's kernels for its weights are not: a
+    block pass and one-token passes give different logits (`OnnxModel`'s load-time check).
+
+    A property of the CPU (ONNX Runtime picks its matrix kernels by the instruction sets it finds, and has
+    no setting that forces another path) and of the weights' recipe, not of the graph.
+    """
+
+
 def invariant_path(folder: Path, source_file: str, head_size: int) -> Path:
     """The invariant variant of `folder / source_file` (written on first use, reused after).
 

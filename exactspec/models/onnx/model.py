@@ -41,7 +41,7 @@ from exactspec.foundations.rows import RowStart
 from exactspec.models.base import checked_vocabulary, common_prefix_length, logits_inputs
 from exactspec.models.onnx.feeds import causal_feeds, mask_feeds
 from exactspec.models.onnx.huge_pages import collapse_resident
-from exactspec.models.onnx.invariant import InvariantGraphError
+from exactspec.models.onnx.invariant import KernelsNotInvariantHere
 from exactspec.models.onnx.logits_from import INPUT_NAME as LOGITS_FROM
 from exactspec.models.onnx.rows import RowSlots, contiguous_moves
 from exactspec.models.onnx.session import aligned_zeros, default_threads, io_names, open_session
@@ -308,7 +308,7 @@ class OnnxModel(RowCacheModel):
         return out
 
     def _check_invariance(self) -> None:
-        """Raise `InvariantGraphError` unless a block pass gives the bits of one-token passes here: the
+        """Raise `KernelsNotInvariantHere` unless a block pass gives the bits of one-token passes here: the
         graph is made invariant, the weights' products must be so on this machine's kernels too (int4 in
         blocks of 32 is on the CPUs measured: docs/numerics.md), and a caller who asked for invariance
         must never silently run without it."""
@@ -319,7 +319,7 @@ class OnnxModel(RowCacheModel):
         self.clear_cache()
         if not torch.equal(block, steps):
             gap = float((block - steps).abs().max())
-            raise InvariantGraphError(
+            raise KernelsNotInvariantHere(
                 f"{self.folder}: on this machine a pass of {len(probe)} tokens and one-token passes give "
                 f"different logits (max |difference| {gap:.3g}): its weights' products are not batch "
                 "invariant here (the mode needs int4 weights in blocks of 32: export.INVARIANT_RECIPE)"
