@@ -1,12 +1,12 @@
 """Speculative output against plain decoding's, token id for token id, on the built-in pair.
 
 For the bench's coding and grounded prompts, at T = 0 and at T = 0.7 with a seed, `max_new_tokens` each:
-the defaults (suffix drafter, planned gamma) and plain decoding (gamma 0) in one process, on ONNX Runtime
-in the batch-invariant mode (`--mode invariant`, what the README's claim is about) or its default mode
-(`--mode default`, for contrast). Writes results.json and README.md to --out; exits 1 when a run of the
-invariant mode differs.
+the defaults (suffix drafter, planned gamma) and plain decoding (gamma 0) in one process, on exactspec's
+own kernels (`--backend native`, the default: invariant with no switch), or on ONNX Runtime in the
+batch-invariant mode (`--backend onnx --mode invariant`) or its default mode (`--mode default`, for
+contrast). Writes results.json and README.md to --out; exits 1 when a run of an invariant backend differs.
 
-    python scripts/invariant_equality.py --out docs/bench/invariant-equality
+    python scripts/invariant_equality.py --out docs/bench/native-equality
 """
 
 from __future__ import annotations
@@ -28,13 +28,14 @@ SEED = 11
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=["invariant", "default"], default="invariant")
+    parser.add_argument("--backend", choices=["native", "onnx"], default="native")
+    parser.add_argument("--mode", choices=["invariant", "default"], default="invariant", help="onnx only")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--out", type=Path, default=Path("invariant-equality-out"))
     args = parser.parse_args()
-    invariant = args.mode == "invariant"
+    invariant = args.backend == "native" or args.mode == "invariant"
     decoder = SpeculativeDecoder.from_pretrained(
-        draft=None, backend="onnx", batch_invariant=invariant, progress=False
+        draft=None, backend=args.backend, batch_invariant=args.backend == "onnx" and invariant, progress=False
     )
     prompts = [p for p in PROMPTS if p.category == "coding"] + list(GROUNDED_PROMPTS)
     runs = []
@@ -70,7 +71,7 @@ def main() -> int:
     here = machine()
     result = {
         "command": " ".join(["python", *sys.argv]),
-        "mode": args.mode,
+        "mode": args.mode if args.backend == "onnx" else "native",
         "backend": decoder.pair.describe_backend(),
         "machine": {"cpu": here.cpu, "features": here.cpu_features, "cores": here.cores},
         "max_new_tokens": args.max_new_tokens,
@@ -81,7 +82,8 @@ def main() -> int:
     (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     differing = [r for r in runs if not r["equal"]]
     lines = [
-        f"# Speculative against plain decoding, token ids ({args.mode} mode)",
+        f"# Speculative against plain decoding, token ids ({args.backend}"
+        + (f", {args.mode} mode)" if args.backend == "onnx" else ")"),
         "",
         f"`{result['command']}` on {here.cpu} ({here.cores} cores; {here.cpu_features}), "
         f"{result['backend']}: {len(runs) - len(differing)} of {len(runs)} runs equal "

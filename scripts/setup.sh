@@ -85,3 +85,7 @@ if [ "$need_llamacpp" = 1 ]; then
   .venv/bin/python -m pip install --quiet -e ".[llamacpp]"
   touch "$llamacpp_stamp"
 fi
+# exactspec's own CPU kernels (exactspec/kernels: C, compiled once per machine, compiler and source text, in
+# seconds; an unchanged library is found in the cache at once): built here so a missing compiler is said
+# at setup, with the fix, rather than at the first command.
+.venv/bin/python -m exactspec.kernels.build >/dev/null
