@@ -198,16 +198,19 @@ static int check(const Decoder *d, int slots, int capacity, int64_t table_rows, 
 /* One pass of `count` tokens (forward.py's PassPlan: tokens, their slots, rotary positions, cells, and the
    CSR lists offsets/visible of the cells each attends to) over the cache `keys`/`values` ([layers, slots,
    kv_heads, capacity, head_size] float32), writing each token's keys and values into its cell; the logits
-   of tokens `wanted` into logits [wanted_count, vocab]. cos_table, sin_table: [table_rows, head_size / 2].
+   of tokens `wanted` into logits [wanted_count, columns]: the output layer's first `columns` outputs (each
+   column's bits are the same whatever the number computed). cos_table, sin_table: [table_rows,
+   head_size / 2].
    Returns 0, or an error (ES_DECODER_ERROR_*, or attention's code), then the cache may be part written. */
 int es_decoder_run(void *decoder, int path, int threads, float *keys, float *values, int slots, int capacity,
                    const float *cos_table, const float *sin_table, int64_t table_rows, int64_t count,
                    const int64_t *tokens, const int32_t *token_slots, const int32_t *positions,
                    const int32_t *cells, const int32_t *offsets, const int32_t *visible, int64_t visible_count,
-                   int64_t wanted_count, const int64_t *wanted, float *logits) {
+                   int64_t wanted_count, const int64_t *wanted, int64_t columns, float *logits) {
     Decoder *d = decoder;
     if (path < 0 || path >= ES_PATH_COUNT || !(es_cpu_paths() & (1 << path))) return ES_DECODER_ERROR_PATH;
-    if (threads < 1 || count < 0 || wanted_count < 0 || count > INT32_MAX) return ES_DECODER_ERROR_ARGUMENT;
+    if (threads < 1 || count < 0 || wanted_count < 0 || count > INT32_MAX || columns < 1 || columns > d->vocab)
+        return ES_DECODER_ERROR_ARGUMENT;
     if (count == 0) return wanted_count ? ES_DECODER_ERROR_ARGUMENT : 0;
     int status = check(d, slots, capacity, table_rows, count, tokens, token_slots, positions, cells, offsets,
                        visible, visible_count, wanted_count, wanted);
@@ -256,5 +259,7 @@ int es_decoder_run(void *decoder, int path, int threads, float *keys, float *val
     for (int64_t w = 0; w < wanted_count; w++)
         memcpy(d->last + (size_t)w * D, d->x + (size_t)wanted[w] * D, (size_t)D * sizeof(float));
     es_rms_norm(path, threads, d->last, d->final_norm, d->eps, d->last_normed, (int)wanted_count, D);
-    return matmul(path, threads, d->last_normed, wanted_count, &d->lm_head, NULL, logits);
+    Int4 head = d->lm_head;
+    head.n = columns; /* the first tiles, the same packed layout */
+    return matmul(path, threads, d->last_normed, wanted_count, &head, NULL, logits);
 }

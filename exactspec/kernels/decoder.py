@@ -49,7 +49,7 @@ def _functions() -> ctypes.CDLL:
     lib.es_decoder_free.argtypes = [_p]
     lib.es_decoder_run.restype = _i
     lib.es_decoder_run.argtypes = [_p, _i, _i, _p, _p, _i, _i, _p, _p, _i64, _i64]
-    lib.es_decoder_run.argtypes += [_p] * 6 + [_i64, _i64, _p, _p]
+    lib.es_decoder_run.argtypes += [_p] * 6 + [_i64, _i64, _p, _i64, _p]
     return lib
 
 
@@ -131,10 +131,18 @@ class DecoderKernel:
                 raise ValueError(f"DecoderKernel: layer {index} refused")
 
     def run(
-        self, cache: KVCache, plan: PassPlan, threads: int | None = None, *, path: str | None = None
+        self,
+        cache: KVCache,
+        plan: PassPlan,
+        threads: int | None = None,
+        *,
+        columns: int | None = None,
+        path: str | None = None,
     ) -> torch.Tensor:
         """`forward(weights, cache, plan, threads)` in one C call: the logits [W, V] float32 of
-        `plan.wanted`, the same bits; every token's keys and values are written into `cache`."""
+        `plan.wanted`, the same bits; every token's keys and values are written into `cache`. `columns`:
+        only the first that many logits of each row (a tokenizer's vocabulary, narrower than the output
+        layer), [W, columns], the same bits as those columns of [W, V]."""
         shape = self.shape
         if (cache.layers, cache.kv_heads, cache.head_size) != (shape.layers, shape.kv_heads, shape.head_size):
             raise ValueError(
@@ -153,7 +161,10 @@ class DecoderKernel:
             raise ValueError(
                 f"DecoderKernel.run: {count} tokens need {count} slots, cells and {count + 1} offsets"
             )
-        logits = torch.empty(wanted.shape[0], shape.vocab_size, dtype=torch.float32)
+        columns = shape.vocab_size if columns is None else columns
+        if not 1 <= columns <= shape.vocab_size:
+            raise ValueError(f"DecoderKernel.run: columns must be 1..{shape.vocab_size}, not {columns}")
+        logits = torch.empty(wanted.shape[0], columns, dtype=torch.float32)
         keys, values = cache.keys, cache.values
         status = _functions().es_decoder_run(
             self._handle,
@@ -176,6 +187,7 @@ class DecoderKernel:
             visible.numel(),
             wanted.shape[0],
             wanted.data_ptr(),
+            columns,
             logits.data_ptr(),
         )
         if status in _PATH_ERRORS:

@@ -127,6 +127,17 @@ def test_the_one_call_pass_gives_forwards_bits(path: str, bias: bool, monkeypatc
         assert torch.equal(cache.values, expected_cache.values)
 
 
+def test_fewer_columns_are_the_same_bits_as_those_of_all() -> None:
+    weights = random_weights(bias=True)
+    kernel = DecoderKernel(weights)
+    first, *_ = plans(weights.shape.vocab_size)
+    whole = kernel.run(new_cache(weights), first)
+    for columns in (1, 16, 17, 40):
+        assert torch.equal(kernel.run(new_cache(weights), first, columns=columns), whole[:, :columns])
+    with pytest.raises(ValueError, match="columns"):
+        kernel.run(new_cache(weights), first, columns=weights.shape.vocab_size + 1)
+
+
 def test_a_grown_cache_is_read_where_it_now_is() -> None:
     weights = random_weights(bias=True)
     kernel = DecoderKernel(weights)

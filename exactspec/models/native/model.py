@@ -218,17 +218,19 @@ class NativeModel(RowCacheModel):
                 feeds, histories, trees.tokens, trees.parents, strict=True
             ):
                 self._add_tree(feed, len(history), tokens, parents)
-        logits = self._run(feeds)  # [sum of wanted, Vm]
+        logits = self._run(feeds)  # [sum of wanted, V]
         for b, (row, history) in enumerate(zip(row_ids, histories, strict=True)):
             self._rows.tokens[row] = history
             if trees is not None:
                 tree = PendingTree(trees.tokens[b], trees.parents[b], place=len(history))
                 self._trees[row] = (list(history), tree)
+        if trees is None:  # every row wants its last k: the rows of logits in order (no copy in float32)
+            return logits.view(len(row_ids), k, self._vocab_size).to(self._dtype)
         out = torch.empty(len(row_ids), k + nodes, self._vocab_size, dtype=self._dtype)  # [B, k + N, V]
         start = 0
         for b, feed in enumerate(feeds):
             count = len(feed.wanted)
-            out[b, :count] = logits[start : start + count, : self._vocab_size]
+            out[b, :count] = logits[start : start + count]
             start += count
         return out
 
@@ -309,19 +311,21 @@ class NativeModel(RowCacheModel):
     def _run(self, feeds: list[Feed]) -> torch.Tensor:
         """Every feed's tokens through the model in passes of at most `PASS_TOKENS` tokens (a row's
         tokens in order; a token may attend to cells written earlier in its own pass); the wanted
-        tokens' logits [W, Vm] in feed order."""
+        tokens' logits [W, V] in feed order."""
         entries = [(f, i) for f in feeds for i in range(len(f.tokens))]
         wanted_at = {(id(f), i): w for w, (f, i) in enumerate((f, i) for f in feeds for i in f.wanted)}
         total = len(wanted_at)
-        out = torch.empty(total, self.weights.shape.vocab_size)
+        out = torch.empty(total, self._vocab_size)
         for start in range(0, len(entries), PASS_TOKENS):
             chunk = entries[start : start + PASS_TOKENS]
             plan, order = _plan(chunk, wanted_at)
-            if not chunk:
-                continue
-            logits = self._kernel.run(self._cache, plan, self.threads)  # [W_chunk, Vm]
+            logits = self._kernel.run(
+                self._cache, plan, self.threads, columns=self._vocab_size
+            )  # [W_chunk, V]
+            if len(entries) <= PASS_TOKENS and order == list(range(total)):
+                return logits  # one pass, its logits already in feed order
             if order:
-                out[torch.tensor(order)] = logits
+                out[torch.from_numpy(np.array(order, dtype=np.int64))] = logits
         return out
 
 
@@ -347,12 +351,12 @@ def _plan(chunk: list[tuple[Feed, int]], wanted_at: dict[tuple[int, int], int]) 
     if any(extras):
         visible[visible >= np.repeat(prefix, lengths)] = np.concatenate([e for e in extras if e])
     plan = PassPlan(
-        tokens=torch.tensor([f.tokens[i] for f, i in chunk], dtype=torch.int64),
-        slots=torch.tensor([f.slot for f, _ in chunk], dtype=torch.int32),
-        positions=torch.tensor([f.positions[i] for f, i in chunk], dtype=torch.int32),
-        cells=torch.tensor([f.cells[i] for f, i in chunk], dtype=torch.int32),
+        tokens=torch.from_numpy(np.array([f.tokens[i] for f, i in chunk], dtype=np.int64)),
+        slots=torch.from_numpy(np.array([f.slot for f, _ in chunk], dtype=np.int32)),
+        positions=torch.from_numpy(np.array([f.positions[i] for f, i in chunk], dtype=np.int32)),
+        cells=torch.from_numpy(np.array([f.cells[i] for f, i in chunk], dtype=np.int32)),
         offsets=torch.from_numpy(offsets.astype(np.int32)),
         visible=torch.from_numpy(visible.astype(np.int32)),
-        wanted=torch.tensor(wanted, dtype=torch.int64),
+        wanted=torch.from_numpy(np.array(wanted, dtype=np.int64)),
     )
     return plan, order
