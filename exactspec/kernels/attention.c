@@ -21,13 +21,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "attention.h"
 #include "fixed_math.h"
-
-#define ES_ATTN_ERROR_CELL 1  /* a cell id outside [0, capacity) */
-#define ES_ATTN_ERROR_ORDER 2 /* a cell list not strictly increasing */
-#define ES_ATTN_ERROR_SLOT 3  /* a slot outside [0, slots) */
-#define ES_ATTN_ERROR_MEMORY 4
-#define ES_ATTN_ERROR_PATH 5 /* a path this CPU does not run */
 
 /* Below this many multiply-adds (cells x heads x head_size, over all queries) a call runs on the calling
    thread alone: handing work to the pool costs a few microseconds, what such a call takes in all. */

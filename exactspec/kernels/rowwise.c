@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "fixed_math.h"
+#include "rowwise.h"
 
 #define ES_ROWWISE_ITEM 8192
 
@@ -168,6 +169,36 @@ void es_silu_mul(int path, int threads, const float *gate, const float *up, floa
     long chunk = ((count + items - 1) / items + 15) & ~15L;
     Silu a = {.path = path, .count = count, .chunk = chunk > 0 ? chunk : 16, .gate = gate, .up = up, .y = y};
     es_run(threads, (count + a.chunk - 1) / a.chunk, silu_item, &a);
+}
+
+/* gate_up: [M, 2F] (row m's gate, then its up), y: [M, F]: silu_mul of each row's two halves without
+   copying them apart; the items are es_silu_mul's cut of one row, so each element's operations are the same. */
+typedef struct {
+    int path;
+    long F, chunk, per_row;
+    const float *gate_up;
+    float *y;
+} SiluRows;
+
+static void silu_rows_item(void *context, int64_t item) {
+    SiluRows *a = context;
+    long row = (long)(item / a->per_row), start = (long)(item % a->per_row) * a->chunk;
+    long length = a->F - start < a->chunk ? a->F - start : a->chunk;
+    Silu one = {.path = a->path,
+                .count = length,
+                .chunk = length,
+                .gate = a->gate_up + (size_t)row * 2 * a->F + start,
+                .up = a->gate_up + (size_t)row * 2 * a->F + a->F + start,
+                .y = a->y + (size_t)row * a->F + start};
+    silu_item(&one, 0);
+}
+
+void es_silu_mul_rows(int path, int threads, const float *gate_up, float *y, int M, long F) {
+    long items = F / ES_ROWWISE_ITEM > 1 ? F / ES_ROWWISE_ITEM : 1;
+    long chunk = ((F + items - 1) / items + 15) & ~15L;
+    SiluRows a = {.path = path, .F = F, .chunk = chunk > 0 ? chunk : 16, .gate_up = gate_up, .y = y};
+    a.per_row = (F + a.chunk - 1) / a.chunk;
+    es_run(threads, (int64_t)M * a.per_row, silu_rows_item, &a);
 }
 
 /* ---------------------------------------------------------------- rotary position embedding

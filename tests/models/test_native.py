@@ -4,6 +4,7 @@ model's (the int4 export as ONNX Runtime runs it; the float module within int4 r
 
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
@@ -13,8 +14,10 @@ pytest.importorskip("transformers")
 
 from exactspec.checking.tiny_hf import TinyHFSpec, tiny_hf_pair  # noqa: E402
 from exactspec.foundations.rows import RowStart  # noqa: E402
+from exactspec.kernels.decoder import DecoderKernel  # noqa: E402
 from exactspec.kernels.paths import FORCE_ENV, available_paths  # noqa: E402
 from exactspec.models.native import model as native_model  # noqa: E402
+from exactspec.models.native.forward import forward  # noqa: E402
 from exactspec.models.native.model import NativeModel  # noqa: E402
 from exactspec.models.native.modules import from_module  # noqa: E402
 from exactspec.models.tree import path_tree_logits  # noqa: E402
@@ -58,6 +61,35 @@ def test_a_block_pass_gives_each_position_its_one_token_bits(weights, path: str)
         assert torch.equal(model.logits([history], len(history), rows=[0])[0], steps)
         model.logits([history[:10]], 1, rows=[1])  # a cached prefix, then 20 tokens in one pass
         assert torch.equal(model.logits([history], 20, rows=[1])[0], steps[10:])
+
+
+def test_every_pass_the_model_runs_gives_forwards_bits(weights, path: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The model's one-call passes (`kernels.decoder`) against `forward.forward` on a copy of the cache,
+    over the plans the model builds: prompts cut into passes, several rows, one-token steps, a tree."""
+    run = DecoderKernel.run
+    tokens_checked = []
+
+    def checked_run(self, cache, plan, threads=None, **options):  # type: ignore[no-untyped-def]
+        twin = copy.deepcopy(cache)
+        expected = forward(self.weights, twin, plan, threads)
+        logits = run(self, cache, plan, threads, **options)
+        assert torch.equal(logits, expected[:, : logits.shape[1]])
+        assert torch.equal(cache.keys, twin.keys) and torch.equal(cache.values, twin.values)
+        tokens_checked.append(plan.tokens.numel())
+        return logits
+
+    monkeypatch.setattr(DecoderKernel, "run", checked_run)
+    monkeypatch.setattr(native_model, "PASS_TOKENS", 16)
+    histories = [_history(seed, length) for seed, length in ((20, 33), (21, 9), (22, 17))]
+    for threads in (1, 2, 3):
+        model = _model(weights, threads=threads)
+        model.logits(histories, 2, rows=[0, 1, 2])
+        model.logits([h + [3] for h in histories], 1, rows=[0, 1, 2])
+        tokens = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0], [11, 0, 0, 0]])
+        parents = torch.tensor([[-1, 0, 0, 1], [-1, 0, -1, -1], [-1, -1, -1, -1]])
+        model.tree_logits(histories, tokens, parents, torch.tensor([4, 2, 1]), rows=[0, 1, 2])
+        model.logits([histories[0] + [5, 6, 8]], 1, rows=[0])
+    assert sum(tokens_checked) > 3 * (33 + 9 + 17)
 
 
 def test_rows_sharing_a_pass_do_not_change_each_others_bits(weights) -> None:  # type: ignore[no-untyped-def]
@@ -177,3 +209,15 @@ def test_weights_read_from_an_int4_export_compute_what_onnx_runtime_computes() -
     assert (native - onnx).abs().max() < 1e-4
     steps = _one_token_passes(NativeModel(weights, eos_token_ids={0}, threads=1), history)
     assert torch.equal(native[0], steps[-8:])
+
+
+def test_a_narrower_vocabulary_gives_the_first_columns_bits(weights) -> None:  # type: ignore[no-untyped-def]
+    histories = [[t % (VOCAB - 7) for t in _history(seed, length)] for seed, length in ((30, 12), (31, 5))]
+    whole = _model(weights).logits(histories, 3, rows=[0, 1])
+    narrow = _model(weights, vocab_size=VOCAB - 7)
+    assert torch.equal(narrow.logits(histories, 3, rows=[0, 1]), whole[..., : VOCAB - 7])
+    tokens, parents = torch.tensor([[5, 6], [7, 0]]), torch.tensor([[-1, 0], [-1, -1]])
+    trees = _model(weights).tree_logits(histories, tokens, parents, torch.tensor([2, 1]), rows=[0, 1])
+    narrow_trees = narrow.tree_logits(histories, tokens, parents, torch.tensor([2, 1]), rows=[0, 1])
+    assert torch.equal(narrow_trees[0], trees[0, :, : VOCAB - 7])
+    assert torch.equal(narrow_trees[1, :2], trees[1, :2, : VOCAB - 7])

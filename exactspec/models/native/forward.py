@@ -13,6 +13,10 @@ chunks, a chain or a tree (STYLE.md 20; the kernels' README says why each kernel
               cache[l][cell] = k, v      a = attend(q, cells)               x = x + a @ Wo
               h = rms_norm(x)            x = x + (silu(h @ Wgate) * (h @ Wup)) @ Wdown
     logits = rms_norm(x) @ Wlm           (only the rows asked for)
+
+`forward` is the readable definition of a pass; the native model runs the same operations in the same
+order in one C call (`kernels.decoder.DecoderKernel.run`), and the tests assert that both give the same
+bits.
 """
 
 from __future__ import annotations
@@ -106,7 +110,8 @@ def forward(
 ) -> torch.Tensor:
     """Run `plan`'s tokens through every layer, writing their keys and values into `cache`; returns the
     logits [W, V] float32 of `plan.wanted` (module docstring). `threads`: the kernels' threads (None:
-    their default); no bit depends on it."""
+    their default); no bit depends on it. The reference for `kernels.decoder.DecoderKernel.run`, which
+    the model runs: the same bits in one C call."""
     shape = weights.shape
     heads, kv_heads, head_size = shape.heads, shape.kv_heads, shape.head_size
     count = plan.tokens.shape[0]

@@ -1,5 +1,7 @@
-"""exactspec's own CPU model behind `LanguageModel`: a lean decoder pass (`forward`) over int4 weights, one
-KV slot per row, every call one pass (or a few, for long prompts) over all its rows' new tokens.
+"""exactspec's own CPU model behind `LanguageModel`: a lean decoder pass over int4 weights, one KV slot per
+row, every call one pass (or a few, for long prompts) over all its rows' new tokens. A pass is one C call
+(`kernels.decoder.DecoderKernel.run`): `forward.forward`'s operations in its order, the same bits;
+`forward` stays the readable definition, which the tests compare the C pass against.
 
 Because every kernel computes a row with the same operations whatever shares the pass (`forward`), the
 logits of a position are the same bits whether it is decoded alone (plain decoding), scored among a
@@ -21,12 +23,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import numpy as np
 import torch
 
 from exactspec.foundations.rows import RowStart
 from exactspec.kernels.attention import KVCache
+from exactspec.kernels.decoder import DecoderKernel
 from exactspec.models.base import checked_vocabulary, common_prefix_length, logits_inputs
-from exactspec.models.native.forward import DecoderWeights, PassPlan, forward
+from exactspec.models.native.forward import DecoderWeights, PassPlan
 from exactspec.models.onnx.rows import RowSlots
 from exactspec.models.rows_cache import PendingTree, RowCacheModel, TreeBatch, keep_length
 
@@ -41,12 +45,16 @@ it is cut changes no bit."""
 
 
 class Feed:
-    """The tokens one call feeds one row, and where the row's logits are wanted."""
+    """The tokens one call feeds one row, the cells each attends to, and where the row's logits are wanted.
+
+    Token i attends to cells 0..prefix[i]-1, then to cells extra[i] (increasing, all >= prefix[i]; only
+    tree nodes have them: their ancestors' cells and their own)."""
 
     def __init__(self, row: int, slot: int, tokens: list[int], positions: list[int], cells: list[int]):
         self.row, self.slot = row, slot
         self.tokens, self.positions, self.cells = tokens, positions, cells
-        self.visible: list[list[int]] = []
+        self.prefix: list[int] = []
+        self.extra: dict[int, list[int]] = {}
         self.wanted: list[int] = []  # indices into tokens whose logits are returned, in order
 
 
@@ -101,6 +109,7 @@ class NativeModel(RowCacheModel):
         self.shared_tokens = 0
         """Prompt tokens whose cells were copied from another slot, or kept from a free slot's, since load."""
         self._cache = self._empty_cache(1)
+        self._kernel = DecoderKernel(weights)
 
     def _empty_cache(self, slots: int) -> KVCache:
         shape = self.weights.shape
@@ -209,17 +218,19 @@ class NativeModel(RowCacheModel):
                 feeds, histories, trees.tokens, trees.parents, strict=True
             ):
                 self._add_tree(feed, len(history), tokens, parents)
-        logits = self._run(feeds)  # [sum of wanted, Vm]
+        logits = self._run(feeds)  # [sum of wanted, V]
         for b, (row, history) in enumerate(zip(row_ids, histories, strict=True)):
             self._rows.tokens[row] = history
             if trees is not None:
                 tree = PendingTree(trees.tokens[b], trees.parents[b], place=len(history))
                 self._trees[row] = (list(history), tree)
+        if trees is None:  # every row wants its last k: the rows of logits in order (no copy in float32)
+            return logits.view(len(row_ids), k, self._vocab_size).to(self._dtype)
         out = torch.empty(len(row_ids), k + nodes, self._vocab_size, dtype=self._dtype)  # [B, k + N, V]
         start = 0
         for b, feed in enumerate(feeds):
             count = len(feed.wanted)
-            out[b, :count] = logits[start : start + count, : self._vocab_size]
+            out[b, :count] = logits[start : start + count]
             start += count
         return out
 
@@ -260,7 +271,7 @@ class NativeModel(RowCacheModel):
             keep = shared
         positions = list(range(keep, len(history)))
         feed = Feed(row, slot, history[keep:], positions, list(positions))
-        feed.visible = [list(range(p + 1)) for p in positions]
+        feed.prefix = [p + 1 for p in positions]
         feed.wanted = list(range(len(positions) - k, len(positions)))
         return feed
 
@@ -276,7 +287,8 @@ class NativeModel(RowCacheModel):
             feed.tokens.append(tokens[n])
             feed.positions.append(length - 1 + depth[-1])
             feed.cells.append(length + n)
-            feed.visible.append([*range(length), *seen[-1]])
+            feed.extra[len(feed.prefix)] = seen[-1]
+            feed.prefix.append(length)
             feed.wanted.append(len(feed.tokens) - 1)
 
     def _resolve_tree(self, row: int, history: list[int]) -> None:
@@ -299,42 +311,52 @@ class NativeModel(RowCacheModel):
     def _run(self, feeds: list[Feed]) -> torch.Tensor:
         """Every feed's tokens through the model in passes of at most `PASS_TOKENS` tokens (a row's
         tokens in order; a token may attend to cells written earlier in its own pass); the wanted
-        tokens' logits [W, Vm] in feed order."""
+        tokens' logits [W, V] in feed order."""
         entries = [(f, i) for f in feeds for i in range(len(f.tokens))]
         wanted_at = {(id(f), i): w for w, (f, i) in enumerate((f, i) for f in feeds for i in f.wanted)}
         total = len(wanted_at)
-        out = torch.empty(total, self.weights.shape.vocab_size)
+        out = torch.empty(total, self._vocab_size)
         for start in range(0, len(entries), PASS_TOKENS):
             chunk = entries[start : start + PASS_TOKENS]
             plan, order = _plan(chunk, wanted_at)
-            if not chunk:
-                continue
-            logits = forward(self.weights, self._cache, plan, self.threads)  # [W_chunk, Vm]
+            logits = self._kernel.run(
+                self._cache, plan, self.threads, columns=self._vocab_size
+            )  # [W_chunk, V]
+            if len(entries) <= PASS_TOKENS and order == list(range(total)):
+                return logits  # one pass, its logits already in feed order
             if order:
-                out[torch.tensor(order)] = logits
+                out[torch.from_numpy(np.array(order, dtype=np.int64))] = logits
         return out
 
 
 def _plan(chunk: list[tuple[Feed, int]], wanted_at: dict[tuple[int, int], int]) -> tuple[PassPlan, list[int]]:
-    """The `PassPlan` of a chunk of (feed, token index) entries, and where each wanted logit goes."""
-    offsets = [0]
-    visible: list[int] = []
+    """The `PassPlan` of a chunk of (feed, token index) entries, and where each wanted logit goes.
+
+    The cell lists are built by numpy, not Python lists: a chunk of a long prompt lists about its tokens
+    times the prompt's length cells."""
     wanted: list[int] = []
     order: list[int] = []
     for t, (feed, i) in enumerate(chunk):
-        visible.extend(feed.visible[i])
-        offsets.append(len(visible))
         place = wanted_at.get((id(feed), i))
         if place is not None:
             wanted.append(t)
             order.append(place)
+    prefix = np.array([f.prefix[i] for f, i in chunk], dtype=np.int64)
+    extras = [f.extra.get(i, []) for f, i in chunk]
+    lengths = prefix + np.array([len(e) for e in extras], dtype=np.int64)
+    offsets = np.zeros(len(chunk) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    # Entry j of token t's list: cell j while j < prefix[t], then its extra cells in order.
+    visible = np.arange(offsets[-1], dtype=np.int64) - np.repeat(offsets[:-1], lengths)
+    if any(extras):
+        visible[visible >= np.repeat(prefix, lengths)] = np.concatenate([e for e in extras if e])
     plan = PassPlan(
-        tokens=torch.tensor([f.tokens[i] for f, i in chunk], dtype=torch.int64),
-        slots=torch.tensor([f.slot for f, _ in chunk], dtype=torch.int32),
-        positions=torch.tensor([f.positions[i] for f, i in chunk], dtype=torch.int32),
-        cells=torch.tensor([f.cells[i] for f, i in chunk], dtype=torch.int32),
-        offsets=torch.tensor(offsets, dtype=torch.int32),
-        visible=torch.tensor(visible, dtype=torch.int32),
-        wanted=torch.tensor(wanted, dtype=torch.int64),
+        tokens=torch.from_numpy(np.array([f.tokens[i] for f, i in chunk], dtype=np.int64)),
+        slots=torch.from_numpy(np.array([f.slot for f, _ in chunk], dtype=np.int32)),
+        positions=torch.from_numpy(np.array([f.positions[i] for f, i in chunk], dtype=np.int32)),
+        cells=torch.from_numpy(np.array([f.cells[i] for f, i in chunk], dtype=np.int32)),
+        offsets=torch.from_numpy(offsets.astype(np.int32)),
+        visible=torch.from_numpy(visible.astype(np.int32)),
+        wanted=torch.from_numpy(np.array(wanted, dtype=np.int64)),
     )
     return plan, order
