@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 import weakref
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -22,7 +22,11 @@ from exactspec.kernels.threads import default_threads
 if TYPE_CHECKING:
     from exactspec.kernels.attention import KVCache
     from exactspec.kernels.int4 import Int4Weights
-    from exactspec.models.native.forward import DecoderWeights, PassPlan
+
+DecoderWeights = Any
+"""A `models.native.forward.DecoderWeights` (named loosely: the models layer sits above this room)."""
+PassPlan = Any
+"""A `models.native.forward.PassPlan`."""
 
 _ERRORS = {
     -1: "a token, slot, cell, position or wanted index out of range",
