@@ -63,6 +63,14 @@ def _key(cc: str) -> str:
     return digest.hexdigest()[:16]
 
 
+def source_key() -> str:
+    """What names this build (the sources, flags and compiler hashed); "" without a compiler."""
+    try:
+        return _key(compiler())
+    except KernelBuildError:
+        return ""
+
+
 def cache_folder() -> Path:
     """Where built libraries are kept (`EXACTSPEC_CACHE` or `XDG_CACHE_HOME`/exactspec, then kernels/)."""
     root = os.environ.get("EXACTSPEC_CACHE")

@@ -166,8 +166,10 @@ def test_a_choice_cached_before_workloads_still_loads_and_is_scored(
 
 def _old_key(spec: LoadSpec, candidates: list[tuple[str, str, str]]) -> dict:
     """The key the version before workloads hashed (models/backends/auto.py, `choose`), with the ONNX
-    Runtime version every key has held since (feea200: a new runtime is measured again)."""
+    Runtime version every key has held since (feea200: a new runtime is measured again) and the build
+    of exactspec's kernels (an edited kernel is measured again)."""
     from exactspec.foundations.provenance import installed_versions, machine
+    from exactspec.models.backends.registry import runtime_keys
 
     here = machine()
     return {
@@ -179,6 +181,7 @@ def _old_key(spec: LoadSpec, candidates: list[tuple[str, str, str]]) -> dict:
         "torch": here.torch,
         "torch_threads": here.torch_threads,
         **installed_versions(("llama-cpp-python", "onnxruntime")),
+        **{f"{name} build": key for name, key in runtime_keys().items()},
     }
 
 
@@ -249,3 +252,15 @@ def test_a_busy_machine_choice_is_used_for_the_run_and_not_cached(
 
 def _key(spec: LoadSpec, candidates: list[tuple[str, str, str]]) -> dict:
     return auto._measurement_key(spec, candidates, ())
+
+
+def test_an_edited_kernel_keys_new_measurements(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The native backend's step is its kernels' build: a measurement keyed by one build is not read for
+    another (an edited kernel, another compiler), as a new runtime package's version is not."""
+    from exactspec.kernels import build
+
+    spec, candidates = LoadSpec(), [("native", "native", "auto")]
+    monkeypatch.setattr(build, "source_key", lambda: "build-a")
+    first = _key(spec, candidates)
+    monkeypatch.setattr(build, "source_key", lambda: "build-b")
+    assert first["native build"] == "build-a" and _key(spec, candidates) != first

@@ -42,6 +42,7 @@ from exactspec.models.backends.registry import (
     backend,
     backends,
     register,
+    runtime_keys,
     runtime_packages,
 )
 from exactspec.models.base import LanguageModel
@@ -350,6 +351,7 @@ def _measurement_key(
         "torch": here.torch,
         "torch_threads": here.torch_threads,
         **versions,
+        **{f"{name} build": key for name, key in runtime_keys().items()},
     }
     if spec.workload.draft_model and spec.workload.max_gamma:
         key["draft"] = str(spec.draft)

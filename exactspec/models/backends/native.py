@@ -204,6 +204,13 @@ def grid_cells() -> list[GridCell]:
     return two_row_cells("native int4")
 
 
+def _kernel_build() -> str:
+    """The kernels' build key (`kernels.build.source_key`): an edited kernel is measured again by auto."""
+    from exactspec.kernels.build import source_key
+
+    return source_key()
+
+
 BACKEND = register(
     Backend(
         name=NAME,
@@ -226,6 +233,7 @@ BACKEND = register(
             reference=tiny_reference,
         ),
         runtime_packages=(),
+        runtime_key=_kernel_build,
         on_disk=OnDisk(folder=True, path=lambda model: model.folder),  # type: ignore[attr-defined]
     )
 )

@@ -364,6 +364,8 @@ class Backend:
             (`ModelPair.from_pretrained`; see `SAMPLING_THREADS`).
         runtime_packages: the packages that run its passes, whose installed versions key `--backend
             auto`'s cached measurements (a new runtime can change its step; torch's is in every key).
+        runtime_key: () -> what else keys them (None: nothing): the build of code that ships as source,
+            such as exactspec's own kernels, whose edit changes the step as a new package version does.
         weight_formats, weights_help: the `--weights` values it reads beside "auto" (a backend whose
             `options` name "weights"), and what they mean for `--help`.
         timed_module: a loaded adapter -> the torch module whose forward passes the bench's hooks time
@@ -391,6 +393,7 @@ class Backend:
     chooses: bool = False
     own_threads: bool = False
     runtime_packages: tuple[str, ...] = ()
+    runtime_key: Callable[[], str] | None = None
     weight_formats: tuple[str, ...] = ()
     weights_help: str = ""
     timed_module: Callable[[LanguageModel], Any | None] = _no_module
@@ -431,6 +434,11 @@ def of_pair(pair: Pair) -> Backend | None:
 def runtime_packages() -> tuple[str, ...]:
     """Every backend's runtime packages (`Backend.runtime_packages`), by rank, each once."""
     return tuple(dict.fromkeys(p for b in backends().values() for p in b.runtime_packages))
+
+
+def runtime_keys() -> dict[str, str]:
+    """Every backend's `runtime_key`, by name (backends without one left out)."""
+    return {b.name: b.runtime_key() for b in backends().values() if b.runtime_key is not None}
 
 
 def weight_choices() -> tuple[str, ...]:
