@@ -221,3 +221,12 @@ def test_a_narrower_vocabulary_gives_the_first_columns_bits(weights) -> None:  #
     narrow_trees = narrow.tree_logits(histories, tokens, parents, torch.tensor([2, 1]), rows=[0, 1])
     assert torch.equal(narrow_trees[0], trees[0, :, : VOCAB - 7])
     assert torch.equal(narrow_trees[1, :2], trees[1, :2, : VOCAB - 7])
+
+
+def test_the_padding_of_a_narrower_tree_is_finite(weights) -> None:  # type: ignore[no-untyped-def]
+    """A row whose tree has fewer nodes than the call's width gets finite entries past its nodes (the
+    transforms run over every entry and refuse NaN)."""
+    tokens, parents = torch.tensor([[5, 6, 7], [8, 0, 0]]), torch.tensor([[-1, 0, 0], [-1, -1, -1]])
+    for _ in range(5):  # fresh memory each time
+        out = _model(weights).tree_logits([[1, 2], [3]], tokens, parents, torch.tensor([3, 1]), rows=[0, 1])
+        assert torch.isfinite(out[1, 2:]).all() and torch.equal(out[1, 2:], torch.zeros_like(out[1, 2:]))

@@ -226,7 +226,9 @@ class NativeModel(RowCacheModel):
                 self._trees[row] = (list(history), tree)
         if trees is None:  # every row wants its last k: the rows of logits in order (no copy in float32)
             return logits.view(len(row_ids), k, self._vocab_size).to(self._dtype)
-        out = torch.empty(len(row_ids), k + nodes, self._vocab_size, dtype=self._dtype)  # [B, k + N, V]
+        # Zeros past a row's own nodes (the padding of a narrower tree): meaningless, but finite for the
+        # transforms that run over the whole [B, N + 1, V] (uninitialized memory could hold NaN).
+        out = torch.zeros(len(row_ids), k + nodes, self._vocab_size, dtype=self._dtype)  # [B, k + N, V]
         start = 0
         for b, feed in enumerate(feeds):
             count = len(feed.wanted)
