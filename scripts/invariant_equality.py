@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from exactspec.api.decoder import SpeculativeDecoder
-from exactspec.bench.prompts import GROUNDED_PROMPTS, PROMPTS
+from exactspec.bench.prompts import GROUNDED_PROMPTS, PROMPTS, select_prompts
 from exactspec.foundations.provenance import machine
 from exactspec.foundations.settings import SamplingSettings
 
@@ -30,6 +30,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=["native", "onnx"], default="native")
     parser.add_argument("--mode", choices=["invariant", "default"], default="invariant", help="onnx only")
+    parser.add_argument(
+        "--prompts",
+        choices=["coding+grounded", "edits"],
+        default="coding+grounded",
+        help="the bench's 8 coding and 6 grounded prompts, or its 8 edits of one module (sent in order)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--out", type=Path, default=Path("invariant-equality-out"))
     args = parser.parse_args()
@@ -37,7 +43,10 @@ def main() -> int:
     decoder = SpeculativeDecoder.from_pretrained(
         draft=None, backend=args.backend, batch_invariant=args.backend == "onnx" and invariant, progress=False
     )
-    prompts = [p for p in PROMPTS if p.category == "coding"] + list(GROUNDED_PROMPTS)
+    if args.prompts == "edits":
+        prompts = select_prompts("edits")
+    else:
+        prompts = [p for p in PROMPTS if p.category == "coding"] + list(GROUNDED_PROMPTS)
     runs = []
     for prompt in prompts:
         for label, settings in SETTINGS.items():
