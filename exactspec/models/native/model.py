@@ -22,6 +22,7 @@ cells move to L, L + 1, ... (`_resolve_tree`), where a chain would have written 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -93,6 +94,8 @@ class NativeModel(RowCacheModel):
             raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
         self.weights = weights
         self.name = name
+        self.folder: Path | None = None
+        """The export folder the weights were read from, when they were (the peers run it beside us)."""
         shape = weights.shape
         full = shape.vocab_size
         self._vocab_size, self._eos_token_ids = checked_vocabulary(
