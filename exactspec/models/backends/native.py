@@ -39,11 +39,10 @@ def load(spec: LoadSpec, **options: Any) -> ModelPair:
     """The pair's int4 exports (`onnx`'s, made on first use) run by the native kernels; `options`:
     `NativeModel` keyword arguments (max_rows, dtype, share_prefixes)."""
     from exactspec.kernels.build import KernelBuildError, build
-    from exactspec.models.backends.onnx import _progress
-    from exactspec.models.loading import gguf_path, load_tokenizer
+    from exactspec.models.backends.onnx import exported_folder
     from exactspec.models.native.model import NativeModel
     from exactspec.models.native.weights import UnsupportedGraph, load_exported
-    from exactspec.models.onnx.export import DEFAULT_RECIPE, exported_model
+    from exactspec.models.onnx.export import DEFAULT_RECIPE
 
     try:
         build()
@@ -53,9 +52,7 @@ def load(spec: LoadSpec, **options: Any) -> ModelPair:
         options = {"threads": spec.threads, **options}
 
     def open_model(role: str, name: Any, eos: Any) -> tuple[NativeModel, Any]:
-        tokenizer = load_tokenizer(name, cache_dir=spec.cache_dir, progress=spec.progress)
-        source = gguf_path(name, spec.cache_dir, progress=spec.progress) or name
-        folder = exported_model(source, DEFAULT_RECIPE, cache_dir=spec.cache_dir, progress=_progress(spec))
+        folder, tokenizer = exported_folder(spec, name, DEFAULT_RECIPE)
         eos = end_of_generation_ids(tokenizer) if eos is None else eos
         try:
             weights = load_exported(folder)

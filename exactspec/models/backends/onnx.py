@@ -49,7 +49,6 @@ def load(spec: LoadSpec, recipe: Any = None, **options: Any) -> ModelPair:
     Runtime; `options`: `OnnxModel` keyword arguments (max_rows, spinning, stop_spinning_after_run,
     dtype, huge_pages; `spec.threads` sets threads; a workload whose drafter runs the draft model stops
     spinning after each run, and only such a workload moves the draft's weights to huge pages)."""
-    from exactspec.models.loading import gguf_path, load_tokenizer
     from exactspec.models.onnx.model import OnnxModel
 
     recipe = _recipe(spec) if recipe is None else recipe
@@ -65,11 +64,7 @@ def load(spec: LoadSpec, recipe: Any = None, **options: Any) -> ModelPair:
         options = {"stop_spinning_after_run": True, **options}
 
     def open_model(role: str, name: Any, eos: Any, **extra: Any) -> tuple[OnnxModel, Any]:
-        tokenizer = load_tokenizer(name, cache_dir=spec.cache_dir, progress=spec.progress)
-        from exactspec.models.onnx.export import exported_model
-
-        source = gguf_path(name, spec.cache_dir, progress=spec.progress) or name
-        folder = exported_model(source, recipe, cache_dir=spec.cache_dir, progress=_progress(spec))
+        folder, tokenizer = exported_folder(spec, name, recipe)
         eos = end_of_generation_ids(tokenizer) if eos is None else eos
         try:
             model = OnnxModel(folder, eos_token_ids=eos, **{**extra, **options})
@@ -105,6 +100,17 @@ def load(spec: LoadSpec, recipe: Any = None, **options: Any) -> ModelPair:
         **{key: str(value) for key, value in options.items()},
     }
     return pair
+
+
+def exported_folder(spec: LoadSpec, name: Any, recipe: Any) -> tuple[Path, Any]:
+    """(the export folder of model `name` by `recipe`, exported on first use with the load's progress;
+    its tokenizer): what every backend that runs the export reads (this one, "native")."""
+    from exactspec.models.loading import gguf_path, load_tokenizer
+    from exactspec.models.onnx.export import exported_model
+
+    tokenizer = load_tokenizer(name, cache_dir=spec.cache_dir, progress=spec.progress)
+    source = gguf_path(name, spec.cache_dir, progress=spec.progress) or name
+    return exported_model(source, recipe, cache_dir=spec.cache_dir, progress=_progress(spec)), tokenizer
 
 
 def _recipe(spec: LoadSpec) -> Any:
