@@ -6,12 +6,11 @@
               one), inv = 1 / sqrtf(ss / D + eps), y_d = (x_d * inv) * w_d: Hugging Face's Qwen2RMSNorm
               order in float32 (x * rsqrt(mean(x^2) + eps), then times the weight), with an exact square
               root and division instead of an approximate reciprocal square root.
-   add_rms_norm: residual_d = residual_d + x_d in place, then rms_norm of the new residual.
    silu_mul:  y = (g / (1 + es_exp(-g))) * u, element by element.
    rotary:    x1' = x1 * cos - x2 * sin, x2' = x2 * cos + x1 * sin over the two halves of each head (NeoX
               "rotate_half"), no fused multiply-add: the products and sums Hugging Face's
               q * cos + rotate_half(q) * sin rounds, from a cos/sin table the caller builds.
-   Threads (es_run) take work items of whole rows (rms_norm, add_rms_norm, rotary) or of independent
+   Threads (es_run) take work items of whole rows (rms_norm, rotary) or of independent
    elements (silu_mul); one row's reduction is never split. An item holds at least ES_ROWWISE_ITEM floats,
    so a call of one or a few rows is one item and runs on the calling thread alone: handing it to the pool
    would cost about what it takes. */
@@ -80,39 +79,22 @@ typedef struct {
     int path, M, D;
     int64_t rows;
     const float *x, *weight;
-    float *residual, *y;
+    float *y;
     float eps;
 } Norm;
 
-/* Rows item * rows .. of rms_norm, or of add_rms_norm when residual is not NULL. */
+/* Rows item * rows .. of rms_norm. */
 static void norm_item(void *context, int64_t item) {
     Norm *a = context;
     int64_t end = (item + 1) * a->rows < a->M ? (item + 1) * a->rows : a->M;
-    for (int64_t m = item * a->rows; m < end; m++) {
-        const float *xr = a->x + (size_t)m * a->D;
-        if (a->residual != NULL) {
-            float *r = a->residual + (size_t)m * a->D;
-            for (int d = 0; d < a->D; d++) r[d] = r[d] + xr[d];
-            xr = r;
-        }
-        norm_row(a->path, xr, a->weight, a->eps, a->y + (size_t)m * a->D, a->D);
-    }
-}
-
-static void run_norm(Norm *a, int threads) {
-    a->rows = rows_per_item(a->D);
-    es_run(threads, (a->M + a->rows - 1) / a->rows, norm_item, a);
+    for (int64_t m = item * a->rows; m < end; m++)
+        norm_row(a->path, a->x + (size_t)m * a->D, a->weight, a->eps, a->y + (size_t)m * a->D, a->D);
 }
 
 void es_rms_norm(int path, int threads, const float *x, const float *weight, float eps, float *y, int M, int D) {
-    Norm a = {.path = path, .M = M, .D = D, .x = x, .weight = weight, .residual = NULL, .y = y, .eps = eps};
-    run_norm(&a, threads);
-}
-
-void es_add_rms_norm(int path, int threads, const float *x, float *residual, const float *weight, float eps,
-                     float *y, int M, int D) {
-    Norm a = {.path = path, .M = M, .D = D, .x = x, .weight = weight, .residual = residual, .y = y, .eps = eps};
-    run_norm(&a, threads);
+    Norm a = {.path = path, .M = M, .D = D, .x = x, .weight = weight, .y = y, .eps = eps};
+    a.rows = rows_per_item(D);
+    es_run(threads, (M + a.rows - 1) / a.rows, norm_item, &a);
 }
 
 /* ---------------------------------------------------------------- silu(gate) * up */

@@ -1,4 +1,4 @@
-"""Row-wise operations of a Qwen2 layer (rms_norm, add_rms_norm, rotary, silu_mul), each row's bits a function
+"""Row-wise operations of a Qwen2 layer (rms_norm, rotary, silu_mul), each row's bits a function
 of that row alone (rowwise.c gives the order of every sum; README.md in this folder).
 
 The path is `path=`, else `EXACTSPEC_KERNEL_PATH`, else the widest the CPU runs (paths.py), and the three
@@ -24,8 +24,6 @@ def _functions() -> ctypes.CDLL:
     lib = library()
     lib.es_rms_norm.restype = None
     lib.es_rms_norm.argtypes = [_c_int, _c_int, _ptr, _ptr, _c_float, _ptr, _c_int, _c_int]
-    lib.es_add_rms_norm.restype = None
-    lib.es_add_rms_norm.argtypes = [_c_int, _c_int, _ptr, _ptr, _ptr, _c_float, _ptr, _c_int, _c_int]
     lib.es_silu_mul.restype = None
     lib.es_silu_mul.argtypes = [_c_int, _c_int, _ptr, _ptr, _ptr, _c_long]
     lib.es_exp.restype = None
@@ -68,38 +66,6 @@ def rms_norm(
         path_number(path),
         threads or default_threads(),
         x.data_ptr(),
-        weight.data_ptr(),
-        eps,
-        out.data_ptr(),
-        M,
-        D,
-    )
-    return out
-
-
-def add_rms_norm(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    *,
-    out: torch.Tensor | None = None,
-    threads: int | None = None,
-    path: str | None = None,
-) -> torch.Tensor:
-    """`residual += x` in place (contiguous float32 `[M, D]`), then `rms_norm(residual, weight, eps)`."""
-    x, weight = _f32(x), _f32(weight)
-    M, D = x.shape
-    if residual.shape != (M, D) or residual.dtype != torch.float32 or not residual.is_contiguous():
-        raise ValueError(f"add_rms_norm: residual must be a contiguous float32 tensor of shape {(M, D)}")
-    if weight.shape != (D,):
-        raise ValueError(f"add_rms_norm: weight {tuple(weight.shape)} for rows of {D}")
-    out = _output(out, (M, D))
-    _functions().es_add_rms_norm(
-        path_number(path),
-        threads or default_threads(),
-        x.data_ptr(),
-        residual.data_ptr(),
         weight.data_ptr(),
         eps,
         out.data_ptr(),
