@@ -30,7 +30,7 @@ import torch
 from exactspec.foundations.rows import RowStart
 from exactspec.kernels.attention import KVCache
 from exactspec.kernels.decoder import DecoderKernel
-from exactspec.models.base import checked_vocabulary, common_prefix_length, logits_inputs
+from exactspec.models.base import checked_vocabulary, logits_inputs
 from exactspec.models.native.forward import DecoderWeights, PassPlan
 from exactspec.models.onnx.rows import RowSlots
 from exactspec.models.rows_cache import PendingTree, RowCacheModel, TreeBatch, keep_length
@@ -182,9 +182,7 @@ class NativeModel(RowCacheModel):
 
     def reusable_prefix(self, row: int, tokens: Sequence[int]) -> int:
         """Leading `tokens` row `row` would not compute if fed them now (`models.base.reusable_prefix`)."""
-        wanted = list(tokens)
-        own = common_prefix_length(self._rows.tokens[row], wanted) if row in self._rows.slot_of else 0
-        return max(own, self._rows.donor(row, wanted)[1])
+        return self._rows.reusable(row, tokens)
 
     def prefill(self, row: int, tokens: Sequence[int]) -> None:
         """Put `tokens` in row `row`'s cache, computing no logits (`models.base.prefill`)."""

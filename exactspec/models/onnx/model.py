@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from exactspec.foundations.rows import RowStart
-from exactspec.models.base import checked_vocabulary, common_prefix_length, logits_inputs
+from exactspec.models.base import checked_vocabulary, logits_inputs
 from exactspec.models.onnx.feeds import causal_feeds, mask_feeds
 from exactspec.models.onnx.huge_pages import collapse_resident
 from exactspec.models.onnx.invariant import KernelsNotInvariantHere
@@ -260,9 +260,7 @@ class OnnxModel(RowCacheModel):
     def reusable_prefix(self, row: int, tokens: Sequence[int]) -> int:
         """Leading `tokens` row `row` would not compute if fed them now: its slot's own, or another slot's
         (`share_prefixes`; `models.base.reusable_prefix`)."""
-        wanted = list(tokens)
-        own = common_prefix_length(self._rows.tokens[row], wanted) if row in self._rows.slot_of else 0
-        return max(own, self._rows.donor(row, wanted)[1])
+        return self._rows.reusable(row, tokens)
 
     def _assign(self, row: int, prompt: Sequence[int]) -> None:
         self._rows.assign(row, prompt)

@@ -121,6 +121,13 @@ class RowSlots:
                 best = (slot, shared)
         return best
 
+    def reusable(self, row: int, history: Sequence[int]) -> int:
+        """How many leading tokens of `history` row `row` would not compute if fed them now: what its own
+        slot holds, or the most another slot holds (`donor`)."""
+        wanted = list(history)
+        own = common_prefix_length(self.tokens[row], wanted) if row in self.slot_of else 0
+        return max(own, self.donor(row, wanted)[1])
+
     def slots_in_use(self) -> int:
         """One past the highest slot owned (0 when no row lives): how many slots the buffers must have."""
         return max(self.slot_of.values(), default=-1) + 1
