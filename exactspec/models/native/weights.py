@@ -5,7 +5,8 @@ The export is where the default path's weights already are: int4 MatMulNBits pro
 gives exactspec's own kernels the very weights ONNX Runtime runs, so the two backends compute the same
 function and differ only in rounding and speed, and the first run exports once for both.
 
-What is read, by the builder's node names (Qwen2 and Llama graphs):
+What is read, by the builder's node names (Qwen2 and Llama graphs; a product is named MatMul_Q4 when the
+builder quantized it, MatMulNBits when it read an int4 checkpoint, as the built-in pair's export does):
 
     /model/embed_tokens/Gather                      embedding [V, D]
     /model/layers.{l}/input_layernorm/...           its weight [D] and epsilon
