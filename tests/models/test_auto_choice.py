@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -264,3 +265,54 @@ def test_an_edited_kernel_keys_new_measurements(monkeypatch: pytest.MonkeyPatch)
     first = _key(spec, candidates)
     monkeypatch.setattr(build, "source_key", lambda: "build-b")
     assert first["native build"] == "build-a" and _key(spec, candidates) != first
+
+
+UNSETTLED = Conditions(
+    MachineLoad(20.0, 2, 1.0, 0.05),
+    rounds=4,
+    spread=0.19,
+    doubts=("onnx did not settle: successive rounds differed by 19% (more than 10%) after 4 rounds",),
+)
+
+
+@pytest.mark.parametrize(
+    ("loser_slowdown", "loser_conditions", "kept"),
+    [
+        (1.5, UNSETTLED, True),  # loses by far more than its spread: the choice is certain
+        (1.1, UNSETTLED, False),  # within its spread of winning: measured again next time
+        (1.5, replace(UNSETTLED, load=MachineLoad(20.0, 2, 3.9, 1.9)), False),  # a busy loser: never kept
+    ],
+)
+def test_a_loser_that_did_not_settle_spoils_the_cache_only_when_it_might_have_won(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    loser_slowdown: float,
+    loser_conditions: Conditions,
+    kept: bool,
+) -> None:
+    """A first run right after an export often has one candidate's rounds apart; when that candidate loses
+    even credited with its spread, the winner is certain and cached, so the next run measures nothing;
+    the loser's doubt stays on its own timing."""
+    winner = replace(CHEAP_WIDE, conditions=QUIET)
+    loser = replace(CHEAP_WIDE, label="loser", backend="loser", conditions=loser_conditions)
+    loser = replace(loser, step_seconds=CHEAP_WIDE.step_seconds * loser_slowdown)
+    timings = {t.backend: t for t in (winner, loser)}
+    timed: list[str] = []
+
+    def fake_timing(spec: LoadSpec, label: str, name: str, weights: str, batch_rows: tuple[int, ...] = ()):
+        timed.append(name)
+        return timings[name]
+
+    candidates = [(t.label, t.backend, t.weights) for t in (winner, loser)]
+    monkeypatch.setattr(auto, "_candidates", lambda spec: candidates)
+    monkeypatch.setattr(auto, "_timing", fake_timing)
+    spec = LoadSpec("t", None, cache_dir=tmp_path)
+    choice = auto.choose(spec)
+    assert choice.backend == "cheap-wide"
+    assert stored_path("backend-choice", _key(spec, candidates), tmp_path).exists() is kept
+    assert choice.conditions is not None and choice.conditions.trusted is kept
+    auto.choose(spec)
+    assert len(timed) == (2 if kept else 4)
+    if kept:
+        stored = json.loads(stored_path("backend-choice", _key(spec, candidates), tmp_path).read_text())
+        assert stored["value"]["timings"][1]["conditions"]["doubts"] == list(UNSETTLED.doubts)

@@ -27,12 +27,13 @@ run here or cannot load the models is left out, said once.
 from __future__ import annotations
 
 import gc
+import math
 import time
 from dataclasses import dataclass, replace
 
 from exactspec.foundations.costs import BatchCosts, expected_tokens
 from exactspec.foundations.errors import InvalidArgument
-from exactspec.foundations.measuring import Conditions, LoadMeter, joined
+from exactspec.foundations.measuring import RULES, Conditions, LoadMeter, joined, load_doubts
 from exactspec.foundations.records import JsonRecord
 from exactspec.models.backends.registry import (
     Backend,
@@ -224,6 +225,45 @@ def decide(choice: BackendChoice, workload: Workload) -> BackendChoice:
     return replace(choice, backend=best.backend, weights=best.weights, workload=workload)
 
 
+def without_losers_doubts(conditions: Conditions, choice: BackendChoice, workload: Workload) -> Conditions:
+    """`conditions` less the doubts of candidates that lose on `workload` however their doubt resolves.
+
+    A candidate whose rounds did not settle (or whose v(k) fell) is timed from its fastest round; more
+    rounds could make it faster, by about the spread. When, credited with that margin, it still loses to
+    a winner measured without doubt, on a machine no other work loaded, the choice is certain and may be
+    kept: the loser's doubts stay on its own timing (`exactspec measure` shows them). A doubt about the
+    load (others busy) is never forgiven: it may have slowed the loser by any amount.
+    """
+    winner = _timing_of(decide(choice, workload))
+    if winner is None or _doubted(winner) or (conditions.load is not None and load_doubts(conditions.load)):
+        return conditions
+    best = predict(winner, workload).tokens_per_second
+    forgiven: list[str] = []
+    for timing in choice.timings:
+        if timing is winner or timing.conditions is None or not timing.conditions.doubts:
+            continue
+        spread = timing.conditions.spread if math.isfinite(timing.conditions.spread) else 1.0
+        credited = replace(timing, step_seconds=timing.step_seconds / (1 + max(spread, RULES.spread)))
+        busy = timing.conditions.load is not None and load_doubts(timing.conditions.load)
+        if busy or predict(credited, workload).tokens_per_second >= best:
+            return conditions
+        forgiven += [f"{timing.label}: {doubt}" for doubt in timing.conditions.doubts]
+    return replace(conditions, doubts=tuple(d for d in conditions.doubts if d not in forgiven))
+
+
+def _timing_of(choice: BackendChoice) -> BackendTiming | None:
+    """The timing of the candidate `choice` chose (None for a record without timings)."""
+    return next(
+        (t for t in choice.timings if (t.backend, t.weights) == (choice.backend, choice.weights)), None
+    )
+
+
+def _doubted(choice_or_timing: BackendChoice | BackendTiming) -> bool:
+    """Whether the chosen candidate's own measurement was doubted."""
+    timing = choice_or_timing if isinstance(choice_or_timing, BackendTiming) else _timing_of(choice_or_timing)
+    return timing is not None and timing.conditions is not None and bool(timing.conditions.doubts)
+
+
 def _say(spec: LoadSpec, line: str) -> None:
     """One line for the user through the caller's `report` callback (the library prints nothing)."""
     if spec.report is not None:
@@ -312,9 +352,13 @@ def choose(spec: LoadSpec, *, again: bool = False) -> BackendChoice:
             here.describe(),
             time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         )
-        return Checked(choice, replace(joined(parts, None), load=meter.reading()))
+        conditions = replace(joined(parts, None), load=meter.reading())
+        return Checked(choice, without_losers_doubts(conditions, choice, workload))
 
     reading = measured("backend-choice", key, BackendChoice, measure, spec.cache_dir, again=again)
+    if reading.from_cache and _doubted(decide(reading.value, workload)):
+        # Kept for another workload, whose winner was certain; for this one a doubted candidate wins.
+        reading = measured("backend-choice", key, BackendChoice, measure, spec.cache_dir, again=True)
     choice = replace(decide(reading.value, workload), conditions=reading.conditions)
     if reading.from_cache:
         _say(spec, f"--backend auto: {choice.backend} ({choice.reason}; measured {choice.measured_at})")
