@@ -1,0 +1,170 @@
+"""The defaults' speed against plain decoding on the built-in pair, settings in fresh processes, alternated.
+
+Settings (`--settings`, each in `--processes` fresh processes, the order reversed every other round by
+`_alternated.run_alternated`, so drift in the machine's speed falls on all of them):
+- plain: gamma 0 (plain decoding through the same engine and backend);
+- defaults: what `exactspec generate` does with no flag (the default drafter, planned gamma);
+- model: the draft model drafting (`--drafter model`, planned gamma), loaded beside the target.
+
+Each process loads the pair once (`--backend`, default auto: what a user gets) and decodes, timing each
+request from submission to its last token (prefill included, as a user waits for it):
+- coding+grounded: the bench's 8 coding and 6 grounded prompts, at T = 0 and at T = 0.7 (seed 11);
+- edits: the 8 repetitive edit requests, in order, at T = 0;
+- first-run: `make run`'s prompt (scripts/first-run-prompt.txt), at T = 0.
+EOS is masked so that every run of a prompt makes `--max-new-tokens` tokens in every setting. The report
+gives tokens/s per prompt (median over processes) and, per workload, the median and lowest ratio of each
+setting to plain decoding.
+
+    python scripts/defaults_speed.py --processes 2 --out docs/bench/defaults-speed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from _alternated import machine_before, run_alternated, write_report
+
+SETTINGS = ("plain", "defaults", "model")
+SEED = 11
+FIRST_RUN_PROMPT = Path(__file__).with_name("first-run-prompt.txt")
+
+
+def workloads() -> dict[str, list[tuple[str, str, bool, float]]]:
+    """workload -> (name, text, chat, temperature) of each request, in the order they are sent."""
+    from exactspec.bench.prompts import GROUNDED_PROMPTS, PROMPTS
+    from exactspec.bench.workloads import edit_prompts
+
+    coding = [p for p in PROMPTS if p.category == "coding"] + list(GROUNDED_PROMPTS)
+    return {
+        "coding+grounded": [(f"{p.name} T=0", p.text, p.chat, 0.0) for p in coding]
+        + [(f"{p.name} T=0.7", p.text, p.chat, 0.7) for p in coding],
+        "edits": [(p.name, p.text, p.chat, 0.0) for p in edit_prompts()],
+        "first-run": [("first-run-prompt", FIRST_RUN_PROMPT.read_text(), True, 0.0)],
+    }
+
+
+def one(setting: str, backend: str, max_new_tokens: int, only: list[str] | None) -> dict:
+    """A child: decode every request with one setting; returns its record."""
+    from exactspec.api.decoder import SpeculativeDecoder
+    from exactspec.foundations.defaults import DEFAULTS
+    from exactspec.foundations.settings import SamplingSettings
+    from exactspec.models.backends.registry import Workload
+
+    drafter = "model" if setting == "model" else DEFAULTS.drafter
+    if setting == "model":
+        workload = Workload("model", True, DEFAULTS.adaptive_gamma_cap)
+    else:
+        workload = Workload.plain() if setting == "plain" else Workload()
+    started = time.perf_counter()
+    decoder = SpeculativeDecoder.from_pretrained(
+        draft=DEFAULTS.draft if setting == "model" else None,
+        backend=backend,
+        progress=False,
+        workload=workload,
+    )
+    loaded = time.perf_counter() - started
+    gamma = 0 if setting == "plain" else None
+    eos = {token: float("-inf") for token in decoder.target.eos_token_ids}
+    warm = SamplingSettings(temperature=0.0, logit_bias=eos)
+    decoder.generate("def warm_up():", gamma=gamma, max_new_tokens=16, settings=warm, drafter=drafter)
+    rates: dict[str, dict[str, float]] = {}
+    for workload_name, requests in workloads().items():
+        if only and workload_name not in only:
+            continue
+        rates[workload_name] = {}
+        for name, text, chat, temperature in requests:
+            settings = SamplingSettings(temperature=temperature, logit_bias=eos)
+            begun = time.perf_counter()
+            out = decoder.generate(
+                text,
+                gamma=gamma,
+                max_new_tokens=max_new_tokens,
+                settings=settings,
+                seed=SEED,
+                chat=chat,
+                drafter=drafter,
+            )
+            seconds = time.perf_counter() - begun
+            rates[workload_name][name] = len(out.completions[0].token_ids) / seconds
+    return {
+        "setting": setting,
+        "backend": decoder.pair.describe_backend(),
+        "load_seconds": loaded,
+        "rates": rates,
+    }
+
+
+def report(records: dict[str, list[dict]], max_new_tokens: int) -> tuple[str, dict]:
+    def rate(setting: str, workload: str, prompt: str) -> float:
+        return statistics.median(r["rates"][workload][prompt] for r in records[setting])
+
+    others = [s for s in records if s != "plain"]
+    backends = {s: runs[0]["backend"] for s, runs in records.items()}
+    lines = [
+        f"{max_new_tokens} tokens a request (EOS masked), tokens/s from submission to the last token "
+        f"(median over processes); backends: " + "; ".join(f"{s}: {b}" for s, b in backends.items()),
+        "",
+    ]
+    summary: dict = {"backends": backends}
+    for workload in records["plain"][0]["rates"]:
+        prompts = list(records["plain"][0]["rates"][workload])
+        ratios = {s: [rate(s, workload, p) / rate("plain", workload, p) for p in prompts] for s in others}
+        summary[workload] = {
+            s: {"median_ratio": statistics.median(r), "min_ratio": min(r)} for s, r in ratios.items()
+        }
+        heading = ", ".join(
+            f"{s} / plain median {statistics.median(r):.2f}x (lowest {min(r):.2f}x)"
+            for s, r in ratios.items()
+        )
+        lines += [
+            f"### {workload}: {heading}",
+            "",
+            "| request | " + " | ".join(records) + " | " + " | ".join(f"{s} / plain" for s in others) + " |",
+            "|---|" + "---:|" * (len(records) + len(others)),
+        ]
+        for index, prompt in enumerate(prompts):
+            values = [f"{rate(s, workload, prompt):.1f}" for s in records]
+            shown = [f"{ratios[s][index]:.2f}x" for s in others]
+            lines.append(f"| {prompt} | " + " | ".join(values + shown) + " |")
+        lines.append("")
+    return "\n".join(lines), summary
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--one", choices=SETTINGS, help=argparse.SUPPRESS)
+    parser.add_argument("--settings", default="plain,defaults", help="comma-separated: " + ",".join(SETTINGS))
+    parser.add_argument("--backend", default="auto")
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--workloads", default="", help="comma-separated subset (default: all)")
+    parser.add_argument("--out", type=Path, default=Path("defaults-speed-out"))
+    args = parser.parse_args()
+    only = [w for w in args.workloads.split(",") if w] or None
+    if args.one:
+        print(json.dumps(one(args.one, args.backend, args.max_new_tokens, only)))
+        return 0
+    settings = [s for s in args.settings.split(",") if s]
+    if "plain" not in settings or any(s not in SETTINGS for s in settings):
+        parser.error(f"--settings: plain and any of {', '.join(SETTINGS)}, got {args.settings!r}")
+    before = machine_before()
+    passed = ["--backend", args.backend, "--max-new-tokens", str(args.max_new_tokens)]
+    if only:
+        passed += ["--workloads", ",".join(only)]
+    records = run_alternated(__file__, settings, args.processes, passed)
+    text, summary = report(records, args.max_new_tokens)
+    command = " ".join(["python", *sys.argv])
+    write_report(
+        args.out, f"`{command}`\n\n{text}", before, {"command": command, "summary": summary, "runs": records}
+    )
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
