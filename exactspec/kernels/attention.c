@@ -525,6 +525,7 @@ int es_attend(int path, int threads, const float *keys, const float *values, int
               int head_size, const float *queries, int n, int heads, const int32_t *query_slots,
               const int32_t *offsets, const int32_t *cells, float scale, float *out) {
     if (path < 0 || path >= ES_PATH_COUNT || !(es_cpu_paths() & (1 << path))) return ES_ATTN_ERROR_PATH;
+    path = es_vector_path(path);
     int group = heads / kv_heads;
     int longest = 0;
     int64_t total = 0;

@@ -3,7 +3,29 @@
  * wide registers), once per process. */
 #include "dispatch.h"
 
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 static int paths = -1;
+
+/* AMX: the CPU has the tiles and their int8 products (cpuid 7.0 EDX bits 24 and 25), the OS saves tile
+ * state (XCR0 bits 17 and 18), and Linux lets this process use them (arch_prctl ARCH_REQ_XCOMP_PERM for
+ * XTILEDATA: a process must ask before its first tile instruction, or it is killed). */
+static int amx_usable(void) {
+    unsigned eax, ebx, ecx, edx;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return 0;
+    if (!(edx & (1u << 24)) || !(edx & (1u << 25))) return 0;
+    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !(ecx & (1u << 27))) return 0; /* OSXSAVE */
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17)) return 0;
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+#else
+    return 0;
+#endif
+}
 
 int es_cpu_paths(void) {
     if (paths < 0) {
@@ -14,6 +36,7 @@ int es_cpu_paths(void) {
             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
             __builtin_cpu_supports("avx512vnni"))
             found |= 1 << ES_PATH_AVX512;
+        if ((found & (1 << ES_PATH_AVX512)) && amx_usable()) found |= 1 << ES_PATH_AMX;
         paths = found;
     }
     return paths;

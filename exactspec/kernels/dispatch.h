@@ -5,8 +5,12 @@
 
 #include <stdint.h>
 
-/* The paths, by number; paths.py names them. */
-enum { ES_PATH_REFERENCE = 0, ES_PATH_AVX2 = 1, ES_PATH_AVX512 = 2, ES_PATH_COUNT = 3 };
+/* The paths, by number; paths.py names them. "amx" is the AVX-512 path whose int4 products of several
+ * rows run on AMX tiles (matmul_int4.c); every other kernel runs its AVX-512 code on it. */
+enum { ES_PATH_REFERENCE = 0, ES_PATH_AVX2 = 1, ES_PATH_AVX512 = 2, ES_PATH_AMX = 3, ES_PATH_COUNT = 4 };
+
+/* The vector path a kernel without AMX code runs on `path`. */
+static inline int es_vector_path(int path) { return path == ES_PATH_AMX ? ES_PATH_AVX512 : path; }
 
 /* Bit i set when path i runs on this CPU. */
 int es_cpu_paths(void);

@@ -303,6 +303,114 @@ static AVX512 void tile_avx512(int64_t t, int64_t r0, int rows, const acts_t *a,
 }
 
 /* ---------------------------------------------------------------------------------------------------
+ * The AMX path (Sapphire Rapids and later): the AVX-512 path whose products of several rows run on tiles.
+ * A block's integer dot products for every row and the tile's 16 columns are one tile C = A B summed by
+ * tdpbsud (s8 x u8 -> s32, exact): A holds the rows' quantized activations (rows x 64 K bytes, read in
+ * place), B the block's unpacked weights, whose layout is already the one AMX wants (row i of B: the 16
+ * columns' 4 values at K offsets 4i..4i+3, which is what one unpacked 64-byte chunk half holds). C is then
+ * finished by exactly the float operations of block_avx512, so the bits are the other paths'. With few
+ * rows the unpacked weights' trip through memory costs more than the vpdpbusd it saves: block_avx512.
+ */
+
+#define AMX __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")))
+#ifndef ES_AMX_MIN_ROWS
+#define ES_AMX_MIN_ROWS 12
+#endif
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config_t;
+
+typedef struct {
+    uint8_t unpacked[32 * 64]; /* B rows of the whole block (at most 128 K values), unpacked */
+    int32_t dots[ES_ROWS][ES_TILE];
+} amx_scratch_t;
+
+/* Block b's integer dot products of rows r0.. into scratch->dots, on tile set `set` (0 or 1; a constant
+ * after inlining, as tile numbers must be). */
+static inline __attribute__((always_inline, target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")))
+void amx_block(const int set, int64_t t, int64_t b, int64_t r0, int rows, int kc, const acts_t *a, int64_t block,
+               const uint8_t *weights, amx_scratch_t *scratch) {
+    (void)rows;
+    const __m512i mask = _mm512_set1_epi8(0x0F);
+    const uint8_t *w = weights + (t * a->nb + b) * 8 * block;
+    const int8_t *qa = a->qa + r0 * a->kp + b * block;
+    if (set) _tile_zero(3); else _tile_zero(0);
+    for (int64_t k0 = 0; k0 < block; k0 += kc) {
+        for (int c = 0; c < kc / 8; c++) { /* chunk c: B rows 2c (low nibbles) and 2c + 1 (high) */
+            const uint8_t *chunk = w + (k0 / 8 + c) * 64;
+            uint8_t *rows_of_chunk = scratch->unpacked + (k0 / 8 + c) * 128;
+            _mm_prefetch((const char *)(chunk + ES_PREFETCH), _MM_HINT_T0);
+            __m512i v = _mm512_loadu_si512((const void *)chunk);
+            _mm512_store_si512((void *)rows_of_chunk, _mm512_and_si512(v, mask));
+            _mm512_store_si512((void *)(rows_of_chunk + 64), _mm512_and_si512(_mm512_srli_epi16(v, 4), mask));
+        }
+        const uint8_t *b_rows = scratch->unpacked + (k0 / 4) * 64;
+        if (set) {
+            _tile_loadd(4, qa + k0, a->kp);
+            _tile_loadd(5, b_rows, 64);
+            _tile_dpbsud(3, 4, 5);
+        } else {
+            _tile_loadd(1, qa + k0, a->kp);
+            _tile_loadd(2, b_rows, 64);
+            _tile_dpbsud(0, 1, 2);
+        }
+    }
+    if (set) _tile_stored(3, scratch->dots, 64); else _tile_stored(0, scratch->dots, 64);
+}
+
+/* facc += block b's terms: block_avx512's float operations, in its order. */
+static inline __attribute__((always_inline, target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
+void amx_finish(int64_t t, int64_t b, int64_t r0, int rows, const acts_t *a, const float *scales,
+                const uint8_t *zeros, int32_t dots[ES_ROWS][ES_TILE], float facc[ES_ROWS][ES_TILE]) {
+    int64_t tb = t * a->nb + b;
+    const __m512 zv = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(zeros + tb * ES_TILE))));
+    const __m512 sv = _mm512_loadu_ps(scales + tb * ES_TILE);
+    const float *sa = a->sa + r0 * a->nb + b, *asum = a->asumf + r0 * a->nb + b;
+    for (int r = 0; r < rows; r++) {
+        __m512i idot = _mm512_load_si512((const void *)dots[r]);
+        __m512 term = _mm512_fnmadd_ps(zv, _mm512_set1_ps(asum[r * a->nb]), _mm512_cvtepi32_ps(idot));
+        __m512 scale = _mm512_mul_ps(sv, _mm512_set1_ps(sa[r * a->nb]));
+        __m512 f = _mm512_loadu_ps(facc[r]);
+        _mm512_storeu_ps(facc[r], _mm512_fmadd_ps(term, scale, f));
+    }
+}
+
+static AMX void tile_amx(int64_t t, int64_t r0, int rows, const acts_t *a, int64_t block,
+                         const uint8_t *weights, const float *scales, const uint8_t *zeros,
+                         float facc[ES_ROWS][ES_TILE]) {
+    if (rows < ES_AMX_MIN_ROWS) {
+        tile_avx512(t, r0, rows, a, block, weights, scales, zeros, facc);
+        return;
+    }
+    const int kc = block < 64 ? (int)block : 64; /* K values per tile product */
+    tile_config_t config __attribute__((aligned(64)));
+    memset(&config, 0, sizeof config);
+    config.palette = 1;
+    for (int set = 0; set < 2; set++) { /* two sets of tiles, C A B = 0 1 2 and 3 4 5: see amx_block */
+        config.rows[3 * set] = (uint8_t)rows, config.colsb[3 * set] = 64;             /* C: rows x 16 int32 */
+        config.rows[3 * set + 1] = (uint8_t)rows, config.colsb[3 * set + 1] = (uint16_t)kc; /* A: rows x kc */
+        config.rows[3 * set + 2] = (uint8_t)(kc / 4), config.colsb[3 * set + 2] = 64; /* B: kc/4 x 16 x 4 */
+    }
+    _tile_loadconfig(&config);
+    amx_scratch_t scratch[2] __attribute__((aligned(64)));
+    int64_t b = 0;
+    for (; b + 2 <= a->nb; b += 2) { /* even and odd blocks on their own tiles and buffers: they overlap */
+        amx_block(0, t, b, r0, rows, kc, a, block, weights, &scratch[0]);
+        amx_block(1, t, b + 1, r0, rows, kc, a, block, weights, &scratch[1]);
+        amx_finish(t, b, r0, rows, a, scales, zeros, scratch[0].dots, facc);
+        amx_finish(t, b + 1, r0, rows, a, scales, zeros, scratch[1].dots, facc);
+    }
+    if (b < a->nb) {
+        amx_block(0, t, b, r0, rows, kc, a, block, weights, &scratch[0]);
+        amx_finish(t, b, r0, rows, a, scales, zeros, scratch[0].dots, facc);
+    }
+    _tile_release();
+}
+
+/* ---------------------------------------------------------------------------------------------------
  * The driver: threads over column tiles only (es_run, dispatch.c); per tile, at most 16 rows per pass.
  */
 
@@ -371,7 +479,10 @@ int es_int4_matmul(int path, const float *x, int64_t m, int64_t k, int64_t n, in
     if (m == 0) return 0;
     call_t c = {.x = x, .scales = scales, .bias = bias, .weights = weights, .zeros = zeros, .out = out,
                 .m = m, .k = k, .n = n, .block = block};
-    c.tile = path == ES_PATH_AVX512 ? tile_avx512 : path == ES_PATH_AVX2 ? tile_avx2 : tile_reference;
+    c.tile = path == ES_PATH_AMX      ? tile_amx
+             : path == ES_PATH_AVX512 ? tile_avx512
+             : path == ES_PATH_AVX2   ? tile_avx2
+                                      : tile_reference;
     c.quantize = path == ES_PATH_REFERENCE ? quantize_block_reference : quantize_block_avx2;
     c.a.nb = (k + block - 1) / block;
     c.a.kp = c.a.nb * block;

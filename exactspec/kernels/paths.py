@@ -1,8 +1,10 @@
 """Which path of the kernels runs: the widest this CPU has, or the one `EXACTSPEC_KERNEL_PATH` forces.
 
 The paths, narrowest first: "reference" (plain C, the definition the others are tested against), "avx2"
-(AVX2 and FMA), "avx512" (AVX-512 F, BW, VL and VNNI). Every path gives the same bits (README.md), so
-forcing a narrower one only changes the speed; an AVX-512 machine tests them all.
+(AVX2 and FMA), "avx512" (AVX-512 F, BW, VL and VNNI), "amx" (the avx512 path with the int4 products of
+several rows on AMX tiles; Intel Sapphire Rapids and later, where Linux grants the process the tiles).
+Every path gives the same bits (README.md), so forcing a narrower one only changes the speed; a machine
+with AMX tests them all.
 """
 
 from __future__ import annotations
@@ -12,11 +14,11 @@ from pathlib import Path
 
 from exactspec.kernels.build import library
 
-NAMES = ("reference", "avx2", "avx512")
+NAMES = ("reference", "avx2", "avx512", "amx")
 """The paths by their number in the C sources (matmul_int4.h)."""
 FORCE_ENV = "EXACTSPEC_KERNEL_PATH"
 FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_int8")
-"""The CPU flags (as /proc/cpuinfo names them) that decide the paths, and AMX, which none uses."""
+"""The CPU flags (as /proc/cpuinfo names them) that decide the paths."""
 
 
 class PathUnavailable(RuntimeError):

@@ -92,6 +92,7 @@ static void norm_item(void *context, int64_t item) {
 }
 
 void es_rms_norm(int path, int threads, const float *x, const float *weight, float eps, float *y, int M, int D) {
+    path = es_vector_path(path);
     Norm a = {.path = path, .M = M, .D = D, .x = x, .weight = weight, .y = y, .eps = eps};
     a.rows = rows_per_item(D);
     es_run(threads, (M + a.rows - 1) / a.rows, norm_item, &a);
@@ -147,6 +148,7 @@ static void silu_item(void *context, int64_t item) {
 /* gate, up, y: [M, F] contiguous; the M * F elements are independent, so they are cut into equal items
    (a multiple of 16 elements) of at least ES_ROWWISE_ITEM elements. */
 void es_silu_mul(int path, int threads, const float *gate, const float *up, float *y, long count) {
+    path = es_vector_path(path);
     long items = count / ES_ROWWISE_ITEM > 1 ? count / ES_ROWWISE_ITEM : 1;
     long chunk = ((count + items - 1) / items + 15) & ~15L;
     Silu a = {.path = path, .count = count, .chunk = chunk > 0 ? chunk : 16, .gate = gate, .up = up, .y = y};
@@ -176,6 +178,7 @@ static void silu_rows_item(void *context, int64_t item) {
 }
 
 void es_silu_mul_rows(int path, int threads, const float *gate_up, float *y, int M, long F) {
+    path = es_vector_path(path);
     long items = F / ES_ROWWISE_ITEM > 1 ? F / ES_ROWWISE_ITEM : 1;
     long chunk = ((F + items - 1) / items + 15) & ~15L;
     SiluRows a = {.path = path, .F = F, .chunk = chunk > 0 ? chunk : 16, .gate_up = gate_up, .y = y};
@@ -242,6 +245,7 @@ __attribute__((target("avx512f"))) static void exp_avx512(const float *x, float 
 }
 
 void es_exp(int path, const float *x, float *y, long count) {
+    path = es_vector_path(path);
     if (path == ES_PATH_AVX512)
         exp_avx512(x, y, count);
     else if (path == ES_PATH_AVX2)
