@@ -255,16 +255,22 @@ def _key(spec: LoadSpec, candidates: list[tuple[str, str, str]]) -> dict:
     return auto._measurement_key(spec, candidates, ())
 
 
-def test_an_edited_kernel_keys_new_measurements(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The native backend's step is its kernels' build: a measurement keyed by one build is not read for
-    another (an edited kernel, another compiler), as a new runtime package's version is not."""
+def test_an_edited_kernel_or_another_path_keys_new_measurements(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The native backend's step is its kernels' build and path: a measurement keyed by one build is not
+    read for another (an edited kernel, another compiler), as a new runtime package's version is not, nor
+    one of the widest path for a forced narrower one."""
     from exactspec.kernels import build
+    from exactspec.kernels.paths import FORCE_ENV, available_paths
 
     spec, candidates = LoadSpec(), [("native", "native", "auto")]
+    monkeypatch.setenv(FORCE_ENV, "reference")
     monkeypatch.setattr(build, "source_key", lambda: "build-a")
     first = _key(spec, candidates)
     monkeypatch.setattr(build, "source_key", lambda: "build-b")
-    assert first["native build"] == "build-a" and _key(spec, candidates) != first
+    assert first["native build"] == "build-a reference" and _key(spec, candidates) != first
+    if len(available_paths()) > 1:
+        monkeypatch.setenv(FORCE_ENV, available_paths()[-1])
+        assert _key(spec, candidates)["native build"] == f"build-b {available_paths()[-1]}"
 
 
 UNSETTLED = Conditions(

@@ -202,10 +202,16 @@ def grid_cells() -> list[GridCell]:
 
 
 def _kernel_build() -> str:
-    """The kernels' build key (`kernels.build.source_key`): an edited kernel is measured again by auto."""
+    """The kernels' build key (`kernels.build.source_key`) and the path that runs: an edited kernel, or
+    another path forced (`EXACTSPEC_KERNEL_PATH`), is measured again by auto."""
     from exactspec.kernels.build import source_key
+    from exactspec.kernels.paths import PathUnavailable, path
 
-    return source_key()
+    try:
+        running = path()
+    except PathUnavailable:
+        running = "unavailable"  # the load says why
+    return f"{source_key()} {running}"
 
 
 BACKEND = register(
