@@ -40,7 +40,7 @@ from exactspec.decoding.round_times import RoundShape, RoundTimer
 from exactspec.decoding.scheduler import Scheduler
 from exactspec.decoding.target_pass import chain_probabilities, tree_probabilities
 from exactspec.drafters.base import Drafter, Proposal
-from exactspec.drafters.forced import draft_limits, drafter_own_counts, propose_after_forced
+from exactspec.drafters.forced import draft_limits, drafter_own_counts, drafter_steps, propose_after_forced
 from exactspec.foundations.metrics import DecodeMetrics, Stopwatch
 from exactspec.foundations.rows import RowLifecycle, RowStart
 from exactspec.foundations.sampler import Sampler
@@ -302,7 +302,7 @@ class SpeculativeEngine:
         elapsed = time.perf_counter() - started
         self.metrics.total_seconds += elapsed
         if self.gamma_policy is not None and not feeds_prompt:
-            self._teach_round_time(proposal, len(active), elapsed)
+            self._teach_round_time(proposal, drafter_steps(proposal, forced), len(active), elapsed)
         return output
 
     def _rooms(self, states: RowStates, active: list[int], config: DecodeConfig) -> list[int]:
@@ -336,11 +336,11 @@ class SpeculativeEngine:
             ]
         )
 
-    def _teach_round_time(self, proposal: Proposal, rows: int, elapsed: float) -> None:
-        """What the round cost, by its shape, teaches a gamma policy that plans from round times."""
+    def _teach_round_time(self, proposal: Proposal, steps: int, rows: int, elapsed: float) -> None:
+        """What the round cost, by its shape (`steps`: the draft model's), teaches a gamma policy that plans
+        from round times."""
         assert self.gamma_policy is not None
         width = proposal.tokens.shape[1] + 1
-        steps = 0 if proposal.deterministic else int(proposal.lengths.max())
         shape = RoundShape(rows, width, steps)
         if self.round_timer is not None:
             elapsed = self.round_timer(shape, elapsed)
@@ -494,8 +494,7 @@ class SpeculativeEngine:
         if self.draft_stopwatch is not None:
             self.metrics.draft_forward_seconds += self.draft_stopwatch.take()
         proposal = proposal.to(self.device)  # a host-side drafter (prompt lookup) on a GPU run
-        # A deterministic proposal (prompt lookup) ran no draft model.
-        self.metrics.draft_calls += 0 if proposal.deterministic else int(proposal.lengths.max())
+        self.metrics.draft_calls += drafter_steps(proposal, forced)
         return proposal, forced
 
     def _record(

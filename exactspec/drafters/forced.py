@@ -159,6 +159,15 @@ def _prepend(forced: list[list[int]], inner: Proposal | None) -> Proposal:
     )
 
 
+def drafter_steps(proposal: Proposal, forced: Sequence[int]) -> int:
+    """The draft model's steps behind `proposal`: its longest run of the drafter's own tokens (forced
+    tokens ran no model, and one call of the draft model takes them in with its first step); 0 for a
+    deterministic proposal, which ran no model."""
+    if proposal.deterministic:
+        return 0
+    return max((n - k for n, k in zip(proposal.lengths.tolist(), forced, strict=True)), default=0)
+
+
 def drafter_own_counts(
     proposed: list[int], accepted: list[int], forced: list[int]
 ) -> tuple[list[int], list[int]]:

@@ -228,3 +228,25 @@ def test_forced_tokens_taken_as_the_targets_without_its_p_are_caught(monkeypatch
     assert run_exact_case(case).total_variation <= case.tolerance
     monkeypatch.setattr(engine_module, "chain_probabilities", trusting)
     assert run_exact_case(case).total_variation > 1e-3
+
+
+def test_draft_calls_count_the_draft_models_steps_not_the_forced_tokens() -> None:
+    """Forced tokens run no draft model: the metrics' draft calls (and the round shapes a planner learns
+    from) are the draft model's own steps, which a round's forced tokens would otherwise inflate."""
+    for name in ("grammar, draft model, forced and free positions", LONG_RUN):
+        case = {c.name: c for c in GRAMMAR_CASES}[name]
+        target, draft = case.models()
+        calls = 0
+
+        def counting(*args, original=draft.logits, **kwargs):
+            nonlocal calls
+            calls += 1
+            return original(*args, **kwargs)
+
+        draft.logits = counting
+        engine = case.engine_factory(target, draft)()
+        config = DecodeConfig(gamma=case.gamma, max_new_tokens=case.max_new_tokens, settings=case.settings)
+        for seed in range(5):
+            engine.generate(list(case.prompts), config, SeededSampler(seed))
+        assert engine.metrics.forced_tokens > 0
+        assert engine.metrics.draft_calls == calls, name
