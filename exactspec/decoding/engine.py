@@ -40,7 +40,7 @@ from exactspec.decoding.round_times import RoundShape, RoundTimer
 from exactspec.decoding.scheduler import Scheduler
 from exactspec.decoding.target_pass import chain_probabilities, tree_probabilities
 from exactspec.drafters.base import Drafter, Proposal
-from exactspec.drafters.forced import drafter_own_counts, propose_after_forced
+from exactspec.drafters.forced import draft_limits, drafter_own_counts, drafter_steps, propose_after_forced
 from exactspec.foundations.metrics import DecodeMetrics, Stopwatch
 from exactspec.foundations.rows import RowLifecycle, RowStart
 from exactspec.foundations.sampler import Sampler
@@ -266,7 +266,8 @@ class SpeculativeEngine:
         )
         histories = [states[row].history for row in active]
         settings = [states[row].settings or config.settings for row in active]
-        caps = self._draft_caps(states, active, config)
+        rooms = self._rooms(states, active, config)
+        caps = self._draft_caps(states, active, config, rooms)
         planned = self._plan(states, active, caps)
         # A drafter gets one SamplingSettings when every row shares it (drafters written for
         # one batch-wide setting keep working), else one per row.
@@ -274,10 +275,11 @@ class SpeculativeEngine:
         # Each row's output position of this round's first token: the positioned draws are keyed by it.
         positions = [len(states[row].generated) for row in active]
         proposal, forced = self._draft(
-            histories, caps, planned, settings[0] if shared else settings, sampler, active, positions
+            histories, caps, rooms, planned, settings[0] if shared else settings, sampler, active, positions
         )  # 2.1
-        # What each row may hold: its forced tokens, then the drafter's planned own.
-        max_draft = [min(cap, count + own) for cap, count, own in zip(caps, forced, planned, strict=True)]
+        # What each row may hold: its forced run (past its cap if the constraint forces more), then the
+        # drafter's planned own within the cap.
+        max_draft = draft_limits(caps, forced, planned)
         top = [states[row].logprobs for row in active]  # None: the row reports no log-probabilities
         if proposal.parents is None:
             result, reported = self._verify_chain(
@@ -300,19 +302,24 @@ class SpeculativeEngine:
         elapsed = time.perf_counter() - started
         self.metrics.total_seconds += elapsed
         if self.gamma_policy is not None and not feeds_prompt:
-            self._teach_round_time(proposal, len(active), elapsed)
+            self._teach_round_time(proposal, drafter_steps(proposal, forced), len(active), elapsed)
         return output
 
-    def _draft_caps(self, states: RowStates, active: list[int], config: DecodeConfig) -> list[int]:
-        """Each active row's most draft tokens this round: its gamma, never past its length limit (a round
-        emits at most draft length + 1 tokens). Its constraint's forced tokens may fill it whatever the
-        gamma policy plans (they cost no draft work); a row whose request names gamma 0 drafts none."""
+    def _rooms(self, states: RowStates, active: list[int], config: DecodeConfig) -> list[int]:
+        """Each active row's most draft tokens before its length limit (a round emits at most draft length
+        + 1 tokens)."""
+        return [max_new_tokens(states[row], config) - len(states[row].generated) - 1 for row in active]
+
+    def _draft_caps(
+        self, states: RowStates, active: list[int], config: DecodeConfig, rooms: list[int]
+    ) -> list[int]:
+        """Each active row's most draft tokens of the drafter's own this round: its gamma, within its room.
+        Its constraint's forced tokens may fill the cap whatever the gamma policy plans (they cost no draft
+        work), and a forced run longer than the cap goes whole, up to the room (`drafters.forced`); a row
+        whose request names gamma 0 drafts none."""
         return [
-            min(
-                config.gamma if states[row].gamma is None else states[row].gamma,
-                max_new_tokens(states[row], config) - len(states[row].generated) - 1,
-            )
-            for row in active
+            min(config.gamma if states[row].gamma is None else states[row].gamma, room)
+            for row, room in zip(active, rooms, strict=True)
         ]
 
     def _plan(self, states: RowStates, active: list[int], max_draft: list[int]) -> list[int]:
@@ -329,11 +336,11 @@ class SpeculativeEngine:
             ]
         )
 
-    def _teach_round_time(self, proposal: Proposal, rows: int, elapsed: float) -> None:
-        """What the round cost, by its shape, teaches a gamma policy that plans from round times."""
+    def _teach_round_time(self, proposal: Proposal, steps: int, rows: int, elapsed: float) -> None:
+        """What the round cost, by its shape (`steps`: the draft model's), teaches a gamma policy that plans
+        from round times."""
         assert self.gamma_policy is not None
         width = proposal.tokens.shape[1] + 1
-        steps = 0 if proposal.deterministic else int(proposal.lengths.max())
         shape = RoundShape(rows, width, steps)
         if self.round_timer is not None:
             elapsed = self.round_timer(shape, elapsed)
@@ -457,6 +464,7 @@ class SpeculativeEngine:
         self,
         histories: list[list[int]],
         caps: list[int],
+        rooms: list[int],
         planned: list[int],
         settings: SamplingSettings | list[SamplingSettings],
         sampler: Sampler,
@@ -464,8 +472,8 @@ class SpeculativeEngine:
         positions: list[int],
     ) -> tuple[Proposal, list[int]]:
         """The round's proposal and how many leading tokens of each row's draft its constraint forced: the
-        forced tokens first, at q = 1, up to the row's cap, then the drafter's proposal after them, up to
-        its planned length and the cap (`drafters.forced`)."""
+        forced run first, at q = 1, whole up to the row's room (jump-forward), then the drafter's proposal
+        after it, up to its planned length and the cap (`drafters.forced`)."""
         if self.drafter is None or max(caps) <= 0:
             return Proposal.empty(len(rows), self.target.vocab_size, self.device), [0] * len(rows)
         clock = time.perf_counter()
@@ -480,13 +488,13 @@ class SpeculativeEngine:
             starts,
             own_limits=planned,
             vocab_size=self.target.vocab_size,
+            rooms=rooms,
         )
         self.metrics.draft_seconds += time.perf_counter() - clock
         if self.draft_stopwatch is not None:
             self.metrics.draft_forward_seconds += self.draft_stopwatch.take()
         proposal = proposal.to(self.device)  # a host-side drafter (prompt lookup) on a GPU run
-        # A deterministic proposal (prompt lookup) ran no draft model.
-        self.metrics.draft_calls += 0 if proposal.deterministic else int(proposal.lengths.max())
+        self.metrics.draft_calls += drafter_steps(proposal, forced)
         return proposal, forced
 
     def _record(

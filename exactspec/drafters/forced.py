@@ -11,9 +11,12 @@ deterministic tokens (suffix, n-gram drafts), a chain with dense q (the draft mo
 get one-hot rows of q), or a tree of candidates (the suffix drafter's: the forced tokens become a trunk
 below the tree's roots).
 
-Forced tokens cost no draft work: the engine drafts them up to the row's gamma cap whatever its gamma
-policy plans for the drafter (a row planned at 0 in a full batch still drafts a forced key), and the
-drafter's own tokens follow up to the planned length.
+Forced tokens cost no draft work: the engine drafts them whatever its gamma policy plans for the drafter
+(a row planned at 0 in a full batch still drafts a forced key), and the drafter's own tokens follow up to
+the planned length, within the row's gamma cap. A forced run longer than the cap is drafted whole (jump-
+forward, as SGLang's): `"description": "` is many tokens, all verified in the round's one target pass
+instead of one cap's worth per round. The run stops at the row's room (its length limit: the round's
+bonus must fit) and at `MAX_FORCED_RUN`; a row whose request names gamma 0 drafts none (plain decoding).
 
 Example: a row whose schema forces `"name": "` after `{` and whose suffix drafter then proposes
 `Ada"` drafts the chain `"name": "Ada"` in one round.
@@ -28,6 +31,34 @@ import torch
 from exactspec.drafters.base import Drafter, Proposal
 from exactspec.foundations.sampler import Sampler
 from exactspec.foundations.settings import SamplingSettings
+
+MAX_FORCED_RUN = 64
+"""Most forced tokens one round drafts: a bound on the target pass's width and on a dense q's [B, W, V]
+rows, as the most draft tokens a request may ask for (`decoding.records.MAX_GAMMA`) bounds the drafter's.
+A longer run goes on in the next round."""
+
+
+def forced_limits(caps: Sequence[int], rooms: Sequence[int], most: int = MAX_FORCED_RUN) -> list[int]:
+    """Each row's most forced tokens this round: its room (the draft tokens its length limit leaves), at
+    most `most`, for a row that drafts at all (cap > 0); none for a row capped at 0 (a request that names
+    gamma 0). Never below the cap, whose forced tokens a row always drafted.
+
+    >>> forced_limits(caps=[2, 0, 1, 3], rooms=[10, 10, 1, 100], most=64)
+    [10, 0, 1, 64]
+    """
+    return [max(cap, min(most, room)) if cap > 0 else 0 for cap, room in zip(caps, rooms, strict=True)]
+
+
+def draft_limits(caps: Sequence[int], forced: Sequence[int], planned: Sequence[int]) -> list[int]:
+    """The most tokens each row's draft holds: its forced run (which may pass its cap), then the drafter's
+    planned own tokens within the cap.
+
+    >>> draft_limits(caps=[4, 4, 4], forced=[1, 6, 0], planned=[2, 2, 0])
+    [3, 6, 0]
+    """
+    return [
+        count + max(0, min(own, cap - count)) for cap, count, own in zip(caps, forced, planned, strict=True)
+    ]
 
 
 def forced_tokens(
@@ -57,27 +88,29 @@ def propose_after_forced(
     prompt_lengths: Sequence[int],
     own_limits: Sequence[int] | None = None,
     vocab_size: int = 0,
+    rooms: Sequence[int] | None = None,
 ) -> tuple[Proposal, list[int]]:
-    """(proposal, forced counts): each row's forced tokens (at most max_tokens[b]), then `drafter`'s
-    proposal after them (at most own_limits[b], default max_tokens[b], and the room the forced ones left).
-    A row whose gamma policy planned no draft of the drafter's still drafts its forced tokens; with
-    nothing forced and nothing planned, the proposal is empty (`vocab_size` wide) and the drafter is not
-    called.
+    """(proposal, forced counts): each row's forced tokens, then `drafter`'s proposal after them (at most
+    own_limits[b], default max_tokens[b], and the room the forced ones left below max_tokens[b]).
+    The forced run is cut at max_tokens[b] (the row's cap) unless `rooms` are given (the draft tokens
+    each row's length limit leaves): then a run longer than the cap is drafted whole, up to
+    `forced_limits`. A row whose gamma policy planned no draft of the drafter's still drafts its forced
+    tokens; with nothing forced and nothing planned, the proposal is empty (`vocab_size` wide) and the
+    drafter is not called.
 
     `histories` are extended by the forced tokens in place for the drafter's call and cut back after (no
     copy of a history per round). forced counts [B]: how many leading tokens of row b's draft were forced.
     """
     own = list(max_tokens) if own_limits is None else list(own_limits)
     per_row = list(settings) if not isinstance(settings, SamplingSettings) else [settings] * len(histories)
-    forced = forced_tokens(histories, max_tokens, per_row, prompt_lengths)
+    limits = list(max_tokens) if rooms is None else forced_limits(max_tokens, rooms)
+    forced = forced_tokens(histories, limits, per_row, prompt_lengths)
     counts = [len(tokens) for tokens in forced]
     if not any(counts):
         if max(own) <= 0:
             return Proposal.empty(len(histories), vocab_size, torch.device("cpu")), counts
         return drafter.propose(histories, own, settings, sampler, rows), counts
-    left = [
-        max(0, min(mine, limit - count)) for limit, count, mine in zip(max_tokens, counts, own, strict=True)
-    ]
+    left = [limit - count for limit, count in zip(draft_limits(max_tokens, counts, own), counts, strict=True)]
     for history, tokens in zip(histories, forced, strict=True):
         history.extend(tokens)
     try:
@@ -124,6 +157,15 @@ def _prepend(forced: list[list[int]], inner: Proposal | None) -> Proposal:
         deterministic=q is None,
         parents=parents,
     )
+
+
+def drafter_steps(proposal: Proposal, forced: Sequence[int]) -> int:
+    """The draft model's steps behind `proposal`: its longest run of the drafter's own tokens (forced
+    tokens ran no model, and one call of the draft model takes them in with its first step); 0 for a
+    deterministic proposal, which ran no model."""
+    if proposal.deterministic:
+        return 0
+    return max((n - k for n, k in zip(proposal.lengths.tolist(), forced, strict=True)), default=0)
 
 
 def drafter_own_counts(

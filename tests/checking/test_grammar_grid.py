@@ -12,7 +12,7 @@ from conftest import grid_cases
 import exactspec.drafters.forced as forced_module
 from exactspec.checking.exact import check_speculative, target_distribution
 from exactspec.checking.grid import ExactCase, run_exact_case
-from exactspec.checking.toy_grammar import KEY_VALUE_GRAMMAR, TOY_EOS
+from exactspec.checking.toy_grammar import KEY_VALUE_GRAMMAR, LONG_KEY_GRAMMAR, TOY_EOS
 from exactspec.decoding.engine import DecodeConfig
 from exactspec.foundations.sampler import SeededSampler
 
@@ -140,3 +140,113 @@ def test_forced_tokens_are_drafted_where_the_policy_plans_no_draft_and_stay_exac
     assert states[0].generated[:2] == [1, 2]
     check = check_speculative(planned_at_zero, case.prompts, config, reference=target)
     assert check.total_variation <= case.tolerance, check.total_variation
+
+
+LONG_RUN = "grammar, a forced run longer than gamma, draft model"
+
+
+def drafted_blocks(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
+    """Every row's draft of every round from here on (the engine's proposals, forced tokens first)."""
+    blocks: list[list[int]] = []
+    original = forced_module._prepend
+
+    def spy(forced, inner):
+        proposal = original(forced, inner)
+        blocks.extend(proposal.row_tokens(b) for b in range(proposal.tokens.shape[0]))
+        return proposal
+
+    monkeypatch.setattr(forced_module, "_prepend", spy)
+    return blocks
+
+
+def test_a_forced_run_longer_than_gamma_is_drafted_whole_in_one_round(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Jump-forward: at gamma 1 the first round drafts the grammar's whole forced key (4 tokens), the
+    metrics count them as forced, and the close after the value goes whole too."""
+    case = {c.name: c for c in GRAMMAR_CASES}[LONG_RUN]
+    assert case.gamma == 1 and LONG_KEY_GRAMMAR.forced([], 9) == [1, 2, 1, 2]
+    blocks = drafted_blocks(monkeypatch)
+    later_runs = []
+    for seed in range(8):
+        blocks.clear()
+        metrics, states = engine_metrics(case, seed)
+        assert blocks[0] == [1, 2, 1, 2]
+        later_runs.extend(block for block in blocks[1:] if len(block) > case.gamma)
+        # Rounds that drafted forced tokens drafted nothing else (the cap leaves the drafter no room).
+        assert metrics.forced_tokens == sum(len(block) for block in blocks)
+        assert 0 < metrics.forced_accepted <= metrics.forced_tokens
+        assert LONG_KEY_GRAMMAR.accepts(states[0].generated)
+    assert [1, 2] in later_runs  # the close, when a round starts after the value
+
+
+def test_a_forced_run_stops_at_the_length_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With 3 tokens left the round may draft 2 (its bonus must fit): the key's run is cut there."""
+    case = dataclasses.replace({c.name: c for c in GRAMMAR_CASES}[LONG_RUN], max_new_tokens=3)
+    blocks = drafted_blocks(monkeypatch)
+    _, states = engine_metrics(case)
+    assert blocks[0] == [1, 2]
+    assert len(states[0].generated) <= 3
+    assert run_exact_case(case).total_variation <= case.tolerance
+
+
+def test_a_forced_run_past_the_length_limit_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forced run bounded by the pass's maximum but not by the row's length limit emits past
+    max_new_tokens: the grid's long-run case catches it."""
+    case = dataclasses.replace({c.name: c for c in GRAMMAR_CASES}[LONG_RUN], max_new_tokens=3)
+
+    def unbounded(caps, rooms, most=forced_module.MAX_FORCED_RUN):
+        return [most if cap > 0 else 0 for cap in caps]
+
+    monkeypatch.setattr(forced_module, "forced_limits", unbounded)
+    assert run_exact_case(case).total_variation > 1e-3
+
+
+def test_forced_tokens_taken_as_the_targets_without_its_p_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forced tokens are verified like any draft: the text is forced, its spelling may not be (the long
+    key's `1 2` is also spelled 3), so the target's p of a forced token can be below 1. Emitting a forced
+    run as if p were 1 on it (jump-forward without the target's pass) changes the law, and the case
+    catches it."""
+    import exactspec.decoding.engine as engine_module
+
+    case = {c.name: c for c in GRAMMAR_CASES}[LONG_RUN]
+    original = engine_module.chain_probabilities
+
+    def trusting(target, histories, proposal, settings, *args, **kwargs):
+        p, reported = original(target, histories, proposal, settings, *args, **kwargs)
+        starts = kwargs["prompt_lengths"]
+        for b, (history, row_settings) in enumerate(zip(histories, settings, strict=True)):
+            drafted = proposal.row_tokens(b)
+            run = row_settings.constraint.forced(history[starts[b] :], len(drafted))
+            for i, token in enumerate(run):
+                if drafted[i] != token:
+                    break
+                p[b, i] = 0.0
+                p[b, i, token] = 1.0  # [V]: the forced token taken as certain
+        return p, reported
+
+    assert run_exact_case(case).total_variation <= case.tolerance
+    monkeypatch.setattr(engine_module, "chain_probabilities", trusting)
+    assert run_exact_case(case).total_variation > 1e-3
+
+
+def test_draft_calls_count_the_draft_models_steps_not_the_forced_tokens() -> None:
+    """Forced tokens run no draft model: the metrics' draft calls (and the round shapes a planner learns
+    from) are the draft model's own steps, which a round's forced tokens would otherwise inflate."""
+    for name in ("grammar, draft model, forced and free positions", LONG_RUN):
+        case = {c.name: c for c in GRAMMAR_CASES}[name]
+        target, draft = case.models()
+        calls = 0
+
+        def counting(*args, original=draft.logits, **kwargs):
+            nonlocal calls
+            calls += 1
+            return original(*args, **kwargs)
+
+        draft.logits = counting
+        engine = case.engine_factory(target, draft)()
+        config = DecodeConfig(gamma=case.gamma, max_new_tokens=case.max_new_tokens, settings=case.settings)
+        for seed in range(5):
+            engine.generate(list(case.prompts), config, SeededSampler(seed))
+        assert engine.metrics.forced_tokens > 0
+        assert engine.metrics.draft_calls == calls, name

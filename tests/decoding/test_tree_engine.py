@@ -106,5 +106,5 @@ def test_a_tree_proposal_on_a_gpu_run_moves_with_its_parents() -> None:
         [[1]], [1], SamplingSettings(), None, [0]
     )
     engine = SpeculativeEngine(_target(), FixedTreeDrafter(lambda history: [(1, -1), (2, -1)]))
-    moved, _ = engine._draft([[1]], [1], [1], SamplingSettings(), SeededSampler(0), [0], [0])
+    moved, _ = engine._draft([[1]], [1], [1], [1], SamplingSettings(), SeededSampler(0), [0], [0])
     assert torch.equal(moved.parents, proposal.parents) and moved.parents.device == engine.device

@@ -84,9 +84,11 @@ def test_required_tool_calls_have_valid_arguments_streamed_and_not(client: opena
         assert [(c.function.name, c.function.arguments) for c in streamed.message.tool_calls] == [
             (c.function.name, c.function.arguments) for c in choice.message.tool_calls
         ]
-        # The header once, then the arguments in fragments as they were generated.
+        # The header once, then the arguments in fragments as they were generated: a token a round in
+        # plain decoding; a speculative round may emit a whole forced run (`{"zone": "`) and more at once.
         assert deltas[0].id.startswith("call_") and deltas[0].function.name in SCHEMAS
-        assert len(deltas) >= 3 and all(d.id is None and d.function.name is None for d in deltas[1:])
+        assert len(deltas) >= (3 if gamma == 0 else 2)
+        assert all(d.id is None and d.function.name is None for d in deltas[1:])
 
 
 def test_parallel_calls_are_one_or_more_valid_calls_or_cut_by_the_length(client: openai.OpenAI) -> None:

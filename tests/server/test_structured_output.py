@@ -214,3 +214,30 @@ def test_forced_keys_are_drafted_and_accepted_and_health_counts_them(
     assert (
         httpx.get(base + "/health").json()["forced_tokens"] == after["forced_tokens"]
     )  # gamma 0 drafts none
+
+
+def test_forced_runs_longer_than_gamma_go_in_one_round(served: tuple[openai.OpenAI, ModelPair]) -> None:
+    """Jump-forward: at gamma 1 a round emits at most 2 tokens unless its draft is a forced run, which goes
+    whole (a key like `"colour": "` is several tokens). Rounds of more than 2 tokens show it; the text is
+    gamma 0's, token for token (greedy)."""
+    client, _ = served
+    base = str(client.base_url).removesuffix("/v1/")
+    bucket = 'exactspec_tokens_per_round_bucket{le="2.0"}'
+
+    def long_rounds() -> float:
+        return metric(base, "exactspec_tokens_per_round_count") - metric(base, bucket)
+
+    texts = []
+    for gamma in (1, 0):
+        before = long_rounds()
+        reply = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "A person."}],
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            response_format=RESPONSE_FORMAT,
+            extra_body={"gamma": gamma},
+        )
+        texts.append(reply.choices[0].message.content)
+        assert (long_rounds() > before) == (gamma == 1)
+    assert texts[0] == texts[1]
