@@ -309,12 +309,13 @@ static AVX512 void tile_avx512(int64_t t, int64_t r0, int rows, const acts_t *a,
  * place), B the block's unpacked weights, whose layout is already the one AMX wants (row i of B: the 16
  * columns' 4 values at K offsets 4i..4i+3, which is what one unpacked 64-byte chunk half holds). C is then
  * finished by exactly the float operations of block_avx512, so the bits are the other paths'. With few
- * rows the unpacked weights' trip through memory costs more than the vpdpbusd it saves: block_avx512.
+ * rows (below 14, measured: README.md) the unpacked weights' trip through memory costs more than the
+ * vpdpbusd it saves: block_avx512.
  */
 
 #define AMX __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")))
 #ifndef ES_AMX_MIN_ROWS
-#define ES_AMX_MIN_ROWS 12
+#define ES_AMX_MIN_ROWS 14
 #endif
 
 typedef struct {
