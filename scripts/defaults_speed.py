@@ -13,7 +13,8 @@ request from submission to its last token (prefill included, as a user waits for
 - first-run: `make run`'s prompt (scripts/first-run-prompt.txt), at T = 0.
 EOS is masked so that every run of a prompt makes `--max-new-tokens` tokens in every setting. The report
 gives tokens/s per prompt (median over processes) and, per workload, the median and lowest ratio of each
-setting to plain decoding.
+setting to plain decoding, twice: end to end (the prefill included: what a user waits for) and after the
+first streamed event (decoding alone, as `exactspec bench` reports it).
 
     python scripts/defaults_speed.py --processes 2 --out docs/bench/defaults-speed
 """
@@ -72,15 +73,17 @@ def one(setting: str, backend: str, max_new_tokens: int, only: list[str] | None)
     eos = {token: float("-inf") for token in decoder.target.eos_token_ids}
     warm = SamplingSettings(temperature=0.0, logit_bias=eos)
     decoder.generate("def warm_up():", gamma=gamma, max_new_tokens=16, settings=warm, drafter=drafter)
-    rates: dict[str, dict[str, float]] = {}
+    rates: dict[str, dict[str, float]] = {}  # tokens / seconds from submission to the last token
+    decode_rates: dict[str, dict[str, float]] = {}  # tokens after the first event / seconds after it
     for workload_name, requests in workloads().items():
         if only and workload_name not in only:
             continue
-        rates[workload_name] = {}
+        rates[workload_name], decode_rates[workload_name] = {}, {}
         for name, text, chat, temperature in requests:
             settings = SamplingSettings(temperature=temperature, logit_bias=eos)
             begun = time.perf_counter()
-            out = decoder.generate(
+            first_at, first_tokens, tokens = None, 0, 0
+            for event in decoder.stream(
                 text,
                 gamma=gamma,
                 max_new_tokens=max_new_tokens,
@@ -88,26 +91,38 @@ def one(setting: str, backend: str, max_new_tokens: int, only: list[str] | None)
                 seed=SEED,
                 chat=chat,
                 drafter=drafter,
-            )
-            seconds = time.perf_counter() - begun
-            rates[workload_name][name] = len(out.completions[0].token_ids) / seconds
+            ):
+                if first_at is None:
+                    first_at, first_tokens = time.perf_counter(), len(event.token_ids)
+                tokens += len(event.token_ids)
+            ended = time.perf_counter()
+            assert first_at is not None
+            rates[workload_name][name] = tokens / (ended - begun)
+            decode_rates[workload_name][name] = (tokens - first_tokens) / max(ended - first_at, 1e-9)
     return {
         "setting": setting,
         "backend": decoder.pair.describe_backend(),
         "load_seconds": loaded,
         "rates": rates,
+        "decode_rates": decode_rates,
     }
 
 
-def report(records: dict[str, list[dict]], max_new_tokens: int) -> tuple[str, dict]:
+def report(records: dict[str, list[dict]], max_new_tokens: int, field: str = "rates") -> tuple[str, dict]:
+    """The tables of `field`: "rates" (from submission) or "decode_rates" (after the first event)."""
+
     def rate(setting: str, workload: str, prompt: str) -> float:
-        return statistics.median(r["rates"][workload][prompt] for r in records[setting])
+        return statistics.median(r[field][workload][prompt] for r in records[setting])
 
     others = [s for s in records if s != "plain"]
     backends = {s: runs[0]["backend"] for s, runs in records.items()}
+    measured = {
+        "rates": "tokens/s from submission to the last token (the prompt's prefill included)",
+        "decode_rates": "tokens/s after the first streamed event (the prefill and first round left out)",
+    }[field]
     lines = [
-        f"{max_new_tokens} tokens a request (EOS masked), tokens/s from submission to the last token "
-        f"(median over processes); backends: " + "; ".join(f"{s}: {b}" for s, b in backends.items()),
+        f"{max_new_tokens} tokens a request (EOS masked), {measured}, median over processes; backends: "
+        + "; ".join(f"{s}: {b}" for s, b in backends.items()),
         "",
     ]
     summary: dict = {"backends": backends}
@@ -158,6 +173,9 @@ def main() -> int:
         passed += ["--workloads", ",".join(only)]
     records = run_alternated(__file__, settings, args.processes, passed)
     text, summary = report(records, args.max_new_tokens)
+    decode_text, decode_summary = report(records, args.max_new_tokens, "decode_rates")
+    text = f"## End to end\n\n{text}\n## Decoding after the first event\n\n{decode_text}"
+    summary = {"end_to_end": summary, "decoding": decode_summary}
     command = " ".join(["python", *sys.argv])
     write_report(
         args.out, f"`{command}`\n\n{text}", before, {"command": command, "summary": summary, "runs": records}
