@@ -303,19 +303,19 @@ static AVX512 void tile_avx512(int64_t t, int64_t r0, int rows, const acts_t *a,
 }
 
 /* ---------------------------------------------------------------------------------------------------
- * The AMX path (Sapphire Rapids and later): the AVX-512 path whose products of several rows run on tiles.
- * A block's integer dot products for every row and the tile's 16 columns are one tile C = A B summed by
- * tdpbsud (s8 x u8 -> s32, exact): A holds the rows' quantized activations (rows x 64 K bytes, read in
- * place), B the block's unpacked weights, whose layout is already the one AMX wants (row i of B: the 16
- * columns' 4 values at K offsets 4i..4i+3, which is what one unpacked 64-byte chunk half holds). C is then
- * finished by exactly the float operations of block_avx512, so the bits are the other paths'. With few
- * rows (below 14, measured: README.md) the unpacked weights' trip through memory costs more than the
- * vpdpbusd it saves: block_avx512.
+ * The AMX path (Sapphire Rapids and later): the AVX-512 path whose products of many rows run on tiles.
+ * A block's integer dot products for 16 rows and the tile's 16 columns are one tile C = A B summed by
+ * tdpbsud (s8 x u8 -> s32, exact): A holds the rows' quantized activations (read in place), B the block's
+ * unpacked weights, whose layout is already the one AMX wants (row i of B: the 16 columns' 4 values at K
+ * offsets 4i..4i+3, what one unpacked 64-byte chunk half holds), loaded once for all the call's rows. C
+ * is then finished by exactly the float operations of block_avx512, so the bits are the other paths'.
+ * With few rows (below 8, measured: README.md) the unpacked weights' trip through memory costs more
+ * than the vpdpbusd it saves: tile_avx512.
  */
 
 #define AMX __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")))
 #ifndef ES_AMX_MIN_ROWS
-#define ES_AMX_MIN_ROWS 14
+#define ES_AMX_MIN_ROWS 8
 #endif
 
 typedef struct {
@@ -324,91 +324,101 @@ typedef struct {
     uint8_t rows[16];
 } tile_config_t;
 
-typedef struct {
-    uint8_t unpacked[32 * 64]; /* B rows of the whole block (at most 128 K values), unpacked */
-    int32_t dots[ES_ROWS][ES_TILE];
-} amx_scratch_t;
-
-/* Block b's integer dot products of rows r0.. into scratch->dots, on tile set `set` (0 or 1; a constant
- * after inlining, as tile numbers must be). */
-static inline __attribute__((always_inline, target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")))
-void amx_block(const int set, int64_t t, int64_t b, int64_t r0, int rows, int kc, const acts_t *a, int64_t block,
-               const uint8_t *weights, amx_scratch_t *scratch) {
-    (void)rows;
-    const __m512i mask = _mm512_set1_epi8(0x0F);
-    const uint8_t *w = weights + (t * a->nb + b) * 8 * block;
-    const int8_t *qa = a->qa + r0 * a->kp + b * block;
-    if (set) _tile_zero(3); else _tile_zero(0);
-    for (int64_t k0 = 0; k0 < block; k0 += kc) {
-        for (int c = 0; c < kc / 8; c++) { /* chunk c: B rows 2c (low nibbles) and 2c + 1 (high) */
-            const uint8_t *chunk = w + (k0 / 8 + c) * 64;
-            uint8_t *rows_of_chunk = scratch->unpacked + (k0 / 8 + c) * 128;
-            _mm_prefetch((const char *)(chunk + ES_PREFETCH), _MM_HINT_T0);
-            __m512i v = _mm512_loadu_si512((const void *)chunk);
-            _mm512_store_si512((void *)rows_of_chunk, _mm512_and_si512(v, mask));
-            _mm512_store_si512((void *)(rows_of_chunk + 64), _mm512_and_si512(_mm512_srli_epi16(v, 4), mask));
-        }
-        const uint8_t *b_rows = scratch->unpacked + (k0 / 4) * 64;
-        if (set) {
-            _tile_loadd(4, qa + k0, a->kp);
-            _tile_loadd(5, b_rows, 64);
-            _tile_dpbsud(3, 4, 5);
-        } else {
-            _tile_loadd(1, qa + k0, a->kp);
-            _tile_loadd(2, b_rows, 64);
-            _tile_dpbsud(0, 1, 2);
-        }
+/* The tiles: 0 and 1 hold C of alternate groups of 16 rows (so that one group's product overlaps the
+ * last one's finishing), 2 C of a last, shorter group; 3, 4 and 5 their A; 6 and 7 B, a block's weights
+ * in chunks of kc K values (two chunks for blocks of 128), loaded once for every group. */
+static AMX void amx_configure(int last_rows, int kc) {
+    tile_config_t config __attribute__((aligned(64)));
+    memset(&config, 0, sizeof config);
+    config.palette = 1;
+    for (int tile = 0; tile < 6; tile++) {
+        int rows = tile % 3 == 2 ? last_rows : 16;
+        config.rows[tile] = (uint8_t)rows;
+        config.colsb[tile] = tile < 3 ? 64 : (uint16_t)kc; /* C: rows x 16 int32; A: rows x kc int8 */
     }
-    if (set) _tile_stored(3, scratch->dots, 64); else _tile_stored(0, scratch->dots, 64);
+    for (int tile = 6; tile < 8; tile++) config.rows[tile] = (uint8_t)(kc / 4), config.colsb[tile] = 64;
+    _tile_loadconfig(&config);
 }
 
-/* facc += block b's terms: block_avx512's float operations, in its order. */
+#define AMX_INLINE \
+    static inline __attribute__((always_inline, target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")))
+
+/* A block's weights unpacked to B's rows: chunk c gives rows 2c (low nibbles) and 2c + 1 (high). */
+AMX_INLINE void amx_unpack(const uint8_t *w, int64_t block, uint8_t *unpacked) {
+    const __m512i mask = _mm512_set1_epi8(0x0F);
+    for (int64_t c = 0; c < block / 8; c++) {
+        _mm_prefetch((const char *)(w + c * 64 + ES_PREFETCH), _MM_HINT_T0);
+        __m512i v = _mm512_loadu_si512((const void *)(w + c * 64));
+        _mm512_store_si512((void *)(unpacked + 128 * c), _mm512_and_si512(v, mask));
+        _mm512_store_si512((void *)(unpacked + 128 * c + 64), _mm512_and_si512(_mm512_srli_epi16(v, 4), mask));
+    }
+}
+
+/* One group's integer sums over the block into dots: C (tile `c`) = A (tile `c` + 3, the group's rows of
+ * qa, chunk by chunk) times B (tiles 6 and 7). Tile numbers must be constants: `c` is, once inlined. */
+AMX_INLINE void amx_group(const int c, const int chunks, const int8_t *qa, int64_t kp, int kc, int32_t *dots) {
+#define ES_GROUP(C, A)                                       \
+    _tile_zero(C);                                           \
+    _tile_loadd(A, qa, kp);                                  \
+    _tile_dpbsud(C, A, 6);                                   \
+    if (chunks > 1) {                                        \
+        _tile_loadd(A, qa + kc, kp);                         \
+        _tile_dpbsud(C, A, 7);                               \
+    }                                                        \
+    _tile_stored(C, dots, 64);
+    if (c == 0) {
+        ES_GROUP(0, 3)
+    } else if (c == 1) {
+        ES_GROUP(1, 4)
+    } else {
+        ES_GROUP(2, 5)
+    }
+#undef ES_GROUP
+}
+
+/* facc[r] += block b's terms for `rows` rows: block_avx512's float operations, in its order. */
 static inline __attribute__((always_inline, target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
-void amx_finish(int64_t t, int64_t b, int64_t r0, int rows, const acts_t *a, const float *scales,
-                const uint8_t *zeros, int32_t dots[ES_ROWS][ES_TILE], float facc[ES_ROWS][ES_TILE]) {
-    int64_t tb = t * a->nb + b;
+void amx_finish(int64_t tb, int64_t r0, int rows, const acts_t *a, int64_t b, const float *scales,
+                const uint8_t *zeros, const int32_t *dots, float (*facc)[ES_TILE]) {
     const __m512 zv = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(zeros + tb * ES_TILE))));
     const __m512 sv = _mm512_loadu_ps(scales + tb * ES_TILE);
     const float *sa = a->sa + r0 * a->nb + b, *asum = a->asumf + r0 * a->nb + b;
     for (int r = 0; r < rows; r++) {
-        __m512i idot = _mm512_load_si512((const void *)dots[r]);
+        __m512i idot = _mm512_load_si512((const void *)(dots + r * ES_TILE));
         __m512 term = _mm512_fnmadd_ps(zv, _mm512_set1_ps(asum[r * a->nb]), _mm512_cvtepi32_ps(idot));
         __m512 scale = _mm512_mul_ps(sv, _mm512_set1_ps(sa[r * a->nb]));
-        __m512 f = _mm512_loadu_ps(facc[r]);
-        _mm512_storeu_ps(facc[r], _mm512_fmadd_ps(term, scale, f));
+        __m512 f = _mm512_loadu_ps(facc[r0 + r]);
+        _mm512_storeu_ps(facc[r0 + r], _mm512_fmadd_ps(term, scale, f));
     }
 }
 
-static AMX void tile_amx(int64_t t, int64_t r0, int rows, const acts_t *a, int64_t block,
-                         const uint8_t *weights, const float *scales, const uint8_t *zeros,
-                         float facc[ES_ROWS][ES_TILE]) {
-    if (rows < ES_AMX_MIN_ROWS) {
-        tile_avx512(t, r0, rows, a, block, weights, scales, zeros, facc);
-        return;
+/* Tile t's products for all m rows into facc [m][16]: per block, the weights are unpacked and loaded
+ * into B once, and every group of 16 rows (then the last, shorter one) takes its tile product. */
+static AMX void tile_amx(int64_t t, int64_t m, const acts_t *a, int64_t block, const uint8_t *weights,
+                         const float *scales, const uint8_t *zeros, float (*facc)[ES_TILE]) {
+    const int kc = block < 64 ? (int)block : 64, chunks = (int)(block / kc);
+    const int64_t full = m / 16 * 16;
+    uint8_t unpacked[2][32 * 64] __attribute__((aligned(64)));
+    int32_t dots[3][ES_ROWS * ES_TILE] __attribute__((aligned(64)));
+    memset(facc, 0, (size_t)m * ES_TILE * sizeof(float));
+    for (int64_t b = 0; b < a->nb; b++) {
+        int64_t tb = t * a->nb + b;
+        uint8_t *u = unpacked[b & 1];
+        amx_unpack(weights + tb * 8 * block, block, u);
+        _tile_loadd(6, u, 64);
+        if (chunks > 1) _tile_loadd(7, u + kc * 16, 64);
+        const int8_t *qa = a->qa + b * block;
+        for (int64_t r0 = 0; r0 < full; r0 += 32) {
+            amx_group(0, chunks, qa + r0 * a->kp, a->kp, kc, dots[0]);
+            if (r0 + 16 < full) amx_group(1, chunks, qa + (r0 + 16) * a->kp, a->kp, kc, dots[1]);
+            amx_finish(tb, r0, 16, a, b, scales, zeros, dots[0], facc);
+            if (r0 + 16 < full) amx_finish(tb, r0 + 16, 16, a, b, scales, zeros, dots[1], facc);
+        }
+        if (full < m) {
+            amx_group(2, chunks, qa + full * a->kp, a->kp, kc, dots[2]);
+            amx_finish(tb, full, (int)(m - full), a, b, scales, zeros, dots[2], facc);
+        }
     }
-    const int kc = block < 64 ? (int)block : 64; /* K values per tile product */
-    tile_config_t config __attribute__((aligned(64)));
-    memset(&config, 0, sizeof config);
-    config.palette = 1;
-    for (int set = 0; set < 2; set++) { /* two sets of tiles, C A B = 0 1 2 and 3 4 5: see amx_block */
-        config.rows[3 * set] = (uint8_t)rows, config.colsb[3 * set] = 64;             /* C: rows x 16 int32 */
-        config.rows[3 * set + 1] = (uint8_t)rows, config.colsb[3 * set + 1] = (uint16_t)kc; /* A: rows x kc */
-        config.rows[3 * set + 2] = (uint8_t)(kc / 4), config.colsb[3 * set + 2] = 64; /* B: kc/4 x 16 x 4 */
-    }
-    _tile_loadconfig(&config);
-    amx_scratch_t scratch[2] __attribute__((aligned(64)));
-    int64_t b = 0;
-    for (; b + 2 <= a->nb; b += 2) { /* even and odd blocks on their own tiles and buffers: they overlap */
-        amx_block(0, t, b, r0, rows, kc, a, block, weights, &scratch[0]);
-        amx_block(1, t, b + 1, r0, rows, kc, a, block, weights, &scratch[1]);
-        amx_finish(t, b, r0, rows, a, scales, zeros, scratch[0].dots, facc);
-        amx_finish(t, b + 1, r0, rows, a, scales, zeros, scratch[1].dots, facc);
-    }
-    if (b < a->nb) {
-        amx_block(0, t, b, r0, rows, kc, a, block, weights, &scratch[0]);
-        amx_finish(t, b, r0, rows, a, scales, zeros, scratch[0].dots, facc);
-    }
-    _tile_release();
 }
 
 /* ---------------------------------------------------------------------------------------------------
@@ -467,6 +477,36 @@ static void tiles_item(void *ctx, int64_t item) {
     }
 }
 
+/* The amx path's items: all the call's rows of each tile, at most ES_AMX_ROWS at a time (tile_amx). */
+#define ES_AMX_ROWS 256
+
+static AMX void tiles_item_amx(void *ctx, int64_t item) {
+    call_t *c = ctx;
+    float facc[ES_AMX_ROWS][ES_TILE] __attribute__((aligned(64)));
+    int64_t end = (item + 1) * c->per_item < c->tiles ? (item + 1) * c->per_item : c->tiles;
+    /* Only the call's last group of rows can be shorter than 16 (ES_AMX_ROWS is a multiple of 16). */
+    int64_t last = c->m % 16, kc = c->block < 64 ? c->block : 64;
+    amx_configure(last ? (int)last : 16, (int)kc);
+    for (int64_t t = item * c->per_item; t < end; t++) {
+        int64_t n0 = t * ES_TILE;
+        int cols = c->n - n0 < ES_TILE ? (int)(c->n - n0) : ES_TILE;
+        for (int64_t r0 = 0; r0 < c->m; r0 += ES_AMX_ROWS) {
+            int64_t rows = c->m - r0 < ES_AMX_ROWS ? c->m - r0 : ES_AMX_ROWS;
+            acts_t part = c->a; /* rows r0.. of the activations */
+            part.qa += r0 * part.kp, part.sa += r0 * part.nb, part.asumf += r0 * part.nb;
+            tile_amx(t, rows, &part, c->block, c->weights, c->scales, c->zeros, facc);
+            for (int64_t r = 0; r < rows; r++) {
+                float *o = c->out + (r0 + r) * c->n + n0;
+                if (c->bias)
+                    for (int j = 0; j < cols; j++) o[j] = facc[r][j] + c->bias[n0 + j];
+                else
+                    for (int j = 0; j < cols; j++) o[j] = facc[r][j];
+            }
+        }
+    }
+    _tile_release();
+}
+
 /* Items per thread: enough that a late or slow thread leaves little undone, few enough that claiming
  * them (one atomic each) costs nothing. */
 #define ES_ITEMS_PER_THREAD 16
@@ -480,10 +520,9 @@ int es_int4_matmul(int path, const float *x, int64_t m, int64_t k, int64_t n, in
     if (m == 0) return 0;
     call_t c = {.x = x, .scales = scales, .bias = bias, .weights = weights, .zeros = zeros, .out = out,
                 .m = m, .k = k, .n = n, .block = block};
-    c.tile = path == ES_PATH_AMX      ? tile_amx
-             : path == ES_PATH_AVX512 ? tile_avx512
-             : path == ES_PATH_AVX2   ? tile_avx2
-                                      : tile_reference;
+    c.tile = path == ES_PATH_AVX512 || path == ES_PATH_AMX ? tile_avx512
+             : path == ES_PATH_AVX2                        ? tile_avx2
+                                                           : tile_reference;
     c.quantize = path == ES_PATH_REFERENCE ? quantize_block_reference : quantize_block_avx2;
     c.a.nb = (k + block - 1) / block;
     c.a.kp = c.a.nb * block;
@@ -505,7 +544,8 @@ int es_int4_matmul(int path, const float *x, int64_t m, int64_t k, int64_t n, in
     es_run(quantizers, (pieces + c.per_item - 1) / c.per_item, quantize_item, &c);
     c.tiles = (n + ES_TILE - 1) / ES_TILE;
     c.per_item = (c.tiles + threads * ES_ITEMS_PER_THREAD - 1) / (threads * ES_ITEMS_PER_THREAD);
-    es_run(threads, (c.tiles + c.per_item - 1) / c.per_item, tiles_item, &c);
+    int tiles_of_amx = path == ES_PATH_AMX && m >= ES_AMX_MIN_ROWS;
+    es_run(threads, (c.tiles + c.per_item - 1) / c.per_item, tiles_of_amx ? tiles_item_amx : tiles_item, &c);
     return 0;
 }
 
