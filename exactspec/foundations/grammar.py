@@ -49,7 +49,7 @@ RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 _FORMAT = "response_format"
 _LITERAL_RULE = re.compile(r'^([a-z_][a-z0-9_]*): ("(?:[^"\\]|\\.)*")$', re.MULTILINE)
 """A Lark rule that is one quoted literal (`_added_token_literals`)."""
-INSTALL_HINT = "structured output needs llguidance: pip install 'exactspec[structured]'"
+INSTALL_HINT = "structured output needs llguidance and jsonschema: pip install 'exactspec[structured]'"
 MAX_STRUCTURE_CHARS = 100_000
 """Most characters in a schema (as JSON text), a grammar, or the tool calls' grammar of a request."""
 MAX_STRUCTURE_DEPTH = 64
@@ -152,8 +152,11 @@ class Structure:
 
 
 def check_schema(schema: Any, param: str) -> None:
-    """Refuse, naming `param`, a schema nested deeper than `MAX_STRUCTURE_DEPTH` or carrying a matcher's
-    own options (an `x-guidance` keyword anywhere: they would change what the schema means)."""
+    """Refuse, naming `param`, a schema nested deeper than `MAX_STRUCTURE_DEPTH`, carrying a matcher's own
+    options (an `x-guidance` keyword anywhere: they would change what the schema means), or that its
+    JSON Schema draft's meta-schema rejects (`$schema`, else 2020-12): a keyword of the wrong kind
+    (`"maxLength": -1`), a `pattern` that is no regular expression, an unknown `type`. The matcher alone
+    would ignore a keyword that does not apply to a node's type and constrain less than the schema says."""
 
     def walk(node: Any, depth: int, names: bool) -> None:
         if depth > MAX_STRUCTURE_DEPTH:
@@ -175,6 +178,20 @@ def check_schema(schema: Any, param: str) -> None:
                 walk(value, depth + 1, False)
 
     walk(schema, 0, False)
+    try:
+        from jsonschema import exceptions, validators
+    except ImportError:
+        raise InvalidArgument(INSTALL_HINT, param=param) from None
+    draft = validators.validator_for(schema, default=validators.Draft202012Validator)
+    try:
+        draft.check_schema(schema)
+    except exceptions.SchemaError as error:
+        where = "/".join(str(part) for part in error.absolute_path) or "its top level"
+        raise InvalidArgument(
+            f"the JSON schema is not a valid JSON Schema at {where}: {_one_line(error.message, 200)}; "
+            "fix that keyword (JSON Schema 2020-12 unless $schema names another draft)",
+            param=param,
+        ) from None
 
 
 def _check_size(text: str, what: str, param: str) -> None:

@@ -99,7 +99,8 @@ def test_a_gbnf_grammar_and_json_mode() -> None:
     ("structure", "words"),
     [
         (lambda: Structure.json_schema({"type": "objekt"}), "objekt"),
-        (lambda: Structure.json_schema({"type": "string", "pattern": "(("}), "unclosed group"),
+        (lambda: Structure.json_schema({"type": "string", "pattern": "(("}), "not a 'regex'"),
+        (lambda: Structure.json_schema({"type": "integer", "maxLength": -1}), "maxLength"),
         (lambda: Structure.json_schema("{not json"), "not valid JSON"),
         (lambda: Structure.json_schema({"$ref": "#/nowhere"}), "nowhere"),
         (lambda: Structure.gbnf("root ::= missing"), "missing"),

@@ -75,7 +75,10 @@ HOSTILE = [
         "x-guidance",
     ),
     (schema_format({"type": "integer", "minimum": 5, "maximum": 1}), "response_format", "Unsatisfiable"),
-    (schema_format({"type": "string", "pattern": "(("}), "response_format", "unclosed group"),
+    (schema_format({"type": "string", "pattern": "(("}), "response_format", "not a 'regex'"),
+    # Keywords the matcher would ignore on a node of another type: the meta-schema refuses them.
+    (schema_format({"type": "integer", "maxLength": -1}), "response_format", "maxLength"),
+    (schema_format({"type": "boolean", "pattern": "(("}), "response_format", "pattern"),
     (
         {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}]},
         "tools",

@@ -154,7 +154,7 @@ def error_of(call) -> tuple[int, dict]:
         (
             {"response_format": {"type": "json_schema", "json_schema": {"schema": {"pattern": "(("}}}},
             "response_format",
-            "unclosed group",
+            "not a 'regex'",
         ),
         ({"response_format": {"type": "xml"}}, "response_format", "xml"),
         ({"grammar": "root ::= undefined_rule"}, "grammar", "undefined_rule"),
