@@ -309,13 +309,17 @@ static AVX512 void tile_avx512(int64_t t, int64_t r0, int rows, const acts_t *a,
  * unpacked weights, whose layout is already the one AMX wants (row i of B: the 16 columns' 4 values at K
  * offsets 4i..4i+3, what one unpacked 64-byte chunk half holds), loaded once for all the call's rows. C
  * is then finished by exactly the float operations of block_avx512, so the bits are the other paths'.
- * With few rows (below 8, measured: README.md) the unpacked weights' trip through memory costs more
- * than the vpdpbusd it saves: tile_avx512.
+ * With few rows the unpacked weights' trip through memory costs more than the vpdpbusd it saves, and
+ * blocks under 128 (a tile product of 32 K values or fewer, finished block by block) need more rows to
+ * repay it: below 8 rows, or 32 for smaller blocks (measured: README.md), tile_avx512 runs.
  */
 
 #define AMX __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")))
 #ifndef ES_AMX_MIN_ROWS
 #define ES_AMX_MIN_ROWS 8
+#endif
+#ifndef ES_AMX_MIN_ROWS_SMALL_BLOCKS
+#define ES_AMX_MIN_ROWS_SMALL_BLOCKS 32
 #endif
 
 typedef struct {
@@ -544,7 +548,8 @@ int es_int4_matmul(int path, const float *x, int64_t m, int64_t k, int64_t n, in
     es_run(quantizers, (pieces + c.per_item - 1) / c.per_item, quantize_item, &c);
     c.tiles = (n + ES_TILE - 1) / ES_TILE;
     c.per_item = (c.tiles + threads * ES_ITEMS_PER_THREAD - 1) / (threads * ES_ITEMS_PER_THREAD);
-    int tiles_of_amx = path == ES_PATH_AMX && m >= ES_AMX_MIN_ROWS;
+    int amx_min_rows = block >= 128 ? ES_AMX_MIN_ROWS : ES_AMX_MIN_ROWS_SMALL_BLOCKS;
+    int tiles_of_amx = path == ES_PATH_AMX && m >= amx_min_rows;
     es_run(threads, (c.tiles + c.per_item - 1) / c.per_item, tiles_of_amx ? tiles_item_amx : tiles_item, &c);
     return 0;
 }

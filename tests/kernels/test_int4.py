@@ -60,10 +60,11 @@ def test_every_row_of_a_pass_is_its_one_row_product(path: str, block: int, zero_
 
 
 @pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("block", [32, 128])
 @pytest.mark.parametrize("rows", [37, 300])  # amx: groups of 16 and a shorter one; more than 256 at once
-def test_more_rows_than_a_pass_holds_keep_their_bits(path: str, rows: int) -> None:
-    generator = np.random.default_rng(rows)
-    weights = random_weights(generator, 50, 300, 64, zero_points=True)[0]
+def test_more_rows_than_a_pass_holds_keep_their_bits(path: str, block: int, rows: int) -> None:
+    generator = np.random.default_rng([rows, block])
+    weights = random_weights(generator, 50, 300, block, zero_points=True)[0]
     x = random_rows(generator, rows, 300)
     together = matmul(x, weights, path=path, threads=3)
     for i in range(rows):
@@ -77,7 +78,7 @@ def test_every_path_gives_the_reference_bits(block: int) -> None:
         for zero_points in (True, False):
             weights = random_weights(generator, n, k, block, zero_points=zero_points)[0]
             bias = torch.from_numpy(generator.standard_normal(n).astype(np.float32))
-            for rows in (5, 15):  # a path may take other instructions for more rows (amx: tiles from 8)
+            for rows in (5, 15):  # a path may take other instructions for more rows (amx: tiles from 8 at blocks of 128)
                 x = random_rows(generator, rows, k)
                 reference = matmul(x, weights, bias=bias, path="reference", threads=1)
                 for path in PATHS:
