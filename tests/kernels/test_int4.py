@@ -78,7 +78,7 @@ def test_every_path_gives_the_reference_bits(block: int) -> None:
         for zero_points in (True, False):
             weights = random_weights(generator, n, k, block, zero_points=zero_points)[0]
             bias = torch.from_numpy(generator.standard_normal(n).astype(np.float32))
-            for rows in (5, 15):  # a path may take other instructions for more rows (amx: tiles from 8 at blocks of 128)
+            for rows in (5, 15):  # a path may take other instructions for more rows (amx: tiles, 8+ at b128)
                 x = random_rows(generator, rows, k)
                 reference = matmul(x, weights, bias=bias, path="reference", threads=1)
                 for path in PATHS:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import random
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -230,3 +232,21 @@ def test_the_padding_of_a_narrower_tree_is_finite(weights) -> None:  # type: ign
     for _ in range(5):  # fresh memory each time
         out = _model(weights).tree_logits([[1, 2], [3]], tokens, parents, torch.tensor([3, 1]), rows=[0, 1])
         assert torch.isfinite(out[1, 2:]).all() and torch.equal(out[1, 2:], torch.zeros_like(out[1, 2:]))
+
+
+def test_an_export_whose_data_file_is_cut_short_is_refused_by_name(tmp_path: Path) -> None:
+    """An initializer past the end of the external data file (an interrupted copy) is an UnsupportedGraph
+    naming the file, not a short array packed into wrong weights."""
+    pytest.importorskip("onnxruntime_genai")
+    from exactspec.models.native.weights import UnsupportedGraph, load_exported
+    from exactspec.models.onnx.export import INVARIANT_RECIPE
+    from exactspec.models.onnx.tiny import HIDDEN_SIZE, exported_module
+
+    spec = TinyHFSpec(family="qwen2", vocab_size=5, seed=2, hidden_size=HIDDEN_SIZE)
+    target, _ = tiny_hf_pair(spec)
+    folder = tmp_path / "export"
+    shutil.copytree(exported_module(target, spec.eos_token_id, recipe=INVARIANT_RECIPE), folder)
+    (data,) = folder.glob("*.onnx.data")
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    with pytest.raises(UnsupportedGraph, match=data.name):
+        load_exported(folder)

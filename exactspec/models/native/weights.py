@@ -19,9 +19,11 @@ builder quantized it, MatMulNBits when it read an int4 checkpoint, as the built-
     /lm_head/MatMul_Q4
     cos_cache, sin_cache                            [context, head_size / 2]
 
-Initializers are read from the external data file through a memory map, one at a time, and packed for
-the kernels (`kernels.int4.Int4Weights.from_matmulnbits`): the float32 embedding (0.9 GB for the
-built-in target) and the packed products are the only copies held.
+Initializers are read from the external data file one at a time (a read into a buffer of their own, not
+a memory map: a map's pages count in the process's resident memory until it is closed, which put the
+whole 1.8 GB file on top of the packed weights while they were built, a 4.3 GB peak for a model that
+then holds 2.1 GB) and packed for the kernels (`kernels.int4.Int4Weights.from_matmulnbits`): the float32
+embedding (0.9 GB for the built-in target) and the packed products are the only copies held.
 """
 
 from __future__ import annotations
@@ -54,7 +56,6 @@ class _Graph:
         model = onnx.load(str(folder / filename), load_external_data=False)
         self.nodes = {node.name: node for node in model.graph.node}
         self.initializers = {tensor.name: tensor for tensor in model.graph.initializer}
-        self._maps: dict[str, np.memmap] = {}
 
     def node(self, pattern: str) -> Any | None:
         """The node whose name matches `pattern` (a regular expression over the whole name), or None."""
@@ -64,7 +65,7 @@ class _Graph:
         return matches[0] if matches else None
 
     def array(self, name: str) -> np.ndarray:
-        """Initializer `name` as a numpy array (a view of the data file's memory map when external)."""
+        """Initializer `name` as a numpy array of its own (writable; read from the data file if external)."""
         from onnx import helper, numpy_helper
 
         tensor = self.initializers.get(name)
@@ -73,12 +74,11 @@ class _Graph:
         if tensor.data_location != 1:  # stored in the graph itself
             return numpy_helper.to_array(tensor)
         info = {entry.key: entry.value for entry in tensor.external_data}
-        location = info["location"]
-        if location not in self._maps:
-            self._maps[location] = np.memmap(self.folder / location, dtype=np.uint8, mode="r")
         offset, length = int(info.get("offset", 0)), int(info["length"])
         dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
-        raw = self._maps[location][offset : offset + length]
+        raw = np.fromfile(self.folder / info["location"], dtype=np.uint8, count=length, offset=offset)
+        if raw.size != length:
+            raise UnsupportedGraph(f"{self.folder}: {info['location']} ends inside initializer {name!r}")
         return raw.view(dtype).reshape(tuple(tensor.dims))
 
     @staticmethod
@@ -147,7 +147,7 @@ def _norm(graph: _Graph, pattern: str) -> tuple[torch.Tensor, float]:
     if node is None or "LayerNormalization" not in node.op_type or "Simplified" not in node.op_type:
         raise UnsupportedGraph(f"no RMS norm matches {pattern!r}")
     weight = next(name for name in node.input if name in graph.initializers)
-    return torch.from_numpy(np.array(graph.array(weight), dtype=np.float32)), float(
+    return torch.from_numpy(graph.array(weight).astype(np.float32, copy=False)), float(
         graph.attribute(node, "epsilon", 1e-6)
     )
 
@@ -212,7 +212,7 @@ def load_exported(folder: str | Path) -> DecoderWeights:
     embed = graph.node(r"/model/embed_tokens/Gather")
     if embed is None or embed.op_type != "Gather":
         raise UnsupportedGraph(f"{folder}: the embedding is not a float Gather (a quantized embedding?)")
-    embedding = torch.from_numpy(np.array(graph.array(embed.input[0]), dtype=np.float32))
+    embedding = torch.from_numpy(graph.array(embed.input[0]).astype(np.float32, copy=False))
     layers: list[LayerWeights] = []
     eps, intermediate = 1e-6, 0
     for index in range(layers_count):
@@ -223,8 +223,8 @@ def load_exported(folder: str | Path) -> DecoderWeights:
     if head is None:
         raise UnsupportedGraph(f"{folder}: no int4 output layer (/lm_head/MatMul_Q4)")
     lm_head = _products(graph, [head])
-    cos = torch.from_numpy(np.array(graph.array("cos_cache"), dtype=np.float32))
-    sin = torch.from_numpy(np.array(graph.array("sin_cache"), dtype=np.float32))
+    cos = torch.from_numpy(graph.array("cos_cache").astype(np.float32, copy=False))
+    sin = torch.from_numpy(graph.array("sin_cache").astype(np.float32, copy=False))
     shape = Shape(
         layers=layers_count,
         hidden_size=int(decoder["hidden_size"]),
