@@ -4,8 +4,10 @@ Starts `python -m exactspec serve` as a subprocess on 127.0.0.1 (the built-in pa
 `--target/--draft` name others, `--tiny` serves the test suite's tiny float32 target, built in a
 temporary folder, with the default drafter), then keeps `--concurrency` clients busy for
 `--duration` seconds. Each client sends one request after another, drawn from a seeded mix:
-completions or chat, streaming or not, greedy or sampled with top-p, top-k, min-p or a repetition
-penalty, one or two choices, and a length in `--max-tokens`; a `--disconnect-share` of the streaming
+completions or chat, streaming or not, greedy or sampled with top-p, top-k, min-p, a repetition
+penalty or OpenAI's presence and frequency penalties, one or two choices, a `--structured-share` under a
+JSON schema (`response_format`), a `--logprobs-share` asking for logprobs with 3 alternatives, and a
+length in `--max-tokens`; a `--disconnect-share` of the streaming
 requests close their connection after a few chunks (the server must cancel their rows and keep
 serving).
 
@@ -63,7 +65,19 @@ SETTINGS_MIX: list[dict[str, Any]] = [
     {"temperature": 1.0, "top_k": 40},
     {"temperature": 0.8, "repetition_penalty": 1.1},
     {"temperature": 0.9, "min_p": 0.05, "n": 2},
+    {"temperature": 0.7, "presence_penalty": 0.5, "frequency_penalty": 0.3},
 ]
+SOAK_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "summary": {"type": "string"},
+        "language": {"enum": ["python", "javascript", "rust", "sql", "other"]},
+        "lines": {"type": "integer"},
+    },
+    "required": ["summary", "language", "lines"],
+    "additionalProperties": False,
+}
+"""The JSON schema a `--structured-share` of the requests answer under (`response_format`)."""
 
 
 @dataclass
@@ -89,6 +103,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=16, help="clients (default 16)")
     parser.add_argument("--stream-share", type=float, default=0.5, help="share of streaming requests")
     parser.add_argument("--chat-share", type=float, default=0.5, help="share of chat requests")
+    parser.add_argument("--structured-share", type=float, default=0.2, help="share under a JSON schema")
+    parser.add_argument("--logprobs-share", type=float, default=0.2, help="share asking for logprobs")
     parser.add_argument("--disconnect-share", type=float, default=0.1, help="share of streams cut short")
     parser.add_argument("--max-tokens", default=None, help="MIN,MAX completion length (default 32,160)")
     parser.add_argument("--window", type=float, default=60.0, help="seconds per throughput window")
@@ -232,6 +248,13 @@ def request_body(rng: random.Random, args: argparse.Namespace, texts: list[str])
         body["messages"] = [{"role": "user", "content": text}]
     else:
         body["prompt"] = text
+    if rng.random() < args.structured_share:
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "soak", "schema": SOAK_SCHEMA},
+        }
+    if rng.random() < args.logprobs_share:
+        body.update({"logprobs": True, "top_logprobs": 3} if chat else {"logprobs": 3})
     route = "/v1/chat/completions" if chat else "/v1/completions"
     return route, body, stream and rng.random() < args.disconnect_share
 
