@@ -159,3 +159,15 @@ def test_other_recipes_read_the_float32_folder(tiny_gguf: Path, tmp_path: Path) 
     assert kind == gguf_folder.FLOAT32 and "quantization_config" not in (folder / "config.json").read_text()
     assert all(t.dtype == np.float32 for t in tensors.values())
     assert "model.layers.0.self_attn.q_proj.weight" in tensors and "lm_head.weight" in tensors
+
+
+def test_the_builder_child_writes_the_builders_own_files(
+    tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`builder_child` (the builder less its quantization pass where every product is already int4) writes
+    byte for byte the files the builder itself writes from the same int4 folder."""
+    ours = export.exported_model(tiny_gguf, RECIPE, cache_dir=tmp_path / "child")
+    monkeypatch.setattr(export, "BUILDER_MODULE", "onnxruntime_genai.models.builder")
+    theirs = export.exported_model(tiny_gguf, RECIPE, cache_dir=tmp_path / "builder")
+    for name in ("model.onnx", "model.onnx.data", "genai_config.json"):
+        assert (ours / name).read_bytes() == (theirs / name).read_bytes(), name

@@ -1,11 +1,12 @@
 """A model exported once to ONNX by onnxruntime-genai's model builder, cached with its provenance.
 
-The builder (`python -m onnxruntime_genai.models.builder`, run in a child process: it prints as it goes)
-reads a Hugging Face model folder. A GGUF file is first written as one in a scratch folder, tensor by
+The builder (`python -m onnxruntime_genai.models.builder`, run in a child process through `builder_child`,
+which skips its no-op quantization pass on int4 checkpoints: it prints as it goes) reads a Hugging Face
+model folder. A GGUF file is first written as one in a scratch folder, tensor by
 tensor, in another child process (`gguf_folder`): the float32 values transformers gives the "hf"
 backend, and for the int4 recipes with the builder's default algorithm their int4 quantization by the
 very function the builder's quantizer calls, so the builder holds int4 weights instead of the float32
-model (about 5 GB instead of 17 for the built-in target) and the ONNX weights are byte for byte those it
+model (about 2.4 GB instead of 17 for the built-in target) and the ONNX weights are byte for byte those it
 would have made from the float32 folder. Either way the ONNX model's int4 weights are a re-quantization
 of the GGUF's dequantized weights: with int4 ONNX weights the ONNX model, not the GGUF, is the target.
 The scratch folder is deleted with the export; only the tokenizer stays in the conversion cache.
@@ -59,6 +60,8 @@ WEIGHTS_FILE = "model.onnx.data"
 LIBRARIES = ("onnxruntime-genai", "onnxruntime", "onnx-ir", "onnx", "transformers", "torch")
 """Versions recorded in the provenance; the builder's is part of the cache key."""
 
+BUILDER_MODULE = "exactspec.models.onnx.builder_child"
+"""The module the export runs (`python -m`): the builder, less a pass that only copies an int4 checkpoint."""
 CACHE_KIND = Kind(f"{EXPORT_CACHE}/*", "onnx", "model exported to ONNX (the onnx backend's weights)")
 """The exports as `exactspec cache` lists them."""
 
@@ -236,7 +239,7 @@ def _export(
             arguments += recipe.builder_arguments()
             say(f"exporting {source.name} to ONNX ({recipe.name}) with onnxruntime-genai's model builder")
             _run_child(
-                [sys.executable, "-m", "onnxruntime_genai.models.builder", *arguments],
+                [sys.executable, "-m", BUILDER_MODULE, *arguments],
                 lambda line: say(f"export {recipe.name}: {line}"),
             )
             if kind == QUANTIZED:
