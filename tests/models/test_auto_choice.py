@@ -28,6 +28,22 @@ STEP_FAST = BackendTiming(
 )
 
 
+class QuietMeter:
+    """The machine's load as a quiet machine reads: the timings here are made up and take no time, so the
+    real meter would read whatever else runs (the suite's other worker) over a few microseconds."""
+
+    def start(self) -> None:
+        pass
+
+    def reading(self) -> MachineLoad:
+        return MachineLoad(20.0, 2, 0.8, 0.05)
+
+
+@pytest.fixture(autouse=True)
+def quiet_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(auto, "LoadMeter", QuietMeter)
+
+
 def test_cheap_wide_passes_win_for_drafting_and_the_faster_step_wins_plain() -> None:
     drafting = decide(BackendChoice("", "", (STEP_FAST, CHEAP_WIDE), "machine", "now"), Workload())
     assert drafting.backend == "cheap-wide"
