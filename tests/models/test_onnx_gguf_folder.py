@@ -115,15 +115,21 @@ def _initializers(folder: Path) -> dict[str, np.ndarray]:
     return out
 
 
+@pytest.fixture(scope="module")
+def int4_export(tiny_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[str]]:
+    """(export folder, its cache, its progress lines): the int4 export of `tiny_gguf`, as a first run."""
+    cache = tmp_path_factory.mktemp("int4-export")
+    lines: list[str] = []
+    return export.exported_model(tiny_gguf, RECIPE, cache_dir=cache, progress=lines.append), cache, lines
+
+
 def test_an_export_through_the_quantized_folder_is_the_float32_folders(
-    tiny_gguf: Path, tmp_path: Path
+    tiny_gguf: Path, int4_export: tuple[Path, Path, list[str]], tmp_path: Path
 ) -> None:
     """The int4 export of a GGUF file (weights quantized before the builder) has the weights, graph and
     logits of the builder's own quantization of the float32 folder; the conversion cache keeps only the
     tokenizer, and the export's record says which folder the builder read."""
-    cache = tmp_path / "cache"
-    lines: list[str] = []
-    streamed = export.exported_model(tiny_gguf, RECIPE, cache_dir=cache, progress=lines.append)
+    streamed, cache, lines = int4_export
     record = (streamed / export.PROVENANCE_FILE).read_text()
     assert '"builder_input": "quantized"' in record
     assert any("wrote 2 of 2 layers" in line for line in lines)
@@ -162,11 +168,14 @@ def test_other_recipes_read_the_float32_folder(tiny_gguf: Path, tmp_path: Path) 
 
 
 def test_the_builder_child_writes_the_builders_own_files(
-    tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_gguf: Path,
+    int4_export: tuple[Path, Path, list[str]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """`builder_child` (the builder less its quantization pass where every product is already int4) writes
     byte for byte the files the builder itself writes from the same int4 folder."""
-    ours = export.exported_model(tiny_gguf, RECIPE, cache_dir=tmp_path / "child")
+    ours = int4_export[0]
     monkeypatch.setattr(export, "BUILDER_MODULE", "onnxruntime_genai.models.builder")
     theirs = export.exported_model(tiny_gguf, RECIPE, cache_dir=tmp_path / "builder")
     for name in ("model.onnx", "model.onnx.data", "genai_config.json"):
