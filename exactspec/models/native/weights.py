@@ -71,8 +71,8 @@ class _Graph:
         tensor = self.initializers.get(name)
         if tensor is None:
             raise UnsupportedGraph(f"{self.folder}: no initializer {name!r}")
-        if tensor.data_location != 1:  # stored in the graph itself
-            return numpy_helper.to_array(tensor)
+        if tensor.data_location != 1:  # in the graph itself (small; copied: to_array gives a read-only view)
+            return numpy_helper.to_array(tensor).copy()
         info = {entry.key: entry.value for entry in tensor.external_data}
         offset, length = int(info.get("offset", 0)), int(info["length"])
         dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
