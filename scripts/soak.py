@@ -7,9 +7,8 @@ temporary folder, with the default drafter), then keeps `--concurrency` clients 
 completions or chat, streaming or not, greedy or sampled with top-p, top-k, min-p, a repetition
 penalty or OpenAI's presence and frequency penalties, one or two choices, a `--structured-share` under a
 JSON schema (`response_format`), a `--logprobs-share` asking for logprobs with 3 alternatives, and a
-length in `--max-tokens`; a `--disconnect-share` of the streaming
-requests close their connection after a few chunks (the server must cancel their rows and keep
-serving).
+length in `--max-tokens`; a `--disconnect-share` of the streaming requests close their connection after
+a few chunks (the server must cancel their rows and keep serving).
 
 Measured and written to `--out` (soak.json, soak.md):
 - errors by kind: HTTP status (429, 5xx, ...), an error event inside a stream, or a transport error;
