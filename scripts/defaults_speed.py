@@ -30,7 +30,7 @@ from pathlib import Path
 
 from _alternated import machine_before, run_alternated, write_report
 
-SETTINGS = ("plain", "defaults", "model")
+SETTINGS = ("plain", "defaults", "model", "hybrid")
 SEED = 11
 FIRST_RUN_PROMPT = Path(__file__).with_name("first-run-prompt.txt")
 
@@ -56,20 +56,22 @@ def one(setting: str, backend: str, max_new_tokens: int, only: list[str] | None)
     from exactspec.foundations.settings import SamplingSettings
     from exactspec.models.backends.registry import Workload
 
-    drafter = "model" if setting == "model" else DEFAULTS.drafter
+    drafter = setting if setting in ("model", "hybrid") else DEFAULTS.drafter
+    gamma = {"plain": 0, "hybrid": DEFAULTS.free_adaptive_gamma_cap}.get(setting)  # None: the default cap
     if setting == "model":
         workload = Workload("model", True, DEFAULTS.adaptive_gamma_cap)
+    elif setting == "hybrid":  # lookup chains as long as the suffix drafter's, model drafts as planned
+        workload = Workload("hybrid", True, DEFAULTS.free_adaptive_gamma_cap)
     else:
         workload = Workload.plain() if setting == "plain" else Workload()
     started = time.perf_counter()
     decoder = SpeculativeDecoder.from_pretrained(
-        draft=DEFAULTS.draft if setting == "model" else None,
+        draft=DEFAULTS.draft if setting in ("model", "hybrid") else None,
         backend=backend,
         progress=False,
         workload=workload,
     )
     loaded = time.perf_counter() - started
-    gamma = 0 if setting == "plain" else None
     eos = {token: float("-inf") for token in decoder.target.eos_token_ids}
     warm = SamplingSettings(temperature=0.0, logit_bias=eos)
     decoder.generate("def warm_up():", gamma=gamma, max_new_tokens=16, settings=warm, drafter=drafter)

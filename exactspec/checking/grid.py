@@ -461,6 +461,22 @@ def _lookup_and_adaptive_cases() -> list[ExactCase]:
             4,
             {"prompts": ((1, 2, 1),), "drafter": "ngram", "adaptive": True, "planned": True},
         ),
+        # The hybrid under the planner: a row with a suffix chain drafts it or the model, as the plan
+        # chooses from both sources' rates and costs; the batch mixes a row with chains and one without.
+        (
+            "planned gamma {}, hybrid, round times",
+            3,
+            3,
+            4,
+            {"prompts": ((1, 2, 1),), "drafter": "hybrid", "adaptive": True, "planned": True},
+        ),
+        (
+            "planned gamma {}, hybrid, batch of 2",
+            3,
+            2,
+            3,
+            {"prompts": ((1, 2, 1), (2,)), "drafter": "hybrid", "adaptive": True, "planned": True},
+        ),
         (
             "adaptive gamma {}, hybrid, rep=1.4",
             3,

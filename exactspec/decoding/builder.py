@@ -99,7 +99,11 @@ def build_components(
         max_order = kind.max_match_order(strategy.options)
         policy = lengths = LookupGamma(lookup_costs, max_order, **options)
     elif strategy.adaptive_gamma and batch_costs is not None:
-        policy = CostAwareGamma(batch_costs, **options)
+        # A model drafter's rounds with draft steps; a hybrid's lookup rows (`drafters.hybrid`) without,
+        # each lookup chain's depth by its match length as for a free drafter.
+        max_order = kind.max_match_order(strategy.options)
+        policy = CostAwareGamma(batch_costs, match_orders=max_order, **options)
+        lengths = policy if max_order else None
     elif strategy.adaptive_gamma:
         # The cap per row from AdaptiveGamma, and within it the draft stops where it grows unsure.
         policy = stop = ConfidenceGamma(_cost_model(target, draft, strategy, gamma, costs), **options)

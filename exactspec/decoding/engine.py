@@ -22,7 +22,7 @@ from dataclasses import replace
 import torch
 
 from exactspec.decoding.emitting import append_emitted, max_new_tokens
-from exactspec.decoding.gamma import GammaPolicy, RoundRow, record_round
+from exactspec.decoding.gamma import GammaPolicy, LookupChooser, RoundRow, record_round
 from exactspec.decoding.logprobs import round_logprobs
 from exactspec.decoding.records import (
     MAX_GAMMA,
@@ -39,7 +39,7 @@ from exactspec.decoding.records import (
 from exactspec.decoding.round_times import RoundShape, RoundTimer
 from exactspec.decoding.scheduler import Scheduler
 from exactspec.decoding.target_pass import chain_probabilities, tree_probabilities
-from exactspec.drafters.base import Drafter, Proposal
+from exactspec.drafters.base import NO_CHAIN, Drafter, LookupProbe, Proposal
 from exactspec.drafters.forced import draft_limits, drafter_own_counts, drafter_steps, propose_after_forced
 from exactspec.foundations.metrics import DecodeMetrics, Stopwatch
 from exactspec.foundations.rows import RowLifecycle, RowStart
@@ -268,7 +268,7 @@ class SpeculativeEngine:
         settings = [states[row].settings or config.settings for row in active]
         rooms = self._rooms(states, active, config)
         caps = self._draft_caps(states, active, config, rooms)
-        planned = self._plan(states, active, caps)
+        planned = self._plan(states, active, caps, histories)
         # A drafter gets one SamplingSettings when every row shares it (drafters written for
         # one batch-wide setting keep working), else one per row.
         shared = all(row_settings == settings[0] for row_settings in settings)
@@ -322,19 +322,34 @@ class SpeculativeEngine:
             for row, room in zip(active, rooms, strict=True)
         ]
 
-    def _plan(self, states: RowStates, active: list[int], max_draft: list[int]) -> list[int]:
-        """The drafter's own tokens each row may propose: the gamma policy's choice up to its cap."""
+    def _plan(
+        self, states: RowStates, active: list[int], max_draft: list[int], histories: list[list[int]]
+    ) -> list[int]:
+        """The drafter's own tokens each row may propose: the gamma policy's choice up to its cap. A drafter
+        that looks up before it runs the draft model (`drafters.hybrid`) first says which rows have a free
+        chain, so that the plan prices each row's draft by its source."""
         if self.gamma_policy is None:
             return max_draft
+        policy, drafter = self.gamma_policy, self.drafter
+        chooses = isinstance(drafter, LookupProbe) and isinstance(policy, LookupChooser)
+        chains = drafter.probe(histories, max_draft, active) if chooses else [NO_CHAIN] * len(active)
         # docs/algorithm.md 5: draft lengths chosen before the round's draws keep the round exact.
-        return self.gamma_policy.plan(
+        planned = policy.plan(
             [
                 RoundRow(
-                    row, limit, states[row].fixed_gamma, len(states[row].prompt) + len(states[row].generated)
+                    row,
+                    limit,
+                    states[row].fixed_gamma,
+                    len(states[row].prompt) + len(states[row].generated),
+                    len(chain.tokens),
+                    chain.order,
                 )
-                for row, limit in zip(active, max_draft, strict=True)
+                for row, limit, chain in zip(active, max_draft, chains, strict=True)
             ]
         )
+        if chooses:
+            drafter.settle(active, [policy.looks_up(row) for row in active])
+        return planned
 
     def _teach_round_time(self, proposal: Proposal, steps: int, rows: int, elapsed: float) -> None:
         """What the round cost, by its shape (`steps`: the draft model's), teaches a gamma policy that plans

@@ -41,12 +41,18 @@ class RoundRow:
         fixed: its request fixed its gamma: it drafts `limit` tokens, whatever the policy (which
             still hears how the round went).
         length: tokens in its history now (prompt and generated).
+        lookup: the tokens of the free lookup chain it has this round, when its drafter looks up before
+            the draft model (`drafters.hybrid`): such a row drafts that chain, at no draft-model step,
+            and a row with none drafts from the model. 0: no chain (or a drafter of one kind).
+        lookup_order: the match length behind that chain (0 without one).
     """
 
     row: int
     limit: int
     fixed: bool = False
     length: int = 0
+    lookup: int = 0
+    lookup_order: int = 0
 
 
 @runtime_checkable
@@ -77,6 +83,14 @@ class GammaPolicy(RowLifecycle, Protocol):
         """`rows` rows are about to join the batch (the scheduler's prefilling and waiting rows, up to its
         free rows), told before each round: a policy that weighs the batch to come counts them."""
         ...
+
+
+@runtime_checkable
+class LookupChooser(Protocol):
+    """A policy that chooses, per row, between a free lookup chain and the draft model (`RoundRow.lookup`;
+    `decoding.planner.CostAwareGamma` for a hybrid drafter): whether the last plan has `row` look up."""
+
+    def looks_up(self, row: int) -> bool: ...
 
 
 class PerRowGamma:
@@ -355,6 +369,14 @@ class LookupGamma(PerRowGamma):
         if self.round_times is not None:
             self.costs = self.round_times.single_row_costs(self.costs.max_gamma, draft=False)
             self.by_order.costs = self.costs
+
+    def order_rates(self, row: int, order: int) -> list[float]:
+        """a_1..a_K of the row's matches of length `order` (`AdaptiveGamma.position_rates`)."""
+        return self.by_order.position_rates(self._key(row, order))
+
+    def forget(self, row: int) -> None:
+        """The row drafted from something else this round (a hybrid's model): nothing to file."""
+        self._last_order.pop(row, None)
 
     def record(self, row: int, proposed: int, accepted: int) -> None:
         order = self._last_order.pop(row, None)

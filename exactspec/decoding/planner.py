@@ -25,6 +25,13 @@ plan's extra seconds over the plain round must be at most its extra expected tok
 c_ref = R(B + J, 1) / (B + J), a plain token's price in the batch they will form. `offer` says which rows
 are offered draft tokens; a free drafter's depth is cut further by its match length (`length_for`).
 
+A hybrid drafter (`drafters.hybrid`) says before the plan which rows have a free lookup chain
+(`RoundRow.lookup`). Such a row drafts the chain (at most its length, weighed by the rates of its match
+length, `LookupGamma`, and without draft steps in the cost) where that predicts more tokens per second for
+the row alone than the draft model's draft does (`_takes_lookup`), else the model; the plan is then made as
+above over both kinds of rows, the drafter told each row's source (`looks_up`), and each source's rounds
+teach only its own rates.
+
 Exactness: a plan uses only what is known before the round's draws, so the output is exact (docs/algorithm.md
 5); a seeded request's tokens may depend on the load, its law does not (docs/algorithm.md 6).
 """
@@ -120,6 +127,7 @@ class CostAwareGamma:
         self._planned: dict[int, tuple[int, int]] = {}  # row -> (length, draft) of this round's plan
         self._round: dict[int, tuple[bool, int]] = {}  # row -> (drafted, tokens) of the round being run
         self._probing: set[int] = set()  # rows offered a probe draft in this round
+        self._looking_up: set[int] = set()  # rows drafting a free lookup chain in this round (a hybrid's)
 
     @property
     def max_gamma(self) -> int:
@@ -206,8 +214,18 @@ class CostAwareGamma:
         # Marginal expected tokens of each offered row's j-th draft token, j = 1..its limit.
         marginals: list[tuple[float, int, int]] = []  # (m_{b,j}, b, j)
         self._probing.clear()
+        lags = [max(1, r.length - self._seen.get(r.row, 0)) for r in rows]
+        fresh = [self._seen.get(r.row, 0) == 0 for r in rows]
+        # A hybrid's rows with a free lookup chain draft that chain (at most its length, weighed by its match
+        # length's rates) at no draft-model step, where it is worth more than the model's draft.
+        free = [self._takes_lookup(r, lags[b], fresh[b]) for b, r in enumerate(rows)]
+        self._looking_up = {r.row for b, r in enumerate(rows) if free[b]}
         for b, r in enumerate(rows):
             offer = None if r.fixed else self.offer(r.row, len(rows) == 1, probe, due[b])
+            if offer is not None and free[b]:
+                assert self.lengths is not None
+                rates = self.lengths.order_rates(r.row, r.lookup_order)
+                offer = Offer(rates, min(offer.most, r.lookup), offer.probe)
             if offer is None:
                 continue
             if offer.probe:
@@ -217,13 +235,11 @@ class CostAwareGamma:
                 reach *= rate
                 marginals.append((reach, b, j + 1))
         marginals.sort(key=lambda item: (-item[0], item[1], item[2]))
-        lags = [max(1, r.length - self._seen.get(r.row, 0)) for r in rows]
-        fresh = [self._seen.get(r.row, 0) == 0 for r in rows]
         fixed_expected = sum(self._expected(r.row, fixed[b]) for b, r in enumerate(rows) if r.fixed)
         plain_expected = fixed_expected + sum(1.0 for r in rows if not r.fixed)
         # c_ref and the plain round's cost, needed only while rows are about to join.
         reference = self.plain_token_seconds(len(rows) + self._joining) if self._joining else None
-        plain_cost = self._cost(fixed, lags, fresh) if reference is not None else 0.0
+        plain_cost = self._cost(fixed, lags, fresh, free) if reference is not None else 0.0
         narrowest = max(fixed, default=0)
         best_value, best = -1.0, list(fixed)
         for width_gamma in range(narrowest, max((r.limit for r in rows), default=0) + 1):
@@ -231,7 +247,7 @@ class CostAwareGamma:
             expected = plain_expected
             candidates = iter(m for m in marginals if m[2] <= width_gamma)
             while True:
-                cost = self._cost(drafts, lags, fresh)
+                cost = self._cost(drafts, lags, fresh, free)
                 value = expected / cost
                 # While rows are about to join, drafts must also beat a plain token of the bigger batch.
                 affordable = reference is None or cost - plain_cost <= (expected - plain_expected) * reference
@@ -251,6 +267,31 @@ class CostAwareGamma:
                 self.gains.planned(r.row, drafts=best[b] > 0, probed=due[b], could_draft=r.limit > 0)
             self._planned[r.row] = (r.length, best[b])
         self.last_plan_probe = bool(self._probing)  # some row was offered a probe draft
+        return best
+
+    def looks_up(self, row: int) -> bool:
+        """Whether the last plan has `row` draft its free lookup chain (a hybrid's; else the draft model)."""
+        return row in self._looking_up
+
+    def _takes_lookup(self, row: RoundRow, lag: int, fresh: bool) -> bool:
+        """Whether a hybrid's row drafts its lookup chain this round rather than the draft model: the source
+        whose best draft alone (lookup: at most the chain, weighed by its match length's rates, no model
+        step; model: the model's rates, with its steps and catch-up) predicts more tokens per second."""
+        if self.lengths is None or not self.model_drafts or row.lookup <= 0:
+            return False
+        if row.fixed:
+            return True  # a fixed gamma drafts whatever is found first: the free chain
+        lookup = self.lengths.order_rates(row.row, row.lookup_order)[: row.lookup]
+        model = self.rates.position_rates(row.row)[: row.limit]
+        return self._best_value(lookup, True, lag, fresh) >= self._best_value(model, False, lag, fresh)
+
+    def _best_value(self, rates: Sequence[float], free: bool, lag: int, fresh: bool) -> float:
+        """The most expected tokens per second of one row drafting g = 0..len(rates) tokens at these rates."""
+        best, expected, reach = 1.0 / self._cost([0], [lag], [fresh]), 1.0, 1.0
+        for g, rate in enumerate(rates, start=1):
+            reach *= rate
+            expected += reach
+            best = max(best, expected / self._cost([g], [lag], [fresh], [free]))
         return best
 
     def joining(self, rows: int) -> None:
@@ -281,10 +322,23 @@ class CostAwareGamma:
         return predicted
 
     def record(self, row: int, proposed: int, accepted: int) -> None:
-        self.rates.record(row, proposed, accepted)
-        if self.lengths is not None:
-            self.lengths.record(row, proposed, accepted)
+        looked_up = row in self._looking_up
+        self._looking_up.discard(row)
+        if self.lengths is not None and self.model_drafts:
+            # A hybrid: the lookup's rounds teach its per-match-length rates, the model's rounds the model's.
+            if looked_up:
+                self.lengths.record(row, proposed, accepted)
+            else:
+                self.lengths.forget(row)
+                self.rates.record(row, proposed, accepted)
+        else:
+            self.rates.record(row, proposed, accepted)
+            if self.lengths is not None:
+                self.lengths.record(row, proposed, accepted)
         self._round[row] = (proposed > 0, accepted + 1)
+        if looked_up:
+            self._planned.pop(row, None)  # the draft model saw none of it: its lag grows
+            return
         if proposed > 0:
             kept, reached = self._pooled
             self._pooled = (
@@ -305,9 +359,16 @@ class CostAwareGamma:
             expected += reach
         return expected
 
-    def _cost(self, drafts: Sequence[int], lags: Sequence[int], fresh: Sequence[bool]) -> float:
+    def _cost(
+        self,
+        drafts: Sequence[int],
+        lags: Sequence[int],
+        fresh: Sequence[bool],
+        free: Sequence[bool] | None = None,
+    ) -> float:
         """Seconds of the round: the target pass over the block (as wide as the longest draft + 1: shorter
-        drafts are padded to it), and the draft steps over the rows still drafting.
+        drafts are padded to it), and the draft steps over the rows still drafting from the model (`free`
+        rows draft a lookup chain, no model step).
 
         The first draft step also feeds each row what its draft cache lacks: rows the draft has seen
         before together, padded to the longest lag; a row it has never seen on its own (its prompt,
@@ -316,15 +377,17 @@ class CostAwareGamma:
         to this round (charged in full, a row the draft has not seen would never start drafting).
         """
         longest = max(drafts, default=0)
+        free = free if free is not None else [False] * len(drafts)
+        steps = max((g for g, chain in zip(drafts, free, strict=True) if not chain), default=0)
         # The whole round, as the round times have measured rounds of this shape: its target pass and
         # draft steps seeded by the pass costs and corrected for everything else a round does.
-        shape = RoundShape(len(drafts), longest + 1, longest if self.model_drafts else 0)
+        shape = RoundShape(len(drafts), longest + 1, steps if self.model_drafts else 0)
         seconds = self.round_times.predict(shape)
-        if not self.model_drafts:
-            return seconds  # a free drafter: no draft steps, no draft cache to catch up
+        if not self.model_drafts or steps == 0:
+            return seconds  # no draft steps (a free drafter, or only lookup chains): no cache to catch up
         ratio = self.round_times.ratio(shape)
-        for j in range(1, longest + 1):
-            drafting = [b for b, g in enumerate(drafts) if g >= j]
+        for j in range(1, steps + 1):
+            drafting = [b for b, g in enumerate(drafts) if g >= j and not free[b]]
             # Draft steps over fewer rows than the round's (rows that stopped drafting) cost less than
             # the shape's seeded steps assumed.
             draft = self.batch_costs.draft_seconds

@@ -6,7 +6,8 @@ mean the same thing by `--drafter ngram`:
 
 - drafter: a name of the drafter registry (`exactspec.drafters.registry`: "model", the draft
   model; "ngram", prompt lookup over the row's own prompt and output, free drafts, no draft model
-  needed; "hybrid", lookup where the history has a match, the draft model elsewhere; and whatever
+  needed; "hybrid", a free lookup (suffix trees by default) where the history has a continuation and
+  the planner prefers it, the draft model elsewhere; and whatever
   else registers itself), with its options (`drafter_options`).
 - verifier: "token" (`verifiers.token.verify`, docs/algorithm.md 2) or "block"
   (`verifiers.block.verify_block`, docs/algorithm.md 5); both exact.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
 
@@ -109,6 +109,38 @@ class Drafter(RowLifecycle, RowObserver, Protocol):
         models' device.
         """
         ...
+
+
+class LookupChain(NamedTuple):
+    """The chain a free (lookup) drafter proposes for one row: its tokens, already cut to the depth its match
+    length earns (`MatchLengths`), and that match length (`order`, 0: no match, then no tokens)."""
+
+    tokens: list[int]
+    order: int
+
+
+NO_CHAIN = LookupChain([], 0)
+
+
+@runtime_checkable
+class ChainLookup(Protocol):
+    """A free drafter that can say what it would propose for one row, without a `Proposal` (the hybrid
+    drafter asks before the round is planned: `drafters.hybrid`)."""
+
+    def lookup(self, row: int, history: Sequence[int], limit: int) -> LookupChain: ...
+
+
+@runtime_checkable
+class LookupProbe(Protocol):
+    """A drafter of two sources that looks rows up before the round is planned (`drafters.hybrid`): `probe`
+    gives each row's free chain (at most limits[b] tokens), `settle` the plan's choice per row (its chain,
+    or the draft model), which the next `propose` follows."""
+
+    def probe(
+        self, histories: Sequence[Sequence[int]], limits: Sequence[int], rows: Sequence[int]
+    ) -> list[LookupChain]: ...
+
+    def settle(self, rows: Sequence[int], looks_up: Sequence[bool]) -> None: ...
 
 
 @runtime_checkable

@@ -1,53 +1,89 @@
-"""Prompt lookup where it matches, the draft model where it does not, in the same round."""
+"""A lookup draft where the history has one, the draft model where it has none, row by row, round by round."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
-from exactspec.drafters.base import Drafter, Proposal
+from exactspec.drafters.base import NO_CHAIN, ChainLookup, Drafter, LookupChain, Proposal
 from exactspec.drafters.model import ModelDrafter
-from exactspec.drafters.ngram import NgramDrafter
-from exactspec.drafters.registry import DrafterKind, DrafterParts, register
+from exactspec.drafters.ngram import DEFAULT_MAX_NGRAM, NgramDrafter
+from exactspec.drafters.registry import DrafterKind, DrafterOption, DrafterParts, register
+from exactspec.drafters.suffix import MAX_MATCH_ORDER, SuffixDrafter
 from exactspec.foundations.rows import RowStart
 from exactspec.foundations.sampler import Sampler
 from exactspec.foundations.settings import SamplingSettings
 
+LOOKUPS = ("suffix", "ngram")
+"""The free drafters a hybrid can look up with (the `lookup` option)."""
+
 
 class HybridDrafter:
-    """Rows whose history has an n-gram match take the free lookup draft; the other rows ask the model.
+    """Rows whose lookup finds a continuation take that free draft; the other rows ask the draft model.
 
-    Each row's proposal is exact on its own (one-hot q for lookup rows, the
-    model's q for model rows), and which source a row uses depends only on
-    its history, so the round stays exact (docs/algorithm.md 2.7 and 5).
+    The lookup is a free drafter that can say what it would propose for one row (`base.ChainLookup`: the
+    suffix drafter, or n-gram prompt lookup), cut to the depth its match length has earned. Grounded text
+    (a document being quoted, code being edited) is copied for free; text written from scratch, where
+    lookups find nothing, gets the draft model's tokens.
 
-    A round where both kinds of rows occur returns one dense q [B, gamma, V]
-    with one-hot rows for the lookup rows: simpler than a per-row
-    "deterministic" flag through both verifiers, and the dense one-hot rows
-    cost one [gamma, V] slice per lookup row, no more than the model rows
-    already cost. A round where every row uses one source returns that
-    source's proposal unchanged (q = None when all rows look up).
+    Under the batch planner the source is chosen with the plan: `probe` looks every row up, the planner
+    gives a row with a chain the source whose draft it predicts more tokens per second from (the chain at
+    its match length's rates, no draft-model step; the model at the model's rates, with its steps) and
+    prices the round accordingly (`decoding.planner.CostAwareGamma`), `settle` hears the choice, and
+    `propose` drafts each row from it. Without that, a row looks up and falls back to the model when
+    nothing is found. Each row's proposal is exact on its own (one-hot q for lookup rows, the model's q
+    for model rows), and which source a row uses depends only on its history and finished rounds, so
+    the round stays exact (docs/algorithm.md 2.7 and 5).
+
+    A round where both kinds of rows occur returns one dense q [B, gamma, V] with one-hot rows for the
+    lookup rows: simpler than a per-row "deterministic" flag through both verifiers, and the dense one-hot
+    rows cost one [gamma, V] slice per lookup row, no more than the model rows already cost. A round where
+    every row uses one source returns that source's proposal (q = None when all rows look up).
     """
 
-    def __init__(self, lookup: NgramDrafter, model_drafter: Drafter, vocab_size: int) -> None:
-        """vocab_size: the target's V (the width of the dense q in mixed rounds)."""
+    def __init__(self, lookup: ChainLookup, model_drafter: Drafter, vocab_size: int) -> None:
+        """lookup: a free drafter with `lookup` (and the row lifecycle); vocab_size: the target's V (the width
+        of the dense q in mixed rounds)."""
         self.lookup = lookup
         self.model_drafter = model_drafter
         self.vocab_size = vocab_size
+        self._looks_up: dict[int, bool] = {}  # row -> its probe found a chain this round
 
     def add_rows(self, rows: Sequence[RowStart]) -> None:
         """Rows joining: both drafters set up their state."""
-        self.lookup.add_rows(rows)
+        self.lookup.add_rows(rows)  # type: ignore[attr-defined]
         self.model_drafter.add_rows(rows)
 
     def release_rows(self, rows: Sequence[int]) -> None:
-        self.lookup.release_rows(rows)
+        self.lookup.release_rows(rows)  # type: ignore[attr-defined]
         self.model_drafter.release_rows(rows)
+        for row in rows:
+            self._looks_up.pop(row, None)
 
     def observe(self, appended: Mapping[int, Sequence[int]]) -> None:
-        self.lookup.observe(appended)
+        self.lookup.observe(appended)  # type: ignore[attr-defined]
         self.model_drafter.observe(appended)
+
+    def shared_state(self) -> dict[str, int]:
+        """What the lookup keeps across requests (the suffix drafter's global tree), for /health."""
+        shared = getattr(self.lookup, "shared_state", None)
+        return shared() if shared is not None else {}
+
+    def probe(
+        self, histories: Sequence[Sequence[int]], limits: Sequence[int], rows: Sequence[int]
+    ) -> list[LookupChain]:
+        """Before the round is planned: each row's lookup chain, at most limits[b] tokens (maybe none)."""
+        return [
+            self.lookup.lookup(row, history, limit) if limit > 0 else NO_CHAIN
+            for history, limit, row in zip(histories, limits, rows, strict=True)
+        ]
+
+    def settle(self, rows: Sequence[int], looks_up: Sequence[bool]) -> None:
+        """The plan's choice, per row: its lookup chain (True) or the draft model (False) in the next
+        `propose`."""
+        self._looks_up = dict(zip(rows, looks_up, strict=True))
 
     def propose(
         self,
@@ -57,9 +93,17 @@ class HybridDrafter:
         sampler: Sampler,
         rows: Sequence[int],
     ) -> Proposal:
-        looked_up = self.lookup.propose(histories, max_tokens, settings, sampler, rows)
-        lookup_lengths = looked_up.lengths.tolist()
-        model_rows = [b for b, limit in enumerate(max_tokens) if limit > 0 and lookup_lengths[b] == 0]
+        looks_up, self._looks_up = self._looks_up, {}
+        chains = [
+            self.lookup.lookup(row, history, limit) if limit > 0 and looks_up.get(row, True) else NO_CHAIN
+            for history, limit, row in zip(histories, max_tokens, rows, strict=True)
+        ]
+        looked_up = _chain_proposal(chains)
+        model_rows = [
+            b
+            for b, (limit, row) in enumerate(zip(max_tokens, rows, strict=True))
+            if limit > 0 and not chains[b].tokens and not looks_up.get(row, False)
+        ]
         if not model_rows:
             return looked_up
         drafted = self.model_drafter.propose(
@@ -96,22 +140,48 @@ class HybridDrafter:
         return Proposal(tokens=tokens, q=q, lengths=lengths)
 
 
+def _chain_proposal(chains: Sequence[LookupChain]) -> Proposal:
+    """The lookup chains as one deterministic proposal (rows without a chain propose nothing)."""
+    width = max((len(chain.tokens) for chain in chains), default=0)
+    tokens = torch.zeros(len(chains), width, dtype=torch.long)  # [B, gamma]; padding is id 0
+    for b, chain in enumerate(chains):
+        tokens[b, : len(chain.tokens)] = torch.tensor(chain.tokens, dtype=torch.long)
+    lengths = torch.tensor([len(chain.tokens) for chain in chains], dtype=torch.long)  # [B]
+    return Proposal(tokens=tokens, q=None, lengths=lengths, deterministic=True)
+
+
 def _build(parts: DrafterParts) -> HybridDrafter:
     if parts.draft is None:
         raise ValueError("the hybrid drafter needs a draft model")
     target = parts.target
     model_drafter = ModelDrafter(parts.draft, target.vocab_size, stop=parts.stop)
-    return HybridDrafter(NgramDrafter(target.eos_token_ids), model_drafter, target.vocab_size)
+    lookup: ChainLookup
+    if parts.options["lookup"] == "suffix":
+        lookup = SuffixDrafter(target.eos_token_ids, lengths=parts.lengths)
+    else:
+        lookup = NgramDrafter(target.eos_token_ids, lengths=parts.lengths)
+    return HybridDrafter(lookup, model_drafter, target.vocab_size)
+
+
+def _max_match_order(options: Mapping[str, Any]) -> int:
+    return MAX_MATCH_ORDER if options["lookup"] == "suffix" else DEFAULT_MAX_NGRAM
 
 
 KIND = register(
     DrafterKind(
         name="hybrid",
         method="hybrid",
-        summary="prompt lookup where the history has a match, the draft model elsewhere",
+        summary="a free lookup draft (suffix trees, or n-grams) where the history has one, the draft model "
+        "elsewhere: mixed work, partly grounded and partly written from scratch",
         needs_draft_model=True,
         free=False,
         build=_build,
+        max_match_order=_max_match_order,
+        options=(
+            DrafterOption(
+                "lookup", str, "suffix", "the lookup: suffix (trees) or ngram (prompt lookup)", LOOKUPS
+            ),
+        ),
         rank=2,
     )
 )

@@ -15,7 +15,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
 
-from exactspec.drafters.base import Proposal
+from exactspec.drafters.base import LookupChain, Proposal
 from exactspec.drafters.registry import DrafterKind, DrafterOption, DrafterParts, register
 from exactspec.drafters.texts import RowTexts
 from exactspec.foundations.rows import RowStart
@@ -224,6 +224,16 @@ class NgramDrafter:
         for row in rows:
             self._rows.pop(row)
 
+    def lookup(self, row: int, history: Sequence[int], limit: int) -> LookupChain:
+        """`base.ChainLookup`: the continuation of the row's longest matching suffix, at most `limit` tokens
+        and, with `lengths`, at most what a match of its order earns."""
+        match = self._rows.sync(row, history).index.match(limit, self.eos_token_ids)
+        draft = list(match.tokens)
+        if self.lengths is not None and match.order > 0:
+            # The length depends on the history and finished rounds only: still exact (docs/algorithm.md 5).
+            draft = draft[: self.lengths.length_for(row, match.order)]
+        return LookupChain(draft, match.order)
+
     def propose(
         self,
         histories: Sequence[Sequence[int]],
@@ -235,15 +245,10 @@ class NgramDrafter:
         # No randomness and no model: settings and sampler are not needed. The transforms still
         # apply, through p: a proposed token the transforms rule out (p = 0) is simply rejected.
         del settings, sampler
-        drafts = []
-        for history, limit, row in zip(histories, max_tokens, rows, strict=True):
-            match = self._rows.sync(row, history).index.match(limit, self.eos_token_ids)
-            draft = match.tokens
-            if self.lengths is not None and match.order > 0:
-                # The length depends on the history and on finished rounds only: still exact
-                # (docs/algorithm.md 5).
-                draft = draft[: self.lengths.length_for(row, match.order)]
-            drafts.append(draft)
+        drafts = [
+            self.lookup(row, history, limit).tokens
+            for history, limit, row in zip(histories, max_tokens, rows, strict=True)
+        ]
         width = max((len(draft) for draft in drafts), default=0)
         tokens = torch.zeros(len(drafts), width, dtype=torch.long)  # [B, gamma]; padding is id 0
         for b, draft in enumerate(drafts):

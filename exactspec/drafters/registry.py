@@ -34,9 +34,16 @@ class DrafterOption:
     type: Callable[[str], Any]
     default: Any
     help: str
+    choices: tuple[Any, ...] = ()  # the values it takes, when they are few (empty: any of its type)
 
     def parse(self, value: Any) -> Any:
-        """`value` (command-line text, or a Python value) as this option's type; ValueError if not."""
+        """`value` (command-line text, or a Python value) as this option's type (one of `choices`, if
+        given); ValueError if not."""
+        if self.choices:
+            if value not in self.choices:
+                named = ", ".join(map(str, self.choices))
+                raise ValueError(f"drafter option {self.name} takes one of {named}, got {value!r}")
+            return value
         if isinstance(value, str) and self.type is not str:
             if self.type is bool:
                 if value.lower() not in ("true", "false", "1", "0", "yes", "no"):

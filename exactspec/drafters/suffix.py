@@ -37,7 +37,7 @@ from typing import Literal
 
 import torch
 
-from exactspec.drafters.base import Proposal
+from exactspec.drafters.base import LookupChain, Proposal
 from exactspec.drafters.ngram import MatchLengths
 from exactspec.drafters.registry import DrafterKind, DrafterOption, DrafterParts, register
 from exactspec.drafters.suffix_tree import Locus, Speculation, SuffixTree, TreeMemory
@@ -297,6 +297,17 @@ class SuffixDrafter:
             deterministic=True,
             parents=parents if self.max_branches > 1 else None,
         )
+
+    def lookup(self, row: int, history: Sequence[int], limit: int) -> LookupChain:
+        """`base.ChainLookup`: the draft's first chain (all of it when max_branches is 1), cut to the depth
+        its match length earns, and that match length."""
+        draft = self._cut(row, self.draft(row, history, limit))
+        chain: list[int] = []
+        for token, parent in zip(draft.speculation.tokens, draft.speculation.parents, strict=True):
+            if parent != len(chain) - 1:
+                break  # a sibling: the first chain ended
+            chain.append(token)
+        return LookupChain(chain, min(draft.match_length, MAX_MATCH_ORDER))
 
     def _cut(self, row: int, draft: SuffixDraft) -> SuffixDraft:
         """The draft cut to the depth `lengths` gives its match length (the draft itself without `lengths`).
