@@ -5,7 +5,8 @@ The 12 extraction requests of the bench (`bench.workloads.extraction_prompts`: a
 a 4-field JSON object) are each decoded greedily in three modes, in one process on one loaded pair
 (`--backend`, default auto): "free" (plain decoding, no schema), "plain" (plain decoding under the
 schema) and "defaults" (the defaults under the schema: the default drafter, planned gamma, the tokens the
-schema forces drafted at q = 1). The modes' order is reversed every other request, and the whole list
+schema forces drafted at q = 1; `--drafter` and `--gamma` put another drafter and cap in that mode).
+The modes' order is reversed every other request, and the whole list
 runs `--trials` times, so drift in the machine's speed falls on every mode. Each request's time runs
 from submission to its last token. The report gives tokens/s per request and mode (the fastest trial),
 the median ratios defaults / plain and plain / free, every constrained answer checked against the
@@ -46,6 +47,10 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=200)
     parser.add_argument("--out", type=Path, default=Path("structured-speed-out"))
+    parser.add_argument(
+        "--drafter", default=None, help="the drafter of the speculative mode (default: the default drafter)"
+    )
+    parser.add_argument("--gamma", type=int, default=None, help="its draft cap (default: the drafter's)")
     args = parser.parse_args()
 
     import jsonschema
@@ -56,7 +61,20 @@ def main() -> int:
     from exactspec.foundations.provenance import Provenance
 
     before = {"provenance": Provenance.collect().to_json(), "load_average_before": os.getloadavg()}
-    decoder = SpeculativeDecoder.from_pretrained(draft=None, backend=args.backend, progress=False)
+    from exactspec.decoding.strategy import Strategy
+    from exactspec.foundations.defaults import DEFAULTS
+    from exactspec.models.backends.registry import Workload
+
+    drafter = args.drafter or DEFAULTS.drafter
+    kind = Strategy(drafter).kind
+    cap = args.gamma if args.gamma is not None else Strategy(drafter).default_gamma("int4")
+    workload = Workload(drafter, kind.needs_draft_model, cap)
+    decoder = SpeculativeDecoder.from_pretrained(
+        draft=DEFAULTS.draft if kind.needs_draft_model else None,
+        backend=args.backend,
+        progress=False,
+        workload=workload,
+    )
     structure = Structure.json_schema(SCHEMA)
     prompts = extraction_prompts()
     decoder.generate("def warm_up():", max_new_tokens=16)  # first-call costs out of every mode's timing
@@ -69,7 +87,8 @@ def main() -> int:
                 begun = time.perf_counter()
                 out = decoder.generate(
                     prompt.text,
-                    gamma=None if mode == "defaults" else 0,
+                    gamma=args.gamma if mode == "defaults" else 0,  # None: the drafter's default cap
+                    drafter=drafter,
                     max_new_tokens=args.max_new_tokens,
                     chat=prompt.chat,
                     structure=None if mode == "free" else structure,
