@@ -71,7 +71,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help=f"draft tokens per round for a record that names none (default {DEFAULTS.dense_gamma} with "
         f"dense weights, {DEFAULTS.int4_gamma} with int4 ones; with --adaptive-gamma the most, default "
         f"{DEFAULTS.adaptive_gamma_cap} with the draft model, {DEFAULTS.free_adaptive_gamma_cap} with a "
-        "drafter that runs no model)",
+        "drafter that runs no model or the hybrid)",
     )
     parser.add_argument(
         "--plain", action="store_true", help="plain decoding with the target alone (no draft)"

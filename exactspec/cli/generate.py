@@ -58,7 +58,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help=f"draft tokens per round (default {DEFAULTS.dense_gamma} with dense weights, "
         f"{DEFAULTS.int4_gamma} with int4 ones: the best measured for each; with --adaptive-gamma the "
         f"most, default {DEFAULTS.adaptive_gamma_cap} with the draft model, "
-        f"{DEFAULTS.free_adaptive_gamma_cap} with a drafter that runs no model)",
+        f"{DEFAULTS.free_adaptive_gamma_cap} with a drafter that runs no model or the hybrid)",
     )
     parser.add_argument(
         "--plain", action="store_true", help="plain decoding with the target alone (no draft)"

@@ -39,8 +39,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         default=None,
         help="draft tokens per round for a request that does not name its own: the most with adaptive "
         f"gamma (default {DEFAULTS.adaptive_gamma_cap} with the draft model, "
-        f"{DEFAULTS.free_adaptive_gamma_cap} with a drafter that runs no model), else every round's "
-        f"(default {DEFAULTS.dense_gamma} "
+        f"{DEFAULTS.free_adaptive_gamma_cap} with a drafter that runs no model or the hybrid), else "
+        f"every round's (default {DEFAULTS.dense_gamma} "
         f"with dense weights, {DEFAULTS.int4_gamma} with int4 ones)",
     )
     parser.add_argument(

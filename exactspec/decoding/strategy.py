@@ -86,8 +86,11 @@ class Strategy:
 
     def default_gamma(self, weights: str) -> int:
         """The draft length (the cap, when adaptive) of a request that names none, for a target with
-        these weights (`DEFAULTS.gamma`: the cap depends on whether the drafter runs a model)."""
-        return DEFAULTS.gamma(weights, self.adaptive_gamma, free=self.kind.free)
+        these weights (`DEFAULTS.gamma`: the cap depends on whether the drafter runs a model). A drafter
+        with free lookups (a hybrid's chains, `max_match_order`) gets a free drafter's cap: its chains are
+        as long as a free drafter's, and the plan keeps its model drafts short."""
+        free = self.kind.free or self.kind.max_match_order(self.options) > 0
+        return DEFAULTS.gamma(weights, self.adaptive_gamma, free=free)
 
     @property
     def options(self) -> dict[str, Any]:

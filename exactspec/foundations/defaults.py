@@ -52,7 +52,8 @@ class Defaults:
             (`exactspec.batch`: a record's tokens must not depend on its neighbours).
         adaptive_gamma_cap, free_adaptive_gamma_cap: the most draft tokens a planned row may get when no
             gamma is given, with the draft model and with a drafter that runs no model (its drafts are
-            free, so only the target's cost of scoring them limits them, and the planner weighs that).
+            free, so only the target's cost of scoring them limits them, and the planner weighs that);
+            the hybrid gets the second: its lookup chains are free, its model drafts planned within it.
         int4_gamma, dense_gamma: the fixed draft length when none is given, by the target's weights
             (`fixed_gamma`): torch's int4 CPU kernel scores a block of up to 4 tokens far cheaper than
             one of 5, so gamma 2 had the best worst case over the coding prompts; dense weights: gamma 4,

@@ -18,6 +18,7 @@ from exactspec.drafters.hybrid import HybridDrafter
 from exactspec.drafters.ngram import NgramDrafter
 from exactspec.drafters.suffix import SuffixDrafter
 from exactspec.foundations.costs import BatchCosts
+from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.rows import RowStart
 from exactspec.foundations.sampler import SeededSampler
 from exactspec.foundations.settings import SamplingSettings
@@ -142,6 +143,15 @@ def test_the_builder_gives_the_hybrid_the_planner_as_its_lookup_lengths() -> Non
     assert isinstance(build_components(target, draft, ngram, 4).drafter.lookup, NgramDrafter)  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="lookup takes one of suffix, ngram"):
         Strategy("hybrid", drafter_options={"lookup": "tree"})
+
+
+def test_the_hybrid_gets_a_free_drafters_cap_and_the_model_its_own() -> None:
+    assert Strategy("hybrid").default_gamma("int4") == DEFAULTS.free_adaptive_gamma_cap
+    assert Strategy("suffix").default_gamma("int4") == DEFAULTS.free_adaptive_gamma_cap
+    assert Strategy("model").default_gamma("int4") == DEFAULTS.adaptive_gamma_cap
+    assert DEFAULTS.adaptive_gamma_cap < DEFAULTS.free_adaptive_gamma_cap
+    fixed = Strategy("hybrid", adaptive_gamma=False)
+    assert fixed.default_gamma("int4") == DEFAULTS.int4_gamma  # a fixed gamma is the weights' own
 
 
 def test_the_grid_runs_planned_hybrid_rounds_with_both_sources(monkeypatch: pytest.MonkeyPatch) -> None:
