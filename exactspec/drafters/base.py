@@ -36,6 +36,9 @@ class Proposal:
             row b's tree, every root-to-node path at most the row's max_tokens long. Verified by
             `exactspec.verifiers.tree.verify_tree` after one target pass over every node. Trees are
             for drafts without probabilities: q must be None and deterministic True.
+        model_drawn: [B] long, or None: how many of row b's tokens a draft model drew, where not all of
+            a non-deterministic proposal's were (a hybrid's lookup rows drew theirs from no model): what
+            the round's draft steps are counted from (`forced.drafter_steps`).
 
     Example: the candidates "7 8" and "9" after a row's history are the tree tokens [[7, 8, 9]],
     parents [[-1, 0, -1]], lengths [3].
@@ -46,6 +49,7 @@ class Proposal:
     lengths: torch.Tensor
     deterministic: bool = False
     parents: torch.Tensor | None = None
+    model_drawn: torch.Tensor | None = None
 
     @classmethod
     def empty(cls, rows: int, vocab_size: int, device: torch.device) -> Proposal:
@@ -66,6 +70,7 @@ class Proposal:
             lengths=self.lengths.to(device),
             deterministic=self.deterministic,
             parents=None if self.parents is None else self.parents.to(device),
+            model_drawn=None if self.model_drawn is None else self.model_drawn.to(device),
         )
 
     def __post_init__(self) -> None:

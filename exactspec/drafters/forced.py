@@ -156,6 +156,7 @@ def _prepend(forced: list[list[int]], inner: Proposal | None) -> Proposal:
         lengths=torch.tensor(lengths, dtype=torch.long, device=device),
         deterministic=q is None,
         parents=parents,
+        model_drawn=None if inner is None else inner.model_drawn,  # forced tokens ran no model
     )
 
 
@@ -165,6 +166,8 @@ def drafter_steps(proposal: Proposal, forced: Sequence[int]) -> int:
     deterministic proposal, which ran no model."""
     if proposal.deterministic:
         return 0
+    if proposal.model_drawn is not None:  # rows of several sources: the model's tokens only
+        return max(proposal.model_drawn.tolist(), default=0)
     return max((n - k for n, k in zip(proposal.lengths.tolist(), forced, strict=True)), default=0)
 
 

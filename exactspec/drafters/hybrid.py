@@ -137,7 +137,9 @@ class HybridDrafter:
         else:  # a deterministic model drafter: its rows are one-hot on its own tokens too
             q[index] = torch.nn.functional.one_hot(tokens[index], self.vocab_size).to(dtype)
         lengths[index] = drafted.lengths
-        return Proposal(tokens=tokens, q=q, lengths=lengths)
+        model_drawn = torch.zeros_like(lengths)  # [B]: the lookup rows drew theirs from no model
+        model_drawn[index] = drafted.lengths
+        return Proposal(tokens=tokens, q=q, lengths=lengths, model_drawn=model_drawn)
 
 
 def _chain_proposal(chains: Sequence[LookupChain]) -> Proposal:

@@ -14,6 +14,7 @@ from exactspec.decoding.planner import CostAwareGamma
 from exactspec.decoding.strategy import Strategy
 from exactspec.drafters import ModelDrafter
 from exactspec.drafters.base import LookupChain
+from exactspec.drafters.forced import drafter_steps
 from exactspec.drafters.hybrid import HybridDrafter
 from exactspec.drafters.ngram import NgramDrafter
 from exactspec.drafters.suffix import SuffixDrafter
@@ -65,6 +66,9 @@ def test_settled_rows_draft_from_the_source_the_plan_chose() -> None:
         assert proposal.lengths[row] == length
         assert torch.equal(proposal.tokens[row, :length], alone.tokens[b, :length])
         assert torch.equal(proposal.q[row, :length], alone.q[b, :length])
+    # The round's draft steps are the model's: row 0's chain (2 tokens) ran none.
+    assert proposal.model_drawn is not None and proposal.model_drawn.tolist() == [0, *alone.lengths.tolist()]
+    assert drafter_steps(proposal, [0, 0, 0]) == max(alone.lengths.tolist())
     # A choice holds for one round: unsettled, a row with a chain looks up again.
     again = drafter.propose(histories[1:2], [2], SETTINGS, SeededSampler(0, 3), [1])
     assert again.deterministic and again.row_tokens(0) == [5, 3]
