@@ -128,9 +128,10 @@ NO_CHAIN = LookupChain([], 0)
 
 
 @runtime_checkable
-class ChainLookup(Protocol):
+class ChainLookup(RowLifecycle, RowObserver, Protocol):
     """A free drafter that can say what it would propose for one row, without a `Proposal` (the hybrid
-    drafter asks before the round is planned: `drafters.hybrid`)."""
+    drafter asks before the round is planned: `drafters.hybrid`); it follows its rows as a `Drafter`
+    does."""
 
     def lookup(self, row: int, history: Sequence[int], limit: int) -> LookupChain: ...
 

@@ -44,26 +44,26 @@ class HybridDrafter:
     """
 
     def __init__(self, lookup: ChainLookup, model_drafter: Drafter, vocab_size: int) -> None:
-        """lookup: a free drafter with `lookup` (and the row lifecycle); vocab_size: the target's V (the width
-        of the dense q in mixed rounds)."""
+        """lookup: a free drafter that says its chain per row (`ChainLookup`); vocab_size: the target's V
+        (the width of the dense q in mixed rounds)."""
         self.lookup = lookup
         self.model_drafter = model_drafter
         self.vocab_size = vocab_size
-        self._looks_up: dict[int, bool] = {}  # row -> its probe found a chain this round
+        self._looks_up: dict[int, bool] = {}  # row -> the plan's source this round (True: its chain)
 
     def add_rows(self, rows: Sequence[RowStart]) -> None:
         """Rows joining: both drafters set up their state."""
-        self.lookup.add_rows(rows)  # type: ignore[attr-defined]
+        self.lookup.add_rows(rows)
         self.model_drafter.add_rows(rows)
 
     def release_rows(self, rows: Sequence[int]) -> None:
-        self.lookup.release_rows(rows)  # type: ignore[attr-defined]
+        self.lookup.release_rows(rows)
         self.model_drafter.release_rows(rows)
         for row in rows:
             self._looks_up.pop(row, None)
 
     def observe(self, appended: Mapping[int, Sequence[int]]) -> None:
-        self.lookup.observe(appended)  # type: ignore[attr-defined]
+        self.lookup.observe(appended)
         self.model_drafter.observe(appended)
 
     def shared_state(self) -> dict[str, int]:
