@@ -7,11 +7,9 @@ from typing import Any
 
 import torch
 
-from exactspec.drafters.base import NO_CHAIN, ChainLookup, Drafter, LookupChain, Proposal
+from exactspec.drafters.base import NO_CHAIN, ChainLookup, Drafter, LookupChain, Proposal, shared_state
 from exactspec.drafters.model import ModelDrafter
-from exactspec.drafters.ngram import DEFAULT_MAX_NGRAM, NgramDrafter
-from exactspec.drafters.registry import DrafterKind, DrafterOption, DrafterParts, register
-from exactspec.drafters.suffix import MAX_MATCH_ORDER, SuffixDrafter
+from exactspec.drafters.registry import DrafterKind, DrafterOption, DrafterParts, drafter_kind, register
 from exactspec.foundations.rows import RowStart
 from exactspec.foundations.sampler import Sampler
 from exactspec.foundations.settings import SamplingSettings
@@ -68,8 +66,7 @@ class HybridDrafter:
 
     def shared_state(self) -> dict[str, int]:
         """What the lookup keeps across requests (the suffix drafter's global tree), for /health."""
-        shared = getattr(self.lookup, "shared_state", None)
-        return shared() if shared is not None else {}
+        return shared_state(self.lookup)  # type: ignore[arg-type]
 
     def probe(
         self, histories: Sequence[Sequence[int]], limits: Sequence[int], rows: Sequence[int]
@@ -152,21 +149,28 @@ def _chain_proposal(chains: Sequence[LookupChain]) -> Proposal:
     return Proposal(tokens=tokens, q=None, lengths=lengths, deterministic=True)
 
 
+def _lookup_kind(options: Mapping[str, Any]) -> tuple[DrafterKind, dict[str, Any]]:
+    """The registered free drafter the hybrid looks up with, and its default options."""
+    kind = drafter_kind(options["lookup"])
+    return kind, kind.resolve_options()
+
+
 def _build(parts: DrafterParts) -> HybridDrafter:
     if parts.draft is None:
         raise ValueError("the hybrid drafter needs a draft model")
     target = parts.target
     model_drafter = ModelDrafter(parts.draft, target.vocab_size, stop=parts.stop)
-    lookup: ChainLookup
-    if parts.options["lookup"] == "suffix":
-        lookup = SuffixDrafter(target.eos_token_ids, lengths=parts.lengths)
-    else:
-        lookup = NgramDrafter(target.eos_token_ids, lengths=parts.lengths)
+    kind, options = _lookup_kind(parts.options)
+    lookup = kind.build(
+        DrafterParts(target, None, options, lengths=parts.lengths)
+    )  # as --drafter NAME builds it
+    assert isinstance(lookup, ChainLookup)
     return HybridDrafter(lookup, model_drafter, target.vocab_size)
 
 
 def _max_match_order(options: Mapping[str, Any]) -> int:
-    return MAX_MATCH_ORDER if options["lookup"] == "suffix" else DEFAULT_MAX_NGRAM
+    kind, lookup_options = _lookup_kind(options)
+    return kind.max_match_order(lookup_options)
 
 
 KIND = register(
