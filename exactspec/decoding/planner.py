@@ -128,6 +128,7 @@ class CostAwareGamma:
         self._round: dict[int, tuple[bool, int]] = {}  # row -> (drafted, tokens) of the round being run
         self._probing: set[int] = set()  # rows offered a probe draft in this round
         self._looking_up: set[int] = set()  # rows drafting a free lookup chain in this round (a hybrid's)
+        self._catch_up_seconds = 0.0  # the planned round's draft catch-up past a one-token step
 
     @property
     def max_gamma(self) -> int:
@@ -262,6 +263,8 @@ class CostAwareGamma:
         if len(rows) == 1 and due[0] and best[0] == 0:
             # A lone row's probe drafts whatever the costs say: they are what the probe looks at again.
             best[0] = min(rows[0].limit, PROBE_TOKENS)
+        drafting = [b for b, g in enumerate(best) if g > 0 and not free[b]]
+        self._catch_up_seconds = self._catch_up(drafting, lags, fresh) if self.model_drafts else 0.0
         for b, r in enumerate(rows):
             if not r.fixed:
                 self.gains.planned(r.row, drafts=best[b] > 0, probed=due[b], could_draft=r.limit > 0)
@@ -307,9 +310,17 @@ class CostAwareGamma:
 
     def timed(self, shape: RoundShape, seconds: float) -> float | None:
         """Learn the round's wall time (what the next plans' costs are corrected by) and each row's realized
-        gain from it; returns the prediction that was made for it."""
+        gain from it; returns the prediction that was made for it.
+
+        A draft catch-up (a row's tokens the draft model had not seen, from rounds it sat out) is paid once,
+        not by every round of the shape, and `_cost` already charges it apart: so what it is predicted to
+        have cost is taken out of the measured seconds before they teach anything (else a row that rested
+        would find its next drafts dearer the longer it rested, and rest for good)."""
         predicted = self.round_times.predict(shape)
         plain = self.round_times.predict(dataclasses.replace(shape, width=1, draft_steps=0))
+        catch_up, self._catch_up_seconds = self._catch_up_seconds, 0.0
+        if catch_up > 0.0 and shape.draft_steps > 0:
+            seconds = max(seconds - self.round_times.ratio(shape) * catch_up, plain)
         self.round_times.observe(shape, seconds)
         if self.lengths is not None:
             self.lengths.refresh_costs()
@@ -395,11 +406,16 @@ class CostAwareGamma:
             seconds -= ratio * narrower
             if j > 1:
                 continue
-            seen = [b for b in drafting if not fresh[b]]
-            catch_up = 0.0
-            if seen:
-                catch_up += self.batch_costs.draft_seconds(len(seen), max(lags[b] for b in seen))
-                catch_up -= self.batch_costs.draft_seconds(len(seen), 1)
-            catch_up += sum(self.batch_costs.draft_seconds(1, lags[b]) for b in drafting if fresh[b])
-            seconds += ratio * catch_up / CATCH_UP_ROUNDS
+            seconds += ratio * self._catch_up(drafting, lags, fresh) / CATCH_UP_ROUNDS
         return seconds
+
+    def _catch_up(self, drafting: Sequence[int], lags: Sequence[int], fresh: Sequence[bool]) -> float:
+        """Seconds (as measured, before the round times' correction) the first draft step spends beyond a
+        one-token step feeding the `drafting` rows (indices into `lags` and `fresh`) what their draft cache
+        lacks (`_cost`)."""
+        seen = [b for b in drafting if not fresh[b]]
+        catch_up = 0.0
+        if seen:
+            catch_up += self.batch_costs.draft_seconds(len(seen), max(lags[b] for b in seen))
+            catch_up -= self.batch_costs.draft_seconds(len(seen), 1)
+        return catch_up + sum(self.batch_costs.draft_seconds(1, lags[b]) for b in drafting if fresh[b])

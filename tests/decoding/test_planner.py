@@ -11,6 +11,7 @@ from exactspec.decoding.builder import build_scheduler
 from exactspec.decoding.gamma import RoundRow
 from exactspec.decoding.planner import CATCH_UP_ROUNDS, CostAwareGamma
 from exactspec.decoding.records import Request
+from exactspec.decoding.round_times import RoundShape
 from exactspec.decoding.scheduler import Scheduler
 from exactspec.decoding.strategy import Strategy
 from exactspec.foundations.costs import BatchCosts
@@ -89,6 +90,30 @@ def test_a_draft_cache_catch_up_is_weighed_not_ignored() -> None:
     # ... which after rounds at gamma 0 grows for the warm row too
     sat_out = warmed(planner(1, costs), 1, accepted_of_4=2)
     assert sat_out.plan([RoundRow(0, 2, length=20 + 2000)]) == [0]
+
+
+def test_a_catch_up_paid_once_does_not_make_the_shapes_later_rounds_dearer() -> None:
+    # A warm row that sat out 40 tokens: its next drafting round first feeds the draft those tokens. That
+    # catch-up is paid once; were it learned as the cost of every round of the shape, the row's next
+    # drafts would look dearer the longer it rested, and it would rest for good.
+    def after_one_round(lag: int) -> tuple[CostAwareGamma, RoundShape]:
+        policy = warmed(planner(1), 1, accepted_of_4=3)
+        length = 23 + lag  # warmed: the draft has seen 20 tokens and the 3 it drafted and kept
+        (draft,) = policy.plan([RoundRow(0, 4, length=length)])
+        assert draft > 0
+        shape = RoundShape(1, draft + 1, draft)
+        catch_up = TILED.draft_seconds(1, lag) - TILED.draft_seconds(1, 1)  # what the draft really spent
+        seeded = TILED.target_seconds(1, draft + 1) + draft * TILED.draft_seconds(1, 1)
+        policy.timed(shape, seeded + catch_up)
+        policy.record(0, draft, draft)
+        return policy, shape
+
+    rested, shape = after_one_round(lag=40)
+    assert rested.round_times.predict(shape) == pytest.approx(
+        TILED.target_seconds(1, shape.width) + shape.draft_steps * TILED.draft_seconds(1, 1)
+    )
+    assert not rested.gains.stopped(0)
+    assert rested.plan([RoundRow(0, 4, length=63 + shape.width)])[0] > 0  # lag 1 or 2 now: it drafts on
 
 
 def test_the_grid_case_really_changes_gamma_with_the_batch(monkeypatch: pytest.MonkeyPatch) -> None:
