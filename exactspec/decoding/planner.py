@@ -30,7 +30,8 @@ A hybrid drafter (`drafters.hybrid`) says before the plan which rows have a free
 length, `LookupGamma`, and without draft steps in the cost) where that predicts more tokens per second for
 the row alone than the draft model's draft does (`_takes_lookup`), else the model; the plan is then made as
 above over both kinds of rows, the drafter told each row's source (`looks_up`), and each source's rounds
-teach only its own rates.
+teach only its own rates and its own realized gain (`lookup_gains`: failed chains stop a row's lookups,
+not its model drafts).
 
 Exactness: a plan uses only what is known before the round's draws, so the output is exact (docs/algorithm.md
 5); a seeded request's tokens may depend on the load, its law does not (docs/algorithm.md 6).
@@ -118,6 +119,16 @@ class CostAwareGamma:
                 **adaptive,
             )
         self.gains = gains if gains is not None else RowGains()
+        # A hybrid's lookup rounds keep their own realized gains: failed chains stop the row's lookups, not
+        # the draft model's drafts (and the other way round).
+        self.lookup_gains: RowGains | None = None
+        if self.lengths is not None and self.model_drafts:
+            self.lookup_gains = RowGains(
+                memory=self.gains.memory,
+                min_rounds=self.gains.min_rounds,
+                probe_every=self.gains.probe_every,
+                max_probe_wait=self.gains.max_probe_wait,
+            )
         self.batch_prior_strength = batch_prior_strength
         self.rounds_planned = 0
         self.last_plan_probe = False  # whether the last plan offered some row a probe draft
@@ -125,7 +136,7 @@ class CostAwareGamma:
         self._pooled = (0.0, 0.0)  # (kept, reached) of every row's drafting rounds, decayed
         self._seen: dict[int, int] = {}  # row -> tokens of its history the draft model has seen
         self._planned: dict[int, tuple[int, int]] = {}  # row -> (length, draft) of this round's plan
-        self._round: dict[int, tuple[bool, int]] = {}  # row -> (drafted, tokens) of the round being run
+        self._round: dict[int, tuple[bool, int, bool]] = {}  # row -> (drafted, tokens, looked up) this round
         self._probing: set[int] = set()  # rows offered a probe draft in this round
         self._looking_up: set[int] = set()  # rows drafting a free lookup chain in this round (a hybrid's)
         self._catch_up_seconds = 0.0  # the planned round's draft catch-up past a one-token step
@@ -146,6 +157,8 @@ class CostAwareGamma:
         if self.lengths is not None:
             self.lengths.add_rows(rows)
         self.gains.add_rows([start.row for start in rows])
+        if self.lookup_gains is not None:
+            self.lookup_gains.add_rows([start.row for start in rows])
         for start in rows:
             self._seen[start.row] = 0
             self._planned.pop(start.row, None)
@@ -156,6 +169,8 @@ class CostAwareGamma:
         if self.lengths is not None:
             self.lengths.release_rows(rows)
         self.gains.release_rows(rows)
+        if self.lookup_gains is not None:
+            self.lookup_gains.release_rows(rows)
         for row in rows:
             self._seen.pop(row, None)
             self._planned.pop(row, None)
@@ -175,7 +190,9 @@ class CostAwareGamma:
         kept, reached = self._pooled
         return (kept + 1.0) / (reached + 2.0)
 
-    def offer(self, row: int, alone: bool, probe: bool, due: bool = False) -> Offer | None:
+    def offer(
+        self, row: int, alone: bool, probe: bool, due: bool = False, lookup: bool = False
+    ) -> Offer | None:
         """What the plan may give this row (None: no draft tokens this round), so that a prior alone does
         not make a full batch draft and drafting that does not pay stops:
 
@@ -185,7 +202,8 @@ class CostAwareGamma:
           rate with weight `batch_prior_strength`. A row without either is held back, and offered a
           probe in the planner's probe rounds (`probe`: `RowGains.is_probe_round`);
         - a row whose realized gain is below 1 (`RowGains`: tokens per second of its drafting rounds
-          against its plain rounds) is stopped: held back;
+          against its plain rounds) is stopped: held back (a hybrid's row drafting its lookup chain,
+          `lookup`, by the gain of its lookup rounds, `lookup_gains`);
         - a row that has rested long enough (`due`: `RowGains.probe_due`; waits that double while its
           probes do not bring it back to drafting) is offered a probe whatever else holds.
 
@@ -195,7 +213,7 @@ class CostAwareGamma:
         probe_offer = Offer([prior] * self.max_gamma, PROBE_TOKENS, probe=True)
         if due:
             return probe_offer
-        if self.gains.stopped(row):
+        if self._gains(lookup).stopped(row):
             return None
         if not alone and self.rates.evidence(row) <= 0.0 and self._pooled[1] <= 0.0:
             return probe_offer if probe else None
@@ -219,10 +237,10 @@ class CostAwareGamma:
         fresh = [self._seen.get(r.row, 0) == 0 for r in rows]
         # A hybrid's rows with a free lookup chain draft that chain (at most its length, weighed by its match
         # length's rates) at no draft-model step, where it is worth more than the model's draft.
-        free = [self._takes_lookup(r, lags[b], fresh[b]) for b, r in enumerate(rows)]
+        free = [self._takes_lookup(r, lags[b], fresh[b], due[b]) for b, r in enumerate(rows)]
         self._looking_up = {r.row for b, r in enumerate(rows) if free[b]}
         for b, r in enumerate(rows):
-            offer = None if r.fixed else self.offer(r.row, len(rows) == 1, probe, due[b])
+            offer = None if r.fixed else self.offer(r.row, len(rows) == 1, probe, due[b], free[b])
             if offer is not None and free[b]:
                 assert self.lengths is not None
                 rates = self.lengths.order_rates(r.row, r.lookup_order)
@@ -276,17 +294,27 @@ class CostAwareGamma:
         """Whether the last plan has `row` draft its free lookup chain (a hybrid's; else the draft model)."""
         return row in self._looking_up
 
-    def _takes_lookup(self, row: RoundRow, lag: int, fresh: bool) -> bool:
+    def _takes_lookup(self, row: RoundRow, lag: int, fresh: bool, due: bool) -> bool:
         """Whether a hybrid's row drafts its lookup chain this round rather than the draft model: the source
         whose best draft alone (lookup: at most the chain, weighed by its match length's rates, no model
-        step; model: the model's rates, with its steps and catch-up) predicts more tokens per second."""
+        step; model: the model's rates, with its steps and catch-up) predicts more tokens per second. A
+        source whose realized gain stopped it is not chosen while the other is not stopped (a probe,
+        `due`, weighs both)."""
         if self.lengths is None or not self.model_drafts or row.lookup <= 0:
             return False
         if row.fixed:
             return True  # a fixed gamma drafts whatever is found first: the free chain
+        if not due:
+            lookup_stopped, model_stopped = self._gains(True).stopped(row.row), self.gains.stopped(row.row)
+            if lookup_stopped != model_stopped:
+                return model_stopped
         lookup = self.lengths.order_rates(row.row, row.lookup_order)[: row.lookup]
         model = self.rates.position_rates(row.row)[: row.limit]
         return self._best_value(lookup, True, lag, fresh) >= self._best_value(model, False, lag, fresh)
+
+    def _gains(self, lookup: bool) -> RowGains:
+        """The realized gains of a row's rounds from this source (a hybrid's lookup chains, else drafts)."""
+        return self.lookup_gains if lookup and self.lookup_gains is not None else self.gains
 
     def _best_value(self, rates: Sequence[float], free: bool, lag: int, fresh: bool) -> float:
         """The most expected tokens per second of one row drafting g = 0..len(rates) tokens at these rates."""
@@ -325,10 +353,17 @@ class CostAwareGamma:
         if self.lengths is not None:
             self.lengths.refresh_costs()
         anyone_drafted = shape.width > 1
-        for row, (drafted, tokens) in self._round.items():
-            # A row that sat out a round others widened is left out: that width was not its choice.
-            if drafted or not anyone_drafted:
-                self.gains.observe(row, drafted=drafted, tokens=tokens, plain_equivalents=seconds / plain)
+        for row, (drafted, tokens, looked_up) in self._round.items():
+            # A row that sat out a round others widened is left out: that width was not its choice. A plain
+            # round is what both of a hybrid's sources are weighed against.
+            if drafted:
+                self._gains(looked_up).observe(
+                    row, drafted=True, tokens=tokens, plain_equivalents=seconds / plain
+                )
+            elif not anyone_drafted:
+                for gains in (self.gains, self.lookup_gains):
+                    if gains is not None:
+                        gains.observe(row, drafted=False, tokens=tokens, plain_equivalents=seconds / plain)
         self._round.clear()
         return predicted
 
@@ -346,7 +381,7 @@ class CostAwareGamma:
             self.rates.record(row, proposed, accepted)
             if self.lengths is not None:
                 self.lengths.record(row, proposed, accepted)
-        self._round[row] = (proposed > 0, accepted + 1)
+        self._round[row] = (proposed > 0, accepted + 1, looked_up)
         if looked_up:
             self._planned.pop(row, None)  # the draft model saw none of it: its lag grows
             return

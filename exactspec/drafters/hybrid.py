@@ -48,6 +48,7 @@ class HybridDrafter:
         self.model_drafter = model_drafter
         self.vocab_size = vocab_size
         self._looks_up: dict[int, bool] = {}  # row -> the plan's source this round (True: its chain)
+        self._probed: dict[int, tuple[int, LookupChain]] = {}  # row -> (history length, chain) probed
 
     def add_rows(self, rows: Sequence[RowStart]) -> None:
         """Rows joining: both drafters set up their state."""
@@ -71,11 +72,16 @@ class HybridDrafter:
     def probe(
         self, histories: Sequence[Sequence[int]], limits: Sequence[int], rows: Sequence[int]
     ) -> list[LookupChain]:
-        """Before the round is planned: each row's lookup chain, at most limits[b] tokens (maybe none)."""
-        return [
+        """Before the round is planned: each row's lookup chain, at most limits[b] tokens (maybe none). The
+        chains are kept for `propose`: what the plan priced is what a lookup row drafts."""
+        chains = [
             self.lookup.lookup(row, history, limit) if limit > 0 else NO_CHAIN
             for history, limit, row in zip(histories, limits, rows, strict=True)
         ]
+        self._probed = {
+            row: (len(history), chain) for history, row, chain in zip(histories, rows, chains, strict=True)
+        }
+        return chains
 
     def settle(self, rows: Sequence[int], looks_up: Sequence[bool]) -> None:
         """The plan's choice, per row: its lookup chain (True) or the draft model (False) in the next
@@ -91,8 +97,9 @@ class HybridDrafter:
         rows: Sequence[int],
     ) -> Proposal:
         looks_up, self._looks_up = self._looks_up, {}
+        probed, self._probed = self._probed, {}
         chains = [
-            self.lookup.lookup(row, history, limit) if limit > 0 and looks_up.get(row, True) else NO_CHAIN
+            self._chain(row, history, limit, probed.get(row)) if looks_up.get(row, True) else NO_CHAIN
             for history, limit, row in zip(histories, max_tokens, rows, strict=True)
         ]
         looked_up = _chain_proposal(chains)
@@ -113,6 +120,18 @@ class HybridDrafter:
         if len(model_rows) == len(histories):
             return drafted
         return self._merge(looked_up, drafted, model_rows)
+
+    def _chain(
+        self, row: int, history: Sequence[int], limit: int, probed: tuple[int, LookupChain] | None
+    ) -> LookupChain:
+        """The row's chain, at most `limit` tokens: the probed one where the history is still the one
+        probed (forced tokens put before the draft lengthen it: then it is looked up again)."""
+        if limit <= 0:
+            return NO_CHAIN
+        if probed is not None and probed[0] == len(history):
+            chain = probed[1]
+            return LookupChain(chain.tokens[:limit], chain.order) if chain.tokens else NO_CHAIN
+        return self.lookup.lookup(row, history, limit)
 
     def _merge(self, looked_up: Proposal, drafted: Proposal, model_rows: list[int]) -> Proposal:
         """One dense proposal: lookup rows one-hot, `model_rows` from the model's proposal."""

@@ -11,6 +11,7 @@ from exactspec.checking.toy import random_tabular_model
 from exactspec.decoding.builder import build_components
 from exactspec.decoding.gamma import RoundRow
 from exactspec.decoding.planner import CostAwareGamma
+from exactspec.decoding.round_times import RoundShape
 from exactspec.decoding.strategy import Strategy
 from exactspec.drafters import ModelDrafter
 from exactspec.drafters.base import LookupChain
@@ -74,6 +75,41 @@ def test_settled_rows_draft_from_the_source_the_plan_chose() -> None:
     assert again.deterministic and again.row_tokens(0) == [5, 3]
 
 
+class ChangingLookup(SuffixDrafter):
+    """A suffix drafter whose every later lookup finds another chain: what a lookup whose depth rule
+    changed between the probe and the proposal would do."""
+
+    def __init__(self) -> None:
+        super().__init__(EOS)
+        self.calls = 0
+
+    def lookup(self, row: int, history, limit: int) -> LookupChain:
+        self.calls += 1
+        chain = super().lookup(row, history, limit)
+        return chain if self.calls == 1 else LookupChain(chain.tokens[:1], chain.order)
+
+
+def test_a_lookup_row_drafts_the_chain_its_plan_priced() -> None:
+    lookup = ChangingLookup()
+    drafter = HybridDrafter(lookup, ModelDrafter(random_tabular_model(V, seed=2), V), V)
+    history = [3, 4, 5, 3, 4]
+    drafter.add_rows([RowStart(0, prompt=tuple(history))])
+    (chain,) = drafter.probe([history], [3], [0])
+    assert chain.tokens == [5, 3]
+    drafter.settle([0], [True])
+    proposal = drafter.propose([history], [2], SETTINGS, SeededSampler(0, 1), [0])  # the plan took 2
+    assert proposal.row_tokens(0) == [5, 3] and lookup.calls == 1  # the probed chain, not a new lookup
+    drafter.probe([history], [3], [0])
+    drafter.settle([0], [True])
+    assert drafter.propose([history], [1], SETTINGS, SeededSampler(0, 1), [0]).row_tokens(0) == [5]
+    # A history the probe did not see (forced tokens put before the draft) is looked up again.
+    drafter.probe([history], [3], [0])
+    drafter.settle([0], [True])
+    longer = [*history, 5]
+    drafter.propose([longer], [2], SETTINGS, SeededSampler(0, 1), [0])
+    assert lookup.calls == 4
+
+
 # ---------------------------------------------------------------- the planner's choice of source
 
 # A draft-model step costs as much as a target step: model drafts only pay when nearly always kept.
@@ -117,6 +153,42 @@ def test_matches_that_keep_failing_hand_the_row_to_the_model() -> None:
     policy.plan([row])
     assert not policy.looks_up(0)  # a unigram chain is now worth less than the model's draft
     assert policy.lengths.order_rates(0, 6)[0] > 0.7 > policy.lengths.order_rates(0, 1)[0]  # not blamed
+
+
+def test_each_source_is_stopped_by_its_own_realized_gain() -> None:
+    cheap_draft = BatchCosts(
+        rows=(1,), widths=(1, 2, 3, 4, 5), target=((0.05, 0.052, 0.054, 0.056, 0.058),), draft=((0.005,) * 5,)
+    )
+    with_chain = RoundRow(0, 4, length=20, lookup=4, lookup_order=6)
+
+    def fresh() -> CostAwareGamma:
+        policy = CostAwareGamma(cheap_draft, match_orders=8)
+        policy.add_rows([RowStart(0)])
+        return policy
+
+    # A round is filed under the source that drafted it.
+    policy = fresh()
+    (draft,) = policy.plan([with_chain])
+    assert policy.looks_up(0) and draft > 0
+    policy.lengths.length_for(0, 6)  # type: ignore[union-attr]  # the drafter asks, as SuffixDrafter._cut does
+    policy.record(0, draft, draft)
+    policy.timed(RoundShape(1, draft + 1, 0), 0.06)
+    assert policy.lookup_gains is not None and policy.lookup_gains.drafting_rounds(0) > 0
+    assert policy.gains.drafting_rounds(0) == 0
+    # Chains that gave less than plain rounds stop the row's lookups, not the model's drafts ...
+    policy = fresh()
+    assert policy.lookup_gains is not None
+    for _ in range(3):
+        policy.lookup_gains.observe(0, drafted=True, tokens=1, plain_equivalents=3.0)
+    assert policy.lookup_gains.stopped(0) and not policy.gains.stopped(0)
+    assert policy.plan([with_chain])[0] > 0 and not policy.looks_up(0)  # the model drafts, chain or not
+    # ... and model drafts that did stop the model, while the row still drafts its chains.
+    policy = fresh()
+    for _ in range(3):
+        policy.gains.observe(0, drafted=True, tokens=1, plain_equivalents=3.0)
+    assert policy.gains.stopped(0) and not policy.lookup_gains.stopped(0)  # type: ignore[union-attr]
+    assert policy.plan([RoundRow(0, 4, length=20)]) == [0]
+    assert policy.plan([with_chain])[0] > 0 and policy.looks_up(0)
 
 
 def test_lookup_rounds_teach_the_lookup_and_model_rounds_the_model() -> None:
