@@ -229,7 +229,12 @@ class CostAwareGamma:
         self.rounds_planned += 1
         self._round.clear()  # a round that was not timed (it fed a prompt) teaches no gains
         fixed = [r.limit if r.fixed else 0 for r in rows]
-        due = [not r.fixed and r.limit > 0 and self.gains.probe_due(r.row) for r in rows]
+        due_model = [not r.fixed and r.limit > 0 and self.gains.probe_due(r.row) for r in rows]
+        lookup_gains = self.lookup_gains
+        due_lookup = [
+            lookup_gains is not None and not r.fixed and r.lookup > 0 and lookup_gains.probe_due(r.row)
+            for r in rows
+        ]
         # Marginal expected tokens of each offered row's j-th draft token, j = 1..its limit.
         marginals: list[tuple[float, int, int]] = []  # (m_{b,j}, b, j)
         self._probing.clear()
@@ -237,8 +242,11 @@ class CostAwareGamma:
         fresh = [self._seen.get(r.row, 0) == 0 for r in rows]
         # A hybrid's rows with a free lookup chain draft that chain (at most its length, weighed by its match
         # length's rates) at no draft-model step, where it is worth more than the model's draft.
-        free = [self._takes_lookup(r, lags[b], fresh[b], due[b]) for b, r in enumerate(rows)]
+        free = [
+            self._takes_lookup(r, lags[b], fresh[b], due_model[b], due_lookup[b]) for b, r in enumerate(rows)
+        ]
         self._looking_up = {r.row for b, r in enumerate(rows) if free[b]}
+        due = [due_lookup[b] if free[b] else due_model[b] for b in range(len(rows))]  # the chosen source's
         for b, r in enumerate(rows):
             offer = None if r.fixed else self.offer(r.row, len(rows) == 1, probe, due[b], free[b])
             if offer is not None and free[b]:
@@ -280,12 +288,28 @@ class CostAwareGamma:
                 expected += reach
         if len(rows) == 1 and due[0] and best[0] == 0:
             # A lone row's probe drafts whatever the costs say: they are what the probe looks at again.
-            best[0] = min(rows[0].limit, PROBE_TOKENS)
+            best[0] = min(rows[0].limit, PROBE_TOKENS, rows[0].lookup if free[0] else PROBE_TOKENS)
         drafting = [b for b, g in enumerate(best) if g > 0 and not free[b]]
         self._catch_up_seconds = self._catch_up(drafting, lags, fresh) if self.model_drafts else 0.0
         for b, r in enumerate(rows):
             if not r.fixed:
-                self.gains.planned(r.row, drafts=best[b] > 0, probed=due[b], could_draft=r.limit > 0)
+                # Each source's probe schedule: a round the other source drafted counts as resting only
+                # while this one is stopped (else a stopped source would never be looked at again).
+                model_rests = free[b] and self.gains.stopped(r.row)
+                self.gains.planned(
+                    r.row,
+                    drafts=best[b] > 0 and not model_rests,
+                    probed=due[b] and not free[b],
+                    could_draft=r.limit > 0,
+                )
+                if lookup_gains is not None:
+                    lookup_rests = not free[b] and lookup_gains.stopped(r.row)
+                    lookup_gains.planned(
+                        r.row,
+                        drafts=best[b] > 0 and not lookup_rests,
+                        probed=due[b] and free[b],
+                        could_draft=r.lookup > 0,
+                    )
             self._planned[r.row] = (r.length, best[b])
         self.last_plan_probe = bool(self._probing)  # some row was offered a probe draft
         return best
@@ -294,20 +318,25 @@ class CostAwareGamma:
         """Whether the last plan has `row` draft its free lookup chain (a hybrid's; else the draft model)."""
         return row in self._looking_up
 
-    def _takes_lookup(self, row: RoundRow, lag: int, fresh: bool, due: bool) -> bool:
+    def _takes_lookup(
+        self, row: RoundRow, lag: int, fresh: bool, due_model: bool = False, due_lookup: bool = False
+    ) -> bool:
         """Whether a hybrid's row drafts its lookup chain this round rather than the draft model: the source
         whose best draft alone (lookup: at most the chain, weighed by its match length's rates, no model
         step; model: the model's rates, with its steps and catch-up) predicts more tokens per second. A
-        source whose realized gain stopped it is not chosen while the other is not stopped (a probe,
-        `due`, weighs both)."""
+        source whose realized gain stopped it is not chosen while the other is not stopped, unless its
+        probe is due (`due_lookup`, `due_model`: each source's `RowGains.probe_due`)."""
         if self.lengths is None or not self.model_drafts or row.lookup <= 0:
             return False
         if row.fixed:
             return True  # a fixed gamma drafts whatever is found first: the free chain
-        if not due:
-            lookup_stopped, model_stopped = self._gains(True).stopped(row.row), self.gains.stopped(row.row)
-            if lookup_stopped != model_stopped:
-                return model_stopped
+        lookup_stopped, model_stopped = self._gains(True).stopped(row.row), self.gains.stopped(row.row)
+        if lookup_stopped and due_lookup:
+            return True
+        if model_stopped and due_model:
+            return False
+        if lookup_stopped != model_stopped:
+            return model_stopped
         lookup = self.lengths.order_rates(row.row, row.lookup_order)[: row.lookup]
         model = self.rates.position_rates(row.row)[: row.limit]
         return self._best_value(lookup, True, lag, fresh) >= self._best_value(model, False, lag, fresh)

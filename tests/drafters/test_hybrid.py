@@ -189,6 +189,15 @@ def test_each_source_is_stopped_by_its_own_realized_gain() -> None:
     assert policy.gains.stopped(0) and not policy.lookup_gains.stopped(0)  # type: ignore[union-attr]
     assert policy.plan([RoundRow(0, 4, length=20)]) == [0]
     assert policy.plan([with_chain])[0] > 0 and policy.looks_up(0)
+    # While it drafts chains, the stopped model rests: after probe_every rounds it is probed again.
+    sources = []
+    for _ in range(policy.gains.probe_every + 1):
+        (draft,) = policy.plan([with_chain])
+        sources.append(policy.looks_up(0))
+        if policy.looks_up(0):
+            policy.lengths.length_for(0, 6)  # type: ignore[union-attr]
+        policy.record(0, draft, draft)
+    assert sources[0] and not all(sources)
 
 
 def test_lookup_rounds_teach_the_lookup_and_model_rounds_the_model() -> None:
