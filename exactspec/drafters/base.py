@@ -52,6 +52,16 @@ class Proposal:
     model_drawn: torch.Tensor | None = None
 
     @classmethod
+    def from_chains(cls, drafts: Sequence[Sequence[int]]) -> Proposal:
+        """A deterministic proposal of one token chain per row (a row with none proposes nothing)."""
+        width = max((len(draft) for draft in drafts), default=0)
+        tokens = torch.zeros(len(drafts), width, dtype=torch.long)  # [B, gamma]; padding is id 0
+        for b, draft in enumerate(drafts):
+            tokens[b, : len(draft)] = torch.tensor(list(draft), dtype=torch.long)
+        lengths = torch.tensor([len(draft) for draft in drafts], dtype=torch.long)  # [B]
+        return cls(tokens=tokens, q=None, lengths=lengths, deterministic=True)
+
+    @classmethod
     def empty(cls, rows: int, vocab_size: int, device: torch.device) -> Proposal:
         """No draft for `rows` rows (plain decoding's round: gamma 0)."""
         return cls(

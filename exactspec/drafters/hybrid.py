@@ -102,7 +102,7 @@ class HybridDrafter:
             self._chain(row, history, limit, probed.get(row)) if looks_up.get(row, True) else NO_CHAIN
             for history, limit, row in zip(histories, max_tokens, rows, strict=True)
         ]
-        looked_up = _chain_proposal(chains)
+        looked_up = Proposal.from_chains([chain.tokens for chain in chains])
         model_rows = [
             b
             for b, (limit, row) in enumerate(zip(max_tokens, rows, strict=True))
@@ -156,16 +156,6 @@ class HybridDrafter:
         model_drawn = torch.zeros_like(lengths)  # [B]: the lookup rows drew theirs from no model
         model_drawn[index] = drafted.lengths
         return Proposal(tokens=tokens, q=q, lengths=lengths, model_drawn=model_drawn)
-
-
-def _chain_proposal(chains: Sequence[LookupChain]) -> Proposal:
-    """The lookup chains as one deterministic proposal (rows without a chain propose nothing)."""
-    width = max((len(chain.tokens) for chain in chains), default=0)
-    tokens = torch.zeros(len(chains), width, dtype=torch.long)  # [B, gamma]; padding is id 0
-    for b, chain in enumerate(chains):
-        tokens[b, : len(chain.tokens)] = torch.tensor(chain.tokens, dtype=torch.long)
-    lengths = torch.tensor([len(chain.tokens) for chain in chains], dtype=torch.long)  # [B]
-    return Proposal(tokens=tokens, q=None, lengths=lengths, deterministic=True)
 
 
 def _lookup_kind(options: Mapping[str, Any]) -> tuple[DrafterKind, dict[str, Any]]:

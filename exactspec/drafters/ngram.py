@@ -245,16 +245,12 @@ class NgramDrafter:
         # No randomness and no model: settings and sampler are not needed. The transforms still
         # apply, through p: a proposed token the transforms rule out (p = 0) is simply rejected.
         del settings, sampler
-        drafts = [
-            self.lookup(row, history, limit).tokens
-            for history, limit, row in zip(histories, max_tokens, rows, strict=True)
-        ]
-        width = max((len(draft) for draft in drafts), default=0)
-        tokens = torch.zeros(len(drafts), width, dtype=torch.long)  # [B, gamma]; padding is id 0
-        for b, draft in enumerate(drafts):
-            tokens[b, : len(draft)] = torch.tensor(draft, dtype=torch.long)
-        lengths = torch.tensor([len(draft) for draft in drafts], dtype=torch.long)  # [B]
-        return Proposal(tokens=tokens, q=None, lengths=lengths, deterministic=True)
+        return Proposal.from_chains(
+            [
+                self.lookup(row, history, limit).tokens
+                for history, limit, row in zip(histories, max_tokens, rows, strict=True)
+            ]
+        )
 
 
 def _build(parts: DrafterParts) -> NgramDrafter:
