@@ -52,21 +52,19 @@ def workloads() -> dict[str, list[tuple[str, str, bool, float]]]:
 def one(setting: str, backend: str, max_new_tokens: int, only: list[str] | None) -> dict:
     """A child: decode every request with one setting; returns its record."""
     from exactspec.api.decoder import SpeculativeDecoder
+    from exactspec.decoding.strategy import Strategy
     from exactspec.foundations.defaults import DEFAULTS
     from exactspec.foundations.settings import SamplingSettings
     from exactspec.models.backends.registry import Workload
 
     drafter = setting if setting in ("model", "hybrid") else DEFAULTS.drafter
-    gamma = {"plain": 0, "hybrid": DEFAULTS.free_adaptive_gamma_cap}.get(setting)  # None: the default cap
-    if setting == "model":
-        workload = Workload("model", True, DEFAULTS.adaptive_gamma_cap)
-    elif setting == "hybrid":  # lookup chains as long as the suffix drafter's, model drafts as planned
-        workload = Workload("hybrid", True, DEFAULTS.free_adaptive_gamma_cap)
-    else:
-        workload = Workload.plain() if setting == "plain" else Workload()
+    strategy = Strategy(drafter)
+    gamma = 0 if setting == "plain" else None  # None: the drafter's default cap
+    cap = strategy.default_gamma(DEFAULTS.weights)  # what `exactspec generate` loads the pair for
+    workload = Workload.plain() if setting == "plain" else Workload(drafter, strategy.needs_draft_model, cap)
     started = time.perf_counter()
     decoder = SpeculativeDecoder.from_pretrained(
-        draft=DEFAULTS.draft if setting in ("model", "hybrid") else None,
+        draft=DEFAULTS.draft if workload.draft_model else None,
         backend=backend,
         progress=False,
         workload=workload,
