@@ -4,9 +4,15 @@ matmul shapes (Qwen2.5-1.5B), for 1 to 16 rows, on every kernel path this CPU ru
 For each shape, path and row count: the median time of one call, the effective GB/s of the weight bytes
 it streams (packed values, scales and zero points), and its time over the one-row time; the machine's
 read bandwidth measured in the same run (the library's read loop, same threads); MatMulNBits (accuracy
-level 4, int8 activations) at blocks of 128 and 32 with the same threads. Every call streams a different
-copy of the weights, cycling through at least --stream-bytes, so that the weights come from memory as in
-a model's forward pass and not from the caches.
+level 4, int8 activations) at blocks of 128 and 32 with the same threads.
+
+Every call reads weights untouched for the longest: one cursor runs through the copies of a shape (at
+least --stream-bytes of them, by default 1 GiB or twice the last-level cache if that is larger) across
+every path and row count, and the rows and paths take turns within each repeat, so that the weights come
+from memory as in a model's forward pass and drift in the machine's speed reaches every column alike.
+MatMulNBits runs one session whose graph holds as many copies, each run reading every copy once. (Were
+the small shapes' calls to reuse a few copies, a large last-level cache would hold them and the time
+would be the cache's, not memory's.)
 
     python scripts/kernel_bench.py --out docs/bench/kernel-int4
     python scripts/kernel_bench.py --out /tmp/kernel-quick --shapes q,gate --rows 1,4,8 --repeats 10
@@ -53,33 +59,47 @@ def random_weights(n: int, k: int, block: int, seed: int) -> int4.Int4Weights:
     return int4.Int4Weights(q, scales, zeros, k=k, block=block)
 
 
-MAX_COPIES = 256
-"""At most this many copies (ONNX Runtime sessions) per shape: the small shapes stream less than asked."""
+def last_level_cache_bytes() -> int:
+    """The largest cache this CPU reports (sysfs), 0 when it reports none."""
+    sizes = [0]
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        text = (index / "size").read_text().strip() if (index / "size").exists() else ""
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        if text and text[-1] in units and text[:-1].isdigit():
+            sizes.append(int(text[:-1]) * units[text[-1]])
+    return max(sizes)
+
+
+def default_stream_bytes() -> int:
+    return max(1 << 30, 2 * last_level_cache_bytes())
 
 
 def copies_for(nbytes: int, stream_bytes: int) -> int:
-    return min(MAX_COPIES, max(2, math.ceil(stream_bytes / nbytes)))
+    return max(2, math.ceil(stream_bytes / nbytes))
 
 
-def median_time(call, copies: int, repeats: int) -> float:
-    """The median seconds of `repeats` calls, call(i) on copy i % copies, after 3 calls of warm-up (on the
-    last copies: the timed calls start on copies untouched for the longest)."""
-    for i in range(max(0, copies - 3), copies):
-        call(i)
-    times = []
-    for i in range(repeats):
-        started = time.perf_counter()
-        call(i % copies)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+def interleaved_medians(calls: dict, copies: int, repeats: int) -> dict:
+    """The median seconds of each call in `calls` (key -> call(copy)), taking turns within each of
+    `repeats` rounds; one cursor runs through the copies for all of them, so every call reads the copy
+    untouched for the longest. One round of warm-up first."""
+    cursor = 0
+    times: dict = {key: [] for key in calls}
+    for repeat in range(repeats + 1):
+        for key, call in calls.items():
+            started = time.perf_counter()
+            call(cursor % copies)
+            elapsed = time.perf_counter() - started
+            cursor += 1
+            if repeat:
+                times[key].append(elapsed)
+    return {key: statistics.median(values) for key, values in times.items()}
 
 
 def ours(n: int, k: int, block: int, rows: list[int], names: list[str], args) -> dict:
     base = random_weights(n, k, block, seed=n + k)
     copies = [base] + [base.copy() for _ in range(copies_for(base.nbytes, args.stream_bytes) - 1)]
-    results: dict[str, dict[int, float]] = {}
+    calls = {}
     for name in names:
-        results[name] = {}
         for m in rows:
             x = torch.randn(m, k)
             out = torch.empty(m, n)
@@ -87,7 +107,9 @@ def ours(n: int, k: int, block: int, rows: list[int], names: list[str], args) ->
             def call(i: int, x=x, out=out, name=name) -> None:
                 int4.matmul(x, copies[i], out=out, threads=args.threads, path=name)
 
-            results[name][m] = median_time(call, len(copies), args.repeats)
+            calls[name, m] = call
+    medians = interleaved_medians(calls, len(copies), args.repeats)
+    results = {name: {m: medians[name, m] for m in rows} for name in names}
     return {"weight_bytes": base.nbytes, "copies": len(copies), "seconds": results}
 
 
@@ -136,11 +158,12 @@ def theirs(n: int, k: int, block: int, rows: list[int], args) -> dict:
     nbytes = n * -(-k // block) * (block // 2 + 4)
     count = copies_for(nbytes, args.stream_bytes)
     session = onnxruntime_session(n, k, block, count, args.threads)
-    results = {}
+    calls = {}
     for m in rows:
         feeds = {"A": np.random.default_rng(m).standard_normal((m, k)).astype(np.float32)}
-        results[m] = median_time(lambda i, feeds=feeds: session.run(None, feeds), 1, args.repeats) / count
-    return {"weight_bytes": nbytes, "copies": count, "seconds": results}
+        calls[m] = lambda i, feeds=feeds: session.run(None, feeds)
+    medians = interleaved_medians(calls, 1, args.repeats)
+    return {"weight_bytes": nbytes, "copies": count, "seconds": {m: t / count for m, t in medians.items()}}
 
 
 def aims(record: dict) -> list[str]:
@@ -165,7 +188,9 @@ def table(record: dict) -> str:
         "# int4 kernel against MatMulNBits",
         "",
         f"CPU: {cpu['model']}; flags: {', '.join(cpu['flags'])}; paths: {', '.join(cpu['paths'])}; "
-        f"{record['threads']} threads; read bandwidth {record['read_gb_s']:.1f} GB/s (same run); "
+        f"{record['threads']} threads; last-level cache {record['last_level_cache_bytes'] / 2**20:.0f} MiB, "
+        f"weights cycled per shape {record['stream_bytes'] / 2**20:.0f} MiB; "
+        f"read bandwidth {record['read_gb_s']:.1f} GB/s (same run); "
         f"load average before {record['load_before']}, after {record['load_after']}"
         + (" (shared machine)" if record["shared"] else ""),
         "",
@@ -207,7 +232,12 @@ def main() -> None:
     parser.add_argument("--blocks", default="128,32", help="block sizes, for both kernels")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--stream-bytes", type=int, default=1 << 30, help="weight copies per shape, in bytes")
+    parser.add_argument(
+        "--stream-bytes",
+        type=int,
+        default=default_stream_bytes(),
+        help="weight copies per shape, in bytes (default: 1 GiB or twice the last-level cache)",
+    )
     parser.add_argument("--no-onnxruntime", action="store_true")
     parser.add_argument("--shared", action="store_true", help="mark the report as taken on a shared machine")
     args = parser.parse_args()
@@ -223,7 +253,9 @@ def main() -> None:
         "rows": rows,
         "shared": args.shared,
         "load_before": [round(v, 2) for v in before["load_average_before"]],
-        "read_gb_s": int4.read_bandwidth(threads=args.threads),
+        "stream_bytes": args.stream_bytes,
+        "last_level_cache_bytes": last_level_cache_bytes(),
+        "read_gb_s": int4.read_bandwidth(args.stream_bytes, threads=args.threads),
         "shapes": {},
     }
     for shape in dict.fromkeys(shapes):
@@ -235,7 +267,7 @@ def main() -> None:
                 result["onnxruntime"][block] = theirs(n, k, block, rows, args)
             print(f"{shape} block {block} done", file=sys.stderr, flush=True)
         record["shapes"][shape] = result
-    record["read_gb_s_after"] = int4.read_bandwidth(threads=args.threads)
+    record["read_gb_s_after"] = int4.read_bandwidth(args.stream_bytes, threads=args.threads)
     record["load_after"] = [round(v, 2) for v in os.getloadavg()]
     text = table(record)
     write_report(args.out, text, before, json.loads(json.dumps(record)))
