@@ -30,6 +30,7 @@ from pathlib import Path
 SOURCES = Path(__file__).parent
 LIBRARY_NAME = "libexactspec_kernels.so"
 FLAGS = ["-O3", "-std=c11", "-shared", "-fPIC", "-pthread", "-ffp-contract=off", "-fno-math-errno"]
+FLAGS += ["-Werror=implicit-function-declaration"]  # an error from gcc 14 on: the same on every gcc
 
 
 class KernelBuildError(RuntimeError):

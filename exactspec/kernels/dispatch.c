@@ -1,6 +1,7 @@
 /* Which paths of the kernels this CPU runs (README.md): the widest one is the default. The checks ask the
  * CPU and the operating system (gcc's __builtin_cpu_supports reads cpuid and whether the OS saves the
  * wide registers), once per process. */
+#define _GNU_SOURCE /* syscall(), which -std=c11 hides: an implicit declaration is an error from gcc 14 */
 #include "dispatch.h"
 
 #include <cpuid.h>
