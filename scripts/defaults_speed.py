@@ -75,14 +75,15 @@ def one(setting: str, backend: str, max_new_tokens: int, only: list[str] | None)
     decoder.generate("def warm_up():", gamma=gamma, max_new_tokens=16, settings=warm, drafter=drafter)
     rates: dict[str, dict[str, float]] = {}  # tokens / seconds from submission to the last token
     decode_rates: dict[str, dict[str, float]] = {}  # tokens after the first event / seconds after it
+    token_ids: dict[str, dict[str, list[int]]] = {}  # what each request generated (seeded: comparable)
     for workload_name, requests in workloads().items():
         if only and workload_name not in only:
             continue
-        rates[workload_name], decode_rates[workload_name] = {}, {}
+        rates[workload_name], decode_rates[workload_name], token_ids[workload_name] = {}, {}, {}
         for name, text, chat, temperature in requests:
             settings = SamplingSettings(temperature=temperature, logit_bias=eos)
             begun = time.perf_counter()
-            first_at, first_tokens, tokens = None, 0, 0
+            first_at, first_tokens, ids = None, 0, []
             for event in decoder.stream(
                 text,
                 gamma=gamma,
@@ -94,9 +95,11 @@ def one(setting: str, backend: str, max_new_tokens: int, only: list[str] | None)
             ):
                 if first_at is None:
                     first_at, first_tokens = time.perf_counter(), len(event.token_ids)
-                tokens += len(event.token_ids)
+                ids += event.token_ids
             ended = time.perf_counter()
             assert first_at is not None
+            tokens = len(ids)
+            token_ids[workload_name][name] = ids
             rates[workload_name][name] = tokens / (ended - begun)
             decode_rates[workload_name][name] = (tokens - first_tokens) / max(ended - first_at, 1e-9)
     return {
@@ -105,6 +108,7 @@ def one(setting: str, backend: str, max_new_tokens: int, only: list[str] | None)
         "load_seconds": loaded,
         "rates": rates,
         "decode_rates": decode_rates,
+        "token_ids": token_ids,
     }
 
 
@@ -146,8 +150,20 @@ def report(records: dict[str, list[dict]], max_new_tokens: int, field: str = "ra
             values = [f"{rate(s, workload, prompt):.1f}" for s in records]
             shown = [f"{ratios[s][index]:.2f}x" for s in others]
             lines.append(f"| {prompt} | " + " | ".join(values + shown) + " |")
-        lines.append("")
+        lines += ["", same_tokens(records, workload, prompts), ""]
     return "\n".join(lines), summary
+
+
+def same_tokens(records: dict[str, list[dict]], workload: str, prompts: list[str]) -> str:
+    """How many of each setting's (process, request) runs generated plain decoding's token ids (seeded)."""
+    plain = {prompt: records["plain"][0]["token_ids"][workload][prompt] for prompt in prompts}
+    counts = []
+    for setting, runs in records.items():
+        if setting == "plain":
+            continue
+        same = sum(run["token_ids"][workload][prompt] == plain[prompt] for run in runs for prompt in prompts)
+        counts.append(f"{setting} {same} of {len(runs) * len(prompts)}")
+    return "Token ids identical to plain decoding's (same seed): " + ", ".join(counts) + "."
 
 
 def main() -> int:

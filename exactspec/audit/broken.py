@@ -26,6 +26,9 @@ class _ArgmaxSampler:
     ) -> torch.Tensor:
         return probs.argmax(dim=-1)
 
+    def draft_at(self, probs: torch.Tensor, rows: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
+        return probs.argmax(dim=-1)
+
     def bernoulli(self, probs: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
         return self.inner.bernoulli(probs, rows)
 

@@ -8,12 +8,13 @@ logit-bias id outside the vocabulary) becomes an error entry and the job goes on
 
 A record's tokens are a function of its prompt, settings and seed alone: each row draws from its
 own positioned random stream (seeded by the record). With a drafter whose drafts are deterministic
-(the default suffix drafter, prompt lookup) verification is coupled (docs/algorithm.md 5): a row
-emits plain decoding's tokens whatever it drafted, so the batch planner may give rows lengths that
-depend on their neighbours and on timing. With the draft model a row's seeded tokens depend on its
-draft lengths (the law does not), so each row plans alone from its own acceptance and the cached
-costs (`plan_batch=False`), or drafts a fixed gamma. On float32 CPU models the passes are
-batch-invariant, so the tokens are identical whatever rows share a round.
+(the default suffix drafter, prompt lookup), and with the draft model's coupled drafts under token
+verification, verification is coupled (docs/algorithm.md 5): a row emits plain decoding's tokens
+whatever it drafted, so the batch planner may give rows lengths that depend on their neighbours and
+on timing. Under block verification the draft model's drafts are drawn from the row's stream, so a
+row's seeded tokens depend on its draft lengths (the law does not): each row then plans alone from
+its own acceptance and the cached costs (`plan_batch=False`), or drafts a fixed gamma. On float32
+CPU models the passes are batch-invariant, so the tokens are identical whatever rows share a round.
 """
 
 from __future__ import annotations
@@ -96,8 +97,8 @@ class BatchJob:
             prefill_chunk=None,  # offline: a joining row is prefilled within its first round
             max_tokens=self.max_tokens,
             # Rows plan together only where a record's tokens cannot depend on its draft lengths (module
-            # docstring): deterministic drafts under coupled verification.
-            plan_batch=self.strategy.adaptive_gamma and self.strategy.kind.free,
+            # docstring): deterministic or coupled drafts under coupled verification.
+            plan_batch=self.strategy.adaptive_gamma and self.strategy.keeps_plain_tokens,
         )
 
     def session(self) -> Session:

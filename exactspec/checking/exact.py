@@ -39,6 +39,13 @@ class EnumeratingSampler(Stateless):
     probability) if the script is that long, else option 0. Zero-probability
     options are never taken, so impossible branches are pruned. Rows need no
     streams of their own (the script is the randomness), so the row lifecycle is a no-op.
+
+    A (row, position)'s uniform u is one random variable however many times it is used: a coupled
+    draft (`draft_at`) takes q's inverse CDF at u, later drafts of the position and its one positioned
+    draw (`categorical_at`) take theirs at the same u. Each use is enumerated over the ids whose CDF
+    interval meets what the earlier uses left of u, with the conditional probability |interval ∩ left|
+    / |left|, and narrows `left` to the chosen id's part: so the draws of one position are as
+    correlated as the real sampler's, and a position's draw from p alone is p.
     """
 
     def __init__(self, script: Sequence[int] = ()) -> None:
@@ -47,6 +54,7 @@ class EnumeratingSampler(Stateless):
         self.option_counts: list[int] = []
         self.probability = 1.0
         self._positions: set[tuple[int, int]] = set()  # (row, position) drawn by categorical_at
+        self._left: dict[tuple[int, int], tuple[float, float]] = {}  # (row, position) -> where u can be
 
     def _choose(self, options: list[tuple[object, float]]) -> object:
         k = len(self.taken)
@@ -69,13 +77,46 @@ class EnumeratingSampler(Stateless):
     def categorical_at(
         self, probs: torch.Tensor, rows: Sequence[int], positions: Sequence[int]
     ) -> torch.Tensor:
-        """A positioned draw is one more enumerated choice; a (row, position) asked for twice in one run
-        is an error (the real sampler would hand both the same uniform: correlated draws)."""
+        """A positioned draw is one more enumerated choice, conditional on what coupled drafts of the
+        position chose (the class); a (row, position) drawn twice in one run is an error (a position's
+        token is decided once)."""
         for row, position in zip(rows, positions, strict=True):
             if (row, position) in self._positions:
                 raise AssertionError(f"row {row} drew its position {position} twice in one run")
             self._positions.add((row, position))
-        return self.categorical(probs, rows)
+        if not any(key in self._left for key in zip(rows, positions, strict=True)):
+            return self.categorical(probs, rows)
+        return self._at_uniform(probs, rows, positions)
+
+    def draft_at(self, probs: torch.Tensor, rows: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
+        """A coupled draft: q's inverse CDF at the position's uniform, enumerated given what earlier
+        uses of that uniform chose (the class); the position stays undecided."""
+        for row, position in zip(rows, positions, strict=True):
+            if (row, position) in self._positions:
+                raise AssertionError(f"row {row} drafted its position {position} after drawing it")
+        return self._at_uniform(probs, rows, positions)
+
+    def _at_uniform(self, probs: torch.Tensor, rows: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
+        """Each row's id where its position's uniform falls in probs' CDF (float64 [N, V] -> [N])."""
+        if probs.dtype != torch.float64:
+            raise ValueError("exact enumeration needs float64 probabilities; use float64 toy models")
+        cdf = probs.cumsum(dim=-1)  # [N, V]
+        cdf = (cdf / cdf[:, -1:]).tolist()  # as the real sampler's inverse CDF, normalised
+        out = []
+        for row_probs, row_cdf, key in zip(
+            probs.tolist(), cdf, zip(rows, positions, strict=True), strict=True
+        ):
+            low, high = self._left.get(key, (0.0, 1.0))
+            options = []
+            start = 0.0
+            for index, (prob, end) in enumerate(zip(row_probs, row_cdf, strict=True)):
+                part = (max(start, low), min(end, high))
+                if prob > 0.0 and part[1] > part[0]:
+                    options.append(((index, part), (part[1] - part[0]) / (high - low)))
+                start = end
+            index, self._left[key] = self._choose(options)
+            out.append(index)
+        return torch.tensor(out, dtype=torch.long)
 
     def bernoulli(self, probs: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
         out = []

@@ -107,7 +107,10 @@ def build_components(
     elif strategy.adaptive_gamma:
         # The cap per row from AdaptiveGamma, and within it the draft stops where it grows unsure.
         policy = stop = ConfidenceGamma(_cost_model(target, draft, strategy, gamma, costs), **options)
-    parts = DrafterParts(target, draft, strategy.options, lengths=lengths, stop=stop)
+    # Block verification gains only over drafts drawn from a q it is told; the token verifier keeps a
+    # coupled draft where the target's positioned draw agrees (docs/algorithm.md 5).
+    coupled = strategy.keeps_plain_tokens
+    parts = DrafterParts(target, draft, strategy.options, lengths=lengths, stop=stop, coupled=coupled)
     return Components(kind.build(parts), verifier, policy)
 
 

@@ -84,6 +84,14 @@ class Strategy:
         """Whether the drafter runs the draft model (prompt lookup does not)."""
         return self.kind.needs_draft_model
 
+    @property
+    def keeps_plain_tokens(self) -> bool:
+        """Whether a seeded sampled output is plain decoding's token for token, whatever the draft lengths:
+        under token verification every draft is deterministic (lookups) or coupled (the draft model's,
+        `drafters.model.ModelDrafter`), so each position emits its positioned draw from p (docs/algorithm.md
+        5). Block verification's model drafts are drawn from the rows' streams: law, not tokens."""
+        return self.verifier == "token" or self.kind.free
+
     def default_gamma(self, weights: str) -> int:
         """The draft length (the cap, when adaptive) of a request that names none, for a target with
         these weights (`DEFAULTS.gamma`: the cap depends on whether the drafter runs a model). A drafter

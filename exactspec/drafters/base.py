@@ -36,9 +36,10 @@ class Proposal:
             row b's tree, every root-to-node path at most the row's max_tokens long. Verified by
             `exactspec.verifiers.tree.verify_tree` after one target pass over every node. Trees are
             for drafts without probabilities: q must be None and deterministic True.
-        model_drawn: [B] long, or None: how many of row b's tokens a draft model drew, where not all of
-            a non-deterministic proposal's were (a hybrid's lookup rows drew theirs from no model): what
-            the round's draft steps are counted from (`forced.drafter_steps`).
+        model_drawn: [B] long, or None: how many of row b's tokens a draft model drew, where the kind
+            of proposal does not say (a hybrid's lookup rows drew theirs from no model; coupled model
+            drafts are deterministic, yet drawn by the model): what the round's draft steps are counted
+            from (`forced.drafter_steps`).
 
     Example: the candidates "7 8" and "9" after a row's history are the tree tokens [[7, 8, 9]],
     parents [[-1, 0, -1]], lengths [3].

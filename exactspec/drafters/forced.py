@@ -163,11 +163,11 @@ def _prepend(forced: list[list[int]], inner: Proposal | None) -> Proposal:
 def drafter_steps(proposal: Proposal, forced: Sequence[int]) -> int:
     """The draft model's steps behind `proposal`: its longest run of the drafter's own tokens (forced
     tokens ran no model, and one call of the draft model takes them in with its first step); 0 for a
-    deterministic proposal, which ran no model."""
+    lookup's deterministic proposal (no `model_drawn`), which ran no model."""
+    if proposal.model_drawn is not None:  # the tokens a model drew (a hybrid's rows, coupled drafts)
+        return max(proposal.model_drawn.tolist(), default=0)
     if proposal.deterministic:
         return 0
-    if proposal.model_drawn is not None:  # rows of several sources: the model's tokens only
-        return max(proposal.model_drawn.tolist(), default=0)
     return max((n - k for n, k in zip(proposal.lengths.tolist(), forced, strict=True)), default=0)
 
 

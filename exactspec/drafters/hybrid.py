@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -134,10 +135,22 @@ class HybridDrafter:
         return self.lookup.lookup(row, history, limit)
 
     def _merge(self, looked_up: Proposal, drafted: Proposal, model_rows: list[int]) -> Proposal:
-        """One dense proposal: lookup rows one-hot, `model_rows` from the model's proposal."""
+        """One proposal: the lookup rows' chains, `model_rows` from the model's proposal; deterministic
+        when the model's is (coupled drafts), else dense with the lookup rows one-hot."""
+        if drafted.q is None:
+            chains = [
+                tokens[:length]
+                for tokens, length in zip(looked_up.tokens.tolist(), looked_up.lengths.tolist(), strict=True)
+            ]
+            for index, b in enumerate(model_rows):
+                chains[b] = drafted.tokens[index, : int(drafted.lengths[index])].tolist()
+            merged = Proposal.from_chains(chains)
+            model_drawn = torch.zeros_like(merged.lengths)  # [B]: the lookup rows drew theirs from no model
+            model_drawn[model_rows] = drafted.lengths.to(model_drawn.device)
+            return dataclasses.replace(merged, model_drawn=model_drawn).to(drafted.tokens.device)
         batch_size = looked_up.tokens.shape[0]
         width = max(looked_up.tokens.shape[1], drafted.tokens.shape[1])
-        dtype = drafted.q.dtype if drafted.q is not None else torch.float32
+        dtype = drafted.q.dtype
         device = drafted.tokens.device  # the draft model's device; the lookup ran on the host
         tokens = torch.zeros(batch_size, width, dtype=torch.long, device=device)  # [B, gamma]
         tokens[:, : looked_up.tokens.shape[1]] = looked_up.tokens.to(device)
@@ -147,11 +160,8 @@ class HybridDrafter:
         model_width = drafted.tokens.shape[1]
         tokens[index] = 0
         tokens[index, :model_width] = drafted.tokens
-        if drafted.q is not None:
-            q[index] = 0.0
-            q[index, :model_width] = drafted.q
-        else:  # a deterministic model drafter: its rows are one-hot on its own tokens too
-            q[index] = torch.nn.functional.one_hot(tokens[index], self.vocab_size).to(dtype)
+        q[index] = 0.0
+        q[index, :model_width] = drafted.q
         lengths[index] = drafted.lengths
         model_drawn = torch.zeros_like(lengths)  # [B]: the lookup rows drew theirs from no model
         model_drawn[index] = drafted.lengths
@@ -168,7 +178,7 @@ def _build(parts: DrafterParts) -> HybridDrafter:
     if parts.draft is None:
         raise ValueError("the hybrid drafter needs a draft model")
     target = parts.target
-    model_drafter = ModelDrafter(parts.draft, target.vocab_size, stop=parts.stop)
+    model_drafter = ModelDrafter(parts.draft, target.vocab_size, stop=parts.stop, coupled=parts.coupled)
     kind, options = _lookup_kind(parts.options)
     lookup = kind.build(
         DrafterParts(target, None, options, lengths=parts.lengths)

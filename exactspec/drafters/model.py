@@ -46,12 +46,28 @@ class ModelDrafter:
     The presence and frequency penalties count a row's generated tokens, so the
     drafter keeps each row's prompt length from `add_rows` (`RowStart.prompt`);
     a penalised row it was not told about is an error, never a guess.
+
+    Coupled (what the builder wires under token verification; docs/algorithm.md 5, "Coupled model
+    drafts"): the token at a row's output position t is q's inverse CDF at the uniform the target's
+    positioned draw of t uses (`Sampler.draft_at`), and the proposal is deterministic (q None): the
+    verifier keeps it where the target's own draw agrees, so every emitted token is the one plain
+    decoding draws there with the same seed, whatever the draft. A batch with a row whose prompt the
+    drafter was not told (no position to key by) draws from the rows' sequential streams and reports
+    q, as uncoupled drafts do.
     """
 
-    def __init__(self, model: LanguageModel, target_vocab_size: int, stop: DraftStop | None = None) -> None:
+    def __init__(
+        self,
+        model: LanguageModel,
+        target_vocab_size: int,
+        stop: DraftStop | None = None,
+        *,
+        coupled: bool = False,
+    ) -> None:
         """stop: if given, a row stops drafting early when `stop.keep_drafting` says so (within its
         max_tokens); the decision depends on the draft's own distributions only, so it stays exact
-        (docs/algorithm.md 5)."""
+        (docs/algorithm.md 5). coupled: draft by the positioned uniforms (the class); False draws from
+        the rows' streams and reports q, what block verification needs."""
         if model.vocab_size > target_vocab_size:
             raise ValueError(
                 f"the draft vocabulary ({model.vocab_size}) is larger than the target's "
@@ -60,6 +76,7 @@ class ModelDrafter:
         self.model = model
         self.target_vocab_size = target_vocab_size
         self.stop = stop
+        self.coupled = coupled
         self._prompt_lengths: dict[int, int] = {}  # row id -> its prompt's length (RowStart.prompt)
 
     def propose(
@@ -79,6 +96,7 @@ class ModelDrafter:
         lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
         eos = self.model.eos_token_ids
         live = [b for b in range(batch_size) if max_tokens[b] > 0]
+        coupled = self.coupled and all(rows[b] in self._prompt_lengths for b in live)
         # One copy of each drafting row's history per round, its draft tokens appended in place step
         # by step (the histories handed in are the engine's and stay as they are).
         extended = {b: list(histories[b]) for b in live}
@@ -95,13 +113,19 @@ class ModelDrafter:
             live_settings = [per_row[b] for b in live]
             starts = self._prompt_starts([rows[b] for b in live], live_settings)
             q_step = probabilities_per_row(logits, live_settings, contexts, starts)  # [A, V]
-            drawn = sampler.categorical(q_step, [rows[b] for b in live])  # [A]
-            if q is None:
+            live_rows = [rows[b] for b in live]
+            if coupled:  # the token's output position: what the row has emitted, and drafted before it
+                positions = [len(extended[b]) - self._prompt_lengths[rows[b]] for b in live]
+                drawn = sampler.draft_at(q_step, live_rows, positions)  # [A]
+            else:
+                drawn = sampler.categorical(q_step, live_rows)  # [A]
+            if q is None and not coupled:
                 q = torch.zeros(
                     batch_size, gamma, self.target_vocab_size, dtype=q_step.dtype, device=q_step.device
                 )
-            index = torch.tensor(live, device=q.device)
-            q[index, step] = q_step
+            index = torch.tensor(live, device=tokens.device)
+            if q is not None:
+                q[index, step] = q_step
             tokens[index, step] = drawn
             lengths[index] += 1
             still_live = []
@@ -114,6 +138,8 @@ class ModelDrafter:
                 if more:
                     still_live.append(b)
             live = still_live
+        if coupled:  # deterministic, but drawn by the draft model: its steps count (`forced.drafter_steps`)
+            return Proposal(tokens=tokens, q=None, lengths=lengths, deterministic=True, model_drawn=lengths)
         if q is None:
             q = torch.zeros(batch_size, gamma, self.target_vocab_size, device=device)
         return Proposal(tokens=tokens, q=q, lengths=lengths)
@@ -162,7 +188,7 @@ def _pad_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
 def _build(parts: DrafterParts) -> ModelDrafter:
     if parts.draft is None:
         raise ValueError("the model drafter needs a draft model")
-    return ModelDrafter(parts.draft, parts.target.vocab_size, stop=parts.stop)
+    return ModelDrafter(parts.draft, parts.target.vocab_size, stop=parts.stop, coupled=parts.coupled)
 
 
 KIND = register(

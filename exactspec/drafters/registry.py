@@ -69,6 +69,9 @@ class DrafterParts:
             (`decoding.gamma.LookupGamma`, per match length); None otherwise.
         stop: for a model drafter under adaptive gamma: whether a row drafts another token
             (`decoding.gamma.ConfidenceGamma`); None otherwise.
+        coupled: the draft model drafts by the target's positioned uniforms, deterministically
+            (`drafters.model.ModelDrafter`); False where the verifier needs the q a token was drawn
+            from (block verification).
     """
 
     target: LanguageModel
@@ -76,6 +79,7 @@ class DrafterParts:
     options: Mapping[str, Any] = field(default_factory=dict)
     lengths: Any = None
     stop: Any = None
+    coupled: bool = False
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,17 @@ class Sampler(RowLifecycle, Protocol):
         """
         ...
 
+    def draft_at(self, probs: torch.Tensor, rows: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
+        """The token a coupled draft proposes at output position positions[n] of row rows[n]: probs [N, V]
+        (a draft's q) -> [N] long, by the same uniform `categorical_at` will draw that position with.
+
+        It decides nothing: the position may be drafted again (a later round, another q) and is still
+        drawn once by `categorical_at`. A draft proposed this way is verified as a deterministic one, so
+        the emitted token is the positioned draw from p whatever the draft (docs/algorithm.md 5, coupled
+        model drafts); sharing the uniform only makes the draft agree with it more often.
+        """
+        ...
+
 
 class SeededSampler:
     """A `Sampler` on `torch.Generator`s: one stream per batch row.
@@ -162,6 +173,10 @@ class SeededSampler:
             return torch.empty(0, dtype=torch.long, device=probs.device)
         uniforms = [position_uniform(self._seed(r), t) for r, t in zip(rows, positions, strict=True)]
         return _inverse_cdf(probs, torch.tensor(uniforms, dtype=torch.float64, device=probs.device))
+
+    def draft_at(self, probs: torch.Tensor, rows: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
+        """The protocol's `draft_at`: `categorical_at`'s inverse CDF at the same positioned uniform."""
+        return self.categorical_at(probs, rows, positions)
 
     def _seed(self, row: int) -> int:
         seed = self._row_seeds.get(row)

@@ -228,11 +228,11 @@ class ModelPair:
         they are stable (about 7 s a round for the default pair at max_gamma 4). Kept on the pair and,
         like `batch_costs`, on disk under the pair's source and the machine when the measurement passed
         its checks (`exactspec.foundations.measuring`), so every run on one machine plans its draft
-        lengths from the same numbers: with a draft model a row's seeded tokens depend on its draft
-        lengths, and a batch job's output must not depend on how one start's timing came out
-        (docs/batch.md). A later call with a larger max_gamma measures again, a smaller one reuses the
-        cached numbers; `again` measures again in any case (`exactspec measure`). Without a draft model
-        c is 0. Clears both KV caches.
+        lengths from the same numbers: under block verification a draft model's row's seeded tokens
+        depend on its draft lengths, and a batch job's output must not depend on how one start's timing
+        came out (docs/batch.md). A later call with a larger max_gamma measures again, a smaller one
+        reuses the cached numbers; `again` measures again in any case (`exactspec measure`). Without a
+        draft model c is 0. Clears both KV caches.
         """
         if again or self._costs is None or self._costs.max_gamma < max_gamma:
 

@@ -293,6 +293,37 @@ def test_enumerating_sampler_combines_coins_and_draws() -> None:
     )
 
 
+def test_a_positions_coupled_drafts_and_its_draw_share_one_uniform() -> None:
+    """Drafts of a position by q's inverse CDF (`draft_at`) and its draw from p (`categorical_at`) read one
+    uniform u: the enumeration gives (draft, draw) the quantile coupling's joint law, |I_q(x) ∩ I_p(y)|
+    over the CDF intervals in id order, so the draw alone is p, and a second draft of the position (a
+    later round's, another q) narrows u further without changing the draw's law."""
+    q = torch.tensor([[0.5, 0.25, 0.25]], dtype=torch.float64)  # I_q: [0, .5) [.5, .75) [.75, 1)
+    q_again = torch.tensor([[0.25, 0.5, 0.25]], dtype=torch.float64)  # [0, .25) [.25, .75) [.75, 1)
+    p = torch.tensor([[0.25, 0.5, 0.25]], dtype=torch.float64)  # I_p: [0, .25) [.25, .75) [.75, 1)
+
+    def run(sampler: EnumeratingSampler) -> tuple[int, int, int]:
+        draft = int(sampler.draft_at(q, [0], [4])[0])
+        again = int(sampler.draft_at(q_again, [0], [4])[0])
+        return draft, again, int(sampler.categorical_at(p, [0], [4])[0])
+
+    distribution, _ = enumerate_outputs(run)
+    assert distribution == pytest.approx(
+        {(0, 0, 0): 0.25, (0, 1, 1): 0.25, (1, 1, 1): 0.25, (2, 2, 2): 0.25}, abs=1e-15
+    )
+    draws: dict[int, float] = {}
+    for (_, _, draw), probability in distribution.items():
+        draws[draw] = draws.get(draw, 0.0) + probability
+    assert draws == pytest.approx({0: 0.25, 1: 0.5, 2: 0.25}, abs=1e-15)
+
+    def drawn_twice(sampler: EnumeratingSampler) -> None:
+        sampler.categorical_at(p, [0], [4])
+        sampler.draft_at(q, [0], [4])
+
+    with pytest.raises(AssertionError, match="drafted its position 4 after drawing it"):
+        enumerate_outputs(drawn_twice)
+
+
 def test_enumerating_sampler_handles_batched_calls_and_certain_coins() -> None:
     def run(sampler: EnumeratingSampler) -> tuple:
         coins = sampler.bernoulli(torch.tensor([1.0, 0.0, 0.5], dtype=torch.float64), [0, 1, 2])

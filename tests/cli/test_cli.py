@@ -83,9 +83,18 @@ def test_verify_quick(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.Mo
 def test_verify_fails_when_a_case_is_not_exact(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A wrong residual (rejections drawn from p, not [p - q]+) is a FAIL row and exit 1."""
+    """A wrong coupled rule (a miss emits the draft's token, not the target's draw) is a FAIL row and
+    exit 1."""
+    from exactspec.verifiers.token import _Block
+
+    coupled = _Block.coupled
+
+    def keeps_the_draft(block: _Block, p, draft_tokens, active, i) -> None:  # type: ignore[no-untyped-def]
+        coupled(block, p, draft_tokens, active, i)
+        block.tokens[active, i] = draft_tokens[active, i]
+
     monkeypatch.setattr("exactspec.checking.grid.exact_grid", lambda: SMALL_GRID[:1])
-    monkeypatch.setattr("exactspec.verifiers.token._residual", lambda p_rows, q_rows: p_rows)
+    monkeypatch.setattr(_Block, "coupled", keeps_the_draft)
     assert run(["verify", "--quick", "--no-progress"]) == EXIT_FAILED
     out = capsys.readouterr().out
     assert "FAIL: 1 of 1 cases failed" in out

@@ -325,6 +325,41 @@ def test_sampled_speculation_with_free_drafts_emits_plain_samplings_tokens(
     assert engine.metrics.accepted_tokens > 0  # drafts were kept: the equality is not plain vs plain
 
 
+@pytest.mark.parametrize("drafter", ["model", "hybrid"])
+@pytest.mark.parametrize("adaptive", [False, True])
+@pytest.mark.parametrize("gamma", [1, 4])
+def test_sampled_speculation_with_coupled_model_drafts_emits_plain_samplings_tokens(
+    drafter: str, adaptive: bool, gamma: int
+) -> None:
+    """Coupled model drafts (docs/algorithm.md 5): the draft model's token at output position t is q's
+    inverse CDF at t's uniform and is verified as a deterministic draft, so sampled output with the draft
+    model equals plain sampling token for token, as with lookup drafts; block verification, which needs
+    the q a token was drawn from, keeps drawing from the rows' streams."""
+    from exactspec.decoding.builder import build_engine
+    from exactspec.decoding.strategy import Strategy
+    from exactspec.foundations.costs import BatchCosts
+
+    target = _target()
+    settings = SamplingSettings(temperature=0.9, top_k=5)
+    prompts = [[1, 2, 3, 1, 2], [4, 4, 4], [2, 3]]
+    seeds = [5, 6, 7]
+    costs = BatchCosts(
+        rows=(1, 4),
+        widths=(1, 2, 5),
+        target=((1.0, 1.05, 1.2), (1.2, 1.5, 2.5)),
+        draft=((0.1, 0.1, 0.1), (0.12, 0.12, 0.12)),
+    )
+    strategy = Strategy(drafter, adaptive_gamma=adaptive)
+    engine = build_engine(target, _draft(), strategy, gamma, batch_costs=costs)
+    config = DecodeConfig(gamma=gamma, max_new_tokens=20, settings=settings)
+    states = engine.generate(prompts, config, SeededSampler(seeds=seeds))
+    assert [state.generated for state in states] == _plain_sampling(target, prompts, settings, 20, seeds)
+    assert engine.metrics.accepted_tokens > 0  # drafts were kept: the equality is not plain vs plain
+    block = build_engine(target, _draft(), Strategy("model", verifier="block", adaptive_gamma=False), gamma)
+    block_states = block.generate(prompts, config, SeededSampler(seeds=seeds))
+    assert [state.generated for state in block_states] != [state.generated for state in states]
+
+
 @pytest.mark.parametrize("drafter", ["ngram", "suffix"])
 def test_output_penalties_inside_draft_blocks_keep_plain_samplings_tokens(drafter: str) -> None:
     """The presence and frequency penalties at position i of a draft block count the row's output plus the

@@ -88,8 +88,8 @@ def test_the_engine_times_every_planned_round_and_the_plan_follows_measured_time
     engine = build_engine(target, draft, Strategy("model", adaptive_gamma=True), 2, batch_costs=COSTS)
     policy = engine.gamma_policy
     assert isinstance(policy, CostAwareGamma)
-    # (seed 2: a row that runs ten rounds before its EOS)
-    engine.generate([[1, 2]], DecodeConfig(gamma=2, max_new_tokens=12), SeededSampler(2))
+    # (seed 3: a row that runs twelve rounds, to its length limit)
+    engine.generate([[1, 2]], DecodeConfig(gamma=2, max_new_tokens=12), SeededSampler(3))
     assert len(engine.metrics.round_times) == engine.metrics.rounds - 1 > 0  # all but the prompt's round
     # Told that drafting rounds take ten times what plain ones take, the planner stops drafting.
     for _ in range(40):
@@ -97,5 +97,5 @@ def test_the_engine_times_every_planned_round_and_the_plan_follows_measured_time
         for width in (2, 3):
             policy.timed(RoundShape(1, width, width - 1), 1.0)
     engine.metrics = type(engine.metrics)()
-    engine.generate([[1, 2]], DecodeConfig(gamma=2, max_new_tokens=12), SeededSampler(1))
-    assert engine.metrics.proposed_tokens == 0
+    engine.generate([[1, 2]], DecodeConfig(gamma=2, max_new_tokens=12), SeededSampler(3))
+    assert engine.metrics.rounds == 12 and engine.metrics.proposed_tokens == 0

@@ -30,9 +30,9 @@ EOS = {0}
 V = 7
 
 
-def hybrid(lookup: str = "suffix") -> HybridDrafter:
+def hybrid(lookup: str = "suffix", coupled: bool = True) -> HybridDrafter:
     drafter = SuffixDrafter(EOS) if lookup == "suffix" else NgramDrafter(EOS)
-    return HybridDrafter(drafter, ModelDrafter(random_tabular_model(V, seed=2), V), V)
+    return HybridDrafter(drafter, ModelDrafter(random_tabular_model(V, seed=2), V, coupled=coupled), V)
 
 
 @pytest.mark.parametrize("lookup", ["suffix", "ngram"])
@@ -46,27 +46,34 @@ def test_a_lookup_chain_is_what_the_free_drafter_proposes(lookup: str) -> None:
     assert drafter.lookup(0, [1, 2], 3) == LookupChain([], 0)  # nothing to match
 
 
-def test_settled_rows_draft_from_the_source_the_plan_chose() -> None:
-    drafter = hybrid()
+@pytest.mark.parametrize("coupled", [True, False])
+def test_settled_rows_draft_from_the_source_the_plan_chose(coupled: bool) -> None:
+    drafter = hybrid(coupled=coupled)
     histories = [[3, 4, 5, 3, 4], [3, 4, 5, 3, 4], [1, 2]]
-    drafter.add_rows([RowStart(r, prompt=tuple(h)) for r, h in enumerate(histories)])
+    starts = [RowStart(r, prompt=tuple(h)) for r, h in enumerate(histories)]
+    drafter.add_rows(starts)
     chains = drafter.probe(histories, [2, 2, 2], [0, 1, 2])
     assert [chain.tokens for chain in chains] == [[5, 3], [5, 3], []]
     # Row 0 takes its chain; row 1 has one too, but the plan gave it to the model; row 2 has none.
     drafter.settle([0, 1, 2], [True, False, False])
     proposal = drafter.propose(histories, [2, 2, 2], SETTINGS, SeededSampler(0, 3), [0, 1, 2])
     assert proposal.row_tokens(0) == [5, 3]
-    assert proposal.q is not None
-    assert torch.equal(
-        proposal.q[0, :2], torch.nn.functional.one_hot(torch.tensor([5, 3]), V).to(proposal.q.dtype)
-    )
-    model = ModelDrafter(random_tabular_model(V, seed=2), V)
+    model = ModelDrafter(random_tabular_model(V, seed=2), V, coupled=coupled)
+    model.add_rows(starts[1:])
     alone = model.propose([histories[1], histories[2]], [2, 2], SETTINGS, SeededSampler(0, 3), [1, 2])
     for b, row in ((0, 1), (1, 2)):
         length = int(alone.lengths[b])
         assert proposal.lengths[row] == length
         assert torch.equal(proposal.tokens[row, :length], alone.tokens[b, :length])
-        assert torch.equal(proposal.q[row, :length], alone.q[b, :length])
+    if coupled:  # coupled drafts are chains, as the lookup's: one deterministic proposal
+        assert proposal.deterministic and proposal.q is None and alone.q is None
+    else:  # dense: the lookup row one-hot, the model's rows their q
+        assert proposal.q is not None and alone.q is not None
+        one_hot = torch.nn.functional.one_hot(torch.tensor([5, 3]), V).to(proposal.q.dtype)
+        assert torch.equal(proposal.q[0, :2], one_hot)
+        for b, row in ((0, 1), (1, 2)):
+            length = int(alone.lengths[b])
+            assert torch.equal(proposal.q[row, :length], alone.q[b, :length])
     # The round's draft steps are the model's: row 0's chain (2 tokens) ran none.
     assert proposal.model_drawn is not None and proposal.model_drawn.tolist() == [0, *alone.lengths.tolist()]
     assert drafter_steps(proposal, [0, 0, 0]) == max(alone.lengths.tolist())

@@ -60,6 +60,9 @@ def test_a_request_without_gamma_is_planned_by_the_batch_and_one_with_gamma_keep
     others = [service.submit(_body(seed=s), lambda choice, event: None) for s in range(3)]
     service.scheduler.run_until_idle()
     statistics = fixed.statistics()
-    assert statistics["proposed_tokens"] == 2 * statistics["rounds"] > 0
+    # Two a round, but the last round's draft fits what the length limit leaves (6 tokens: after 5,
+    # the last token is one plain draw).
+    assert 2 * (statistics["rounds"] - 1) <= statistics["proposed_tokens"] <= 2 * statistics["rounds"]
+    assert statistics["rounds"] > 1
     assert not statistics["gamma_planned"] and statistics["gamma"] == 2
     assert all(s.statistics()["gamma_planned"] for s in others)
