@@ -277,8 +277,9 @@ POINT_MASS_SEEDS = 64
 
 @dataclass(frozen=True)
 class PointMassCase(ExactCase):
-    """A drafter that runs no model (`strategy`: suffix trees or prompt lookup, fixed or planned gamma) with
-    the shipped `SeededSampler`: every seed's tokens at gamma 1..`gamma` must be plain decoding's
+    """A drafter under token verification (`strategy`: suffix trees, prompt lookup, the draft model's
+    coupled drafts or the hybrid; fixed, adaptive or planned gamma) with the shipped `SeededSampler`:
+    every seed's tokens at gamma 1..`gamma` must be plain decoding's
     (`checking.positioned.point_mass_mismatches`). Reported as: paths, the speculative runs; TV distance,
     the share of them whose tokens differ from plain decoding's (1 when no draft was proposed: plain
     against plain proves nothing)."""
@@ -287,12 +288,12 @@ class PointMassCase(ExactCase):
 
     def check(self) -> tuple[float, int, int]:
         """(share of runs that differ, runs, seeds)."""
-        target, _ = self.models()
+        target, draft = self.models()
 
         def build(gamma: int) -> SpeculativeEngine:
             return build_engine(
                 target,
-                None,
+                draft if gamma and self.strategy.needs_draft_model else None,
                 self.strategy if gamma else Strategy(adaptive_gamma=False),
                 gamma,
                 costs=self.costs().up_to(gamma) if gamma else None,

@@ -329,8 +329,9 @@ def _random_probabilities(vocab: int, seed: int, zeros: int = 0) -> tuple[float,
 def positioned_cases() -> list[ExactCase]:
     """The shipped sampler's draws keyed by position (`checking.positioned`): the law of one draw over a
     random seed at positions near and far, for random, sparse, one-hot and near-zero probabilities; and
-    the drafters that run no model (suffix, its trees, prompt lookup; fixed, adaptive and planned gamma)
-    giving every seed plain decoding's tokens at gamma 1..3."""
+    the drafters under token verification (suffix, its trees, prompt lookup, the draft model's coupled
+    drafts, the hybrid; fixed, adaptive and planned gamma) giving every seed plain decoding's tokens at
+    gamma 1..3."""
     laws = [
         ("V=4, position 0", _random_probabilities(4, 1), 0),
         ("V=6 with zeros, position 7", _random_probabilities(6, 2, zeros=3), 7),
@@ -354,6 +355,9 @@ def positioned_cases() -> list[ExactCase]:
         ),
         ("ngram, all transforms", Strategy("ngram", "token", False), False, ALL_TRANSFORMS),
         ("ngram, planned gamma", Strategy("ngram", "token", True), True, sampled),
+        ("coupled model drafts, all transforms", Strategy("model", "token", False), False, ALL_TRANSFORMS),
+        ("coupled model drafts, adaptive gamma", Strategy("model", "token", True), False, sampled),
+        ("hybrid, planned gamma", Strategy("hybrid", "token", True), True, sampled),
     ]
     for name, strategy, planned, settings in drafters:
         cases.append(
