@@ -208,7 +208,8 @@ def run(args: argparse.Namespace) -> int:
     summary += f", {decoder.pair.describe_backend()}"
     if args.compare_plain:
         print("[exactspec] decoding the same prompt plainly (no draft) to compare", file=sys.stderr)
-        summary += ", " + _comparison(_plain_run(decoder, prompt, options), metrics, token_ids, settings)
+        plain_run = _plain_run(decoder, prompt, options)
+        summary += ", " + _comparison(plain_run, metrics, token_ids, settings, chosen.keeps_plain_tokens)
     print(summary + f" (models loaded in {load_seconds:.1f} s)", file=sys.stderr)
     return EXIT_OK
 
@@ -306,10 +307,16 @@ def _plain_run(decoder: SpeculativeDecoder, prompt: str, options: dict[str, Any]
 
 
 def _comparison(
-    plain: PlainRun, metrics: DecodeMetrics, token_ids: list[int], settings: SamplingSettings
+    plain: PlainRun,
+    metrics: DecodeMetrics,
+    token_ids: list[int],
+    settings: SamplingSettings,
+    keeps_plain_tokens: bool = True,
 ) -> str:
     """'2.1x plain decoding's 14.2 tokens/s on this prompt, tokens identical to plain decoding's' (or
-    where they first differ; sampled runs draw other random numbers, so only their law is the same)."""
+    where they first differ, and why: a sampled run whose strategy does not keep plain decoding's tokens
+    (`Strategy.keeps_plain_tokens`) draws other random numbers, so only its law is the same; otherwise the
+    float rounding of wider passes, docs/numerics.md)."""
     speedup = metrics.tokens_per_second / plain.tokens_per_second if plain.tokens_per_second else float("nan")
     line = f"{speedup:.2f}x plain decoding's {plain.tokens_per_second:.1f} tokens/s on this prompt"
     if token_ids == plain.token_ids:
@@ -318,7 +325,10 @@ def _comparison(
         (i for i, (a, b) in enumerate(zip(token_ids, plain.token_ids, strict=False)) if a != b), None
     )
     where = f"from token {first + 1}" if first is not None else "in length"
-    why = " (sampled: the same law, other draws)" if settings.temperature > 0 else ""
+    if settings.temperature > 0 and not keeps_plain_tokens:
+        why = " (sampled with drafts drawn from q: the same law, other draws)"
+    else:
+        why = " (a wider pass's float rounding: docs/numerics.md)"
     return line + f", tokens differ from plain decoding's {where}{why}"
 
 

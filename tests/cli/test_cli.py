@@ -243,7 +243,12 @@ def test_comparison_names_where_the_tokens_first_differ() -> None:
     metrics = DecodeMetrics(emitted_tokens=4, total_seconds=1.0)
     line = _comparison(PlainRun([1, 2, 5, 6], 2.0), metrics, [1, 2, 3, 4], SamplingSettings(temperature=0.0))
     assert line.startswith("2.00x plain decoding's 2.0 tokens/s on this prompt")
-    assert line.endswith("tokens differ from plain decoding's from token 3")
+    assert line.endswith(
+        "tokens differ from plain decoding's from token 3 (a wider pass's float rounding: docs/numerics.md)"
+    )
+    sampled = SamplingSettings(temperature=0.7)
+    drawn = _comparison(PlainRun([1, 2], 2.0), metrics, [1, 3], sampled, keeps_plain_tokens=False)
+    assert drawn.endswith("from token 2 (sampled with drafts drawn from q: the same law, other draws)")
 
 
 def test_generate_prompt_from_file(
