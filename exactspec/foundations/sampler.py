@@ -54,7 +54,7 @@ class Sampler(RowLifecycle, Protocol):
         It decides nothing: the position may be drafted again (a later round, another q) and is still
         drawn once by `categorical_at`. A draft proposed this way is verified as a deterministic one, so
         the emitted token is the positioned draw from p whatever the draft (docs/algorithm.md 5, coupled
-        model drafts); sharing the uniform only makes the draft agree with it more often.
+        model drafts); sharing the uniform is what makes the draft likely to agree with that draw.
         """
         ...
 
