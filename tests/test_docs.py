@@ -1,4 +1,5 @@
-"""README and docs/ stay true to the tree: links resolve, the layout table is whole, cli.md is current."""
+"""README and docs/ stay true to the tree: links resolve, the layout table (docs/architecture.md) is whole,
+cli.md is current."""
 
 from __future__ import annotations
 
@@ -47,8 +48,8 @@ def test_every_linked_file_exists() -> None:
 
 
 def layout_table() -> dict[str, set[str]]:
-    """README's layout table: folder -> the module names its row lists."""
-    section = (ROOT / "README.md").read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
+    """The layout table (docs/architecture.md): folder -> the module names its row lists."""
+    section = (ROOT / "docs" / "architecture.md").read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
     rows = {}
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -57,13 +58,13 @@ def layout_table() -> dict[str, set[str]]:
     return rows
 
 
-def test_readme_layout_table_names_every_module() -> None:
+def test_the_layout_table_names_every_module() -> None:
     table = layout_table()
     packages = [p.parent for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE]
     for folder in sorted(packages):
         name = folder.relative_to(PACKAGE).as_posix()
         modules = {p.stem for p in folder.glob("*.py")} - {"__init__"}
-        assert name in table, f"README layout table has no row for {name}/"
+        assert name in table, f"docs/architecture.md's layout table has no row for {name}/"
         listed = table[name]
         assert modules == listed, f"{name}/: missing {modules - listed}, gone {listed - modules}"
 
