@@ -172,18 +172,12 @@ class FixedTreeDrafter(Stateless):
             _cut_tree(list(self.trees(tuple(history))), limit, self.eos_token_ids)
             for history, limit in zip(histories, max_tokens, strict=True)
         ]
-        width = max((len(nodes) for nodes in cut), default=0)
-        tokens = torch.zeros(len(cut), width, dtype=torch.long)  # [B, N]; padding is id 0
-        parents = torch.full((len(cut), width), -1, dtype=torch.long)  # [B, N]
-        for b, nodes in enumerate(cut):
-            for n, (token, parent) in enumerate(nodes):
-                tokens[b, n], parents[b, n] = token, parent
-        lengths = torch.tensor([len(nodes) for nodes in cut], dtype=torch.long)  # [B]
+        tokens = [[token for token, _ in nodes] for nodes in cut]
         if not self.as_chain:
-            return Proposal(tokens=tokens, q=None, lengths=lengths, deterministic=True, parents=parents)
+            return Proposal.from_trees(tokens, [[parent for _, parent in nodes] for nodes in cut])
         if any(parent != n - 1 for nodes in cut for n, (_, parent) in enumerate(nodes)):
             raise ValueError("as_chain needs trees of width 1 (node i's parent is i - 1)")
-        return Proposal(tokens=tokens, q=None, lengths=lengths, deterministic=True)
+        return Proposal.from_chains(tokens)
 
 
 def _cut_tree(nodes: list[tuple[int, int]], max_depth: int, eos: frozenset[int]) -> list[tuple[int, int]]:

@@ -14,6 +14,15 @@ from exactspec.foundations.settings import SamplingSettings
 from exactspec.foundations.trees import check_tree
 
 
+def _padded(rows: Sequence[Sequence[int]], fill: int) -> torch.Tensor:
+    """[B, width] long: row b's values, then `fill` up to the longest row's length (padding)."""
+    width = max((len(row) for row in rows), default=0)
+    out = torch.full((len(rows), width), fill, dtype=torch.long)
+    for b, row in enumerate(rows):
+        out[b, : len(row)] = torch.tensor(list(row), dtype=torch.long)
+    return out
+
+
 @dataclass(frozen=True)
 class Proposal:
     """Draft tokens for one round.
@@ -55,12 +64,16 @@ class Proposal:
     @classmethod
     def from_chains(cls, drafts: Sequence[Sequence[int]]) -> Proposal:
         """A deterministic proposal of one token chain per row (a row with none proposes nothing)."""
-        width = max((len(draft) for draft in drafts), default=0)
-        tokens = torch.zeros(len(drafts), width, dtype=torch.long)  # [B, gamma]; padding is id 0
-        for b, draft in enumerate(drafts):
-            tokens[b, : len(draft)] = torch.tensor(list(draft), dtype=torch.long)
         lengths = torch.tensor([len(draft) for draft in drafts], dtype=torch.long)  # [B]
-        return cls(tokens=tokens, q=None, lengths=lengths, deterministic=True)
+        return cls(tokens=_padded(drafts, 0), q=None, lengths=lengths, deterministic=True)
+
+    @classmethod
+    def from_trees(cls, drafts: Sequence[Sequence[int]], parents: Sequence[Sequence[int]]) -> Proposal:
+        """A deterministic proposal of one tree per row: drafts[b] its nodes' tokens, parents[b] their
+        parents (-1: a root), in the order the class's `parents` describes."""
+        lengths = torch.tensor([len(draft) for draft in drafts], dtype=torch.long)  # [B]
+        tokens, padded_parents = _padded(drafts, 0), _padded(parents, -1)
+        return cls(tokens=tokens, q=None, lengths=lengths, deterministic=True, parents=padded_parents)
 
     @classmethod
     def empty(cls, rows: int, vocab_size: int, device: torch.device) -> Proposal:

@@ -103,7 +103,8 @@ class HybridDrafter:
             self._chain(row, history, limit, probed.get(row)) if looks_up.get(row, True) else NO_CHAIN
             for history, limit, row in zip(histories, max_tokens, rows, strict=True)
         ]
-        looked_up = Proposal.from_chains([chain.tokens for chain in chains])
+        chain_tokens = [chain.tokens for chain in chains]
+        looked_up = Proposal.from_chains(chain_tokens)
         model_rows = [
             b
             for b, (limit, row) in enumerate(zip(max_tokens, rows, strict=True))
@@ -120,7 +121,7 @@ class HybridDrafter:
         )
         if len(model_rows) == len(histories):
             return drafted
-        return self._merge(looked_up, drafted, model_rows)
+        return self._merge(chain_tokens, looked_up, drafted, model_rows)
 
     def _chain(
         self, row: int, history: Sequence[int], limit: int, probed: tuple[int, LookupChain] | None
@@ -134,14 +135,14 @@ class HybridDrafter:
             return LookupChain(chain.tokens[:limit], chain.order) if chain.tokens else NO_CHAIN
         return self.lookup.lookup(row, history, limit)
 
-    def _merge(self, looked_up: Proposal, drafted: Proposal, model_rows: list[int]) -> Proposal:
-        """One proposal: the lookup rows' chains, `model_rows` from the model's proposal; deterministic
-        when the model's is (coupled drafts), else dense with the lookup rows one-hot."""
+    def _merge(
+        self, chain_tokens: list[list[int]], looked_up: Proposal, drafted: Proposal, model_rows: list[int]
+    ) -> Proposal:
+        """One proposal: the lookup rows' chains (`chain_tokens`, as `looked_up` holds them), `model_rows`
+        from the model's proposal; deterministic when the model's is (coupled drafts), else dense with the
+        lookup rows one-hot."""
         if drafted.q is None:
-            chains = [
-                tokens[:length]
-                for tokens, length in zip(looked_up.tokens.tolist(), looked_up.lengths.tolist(), strict=True)
-            ]
+            chains = list(chain_tokens)
             for index, b in enumerate(model_rows):
                 chains[b] = drafted.tokens[index, : int(drafted.lengths[index])].tolist()
             merged = Proposal.from_chains(chains)

@@ -35,8 +35,6 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-import torch
-
 from exactspec.drafters.base import LookupChain, Proposal
 from exactspec.drafters.ngram import MatchLengths
 from exactspec.drafters.registry import DrafterKind, DrafterOption, DrafterParts, register
@@ -283,20 +281,9 @@ class SuffixDrafter:
             self._cut(row, self.draft(row, history, limit))
             for history, limit, row in zip(histories, max_tokens, rows, strict=True)
         ]
-        width = max((len(draft.tokens) for draft in drafts), default=0)
-        tokens = torch.zeros(len(drafts), width, dtype=torch.long)  # [B, N]; padding is id 0
-        parents = torch.full((len(drafts), width), -1, dtype=torch.long)  # [B, N]; padding -1
-        for b, draft in enumerate(drafts):
-            tokens[b, : len(draft.tokens)] = torch.tensor(draft.tokens, dtype=torch.long)
-            parents[b, : len(draft.parents)] = torch.tensor(draft.parents, dtype=torch.long)
-        lengths = torch.tensor([len(draft.tokens) for draft in drafts], dtype=torch.long)  # [B]
-        return Proposal(
-            tokens=tokens,
-            q=None,
-            lengths=lengths,
-            deterministic=True,
-            parents=parents if self.max_branches > 1 else None,
-        )
+        if self.max_branches > 1:
+            return Proposal.from_trees([d.tokens for d in drafts], [d.parents for d in drafts])
+        return Proposal.from_chains([draft.tokens for draft in drafts])
 
     def lookup(self, row: int, history: Sequence[int], limit: int) -> LookupChain:
         """`base.ChainLookup`: the draft's first chain (all of it when max_branches is 1), cut to the depth
