@@ -318,9 +318,7 @@ class CostAwareGamma:
         """Whether the last plan has `row` draft its free lookup chain (a hybrid's; else the draft model)."""
         return row in self._looking_up
 
-    def _takes_lookup(
-        self, row: RoundRow, lag: int, fresh: bool, due_model: bool = False, due_lookup: bool = False
-    ) -> bool:
+    def _takes_lookup(self, row: RoundRow, lag: int, fresh: bool, due_model: bool, due_lookup: bool) -> bool:
         """Whether a hybrid's row drafts its lookup chain this round rather than the draft model: the source
         whose best draft alone (lookup: at most the chain, weighed by its match length's rates, no model
         step; model: the model's rates, with its steps and catch-up) predicts more tokens per second. A
