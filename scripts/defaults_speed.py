@@ -4,7 +4,8 @@ Settings (`--settings`, each in `--processes` fresh processes, the order reverse
 `_alternated.run_alternated`, so drift in the machine's speed falls on all of them):
 - plain: gamma 0 (plain decoding through the same engine and backend);
 - defaults: what `exactspec generate` does with no flag (the default drafter, planned gamma);
-- model: the draft model drafting (`--drafter model`, planned gamma), loaded beside the target.
+- model, hybrid, suffix: that drafter (`--drafter NAME`, planned gamma), the draft model loaded beside
+  the target where the drafter runs it.
 
 Each process loads the pair once (`--backend`, default auto: what a user gets) and decodes, timing each
 request from submission to its last token (prefill included, as a user waits for it):
@@ -30,7 +31,7 @@ from pathlib import Path
 
 from _alternated import machine_before, run_alternated, write_report
 
-SETTINGS = ("plain", "defaults", "model", "hybrid")
+SETTINGS = ("plain", "defaults", "model", "hybrid", "suffix")
 SEED = 11
 FIRST_RUN_PROMPT = Path(__file__).with_name("first-run-prompt.txt")
 
@@ -57,7 +58,7 @@ def one(setting: str, backend: str, max_new_tokens: int, only: list[str] | None)
     from exactspec.foundations.settings import SamplingSettings
     from exactspec.models.backends.registry import Workload
 
-    drafter = setting if setting in ("model", "hybrid") else DEFAULTS.drafter
+    drafter = DEFAULTS.drafter if setting in ("plain", "defaults") else setting
     strategy = Strategy(drafter)
     gamma = 0 if setting == "plain" else None  # None: the drafter's default cap
     cap = strategy.default_gamma(DEFAULTS.weights)  # what `exactspec generate` loads the pair for

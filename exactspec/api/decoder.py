@@ -84,11 +84,12 @@ class _Call:
 class SpeculativeDecoder:
     """A target model, an optional draft model and their shared tokenizer, ready to generate.
 
-    Without a draft model, plain decoding (gamma = 0) and prompt lookup (drafter="ngram") are
-    available; plain decoding runs through the same engine, adapter and transforms, which makes it
-    the baseline.
+    Without a draft model, plain decoding (gamma = 0) and the drafters that run no model ("suffix",
+    the default then, and "ngram") are available; plain decoding runs through the same engine,
+    adapter and transforms, which makes it the baseline.
 
-    `generate` and `stream` take the drafter ("suffix", the default, "model", "ngram" or "hybrid"), the
+    `generate` and `stream` take the drafter ("hybrid", the default with a draft model; "suffix", the
+    default without; "model" or "ngram"), the
     verifier ("token" or "block") and `adaptive_gamma` (gamma is then the maximum draft length; c and v(k) are
     measured once per pair and machine, see `ModelPair.cost_model`); `exactspec.decoding.strategy`
     says what each does.
@@ -212,7 +213,7 @@ class SpeculativeDecoder:
         seed: int = DEFAULTS.seed,
         stop: str | Sequence[str] | None = (),
         chat: bool = False,
-        drafter: DrafterName = DEFAULTS.drafter,
+        drafter: DrafterName | None = None,
         verifier: VerifierName = DEFAULTS.verifier,
         adaptive_gamma: bool = DEFAULTS.adaptive_gamma,
         structure: Structure | None = None,
@@ -267,7 +268,7 @@ class SpeculativeDecoder:
         seed: int = DEFAULTS.seed,
         stop: str | Sequence[str] | None = (),
         chat: bool = False,
-        drafter: DrafterName = DEFAULTS.drafter,
+        drafter: DrafterName | None = None,
         verifier: VerifierName = DEFAULTS.verifier,
         adaptive_gamma: bool = DEFAULTS.adaptive_gamma,
         structure: Structure | None = None,
@@ -283,9 +284,10 @@ class SpeculativeDecoder:
             stop: one stop string (a str, used whole) or a sequence of them.
             seed: any integer (int, numpy or torch integer).
             settings: a `SamplingSettings` (default: `SamplingSettings()`).
-            drafter: "suffix" (the default: suffix trees over the prompt, the output and earlier
-                requests' outputs, no draft model run), "model" (the draft model), "ngram" (prompt
-                lookup) or "hybrid" (lookup where the history has a match, the draft model elsewhere).
+            drafter: None (the default, `DEFAULTS.drafter_for` this decoder): "hybrid" with a draft
+                model (a suffix-tree lookup where the history has a match, the draft model elsewhere),
+                "suffix" without one (suffix trees over the prompt, the output and earlier requests'
+                outputs, no model run); or "model" (the draft model alone) or "ngram" (prompt lookup).
             verifier: "token" (token by token) or "block" (block verification).
             adaptive_gamma: choose each row's draft length per round in 0..gamma from its
                 acceptance and the measured costs (gamma is then the maximum).
@@ -338,6 +340,8 @@ class SpeculativeDecoder:
         logprobs: Any = None,
     ) -> _Call:
         """Every argument checked and normalised, before the lock is taken or a model runs."""
+        if drafter is None:
+            drafter = DEFAULTS.drafter_for(draft_loaded=self.draft is not None)
         try:
             strategy = Strategy(drafter, verifier, arguments.flag("adaptive_gamma", adaptive_gamma))
         except InvalidArgument:

@@ -31,7 +31,7 @@ Example, with a loaded `ModelPair` (`ModelPair.from_pretrained()`):
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from exactspec.api.requests import RequestError, RequestRules, TextRequest
@@ -68,7 +68,9 @@ class SessionConfig:
     """How a session decodes (every field has its default in `DEFAULTS`).
 
     Attributes:
-        strategy: drafter, verifier, fixed or adaptive gamma (`decoding.strategy`).
+        strategy: drafter, verifier, fixed or adaptive gamma (`decoding.strategy`); None: the defaults
+            with the drafter `DEFAULTS.drafter_for` the pair (the hybrid with a draft model, the suffix
+            drafter without).
         gamma: the draft length of a request that names none (with adaptive gamma, the most the
             policy gives it); None: `Strategy.default_gamma(weights)`; 0: plain decoding. A session
             without a drafter decodes plainly whatever is asked.
@@ -83,7 +85,7 @@ class SessionConfig:
         validate: the verifier checks its inputs every round (tests); production rounds skip it.
     """
 
-    strategy: Strategy = field(default_factory=Strategy)
+    strategy: Strategy | None = None
     gamma: int | None = None
     max_batch: int = DEFAULTS.max_batch
     max_waiting: int = DEFAULTS.max_waiting
@@ -210,7 +212,8 @@ class Session:
         what the session decides (gamma, planning, request checks) and the costs it plans with still
         come from the pair."""
         config = config or SessionConfig()
-        strategy = config.strategy
+        strategy = config.strategy or Strategy(DEFAULTS.drafter_for(draft_loaded=pair.draft is not None))
+        config = replace(config, strategy=strategy)
         self.pair = pair
         self.tokenizer = pair.tokenizer
         self.config = config

@@ -309,7 +309,8 @@ def add_strategy_arguments(parser: argparse.ArgumentParser, adaptive: bool = DEF
             f"{kind.name}: {kind.summary}" + (" (default)" if kind.name == DEFAULTS.drafter else "")
             for kind in kinds.values()
         )
-        + "; when --draft names a model and --drafter is not given, model",
+        + f"; when --drafter is not given and no draft model is loaded (--draft none, or --target without "
+        f"--draft), {DEFAULTS.free_drafter}",
     )
     options = [
         f"{kind.name}: {', '.join(option.name for option in kind.options)}"
@@ -385,9 +386,15 @@ def names_a_draft(args: argparse.Namespace) -> bool:
 
 
 def implied_drafter(args: argparse.Namespace) -> str:
-    """The drafter when --drafter is not given: the draft model when --draft names one (a user who names
-    a draft model means to draft with it), else `DEFAULTS.drafter`."""
-    return "model" if names_a_draft(args) else DEFAULTS.drafter
+    """The drafter when --drafter is not given (`DEFAULTS.drafter_for`): the hybrid where a draft model
+    will be loaded (--draft names one, or the built-in target runs with the built-in draft), else the
+    suffix drafter (--draft none, or a target of the user's with no --draft: the built-in draft's
+    vocabulary is Qwen2.5's, so it is not loaded for another target unless a drafter asks for it)."""
+    draft = getattr(args, "draft", DEFAULT_DRAFT_SPEC)
+    built_in_pair = (
+        getattr(args, "target", DEFAULTS.target) == DEFAULTS.target and draft == DEFAULT_DRAFT_SPEC
+    )
+    return DEFAULTS.drafter_for(draft_loaded=names_a_draft(args) or built_in_pair)
 
 
 def draft_to_load(args: argparse.Namespace, chosen: Strategy) -> str | None:
@@ -408,7 +415,7 @@ def draft_to_load(args: argparse.Namespace, chosen: Strategy) -> str | None:
     if no_draft:
         raise UsageError(
             f"--drafter {chosen.drafter} needs a draft model; drop --draft none or use a drafter that needs "
-            f"none (--drafter {DEFAULTS.drafter})"
+            f"none (--drafter {DEFAULTS.free_drafter})"
         )
     return args.draft
 

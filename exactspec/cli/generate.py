@@ -335,11 +335,12 @@ def _comparison(
 def _plain_when_drafting_cannot_pay(pair: ModelPair, chosen: Strategy, gamma: int) -> tuple[int, str | None]:
     """The default gamma, or 0 and why, when this machine's measured pass costs (`ModelPair.batch_costs`,
     cached; the same the run plans with) show that no draft length pays even at a plausible acceptance
-    (`BatchCosts.best_speedup`)."""
+    (`BatchCosts.best_speedup`; a drafter with free drafts is priced without the draft model's steps)."""
     from exactspec.foundations.costs import PLAUSIBLE_ACCEPTANCE
 
     costs = pair.batch_costs(gamma, 1)
-    speedup, best = costs.best_speedup(1, draft_model=chosen.needs_draft_model)
+    # A hybrid's lookup chains cost no draft step: it pays wherever free drafts would.
+    speedup, best = costs.best_speedup(1, draft_model=not chosen.has_free_drafts)
     if speedup > 1.0:
         return gamma, None
     return 0, (

@@ -57,8 +57,9 @@ CostSource = CostModel | Callable[[int], CostModel]
 class Strategy:
     """The choices: which drafter (and its options), which verifier, fixed or adaptive gamma.
 
-    `Strategy()` is what every entry point runs when nothing is chosen (`DEFAULTS`: the suffix drafter,
-    token verification, planned gamma); a fixed gamma is `adaptive_gamma=False`.
+    `Strategy()` is what every entry point runs when nothing is chosen and a draft model is loaded
+    (`DEFAULTS`: the hybrid drafter, token verification, planned gamma); without a draft model the
+    drafter is `DEFAULTS.free_drafter` (`DEFAULTS.drafter_for`). A fixed gamma is `adaptive_gamma=False`.
     """
 
     drafter: DrafterName = DEFAULTS.drafter
@@ -92,13 +93,18 @@ class Strategy:
         5). Block verification's model drafts are drawn from the rows' streams: law, not tokens."""
         return self.verifier == "token" or self.kind.free
 
+    @property
+    def has_free_drafts(self) -> bool:
+        """Whether some of the drafter's drafts cost no model pass: a free drafter's all, a hybrid's
+        lookup chains (`max_match_order`)."""
+        return self.kind.free or self.kind.max_match_order(self.options) > 0
+
     def default_gamma(self, weights: str) -> int:
         """The draft length (the cap, when adaptive) of a request that names none, for a target with
         these weights (`DEFAULTS.gamma`: the cap depends on whether the drafter runs a model). A drafter
-        with free lookups (a hybrid's chains, `max_match_order`) gets a free drafter's cap: its chains are
-        as long as a free drafter's, and the plan keeps its model drafts short."""
-        free = self.kind.free or self.kind.max_match_order(self.options) > 0
-        return DEFAULTS.gamma(weights, self.adaptive_gamma, free=free)
+        with free lookups (a hybrid's chains) gets a free drafter's cap: its chains are as long as a free
+        drafter's, and the plan keeps its model drafts short."""
+        return DEFAULTS.gamma(weights, self.adaptive_gamma, free=self.has_free_drafts)
 
     @property
     def options(self) -> dict[str, Any]:

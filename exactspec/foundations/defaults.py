@@ -9,8 +9,10 @@ the reason.
 (1.0, 0.0)
 >>> DEFAULTS.fixed_gamma("int4"), DEFAULTS.fixed_gamma("bf16"), DEFAULTS.adaptive_gamma_cap
 (2, 4, 4)
->>> DEFAULTS.drafter, DEFAULTS.gamma("gguf", adaptive=True, free=True)
-('suffix', 8)
+>>> DEFAULTS.drafter, DEFAULTS.free_drafter, DEFAULTS.drafter_for(draft_loaded=False)
+('hybrid', 'suffix', 'suffix')
+>>> DEFAULTS.gamma("gguf", adaptive=True, free=True)
+8
 """
 
 from __future__ import annotations
@@ -34,22 +36,26 @@ class Defaults:
             `verify`, `bench`, `audit`): reproducible by default; a server request without a seed gets a
             fresh random stream, as OpenAI's API does.
     Speculation:
-        drafter: "suffix" (`drafters.suffix`): drafts read from the prompt, the output so far and earlier
-            requests' outputs, which cost no model pass. On a CPU, scoring k tokens costs several
-            one-token steps on every backend and a draft model's step is a large share of a target step
-            (docs/performance.md; `exactspec bench` measures both), so a draft model rarely pays there
-            while free drafts accepted in runs can; with the planner a round no draft is predicted to
-            speed up is plain, so the default is never the slower one by more than the drafter's
-            bookkeeping. Its drafts are deterministic, so coupled
-            verification makes a seeded output plain decoding's token for token (docs/algorithm.md 5).
-            `--drafter model` (the draft model) pays where the target's passes are cheap to widen (GPUs).
+        drafter: "hybrid" (`drafters.hybrid`), where a draft model is loaded (the built-in pair's, or one
+            --draft names): a row whose history has a match drafts the suffix drafter's free chain (the
+            prompt, the output so far, earlier requests' outputs), a row without one the draft model's
+            tokens, and the planner picks per row and round the source it predicts more tokens per second
+            from, or a plain round. Under token verification both kinds of draft keep plain decoding's
+            seeded tokens (coupled, docs/algorithm.md 5), so the default's output is plain decoding's
+            token for token. Measured on the built-in pair (docs/bench/default-hybrid): the hybrid's
+            median over the coding and grounded prompts is above the suffix drafter's alone, which
+            finds nothing to copy in text written from scratch.
+        free_drafter: "suffix" (`drafters.suffix`), where no draft model is loaded (`--draft none`, a
+            target of the user's with no --draft: the built-in draft's vocabulary is Qwen2.5's, a
+            `SpeculativeDecoder` built without one): drafts that cost no model pass. `drafter_for`
+            picks between the two.
         verifier: token-by-token verification (`decoding.strategy`).
         adaptive_gamma: each round's draft lengths planned from each row's acceptance and the measured
             times of whole rounds (`decoding.round_times`), for the API, `generate`, the server and
             batch jobs alike; a round that no draft is predicted to speed up is plain. A batch job plans
-            rows together only with a drafter whose drafts are deterministic (then a record's tokens do
-            not depend on its draft lengths); with the draft model each row plans alone
-            (`exactspec.batch`: a record's tokens must not depend on its neighbours).
+            rows together only where a record's tokens cannot depend on its draft lengths (token
+            verification: lookups and coupled model drafts); under block verification each row plans
+            alone (`exactspec.batch`: a record's tokens must not depend on its neighbours).
         adaptive_gamma_cap, free_adaptive_gamma_cap: the most draft tokens a planned row may get when no
             gamma is given, with the draft model and with a drafter that runs no model (its drafts are
             free, so only the target's cost of scoring them limits them, and the planner weighs that);
@@ -93,7 +99,8 @@ class Defaults:
     generate_temperature: float = 0.0
     max_tokens: int = 256
     seed: int = 0
-    drafter: str = "suffix"
+    drafter: str = "hybrid"
+    free_drafter: str = "suffix"
     verifier: str = "token"
     adaptive_gamma: bool = True
     adaptive_gamma_cap: int = 4
@@ -120,6 +127,11 @@ class Defaults:
     def fixed_gamma(self, weights: str) -> int:
         """The draft length when none is given and gamma is fixed, for a target with these weights."""
         return self.int4_gamma if str(weights).startswith("int4") else self.dense_gamma
+
+    def drafter_for(self, draft_loaded: bool) -> str:
+        """The drafter of a run that names none: the hybrid where a draft model is loaded, else the suffix
+        drafter (the class docstring)."""
+        return self.drafter if draft_loaded else self.free_drafter
 
     def gamma(self, weights: str, adaptive: bool, free: bool = False) -> int:
         """The draft length (the cap, when adaptive) when none is given; `free`: the drafter runs no model."""

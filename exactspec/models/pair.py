@@ -138,12 +138,13 @@ class ModelPair:
         models' linear layers for torch's CPU kernels (`exactspec.models.hf.packed`). `threads`: CPU
         threads of a backend that takes them (llama.cpp). `report`: where a backend's lines for the user
         go (what `--backend auto` measured and chose); None: nowhere (the library never prints).
-        `workload`: what the pair will decode (`exactspec.models.backends.registry.Workload`; None: one
-        stream with the default drafter), which `--backend auto` predicts each backend's throughput on.
+        `workload`: what the pair will decode (`exactspec.models.backends.registry.Workload`; None:
+        `Workload.default`, one stream with the drafter of a run that names none), which `--backend
+        auto` predicts each backend's throughput on.
         `batch_invariant`: load the pair in its backend's batch-invariant mode (`LoadSpec.batch_invariant`;
         an error on a backend without one).
         """
-        from exactspec.models.backends.registry import LoadSpec, backends
+        from exactspec.models.backends.registry import LoadSpec, Workload, backends
         from exactspec.models.backends.registry import backend as backend_named
 
         try:
@@ -171,8 +172,9 @@ class ModelPair:
             report,
             batch_invariant=batch_invariant,
         )
-        if workload is not None:
-            spec = dataclasses.replace(spec, workload=workload)
+        spec = dataclasses.replace(
+            spec, workload=workload or Workload.default(draft_loaded=draft is not None)
+        )
         pair = chosen.load(spec)
         pair.report = report
         if pair.backend and backend_named(pair.backend).own_threads:  # what ran ("auto": its choice)

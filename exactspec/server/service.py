@@ -42,15 +42,15 @@ class Service:
         progress: Callable[[str], None] | None = None,
     ) -> None:
         """The session's settings (`exactspec.api.session.SessionConfig`): `strategy` (default
-        `Strategy()`: `DEFAULTS`' suffix drafter, token verification, planned gamma; the drafters
-        that run no model need no draft model), `gamma` (a
+        `DEFAULTS.drafter_for` the pair: the hybrid with a draft model, the suffix drafter without;
+        token verification, planned gamma), `gamma` (a
         request's draft length when it names none, the cap with adaptive gamma; default
         `DEFAULTS.gamma`), `max_batch`, `max_waiting`, `prefill_chunk`, `default_max_tokens`. With
         adaptive gamma every round's draft lengths are planned for the whole batch
         from `batch_costs` (default `ModelPair.batch_costs`, measured once per pair and machine;
         `progress` hears what it does)."""
         config = SessionConfig(
-            strategy=strategy or Strategy(),
+            strategy=strategy,
             gamma=gamma,
             max_batch=max_batch,
             max_waiting=max_waiting,

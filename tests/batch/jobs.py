@@ -51,13 +51,16 @@ def batch_args(
 ) -> list[str]:
     """The job's command line on the tiny float32 models.
 
-    By default the draft model at a fixed gamma (4): a draft model's seeded tokens depend on its draft
-    lengths, and planned lengths come from the costs a process measured, so only a fixed gamma makes
-    whole files comparable byte for byte between processes. `defaults`: the default drafter (suffix,
-    no draft model) with planned gamma, whose tokens do not depend on the lengths (docs/batch.md, Seeds).
+    By default the draft model alone at a fixed gamma (4): planned lengths come from the costs a process
+    measured, and the hybrid's lookups from the texts its worker generated before, so only the draft
+    model at a fixed gamma makes whole files (their statistics too) comparable byte for byte between
+    processes and input orders. `defaults`: the drafter of a job with no draft model (suffix) with planned
+    gamma, whose tokens do not depend on the lengths (docs/batch.md, Seeds).
     """
     target, draft = folders
-    speculation = ["--draft", "none"] if defaults else ["--draft", draft, "--fixed-gamma"]
+    speculation = (
+        ["--draft", "none"] if defaults else ["--draft", draft, "--drafter", "model", "--fixed-gamma"]
+    )
     return [
         "batch",
         str(source),

@@ -65,7 +65,7 @@ def test_every_record_gets_an_entry_in_input_order(reference: bytes) -> None:
     assert results["r8"]["settings"]["frequency_penalty"] == 1.5
     assert results["r5"]["statistics"]["proposed_tokens"] == 0 and results["r5"]["settings"]["gamma"] == 0
     assert results["r6"]["settings"]["logit_bias"] == {"40": -100.0} and 40 not in results["r6"]["token_ids"]
-    # --draft named, no --drafter: the draft model, at the fixed gamma 4 the job pins (`jobs.batch_args`).
+    # The draft model at the fixed gamma 4 the job pins (`jobs.batch_args`).
     assert results["r0"]["settings"]["gamma"] == 4 and not results["r0"]["statistics"]["gamma_planned"]
     stopped, unstopped = results["r4"], results["r2"]  # the same prompt, greedy; r4 stops at "R8"
     assert "R8" in unstopped["text"] and stopped["finish_reason"] == "stop"

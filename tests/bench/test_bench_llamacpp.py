@@ -24,7 +24,8 @@ def test_bench_on_llamacpp_runs_every_method_and_prices_its_rounds(
 ) -> None:
     target, draft = (str(path) for path in tiny_gguf_files)
     out = tmp_path / "out"
-    argv = ["bench", "--backend", "llamacpp", "--target", target, "--draft", draft, "--llamacpp"]
+    argv = ["bench", "--backend", "llamacpp", "--target", target, "--draft", draft, "--drafter", "model"]
+    argv += ["--llamacpp"]
     argv += ["--llamacpp-lookup", "2,3", "--gammas", "2", "--fixed-gamma", "--methods", "adaptive:3,ngram:4"]
     argv += ["--prompts", "py-fibonacci", "--temperatures", "0,1", "--max-new-tokens", "12", "--repeats", "2"]
     assert main([*argv, "--threads", "1", "--no-plots", "--no-progress", "--out", str(out)]) == 0

@@ -1,8 +1,8 @@
-"""Exact under speculation, checked statistically on tiny HF models: a session's defaults (the suffix
-drafter, adaptive gamma, forced drafts at q = 1) and `"gamma": 0` both sample the target's law under
-OpenAI's presence and frequency penalties (with logprobs asked for) and under a GBNF constraint,
-G-tested against that law computed exactly (`checking.statistical`); and the test can fail: the
-penalised samples against the unpenalised law do.
+"""Exact under speculation, checked statistically on tiny HF models: the suffix drafter (a session's
+default without a draft model; the hybrid's lookups) with adaptive gamma and forced drafts at q = 1,
+and `"gamma": 0`, both sample the target's law under OpenAI's presence and frequency penalties (with
+logprobs asked for) and under a GBNF constraint, G-tested against that law computed exactly
+(`checking.statistical`); and the test can fail: the penalised samples against the unpenalised law do.
 
 Each G-test passes an exact sampler with probability 1 - 1e-3 (the chi-square law of G), whatever N.
 """
@@ -16,6 +16,8 @@ from conftest import TOKENIZER_EOS_ID, TOKENIZER_VOCAB, add_weight_noise, tiny_c
 
 from exactspec.api.session import Session, SessionConfig, TextRequest
 from exactspec.checking.statistical import goodness_of_fit, likely_sequences
+from exactspec.decoding.strategy import Strategy
+from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.grammar import Structure
 from exactspec.foundations.settings import SamplingSettings
 from exactspec.models.pair import ModelPair
@@ -40,11 +42,17 @@ def session() -> Session:
         1,
     )
     pair = ModelPair.from_models(target, draft, tokenizer=tiny_tokenizer())
-    # The defaults (suffix drafter, adaptive gamma), each row planned on its own (no batch cost
-    # measurement): what decides whether a row drafts, never what it outputs.
-    return Session(
-        pair, SessionConfig(max_batch=64, max_waiting=SAMPLES, prefill_chunk=None, plan_batch=False)
+    # The suffix drafter with adaptive gamma, each row planned on its own (no batch cost measurement):
+    # what decides whether a row drafts, never what it outputs. (The hybrid, the default with a draft
+    # model, would draft nothing here: this draft model costs what the target does.)
+    config = SessionConfig(
+        Strategy(DEFAULTS.free_drafter),
+        max_batch=64,
+        max_waiting=SAMPLES,
+        prefill_chunk=None,
+        plan_batch=False,
     )
+    return Session(pair, config)
 
 
 def sample(settings: SamplingSettings, gamma: int | None, length: int, structure: Structure | None = None):

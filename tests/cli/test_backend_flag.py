@@ -3,6 +3,8 @@ aside (tests/audit/test_audit_llamacpp.py, tests/bench/ and tests/cli/test_numer
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from exactspec.cli.common import UsageError, lacks_transformers_modules
@@ -35,13 +37,15 @@ def test_a_part_that_needs_transformers_modules_is_skipped_in_one_line() -> None
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["generate", "x"], Workload()),
+        (["generate", "x"], Workload.default(draft_loaded=True)),
+        (["generate", "x", "--draft", "none"], Workload()),
+        (["generate", "x", "--target", "my/model"], Workload()),
         (["generate", "x", "--plain"], Workload.plain()),
         (
             ["generate", "x", "--drafter", "model", "--fixed-gamma", "--gamma", "3"],
             Workload("model", True, 3, 1, fixed=True),
         ),
-        (["serve", "--max-batch", "4"], Workload(rows=4)),
+        (["serve", "--max-batch", "4"], dataclasses.replace(Workload.default(draft_loaded=True), rows=4)),
         (["serve", "--plain"], Workload.plain(rows=DEFAULTS.max_batch)),
     ],
 )

@@ -376,8 +376,9 @@ def test_prompt_too_long_for_the_context(models: tuple[str, str], capsys: pytest
         (["--draft", "none"], "suffix", "token"),
         (["--drafter", "ngram", "--draft", "none"], "ngram", "token"),
         (["--drafter", "hybrid", "--verifier", "block", "--fixed-gamma"], "hybrid", "block"),
-        (["--adaptive-gamma", "--gamma", "3"], "model", "token"),
-        (["--gamma", "3"], "model", "token"),
+        (["--adaptive-gamma", "--gamma", "3"], "hybrid", "token"),  # a draft model named: the hybrid
+        (["--gamma", "3"], "hybrid", "token"),
+        (["--drafter", "model", "--gamma", "3"], "model", "token"),
     ],
     ids=lambda value: " ".join(value) if isinstance(value, list) else value,
 )

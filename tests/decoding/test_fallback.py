@@ -15,6 +15,7 @@ from exactspec.decoding.engine import DecodeConfig
 from exactspec.decoding.planner import CostAwareGamma
 from exactspec.decoding.strategy import Strategy
 from exactspec.foundations.costs import BatchCosts
+from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.sampler import SeededSampler
 from exactspec.models.base import ModelWrapper
 
@@ -57,8 +58,8 @@ def repeating_model() -> TabularModel:
 def test_the_defaults_fall_back_to_plain_within_a_few_rounds_and_probe_ever_more_rarely() -> None:
     target = SlowWidePass(repeating_model())
     engine = build_engine(
-        target, None, Strategy(), GAMMA, batch_costs=MEASURED
-    )  # the defaults: suffix, planned
+        target, None, Strategy(DEFAULTS.free_drafter), GAMMA, batch_costs=MEASURED
+    )  # the defaults without a draft model: suffix, planned
     policy = engine.gamma_policy
     assert isinstance(policy, CostAwareGamma)
     prompt = [1, 2, 3, 4] * 3
@@ -73,6 +74,6 @@ def test_the_defaults_fall_back_to_plain_within_a_few_rounds_and_probe_ever_more
     assert len(drafted) <= 3 + len(probes)
     assert engine.metrics.round_time_error == engine.metrics.round_time_error  # predictions were compared
     # Exact all along: the suffix drafts' q is a point mass, so the seeded tokens are plain decoding's.
-    plain = build_engine(repeating_model(), None, Strategy(), 0)
+    plain = build_engine(repeating_model(), None, Strategy(DEFAULTS.free_drafter), 0)
     (expected,) = plain.generate([prompt], DecodeConfig(gamma=0, max_new_tokens=TOKENS), SeededSampler(7))
     assert state.generated == expected.generated and len(expected.generated) == TOKENS

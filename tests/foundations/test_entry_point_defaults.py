@@ -30,7 +30,11 @@ from exactspec.models.pair import ModelPair
 VOCAB = len(TOKENIZER_VOCAB)
 
 DEFAULT_STRATEGY = Strategy(DEFAULTS.drafter, DEFAULTS.verifier, DEFAULTS.adaptive_gamma)
-"""What every entry point runs when nothing is chosen, spelled out field by field from `DEFAULTS`."""
+"""What every entry point runs when nothing is chosen and a draft model is loaded, spelled out field by
+field from `DEFAULTS`."""
+
+FREE_STRATEGY = Strategy(DEFAULTS.free_drafter, DEFAULTS.verifier, DEFAULTS.adaptive_gamma)
+"""What they run when nothing is chosen and no draft model is loaded."""
 
 LOADING = ("target", "dtype", "device", "weights", "backend")
 """The loading options that every loader defaults alike (the draft: see the CLI test)."""
@@ -80,7 +84,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
 def test_strategy_and_session_config_plan_gamma_as_the_command_line_does() -> None:
     assert Strategy() == DEFAULT_STRATEGY and Strategy().adaptive_gamma  # planned, like `generate`
-    assert SessionConfig().strategy == DEFAULT_STRATEGY
+    assert SessionConfig().strategy is None  # resolved by the pair: `DEFAULTS.drafter_for`
     assert SessionConfig().max_tokens == DEFAULTS.max_tokens
     assert DecodeConfig() == DecodeConfig(DEFAULTS.dense_gamma, DEFAULTS.max_tokens, SamplingSettings())
     assert SamplingSettings().temperature == DEFAULTS.temperature
@@ -88,6 +92,25 @@ def test_strategy_and_session_config_plan_gamma_as_the_command_line_does() -> No
 
 def test_the_checks_draft_at_least_every_fixed_default() -> None:
     assert DEFAULTS.check_gamma >= max(DEFAULTS.dense_gamma, DEFAULTS.int4_gamma)
+
+
+def test_without_a_draft_model_every_entry_point_defaults_to_the_free_drafter(
+    recorded: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("fastapi", reason="the server extra")
+    from exactspec.server.app import Service
+
+    pair = _tiny_pair()
+    pair.draft = None
+    assert Session(pair).strategy == Service(pair).session.strategy == FREE_STRATEGY
+    assert FREE_STRATEGY.default_gamma(pair.weights) == Session(pair).gamma > 0  # it drafts
+    recorded["pair"].draft = None
+    SpeculativeDecoder.from_pretrained(draft=None).generate("def f(x):")
+    assert main(["generate", "def f(x):", "--draft", "none"]) == EXIT_OK
+    assert main(["generate", "def f(x):", "--target", "my/model"]) == EXIT_OK
+    capsys.readouterr()
+    assert [load["draft"] for load in recorded["loads"]] == [None, None, None]
+    assert [session.strategy for session in recorded["sessions"]] == [FREE_STRATEGY] * 3
 
 
 def test_session_and_service_over_a_pair_resolve_the_defaults() -> None:
@@ -119,10 +142,9 @@ def test_the_api_and_generate_without_flags_resolve_the_same_defaults(
 
     for name in LOADING:
         assert api_load[name] == cli_load[name] == getattr(DEFAULTS, name), name
-    # The decoder keeps the draft model for later calls that ask for it; `generate` knows its one run's
-    # drafter, which runs no model, so it loads none.
-    assert api_load["draft"] == DEFAULTS.draft and cli_load["draft"] is None
-    assert not DEFAULT_STRATEGY.needs_draft_model
+    # Both load the built-in draft model: the default drafter (the hybrid) runs it.
+    assert api_load["draft"] == cli_load["draft"] == DEFAULTS.draft
+    assert DEFAULT_STRATEGY.needs_draft_model
 
     gamma = DEFAULT_STRATEGY.default_gamma(pair.weights)
     for session in (api, cli):

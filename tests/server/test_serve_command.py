@@ -34,8 +34,8 @@ def test_serve_with_no_arguments_serves_the_default_pair_on_localhost(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     loaded, served = _capture_serve(monkeypatch, [])
-    # The default suffix drafter runs no model: no draft model is loaded.
-    assert loaded["target"] == "default-target" and loaded["draft"] is None
+    # The default drafter (the hybrid) runs the built-in draft model beside the built-in target.
+    assert loaded["target"] == "default-target" and loaded["draft"] == "default-draft"
     assert loaded["device"] == "auto" and loaded["dtype"] == "auto"
     assert served["host"] == "127.0.0.1" and served["port"] == 8000
     service = served["app"].state.service
@@ -75,14 +75,22 @@ def test_serve_plans_rounds_by_default_and_fixed_gamma_turns_it_off(monkeypatch:
     assert service.strategy.drafter == DEFAULTS.drafter and service.strategy.adaptive_gamma
     assert service.gamma == DEFAULTS.free_adaptive_gamma_cap
     policy = service.scheduler.engine.gamma_policy
-    # free drafts: planned for the whole batch from timed rounds, depths by match length within the caps
-    assert isinstance(policy, CostAwareGamma) and policy.lengths is not None and not policy.model_drafts
+    # lookup chains and model drafts: planned for the whole batch from timed rounds, chains' depths by
+    # match length within the caps
+    assert isinstance(policy, CostAwareGamma) and policy.lengths is not None and policy.model_drafts
     assert service.batch_costs is not None
     assert service.batch_costs.widths[-1] == DEFAULTS.free_adaptive_gamma_cap + 1
     _, served = _capture_serve(monkeypatch, ["--fixed-gamma", "--gamma", "3"])
     service = served["app"].state.service
     assert not service.strategy.adaptive_gamma and service.scheduler.engine.gamma_policy is None
     assert service.gamma == 3
+
+
+def test_serve_without_a_draft_model_drafts_from_the_suffix_drafter(monkeypatch: pytest.MonkeyPatch) -> None:
+    loaded, served = _capture_serve(monkeypatch, ["--draft", "none"])
+    assert loaded["draft"] is None
+    service = served["app"].state.service
+    assert service.strategy.drafter == DEFAULTS.free_drafter and service.gamma > 0
 
 
 def test_serve_refuses_hybrid_without_a_draft(capsys: pytest.CaptureFixture[str]) -> None:

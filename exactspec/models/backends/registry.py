@@ -47,8 +47,8 @@ FLOAT64_TOLERANCE = 1e-12
 class Workload(JsonRecord):
     """What a pair is loaded to run: `--backend auto` predicts each candidate's throughput on it.
 
-    The default is a default single stream (`exactspec generate`): the default drafter, which runs no
-    model, with its planned draft lengths up to the cap.
+    `Workload()` is one stream with the drafter that runs no model (`DEFAULTS.free_drafter`), planned up
+    to its cap; `Workload.default` is what a run that names no drafter decodes.
 
     Attributes:
         drafter: the drafter's name ("" when plain).
@@ -58,7 +58,7 @@ class Workload(JsonRecord):
         fixed: every round drafts max_gamma tokens (`--fixed-gamma`), instead of a planned length up to it.
     """
 
-    drafter: str = DEFAULTS.drafter
+    drafter: str = DEFAULTS.free_drafter
     draft_model: bool = False
     max_gamma: int = DEFAULTS.free_adaptive_gamma_cap
     rows: int = 1
@@ -67,6 +67,12 @@ class Workload(JsonRecord):
     def __post_init__(self) -> None:
         if self.max_gamma < 0 or self.rows < 1:
             raise ValueError(f"a workload needs max_gamma >= 0 and rows >= 1: {self.max_gamma}, {self.rows}")
+
+    @classmethod
+    def default(cls, draft_loaded: bool) -> Workload:
+        """One stream with the drafter of a run that names none (`DEFAULTS.drafter_for`: the hybrid, which
+        runs the draft model, where one is loaded), planned up to its cap (a lookup drafter's)."""
+        return cls(drafter=DEFAULTS.drafter_for(draft_loaded), draft_model=draft_loaded)
 
     @classmethod
     def plain(cls, rows: int = 1) -> Workload:
