@@ -1,9 +1,9 @@
 """Speculative output against plain decoding's, token id for token id, on the built-in pair.
 
 For the bench's coding and grounded prompts, at T = 0 and at T = 0.7 with a seed, `max_new_tokens` each:
-the defaults (suffix drafter, planned gamma) and plain decoding (gamma 0) in one process, on exactspec's
-own kernels (`--backend native`, the default: invariant with no switch), or on ONNX Runtime in the
-batch-invariant mode (`--backend onnx --mode invariant`) or its default mode (`--mode default`, for
+the defaults (the built-in pair, so the hybrid drafter; planned gamma) and plain decoding (gamma 0) in one
+process, on exactspec's own kernels (`--backend native`, the default: invariant with no switch), or on
+ONNX Runtime in the batch-invariant mode (`--backend onnx --mode invariant`) or its default mode (`--mode default`, for
 contrast). Writes results.json and README.md to --out; exits 1 when a run of an invariant backend differs.
 
     python scripts/invariant_equality.py --out docs/bench/native-equality
@@ -41,7 +41,7 @@ def main() -> int:
     args = parser.parse_args()
     invariant = args.backend == "native" or args.mode == "invariant"
     decoder = SpeculativeDecoder.from_pretrained(
-        draft=None, backend=args.backend, batch_invariant=args.backend == "onnx" and invariant, progress=False
+        backend=args.backend, batch_invariant=args.backend == "onnx" and invariant, progress=False
     )
     if args.prompts == "edits":
         prompts = select_prompts("edits")

@@ -47,20 +47,27 @@ def write_jsonl(path: Path, records: list[dict[str, Any]]) -> Path:
 
 
 def batch_args(
-    folders: tuple[str, str], source: Path, out: Path, *extra: str, defaults: bool = False
+    folders: tuple[str, str],
+    source: Path,
+    out: Path,
+    *extra: str,
+    defaults: bool = False,
+    draft_model: bool = False,
 ) -> list[str]:
     """The job's command line on the tiny float32 models.
 
     By default the draft model alone at a fixed gamma (4): planned lengths come from the costs a process
     measured, and the hybrid's lookups from the texts its worker generated before, so only the draft
     model at a fixed gamma makes whole files (their statistics too) comparable byte for byte between
-    processes and input orders. `defaults`: the drafter of a job with no draft model (suffix) with planned
-    gamma, whose tokens do not depend on the lengths (docs/batch.md, Seeds).
+    processes and input orders. `defaults`: no drafter named, planned gamma: with `draft_model` the
+    tiny draft is loaded and the job drafts from the hybrid, else `--draft none` and the suffix drafter;
+    either way the tokens do not depend on the draft lengths (docs/batch.md, Seeds).
     """
     target, draft = folders
-    speculation = (
-        ["--draft", "none"] if defaults else ["--draft", draft, "--drafter", "model", "--fixed-gamma"]
-    )
+    if defaults:
+        speculation = ["--draft", draft if draft_model else "none"]
+    else:
+        speculation = ["--draft", draft, "--drafter", "model", "--fixed-gamma"]
     return [
         "batch",
         str(source),
@@ -94,11 +101,13 @@ def entries_by_id_without_statistics(path: Path) -> dict[Any, dict[str, Any]]:
     return found
 
 
-def local_reference(folders: tuple[str, str], folder: Path, *, defaults: bool = False) -> Path:
+def local_reference(
+    folders: tuple[str, str], folder: Path, *, defaults: bool = False, draft_model: bool = False
+) -> Path:
     """The output of one uninterrupted local run of the job (what every other run must reproduce)."""
     out = folder / "out.jsonl"
     source = write_jsonl(folder / "in.jsonl", job_records())
-    assert main(batch_args(folders, source, out, defaults=defaults)) == EXIT_OK
+    assert main(batch_args(folders, source, out, defaults=defaults, draft_model=draft_model)) == EXIT_OK
     return out
 
 

@@ -101,19 +101,23 @@ def test_outputs_do_not_depend_on_order_batch_size_or_a_resume(
     assert out.read_bytes() == reference
 
 
-def test_planned_suffix_drafts_leave_every_record_its_tokens_whatever_the_order_batch_or_resume(
-    tiny_model_folders: tuple[str, str], tmp_path: Path
+@pytest.mark.parametrize("draft_model", [False, True], ids=["suffix", "hybrid"])
+def test_planned_default_drafts_leave_every_record_its_tokens_whatever_the_order_batch_or_resume(
+    tiny_model_folders: tuple[str, str], tmp_path: Path, draft_model: bool
 ) -> None:
-    """The defaults (suffix drafter, planned gamma): rows plan together from the costs this process
-    measured and the round times it meets, and the shared tree learns in input order, so the draft lengths
-    (and the statistics that count them) depend on timing and on the neighbours; the drafts' q is a point
-    mass and every position's draw is keyed by the record's seed and the position, so every record's entry
-    but its statistics is the same in input order with 3 rows a round, reversed with 1 row a round,
+    """The defaults (the suffix drafter without a draft model, the hybrid with one; planned gamma): rows
+    plan together from the costs this process measured and the round times it meets, and the shared tree
+    learns in input order, so the draft lengths (and the statistics that count them) depend on timing and
+    on the neighbours; the drafts' q is a point mass or coupled to the target's draws (the hybrid's model
+    rows), and every position's draw is keyed by the record's seed and the position, so every record's
+    entry but its statistics is the same in input order with 3 rows a round, reversed with 1 row a round,
     resumed after 5 records, and at a fixed gamma 8, where drafts are proposed whatever the timing
     (docs/batch.md, Seeds)."""
     records = job_records()
     (tmp_path / "reference").mkdir()
-    reference = local_reference(tiny_model_folders, tmp_path / "reference", defaults=True)
+    reference = local_reference(
+        tiny_model_folders, tmp_path / "reference", defaults=True, draft_model=draft_model
+    )
     forward = entries_by_id_without_statistics(reference)
     assert entries(reference)[0]["statistics"]["gamma_planned"] and forward["r0"]["settings"]["gamma"] == 8
     others = {}
@@ -123,11 +127,17 @@ def test_planned_suffix_drafts_leave_every_record_its_tokens_whatever_the_order_
     ):
         others[name] = tmp_path / f"{name}.jsonl"
         source = write_jsonl(tmp_path / f"{name}-in.jsonl", ordered)
-        assert main(batch_args(tiny_model_folders, source, others[name], *extra, defaults=True)) == EXIT_OK
+        args = batch_args(
+            tiny_model_folders, source, others[name], *extra, defaults=True, draft_model=draft_model
+        )
+        assert main(args) == EXIT_OK
     others["resumed"] = tmp_path / "resumed.jsonl"
     for part in (records[:5], records):
         source = write_jsonl(tmp_path / f"part-{len(part)}.jsonl", part)
-        assert main(batch_args(tiny_model_folders, source, others["resumed"], defaults=True)) == EXIT_OK
+        args = batch_args(
+            tiny_model_folders, source, others["resumed"], defaults=True, draft_model=draft_model
+        )
+        assert main(args) == EXIT_OK
     for name, out in others.items():
         assert entries_by_id_without_statistics(out) == forward, name
     fixed = [e["statistics"] for e in entries(others["fixed"]) if "statistics" in e]
