@@ -3,8 +3,9 @@
 For the bench's coding and grounded prompts, at T = 0 and at T = 0.7 with a seed, `max_new_tokens` each:
 the defaults (the built-in pair, so the hybrid drafter; planned gamma) and plain decoding (gamma 0) in one
 process, on exactspec's own kernels (`--backend native`, the default: invariant with no switch), or on
-ONNX Runtime in the batch-invariant mode (`--backend onnx --mode invariant`) or its default mode (`--mode default`, for
-contrast). Writes results.json and README.md to --out; exits 1 when a run of an invariant backend differs.
+ONNX Runtime in the batch-invariant mode (`--backend onnx --mode invariant`) or its default mode
+(`--mode default`, for contrast). Writes results.json and README.md to --out; exits 1 when a run of an
+invariant backend differs.
 
     python scripts/invariant_equality.py --out docs/bench/native-equality
 """

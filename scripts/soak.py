@@ -556,8 +556,9 @@ def main(argv: list[str] | None = None) -> int:
         return resummarise(args, out)
     with tempfile.TemporaryDirectory(prefix="exactspec-soak-") as scratch:
         if args.tiny:
-            # The target alone: the default drafter (suffix) runs no draft model, and its shared tree
-            # is what GET /health reports. Named weights and dtype: no backend timing on a model this small.
+            # The target alone (a --target of ours, no --draft): the default drafter is then the suffix
+            # drafter, and its shared tree is what GET /health reports. Named weights and dtype: no backend
+            # timing on a model this small.
             args.target = tiny_target(Path(scratch))
             args.serve_arg = ["--weights", "bf16", "--dtype", "float32", *args.serve_arg]
         process, base = start_server(args, out / "server.log")

@@ -8,8 +8,8 @@ logit-bias id outside the vocabulary) becomes an error entry and the job goes on
 
 A record's tokens are a function of its prompt, settings and seed alone: each row draws from its
 own positioned random stream (seeded by the record). With a drafter whose drafts are deterministic
-(the default suffix drafter, prompt lookup), and with the draft model's coupled drafts under token
-verification, verification is coupled (docs/algorithm.md 5): a row emits plain decoding's tokens
+(the suffix drafter, prompt lookup, the hybrid's chains), and with the draft model's coupled drafts
+under token verification, verification is coupled (docs/algorithm.md 5): a row emits plain decoding's tokens
 whatever it drafted, so the batch planner may give rows lengths that depend on their neighbours and
 on timing. Under block verification the draft model's drafts are drawn from the row's stream, so a
 row's seeded tokens depend on its draft lengths (the law does not): each row then plans alone from

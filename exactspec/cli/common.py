@@ -399,7 +399,7 @@ def implied_drafter(args: argparse.Namespace) -> str:
 
 def draft_to_load(args: argparse.Namespace, chosen: Strategy) -> str | None:
     """The --draft to load for `chosen` (generate, serve, batch), or None: --plain, --draft none, or a
-    drafter that runs no model (the default suffix drafter, prompt lookup). Raises UsageError for a
+    drafter that runs no model (the suffix drafter, prompt lookup). Raises UsageError for a
     drafter that needs the draft model without one, and for a --draft named with a drafter that would
     not use it (a draft model the user named and that silently does nothing is a wrong answer)."""
     no_draft = args.draft.lower() == "none"
