@@ -172,9 +172,10 @@ class ModelPair:
             report,
             batch_invariant=batch_invariant,
         )
-        spec = dataclasses.replace(
-            spec, workload=workload or Workload.default(draft_loaded=draft is not None)
-        )
+        if workload is None:  # the built-in draft runs beside the built-in target only, as on the CLI
+            built_in_draft_only = draft == DEFAULTS.draft and target != DEFAULTS.target
+            workload = Workload.default(draft_loaded=draft is not None and not built_in_draft_only)
+        spec = dataclasses.replace(spec, workload=workload)
         pair = chosen.load(spec)
         pair.report = report
         if pair.backend and backend_named(pair.backend).own_threads:  # what ran ("auto": its choice)

@@ -21,6 +21,7 @@ from exactspec.checking.grid import exact_grid, run_exact_case
 from exactspec.checking.toy import random_tabular_model
 from exactspec.cli.main import build_parser, main
 from exactspec.foundations import provenance
+from exactspec.foundations.defaults import DEFAULTS
 from exactspec.foundations.errors import InvalidArgument
 from exactspec.models import costs as model_costs
 from exactspec.models.backends import auto, registry
@@ -122,6 +123,29 @@ def test_a_registered_backend_loads_by_name_and_is_a_cli_choice(toy: Backend) ->
     assert pair.reference is pair.target
     args = build_parser().parse_args(["generate", "x", "--backend", toy.name])
     assert args.backend == toy.name
+
+
+def test_with_no_workload_the_pair_is_loaded_for_the_default_drafter_it_will_run(toy: Backend) -> None:
+    """The default drafter is the hybrid where a draft model runs (`DEFAULTS.drafter_for`): the built-in
+    pair, or a draft the caller named; the built-in draft beside a target of the caller's is not loaded
+    (as on the command line: its vocabulary is Qwen2.5's), nor is a draft of None."""
+    loads = [
+        (DEFAULTS.target, DEFAULTS.draft),
+        ("my/target", "my/draft"),
+        ("my/target", DEFAULTS.draft),
+        (DEFAULTS.target, None),
+    ]
+    for target, draft in loads:
+        ModelPair.from_pretrained(target, draft, backend=toy.name)
+    assert [spec.workload for spec in LOADED[-4:]] == [
+        Workload.default(draft_loaded=True),
+        Workload.default(draft_loaded=True),
+        Workload.default(draft_loaded=False),
+        Workload.default(draft_loaded=False),
+    ]
+    assert Workload.default(draft_loaded=True).drafter == DEFAULTS.drafter == "hybrid"
+    assert Workload.default(draft_loaded=True).draft_model
+    assert Workload.default(draft_loaded=False) == Workload()  # the suffix drafter, no draft model
 
 
 def test_a_backend_with_threads_of_its_own_leaves_torch_one_thread_for_the_sampling(toy: Backend) -> None:
