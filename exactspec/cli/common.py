@@ -390,11 +390,8 @@ def implied_drafter(args: argparse.Namespace) -> str:
     will be loaded (--draft names one, or the built-in target runs with the built-in draft), else the
     suffix drafter (--draft none, or a target of the user's with no --draft: the built-in draft's
     vocabulary is Qwen2.5's, so it is not loaded for another target unless a drafter asks for it)."""
-    draft = getattr(args, "draft", DEFAULT_DRAFT_SPEC)
-    built_in_pair = (
-        getattr(args, "target", DEFAULTS.target) == DEFAULTS.target and draft == DEFAULT_DRAFT_SPEC
-    )
-    return DEFAULTS.drafter_for(draft_loaded=names_a_draft(args) or built_in_pair)
+    target, draft = getattr(args, "target", DEFAULTS.target), getattr(args, "draft", DEFAULT_DRAFT_SPEC)
+    return DEFAULTS.drafter_for(draft_loaded=DEFAULTS.loads_draft(target, draft))
 
 
 def draft_to_load(args: argparse.Namespace, chosen: Strategy) -> str | None:

@@ -11,6 +11,8 @@ the reason.
 (2, 4, 4)
 >>> DEFAULTS.drafter, DEFAULTS.free_drafter, DEFAULTS.drafter_for(draft_loaded=False)
 ('hybrid', 'suffix', 'suffix')
+>>> [DEFAULTS.loads_draft(t, d) for t, d in [("default-target", "default-draft"), ("my/m", "default-draft")]]
+[True, False]
 >>> DEFAULTS.gamma("gguf", adaptive=True, free=True)
 8
 """
@@ -127,6 +129,14 @@ class Defaults:
     def fixed_gamma(self, weights: str) -> int:
         """The draft length when none is given and gamma is fixed, for a target with these weights."""
         return self.int4_gamma if str(weights).startswith("int4") else self.dense_gamma
+
+    def loads_draft(self, target: object, draft: object) -> bool:
+        """Whether a run that names no drafter loads `draft` beside `target` (and so drafts with the hybrid,
+        `drafter_for`): a draft the caller named, or the built-in draft beside the built-in target only
+        (its vocabulary is Qwen2.5's); never None or "none"."""
+        if draft is None or str(draft).lower() == "none":
+            return False
+        return draft != self.draft or target == self.target
 
     def drafter_for(self, draft_loaded: bool) -> str:
         """The drafter of a run that names none: the hybrid where a draft model is loaded, else the suffix

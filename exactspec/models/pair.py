@@ -172,9 +172,8 @@ class ModelPair:
             report,
             batch_invariant=batch_invariant,
         )
-        if workload is None:  # the built-in draft runs beside the built-in target only, as on the CLI
-            built_in_draft_only = draft == DEFAULTS.draft and target != DEFAULTS.target
-            workload = Workload.default(draft_loaded=draft is not None and not built_in_draft_only)
+        if workload is None:  # as on the command line (`DEFAULTS.loads_draft`)
+            workload = Workload.default(draft_loaded=DEFAULTS.loads_draft(target, draft))
         spec = dataclasses.replace(spec, workload=workload)
         pair = chosen.load(spec)
         pair.report = report
