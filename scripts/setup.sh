@@ -29,6 +29,11 @@ need_base=0
 need_llamacpp=0
 if stale "$base_stamp"; then need_base=1; fi
 if [ "$with_llamacpp" = 1 ] && stale "$llamacpp_stamp"; then need_llamacpp=1; fi
+# pip upgrades itself before the compile starts beside the installs: an upgrade during the compile swaps
+# the build hooks the compiling pip runs (its build then fails with KeyError _PYPROJECT_HOOKS_BUILD_BACKEND).
+if [ "$need_base" = 1 ] || [ "$need_llamacpp" = 1 ]; then
+  .venv/bin/python -m pip install --quiet --upgrade pip
+fi
 build=""
 # A setup that stops early (a failed install, Ctrl-C) stops the compile running beside it too.
 trap 'if [ -n "$build" ]; then kill "$build" 2>/dev/null || true; fi' EXIT
@@ -59,7 +64,6 @@ if [ "$need_llamacpp" = 1 ]; then
   fi
 fi
 if [ "$need_base" = 1 ]; then
-  .venv/bin/python -m pip install --quiet --upgrade pip
   .venv/bin/python -m pip install --quiet "torch==2.13.0"
   .venv/bin/python -m pip install --quiet -e ".[hf,dev,serve,ray,onnx,structured]"
   touch "$base_stamp"
