@@ -25,7 +25,7 @@ serve: setup
 test: setup-llamacpp
 	.venv/bin/ruff check exactspec tests scripts
 	.venv/bin/ruff format --check exactspec tests scripts
-	.venv/bin/python -m pytest -q -n 2
+	.venv/bin/python -m pytest -q -n 2 --dist worksteal
 
 # Opt-in real-model tests on the default pair (slow: fetches and converts the models on first use).
 slow: setup-llamacpp
