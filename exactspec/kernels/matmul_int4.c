@@ -199,6 +199,60 @@ AVX2_INLINE void block_avx2(const int R, int h, const uint8_t *w, int64_t block,
     }
 }
 
+/* Rows r < R <= 2 of one tile and block, all 16 columns (two 8-column halves): each 64-byte chunk is
+ * loaded and unpacked once into 4 registers, and each row's 4 activations are broadcast once for both
+ * halves. Per 32 K values the u8 x s8 pairs (vpmaddubsw, at most 2 * 15 * 127 = 3810 each, eight of them
+ * summed in int16 <= 30480) are widened with vpmaddwd by ones into the row's int32 sums. R is a constant
+ * after inlining, so the accumulators live in registers. */
+AVX2_INLINE void pair_avx2(const int R, const uint8_t *w, int64_t block, const int8_t *qa, int64_t kp,
+                            const float *sa, const float *asum, int64_t nb, const float *s, const uint8_t *z,
+                            float facc[ES_ROWS][ES_TILE]) {
+    const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    __m256i acc[2][2];
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    for (int64_t sc = 0; sc < block / 32; sc++) {
+        __m256i part[2][2];
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++) part[r][0] = part[r][1] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            const uint8_t *chunk = w + sc * 256 + c * 64;
+            _mm_prefetch((const char *)(chunk + ES_PREFETCH), _MM_HINT_T0);
+            __m256i va = _mm256_loadu_si256((const __m256i *)chunk);
+            __m256i vb = _mm256_loadu_si256((const __m256i *)(chunk + 32));
+            __m256i la = _mm256_and_si256(va, mask), ha = _mm256_and_si256(_mm256_srli_epi16(va, 4), mask);
+            __m256i lb = _mm256_and_si256(vb, mask), hb = _mm256_and_si256(_mm256_srli_epi16(vb, 4), mask);
+#pragma GCC unroll 2
+            for (int r = 0; r < R; r++) {
+                const int8_t *a = qa + r * kp + sc * 32 + c * 8;
+                __m256i a0 = _mm256_set1_epi32(load4(a)), a1 = _mm256_set1_epi32(load4(a + 4));
+                part[r][0] = _mm256_add_epi16(part[r][0], _mm256_add_epi16(_mm256_maddubs_epi16(la, a0),
+                                                                           _mm256_maddubs_epi16(ha, a1)));
+                part[r][1] = _mm256_add_epi16(part[r][1], _mm256_add_epi16(_mm256_maddubs_epi16(lb, a0),
+                                                                           _mm256_maddubs_epi16(hb, a1)));
+            }
+        }
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++) {
+            acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(part[r][0], ones));
+            acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(part[r][1], ones));
+        }
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        const __m256 zv = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(z + 8 * h))));
+        const __m256 sv = _mm256_loadu_ps(s + 8 * h);
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++) { /* t - z * asum in float: exact (block_avx512 says why) */
+            __m256 term = _mm256_fnmadd_ps(zv, _mm256_set1_ps(asum[r * nb]), _mm256_cvtepi32_ps(acc[r][h]));
+            __m256 scale = _mm256_mul_ps(sv, _mm256_set1_ps(sa[r * nb]));
+            __m256 f = _mm256_loadu_ps(&facc[r][8 * h]);
+            _mm256_storeu_ps(&facc[r][8 * h], _mm256_fmadd_ps(term, scale, f));
+        }
+    }
+}
+
 static AVX2 void tile_avx2(int64_t t, int64_t r0, int rows, const acts_t *a, int64_t block,
                            const uint8_t *weights, const float *scales, const uint8_t *zeros,
                            float facc[ES_ROWS][ES_TILE]) {
@@ -212,13 +266,15 @@ static AVX2 void tile_avx2(int64_t t, int64_t r0, int rows, const acts_t *a, int
             const float *sa = a->sa + (r0 + r) * a->nb + b;
             const float *asum = a->asumf + (r0 + r) * a->nb + b;
             float(*f)[ES_TILE] = facc + r;
-            for (int h = 0; h < 2; h++) {
-                switch (rows - r < 4 ? rows - r : 4) {
-                case 1: block_avx2(1, h, w, block, qa, a->kp, sa, asum, a->nb, s, z, f); break;
-                case 2: block_avx2(2, h, w, block, qa, a->kp, sa, asum, a->nb, s, z, f); break;
-                case 3: block_avx2(3, h, w, block, qa, a->kp, sa, asum, a->nb, s, z, f); break;
-                default: block_avx2(4, h, w, block, qa, a->kp, sa, asum, a->nb, s, z, f); break;
-                }
+            switch (rows - r < 4 ? rows - r : 4) {
+            case 1: pair_avx2(1, w, block, qa, a->kp, sa, asum, a->nb, s, z, f); break;
+            case 2: pair_avx2(2, w, block, qa, a->kp, sa, asum, a->nb, s, z, f); break;
+            case 3:
+                for (int h = 0; h < 2; h++) block_avx2(3, h, w, block, qa, a->kp, sa, asum, a->nb, s, z, f);
+                break;
+            default:
+                for (int h = 0; h < 2; h++) block_avx2(4, h, w, block, qa, a->kp, sa, asum, a->nb, s, z, f);
+                break;
             }
         }
     }
