@@ -96,21 +96,31 @@ def interleaved_medians(calls: dict, copies: int, repeats: int) -> dict:
 
 
 def ours(n: int, k: int, block: int, rows: list[int], names: list[str], args) -> dict:
+    """Our median seconds per product. Each call is the library's C function through ctypes with its
+    arguments bound beforehand, as the decoder's one C call per pass reaches the kernel; `int4.matmul`'s
+    argument checks (about 20 us of Python a call) would count against ours only, since MatMulNBits runs
+    node after node inside one session run. What a call costs without work is measured too (rows 0)."""
     base = random_weights(n, k, block, seed=n + k)
     copies = [base] + [base.copy() for _ in range(copies_for(base.nbytes, args.stream_bytes) - 1)]
+    function = int4._matmul_function()
+    threads = args.threads or int4.default_threads()
     calls = {}
     for name in names:
-        for m in rows:
-            x = torch.randn(m, k)
-            out = torch.empty(m, n)
+        number = paths.path_number(name)
+        for m in [0, *rows]:
+            x, out = torch.randn(m, k), torch.empty(m, n)
+            x_pointer, out_pointer = x.data_ptr(), out.data_ptr()
 
-            def call(i: int, x=x, out=out, name=name) -> None:
-                int4.matmul(x, copies[i], out=out, threads=args.threads, path=name)
+            def call(i: int, m=m, number=number, x=x, out=out, xp=x_pointer, op=out_pointer) -> None:
+                packed, scales, zeros = copies[i]._pointers
+                status = function(number, xp, m, k, n, block, packed, scales, zeros, None, op, threads)
+                assert status == 0, status
 
             calls[name, m] = call
     medians = interleaved_medians(calls, len(copies), args.repeats)
     results = {name: {m: medians[name, m] for m in rows} for name in names}
-    return {"weight_bytes": base.nbytes, "copies": len(copies), "seconds": results}
+    empty = {name: medians[name, 0] for name in names}
+    return {"weight_bytes": base.nbytes, "copies": len(copies), "seconds": results, "empty_call": empty}
 
 
 def onnxruntime_session(n: int, k: int, block: int, count: int, threads: int):
@@ -182,6 +192,17 @@ def aims(record: dict) -> list[str]:
     return [*lines, ""]
 
 
+def empty_call_us(record: dict) -> str:
+    """The median, over shapes, blocks and paths, of what a call with no rows took, in microseconds."""
+    empty = [
+        seconds
+        for result in record["shapes"].values()
+        for mine in result["ours"].values()
+        for seconds in mine.get("empty_call", {}).values()
+    ]
+    return f"{statistics.median(empty) * 1e6:.1f}" if empty else "?"
+
+
 def table(record: dict) -> str:
     cpu = record["cpu"]
     lines = [
@@ -197,6 +218,9 @@ def table(record: dict) -> str:
         f"`{record['command']}`",
         "",
         "Median ms per call; in brackets the effective GB/s of weight bytes, then the time over one row's.",
+        "Ours: the C function through ctypes, arguments bound beforehand (a call with no rows took "
+        f"{empty_call_us(record)} us: what the figures carry that MatMulNBits' do not); MatMulNBits: one "
+        "session run over every copy, divided by the copies.",
         "",
         *aims(record),
     ]
