@@ -29,6 +29,17 @@
 #ifndef ES_PREFETCH
 #define ES_PREFETCH 4096 /* bytes ahead of the weights being read that are asked for */
 #endif
+/* Where a product of R rows asks for the weights ahead: one or two rows stream best with lines asked for
+ * into L1 4 KB ahead; from 3 rows on, the arithmetic between the loads leaves time to ask 8 KB ahead, into
+ * L2 (README.md, Loop order, has the measurements). Only the timing of loads changes, never an operation.
+ * R is a constant once inlined. */
+#define ES_PREFETCH_ROWS(R, p)                                              \
+    do {                                                                    \
+        if ((R) <= 2)                                                       \
+            _mm_prefetch((const char *)(p) + ES_PREFETCH, _MM_HINT_T0);     \
+        else                                                                \
+            _mm_prefetch((const char *)(p) + 2 * ES_PREFETCH, _MM_HINT_T1); \
+    } while (0)
 
 /* Quantized activations of a call: qa [M][kp] int8, sa [M][nb], asum [M][nb] (and as floats, exact). */
 typedef struct {
@@ -175,7 +186,7 @@ AVX2_INLINE void block_avx2(const int R, int h, const uint8_t *w, int64_t block,
         for (int r = 0; r < R; r++) part[r] = _mm256_setzero_si256();
 #pragma GCC unroll 1 /* unrolled, gcc computes every product first and spills them */
         for (int c = 0; c < 4; c++) {
-            if (h == 0) _mm_prefetch((const char *)(w + sc * 256 + c * 64 + ES_PREFETCH), _MM_HINT_T0);
+            if (h == 0) ES_PREFETCH_ROWS(R, w + sc * 256 + c * 64);
             __m256i v = _mm256_loadu_si256((const __m256i *)(w + sc * 256 + c * 64 + h * 32));
             __m256i low = _mm256_and_si256(v, mask), high = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
 #pragma GCC unroll 4
@@ -218,7 +229,7 @@ AVX2_INLINE void pair_avx2(const int R, const uint8_t *w, int64_t block, const i
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
             const uint8_t *chunk = w + sc * 256 + c * 64;
-            _mm_prefetch((const char *)(chunk + ES_PREFETCH), _MM_HINT_T0);
+            ES_PREFETCH_ROWS(R, chunk);
             __m256i va = _mm256_loadu_si256((const __m256i *)chunk);
             __m256i vb = _mm256_loadu_si256((const __m256i *)(chunk + 32));
             __m256i la = _mm256_and_si256(va, mask), ha = _mm256_and_si256(_mm256_srli_epi16(va, 4), mask);
@@ -307,7 +318,7 @@ AVX512_INLINE void block_avx512(const int R, const uint8_t *w, int64_t block, co
         __m512i u[8];
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
-            _mm_prefetch((const char *)(w + sc * 256 + c * 64 + ES_PREFETCH), _MM_HINT_T0);
+            ES_PREFETCH_ROWS(R, w + sc * 256 + c * 64);
             __m512i v = _mm512_loadu_si512((const void *)(w + sc * 256 + c * 64));
             u[2 * c] = _mm512_and_si512(v, mask);
             u[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
