@@ -171,6 +171,22 @@ static inline int32_t load4(const int8_t *p) {
     return v;
 }
 
+/* facc[r][8h..8h+7] += one block's terms for rows r < R of half h, from their integer sums idot[r]:
+ * t - z * asum in float (exact: block_avx512 says why), times s * sa, fused into the accumulator. The
+ * one sequence of float operations of every AVX2 kernel below. */
+AVX2_INLINE void finish_avx2(const int R, int h, const __m256i *idot, const float *sa, const float *asum,
+                             int64_t nb, const float *s, const uint8_t *z, float facc[ES_ROWS][ES_TILE]) {
+    const __m256 zv = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(z + 8 * h))));
+    const __m256 sv = _mm256_loadu_ps(s + 8 * h);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        __m256 term = _mm256_fnmadd_ps(zv, _mm256_set1_ps(asum[r * nb]), _mm256_cvtepi32_ps(idot[r]));
+        __m256 scale = _mm256_mul_ps(sv, _mm256_set1_ps(sa[r * nb]));
+        __m256 f = _mm256_loadu_ps(&facc[r][8 * h]);
+        _mm256_storeu_ps(&facc[r][8 * h], _mm256_fmadd_ps(term, scale, f));
+    }
+}
+
 /* Rows r < R of one tile and block, 8 columns (half h of the tile): integer dot products, then the
  * fused multiply-add into facc. R is a constant after inlining, so the accumulators live in registers. */
 AVX2_INLINE void block_avx2(const int R, int h, const uint8_t *w, int64_t block, const int8_t *qa, int64_t kp,
@@ -199,15 +215,7 @@ AVX2_INLINE void block_avx2(const int R, int h, const uint8_t *w, int64_t block,
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(part[r], ones));
     }
-    const __m256 zv = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(z + 8 * h))));
-    const __m256 sv = _mm256_loadu_ps(s + 8 * h);
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) { /* t - z * asum in float: exact (block_avx512 says why) */
-        __m256 term = _mm256_fnmadd_ps(zv, _mm256_set1_ps(asum[r * nb]), _mm256_cvtepi32_ps(acc[r]));
-        __m256 scale = _mm256_mul_ps(sv, _mm256_set1_ps(sa[r * nb]));
-        __m256 f = _mm256_loadu_ps(&facc[r][8 * h]);
-        _mm256_storeu_ps(&facc[r][8 * h], _mm256_fmadd_ps(term, scale, f));
-    }
+    finish_avx2(R, h, acc, sa, asum, nb, s, z, facc);
 }
 
 /* Rows r < R <= 2 of one tile and block, all 16 columns (two 8-column halves): each 64-byte chunk is
@@ -219,13 +227,13 @@ AVX2_INLINE void pair_avx2(const int R, const uint8_t *w, int64_t block, const i
                             const float *sa, const float *asum, int64_t nb, const float *s, const uint8_t *z,
                             float facc[ES_ROWS][ES_TILE]) {
     const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    __m256i acc[2][2];
+    __m256i acc[2][2]; /* [half][row] */
 #pragma GCC unroll 2
-    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    for (int r = 0; r < R; r++) acc[0][r] = acc[1][r] = _mm256_setzero_si256();
     for (int64_t sc = 0; sc < block / 32; sc++) {
         __m256i part[2][2];
 #pragma GCC unroll 2
-        for (int r = 0; r < R; r++) part[r][0] = part[r][1] = _mm256_setzero_si256();
+        for (int r = 0; r < R; r++) part[0][r] = part[1][r] = _mm256_setzero_si256();
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
             const uint8_t *chunk = w + sc * 256 + c * 64;
@@ -238,30 +246,20 @@ AVX2_INLINE void pair_avx2(const int R, const uint8_t *w, int64_t block, const i
             for (int r = 0; r < R; r++) {
                 const int8_t *a = qa + r * kp + sc * 32 + c * 8;
                 __m256i a0 = _mm256_set1_epi32(load4(a)), a1 = _mm256_set1_epi32(load4(a + 4));
-                part[r][0] = _mm256_add_epi16(part[r][0], _mm256_add_epi16(_mm256_maddubs_epi16(la, a0),
+                part[0][r] = _mm256_add_epi16(part[0][r], _mm256_add_epi16(_mm256_maddubs_epi16(la, a0),
                                                                            _mm256_maddubs_epi16(ha, a1)));
-                part[r][1] = _mm256_add_epi16(part[r][1], _mm256_add_epi16(_mm256_maddubs_epi16(lb, a0),
+                part[1][r] = _mm256_add_epi16(part[1][r], _mm256_add_epi16(_mm256_maddubs_epi16(lb, a0),
                                                                            _mm256_maddubs_epi16(hb, a1)));
             }
         }
 #pragma GCC unroll 2
         for (int r = 0; r < R; r++) {
-            acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(part[r][0], ones));
-            acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(part[r][1], ones));
+            acc[0][r] = _mm256_add_epi32(acc[0][r], _mm256_madd_epi16(part[0][r], ones));
+            acc[1][r] = _mm256_add_epi32(acc[1][r], _mm256_madd_epi16(part[1][r], ones));
         }
     }
 #pragma GCC unroll 2
-    for (int h = 0; h < 2; h++) {
-        const __m256 zv = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(z + 8 * h))));
-        const __m256 sv = _mm256_loadu_ps(s + 8 * h);
-#pragma GCC unroll 2
-        for (int r = 0; r < R; r++) { /* t - z * asum in float: exact (block_avx512 says why) */
-            __m256 term = _mm256_fnmadd_ps(zv, _mm256_set1_ps(asum[r * nb]), _mm256_cvtepi32_ps(acc[r][h]));
-            __m256 scale = _mm256_mul_ps(sv, _mm256_set1_ps(sa[r * nb]));
-            __m256 f = _mm256_loadu_ps(&facc[r][8 * h]);
-            _mm256_storeu_ps(&facc[r][8 * h], _mm256_fmadd_ps(term, scale, f));
-        }
-    }
+    for (int h = 0; h < 2; h++) finish_avx2(R, h, acc[h], sa, asum, nb, s, z, facc);
 }
 
 static AVX2 void tile_avx2(int64_t t, int64_t r0, int rows, const acts_t *a, int64_t block,
